@@ -1,0 +1,302 @@
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from django import forms
+from django.contrib import admin, messages
+from django.db import transaction
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.utils import timezone
+
+from costboard import tasks
+from costboard.budgets import session_caps
+from costboard.models import (
+    ApiKey,
+    BudgetEvent,
+    DailyRollup,
+    ModelPrice,
+    Project,
+    Session,
+    Step,
+    Turn,
+)
+from costboard.repricing import PriceMatch
+
+CAP_FIELDS = ("token_cap", "cost_cap_usd", "warn_at_pct")
+RATE_FIELDS = (
+    "input_mtok",
+    "output_mtok",
+    "cache_read_mtok",
+    "cache_write_mtok",
+    "cache_write_1h_mtok",
+)
+
+
+class ModelPriceForm(forms.ModelForm):
+    class Meta:
+        model = ModelPrice
+        fields = (
+            "provider",
+            "model",
+            "model_regex",
+            *RATE_FIELDS,
+            "tiers",
+            "context_window",
+            "effective_from",
+            "source",
+            "edited_by_admin",
+            "external_id",
+        )
+
+    def clean_model_regex(self) -> str:
+        pattern = self.cleaned_data["model_regex"]
+        if pattern:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise forms.ValidationError(f"not a valid regular expression: {exc}") from None
+        return pattern
+
+    def clean_tiers(self) -> list[dict[str, Any]]:
+        tiers = self.cleaned_data["tiers"] or []
+        if not isinstance(tiers, list):
+            raise forms.ValidationError('a list like [{"start": 200000, "input_mtok": "6"}]')
+        for tier in tiers:
+            if not isinstance(tier, dict) or not isinstance(tier.get("start"), int):
+                raise forms.ValidationError('each tier needs an integer "start"')
+            unknown = set(tier) - {"start", *RATE_FIELDS}
+            if unknown:
+                raise forms.ValidationError(f"unknown tier keys: {', '.join(sorted(unknown))}")
+        return tiers
+
+
+@admin.register(ModelPrice)
+class ModelPriceAdmin(admin.ModelAdmin):
+    form = ModelPriceForm
+    list_display = (
+        "model",
+        "provider",
+        "effective_from",
+        *RATE_FIELDS[:4],
+        "context_window",
+        "source",
+        "edited_by_admin",
+    )
+    list_editable = RATE_FIELDS[:4]
+    list_filter = ("source", "edited_by_admin", "provider")
+    search_fields = ("model", "external_id", "provider")
+    readonly_fields = ("created_at", "updated_at")
+    list_per_page = 50
+
+    def get_changeform_initial_data(self, request: HttpRequest) -> dict[str, Any]:
+        # "Add price" links from the unpriced-models list carry ?model=…
+        return {"source": ModelPrice.Source.MANUAL, **super().get_changeform_initial_data(request)}
+
+    def save_model(self, request: HttpRequest, obj: ModelPrice, form: Any, change: bool) -> None:
+        before = None
+        if change and obj.pk:
+            old = ModelPrice.objects.get(pk=obj.pk)
+            before = PriceMatch(model=old.model, regex=old.model_regex)
+            obj.edited_by_admin = True
+        super().save_model(request, obj, form, change)
+        matches = [PriceMatch(model=obj.model, regex=obj.model_regex)]
+        if before is not None and before not in matches:
+            matches.append(before)
+        transaction.on_commit(lambda: tasks.prices_reprice.delay([m.as_dict() for m in matches]))
+        messages.info(request, "Steps covered by this price are being repriced.")
+
+    def delete_model(self, request: HttpRequest, obj: ModelPrice) -> None:
+        match = PriceMatch(model=obj.model, regex=obj.model_regex)
+        super().delete_model(request, obj)
+        transaction.on_commit(lambda: tasks.prices_reprice.delay([match.as_dict()]))
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[ModelPrice]) -> None:
+        matches = [PriceMatch(model=p.model, regex=p.model_regex).as_dict() for p in queryset]
+        super().delete_queryset(request, queryset)
+        transaction.on_commit(lambda: tasks.prices_reprice.delay(matches))
+
+
+class ApiKeyInline(admin.TabularInline):
+    model = ApiKey
+    extra = 0
+    fields = ("prefix", "name", "created_at", "last_used_at", "revoked_at")
+    readonly_fields = ("prefix", "created_at", "last_used_at")
+    can_delete = False
+    show_change_link = True
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # keys are made on the API key page, where the key is shown once
+
+
+@admin.register(Project)
+class ProjectAdmin(admin.ModelAdmin):
+    list_display = ("name", "slug", "token_cap", "cost_cap_usd", "warn_at_pct", "created_at")
+    search_fields = ("name", "slug")
+    prepopulated_fields = {"slug": ("name",)}
+    inlines = [ApiKeyInline]
+
+    def save_model(self, request: HttpRequest, obj: Project, form: Any, change: bool) -> None:
+        old = Project.objects.filter(pk=obj.pk).values(*CAP_FIELDS).first() if change else None
+        super().save_model(request, obj, form, change)
+        if old is not None and set(CAP_FIELDS) & set(form.changed_data):
+            before = {
+                k: (None if v is None else str(v) if k != "token_cap" else v)
+                for k, v in old.items()
+            }
+            transaction.on_commit(lambda: tasks.project_budgets_recheck.delay(obj.pk, before))
+            messages.info(request, "Session budgets of this project are being rechecked.")
+
+
+class ApiKeyForm(forms.ModelForm):
+    class Meta:
+        model = ApiKey
+        fields = ("project", "name")
+
+
+@admin.register(ApiKey)
+class ApiKeyAdmin(admin.ModelAdmin):
+    list_display = ("prefix", "name", "project", "created_at", "last_used_at", "revoked_at")
+    list_filter = ("project", ("revoked_at", admin.EmptyFieldListFilter))
+    readonly_fields = ("prefix", "created_at", "last_used_at", "revoked_at")
+    actions = ["revoke"]
+
+    def get_form(
+        self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any
+    ) -> Any:
+        if obj is None:
+            kwargs["form"] = ApiKeyForm
+        return super().get_form(request, obj, change=change, **kwargs)
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        if obj is None:
+            return ("project", "name")
+        return ("project", "name", "prefix", "created_at", "last_used_at", "revoked_at")
+
+    def save_model(self, request: HttpRequest, obj: ApiKey, form: Any, change: bool) -> None:
+        if change:
+            super().save_model(request, obj, form, change)
+            return
+        key, raw_key = ApiKey.issue(project=obj.project, name=obj.name)
+        obj.pk = key.pk
+        obj.prefix, obj.key_hash, obj.created_at = key.prefix, key.key_hash, key.created_at
+        messages.warning(
+            request,
+            f"New key for {obj.project.slug}: {raw_key} — copy it now, it is not shown again.",
+        )
+
+    @admin.action(description="Revoke selected keys")
+    def revoke(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
+        n = queryset.filter(revoked_at__isnull=True).update(revoked_at=timezone.now())
+        messages.success(request, f"Revoked {n} key(s).")
+
+
+class BudgetEventInline(admin.TabularInline):
+    model = BudgetEvent
+    extra = 0
+    fields = ("kind", "at", "tokens_used", "cost_usd", "detail")
+    readonly_fields = fields
+    can_delete = False
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(Session)
+class SessionAdmin(admin.ModelAdmin):
+    list_display = (
+        "external_id",
+        "project",
+        "state",
+        "tokens_used",
+        "cost_usd",
+        "turn_count",
+        "step_count",
+        "last_active_at",
+    )
+    list_filter = ("project", "state")
+    search_fields = ("external_id", "user_id")
+    list_select_related = ("project",)
+    fields = (
+        "project",
+        "external_id",
+        "user_id",
+        "parent",
+        "token_cap",
+        "cost_cap_usd",
+        "state",
+        "input_tokens",
+        "output_tokens",
+        "cache_read_input_tokens",
+        "cache_creation_input_tokens",
+        "reasoning_tokens",
+        "cost_usd",
+        "turn_count",
+        "step_count",
+        "error_count",
+        "warned_at",
+        "exhausted_at",
+        "runaway_at",
+        "runaway_reason",
+        "started_at",
+        "last_active_at",
+        "ended_at",
+        "metadata",
+    )
+    readonly_fields = tuple(f for f in fields if f not in {"token_cap", "cost_cap_usd"})
+    inlines = [BudgetEventInline]
+    date_hierarchy = "last_active_at"
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # sessions come from agents
+
+    def save_model(self, request: HttpRequest, obj: Session, form: Any, change: bool) -> None:
+        old = Session.objects.select_related("project").get(pk=obj.pk)
+        old_caps = session_caps(old)
+        super().save_model(request, obj, form, change)
+        if {"token_cap", "cost_cap_usd"} & set(form.changed_data):
+            from costboard.budgets import session_recheck
+
+            session_recheck(obj.pk, now=timezone.now(), old_caps=old_caps)
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(Turn)
+class TurnAdmin(ReadOnlyAdmin):
+    list_display = ("session", "number", "step_count", "cost_usd", "started_at")
+    list_select_related = ("session",)
+    search_fields = ("session__external_id",)
+
+
+@admin.register(Step)
+class StepAdmin(ReadOnlyAdmin):
+    list_display = (
+        "timestamp",
+        "step_type",
+        "model",
+        "provider",
+        "input_tokens",
+        "output_tokens",
+        "cache_read_input_tokens",
+        "cache_creation_input_tokens",
+        "cost_usd",
+        "success",
+    )
+    list_filter = ("step_type", "success", ("price", admin.EmptyFieldListFilter))
+    search_fields = ("model", "event_id")
+    show_full_result_count = False
+
+
+@admin.register(DailyRollup)
+class DailyRollupAdmin(ReadOnlyAdmin):
+    list_display = ("day", "project", "model", "step_type", "calls", "cost_usd", "unpriced_calls")
+    list_filter = ("project", "step_type")
+    date_hierarchy = "day"

@@ -1,0 +1,220 @@
+"""Session budgets: which caps apply, what state a session is in, and the `<budget>` object.
+
+Caps come from the session, else its project, else the environment (CONTRACT §1, §3).
+`warning` once tokens_used ≥ warn × token cap or cost ≥ warn × cost cap; `exhausted` once either
+reaches its cap. Crossings are recorded once each, inside the ingest transaction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+from typing import TypedDict
+
+from django.conf import settings
+from django.db import transaction
+
+from costboard.models import BudgetEvent, Project, Session, usd
+
+
+@dataclass(frozen=True, slots=True)
+class Caps:
+    token_cap: int
+    cost_cap_usd: Decimal
+    warn_at_pct: Decimal
+
+    def state(self, tokens_used: int, cost_usd: Decimal) -> str:
+        if self.exhausted(tokens_used, cost_usd):
+            return Session.State.EXHAUSTED
+        if self.warned(tokens_used, cost_usd):
+            return Session.State.WARNING
+        return Session.State.OK
+
+    def warned(self, tokens_used: int, cost_usd: Decimal) -> bool:
+        return (
+            tokens_used >= self.warn_at_pct * self.token_cap
+            or cost_usd >= self.warn_at_pct * self.cost_cap_usd
+        )
+
+    def exhausted(self, tokens_used: int, cost_usd: Decimal) -> bool:
+        return tokens_used >= self.token_cap or cost_usd >= self.cost_cap_usd
+
+
+def caps_for(*, project: Project, token_cap: int | None, cost_cap_usd: Decimal | None) -> Caps:
+    return Caps(
+        token_cap=token_cap or project.token_cap or settings.COSTBOARD_SESSION_TOKEN_CAP,
+        cost_cap_usd=(
+            cost_cap_usd
+            if cost_cap_usd is not None
+            else project.cost_cap_usd
+            if project.cost_cap_usd is not None
+            else settings.COSTBOARD_SESSION_COST_CAP_USD
+        ),
+        warn_at_pct=project.warn_at_pct or settings.COSTBOARD_WARN_AT_PCT,
+    )
+
+
+def session_caps(session: Session, project: Project | None = None) -> Caps:
+    return caps_for(
+        project=project or session.project,
+        token_cap=session.token_cap,
+        cost_cap_usd=session.cost_cap_usd,
+    )
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+class SessionBudget(TypedDict):
+    session_id: str
+    state: str
+    runaway: bool
+    tokens_used: int
+    token_cap: int
+    cost_usd: str | None
+    cost_cap_usd: str | None
+    turns: int
+    steps: int
+    warned_at: str | None
+    exhausted_at: str | None
+
+
+def session_budget(session: Session, project: Project | None = None) -> SessionBudget:
+    caps = session_caps(session, project)
+    return {
+        "session_id": session.external_id,
+        "state": session.state,
+        "runaway": session.runaway,
+        "tokens_used": session.tokens_used,
+        "token_cap": caps.token_cap,
+        "cost_usd": usd(session.cost_usd),
+        "cost_cap_usd": usd(caps.cost_cap_usd),
+        "turns": session.turn_count,
+        "steps": session.step_count,
+        "warned_at": _iso(session.warned_at),
+        "exhausted_at": _iso(session.exhausted_at),
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetDecision:
+    """What a session's budget becomes given its totals, its caps before and after."""
+
+    state: str
+    cap_changed: bool
+    clear_warned: bool
+    clear_exhausted: bool
+    warns: bool  # soft_warned is crossed now
+    exhausts: bool  # exhausted is crossed now
+
+
+def budget_decide(
+    *,
+    old_caps: Caps,
+    caps: Caps,
+    tokens_used: int,
+    cost_usd: Decimal,
+    warned_at: datetime | None,
+    exhausted_at: datetime | None,
+) -> BudgetDecision:
+    """A cap change recomputes the state; a crossing it undoes is cleared and may be crossed
+    (and recorded) again. Otherwise a crossing is recorded once: only when not yet set."""
+    warned = caps.warned(tokens_used, cost_usd)
+    exhausted = caps.exhausted(tokens_used, cost_usd)
+    cap_changed = caps != old_caps
+    clear_warned = cap_changed and warned_at is not None and not warned
+    clear_exhausted = cap_changed and exhausted_at is not None and not exhausted
+    return BudgetDecision(
+        state=caps.state(tokens_used, cost_usd),
+        cap_changed=cap_changed,
+        clear_warned=clear_warned,
+        clear_exhausted=clear_exhausted,
+        warns=warned and warned_at is None,
+        exhausts=exhausted and exhausted_at is None,
+    )
+
+
+def budget_event(
+    *,
+    session: Session | int,
+    project: Project,
+    kind: str,
+    at: datetime,
+    tokens_used: int,
+    cost_usd: Decimal,
+    caps: Caps,
+    detail: dict[str, object] | None = None,
+) -> BudgetEvent:
+    session_id = session if isinstance(session, int) else session.pk
+    return BudgetEvent(
+        project=project,
+        session_id=session_id,
+        kind=kind,
+        at=at,
+        tokens_used=tokens_used,
+        cost_usd=cost_usd,
+        detail=detail
+        or {
+            "token_cap": caps.token_cap,
+            "cost_cap_usd": str(caps.cost_cap_usd),
+            "warn_at_pct": str(caps.warn_at_pct),
+        },
+    )
+
+
+def cap_change_detail(old_caps: Caps, caps: Caps, old_state: str, state: str) -> dict[str, object]:
+    return {
+        "token_cap": [old_caps.token_cap, caps.token_cap],
+        "cost_cap_usd": [str(old_caps.cost_cap_usd), str(caps.cost_cap_usd)],
+        "warn_at_pct": [str(old_caps.warn_at_pct), str(caps.warn_at_pct)],
+        "state": [old_state, state],
+    }
+
+
+def session_recheck(
+    session_id: int, *, now: datetime, old_caps: Caps | None = None
+) -> list[BudgetEvent]:
+    """Recompute one session's state after its caps or its cost changed outside ingest
+    (an admin edit, a repricing). `old_caps` given means the caps changed from those."""
+    with transaction.atomic():
+        session = (
+            Session.objects.select_for_update(of=("self",))
+            .select_related("project")
+            .get(pk=session_id)
+        )
+        caps = session_caps(session)
+        decision = budget_decide(
+            old_caps=old_caps or caps,
+            caps=caps,
+            tokens_used=session.tokens_used,
+            cost_usd=session.cost_usd,
+            warned_at=session.warned_at,
+            exhausted_at=session.exhausted_at,
+        )
+        events = []
+        common = {
+            "session": session,
+            "project": session.project,
+            "at": now,
+            "tokens_used": session.tokens_used,
+            "cost_usd": session.cost_usd,
+            "caps": caps,
+        }
+        if decision.cap_changed and old_caps is not None:
+            detail = cap_change_detail(old_caps, caps, session.state, decision.state)
+            events.append(budget_event(kind=BudgetEvent.Kind.CAP_CHANGED, detail=detail, **common))
+        if decision.clear_warned:
+            session.warned_at = None
+        if decision.clear_exhausted:
+            session.exhausted_at = None
+        if decision.warns:
+            session.warned_at = now
+            events.append(budget_event(kind=BudgetEvent.Kind.SOFT_WARNED, **common))
+        if decision.exhausts:
+            session.exhausted_at = now
+            events.append(budget_event(kind=BudgetEvent.Kind.EXHAUSTED, **common))
+        session.state = decision.state
+        session.save(update_fields=["state", "warned_at", "exhausted_at"])
+        return BudgetEvent.objects.bulk_create(events)

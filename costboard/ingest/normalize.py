@@ -1,0 +1,172 @@
+"""A provider's raw usage object → Costboard's token fields (Anthropic semantics).
+
+Costboard counts like Anthropic: `input_tokens` excludes cache reads and cache writes, and
+each of the four kinds is priced at its own rate. OpenAI and Gemini count cached tokens inside
+their prompt total, so they are subtracted here — once — never counted twice.
+
+| shape                  | recognized by                                   |
+|------------------------|-------------------------------------------------|
+| Anthropic Messages     | cache_read_input_tokens / cache_creation_input_tokens,     |
+|                        | or input_tokens + output_tokens alone                      |
+| OpenAI Chat            | prompt_tokens / completion_tokens               |
+| OpenAI Responses       | input_tokens with input_tokens_details, output_tokens_details |
+|                        | or total_tokens                                            |
+| Gemini usageMetadata   | promptTokenCount / candidatesTokenCount         |
+
+Reasoning tokens are reported apart for information; they are already inside output tokens
+(OpenAI's completion_tokens and Anthropic's output_tokens include them), so they are not priced
+again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+class UsageError(ValueError):
+    """A usage object that cannot be read; the message says what is wrong and how to fix it."""
+
+    def __init__(self, message: str, field: str = "usage") -> None:
+        super().__init__(message)
+        self.field = field
+
+
+@dataclass(frozen=True, slots=True)
+class Tokens:
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_input_tokens: int = 0
+    cache_creation_input_tokens: int = 0
+    cache_creation_1h_input_tokens: int = 0
+    reasoning_tokens: int = 0
+
+
+def _count(usage: Mapping[str, Any], key: str, path: str = "usage") -> int:
+    value = usage.get(key)
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int):
+        # JSON numbers with a fraction arrive as Decimal; a whole-valued one is accepted.
+        try:
+            as_int = int(value)
+        except (TypeError, ValueError):
+            as_int = None
+        if as_int is None or as_int != value or isinstance(value, bool):
+            raise UsageError(
+                f"{path}.{key} must be a whole number of tokens, got {value!r}",
+                field=f"{path}.{key}",
+            )
+        value = as_int
+    if value < 0:
+        raise UsageError(f"{path}.{key} must be >= 0, got {value}", field=f"{path}.{key}")
+    return value
+
+
+def _details(usage: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    details = usage.get(key)
+    if details is None:
+        return {}
+    if not isinstance(details, Mapping):
+        raise UsageError(f"usage.{key} must be an object", field=f"usage.{key}")
+    return details
+
+
+def _subtract(total: int, part: int, total_name: str, part_name: str) -> int:
+    if part > total:
+        raise UsageError(
+            f"usage.{part_name} ({part}) exceeds usage.{total_name} ({total}); the cached part "
+            f"is included in {total_name}, so it cannot be larger",
+            field=f"usage.{part_name}",
+        )
+    return total - part
+
+
+def normalize_usage(usage: Mapping[str, Any]) -> Tokens:
+    """Read a raw usage object; raises UsageError naming the field at fault."""
+    if not isinstance(usage, Mapping):
+        raise UsageError("usage must be an object (a provider's raw usage)")
+
+    if "prompt_tokens" in usage or "completion_tokens" in usage:  # OpenAI Chat Completions
+        prompt = _count(usage, "prompt_tokens")
+        prompt_details = _details(usage, "prompt_tokens_details")
+        cached = _count(prompt_details, "cached_tokens", "usage.prompt_tokens_details")
+        completion_details = _details(usage, "completion_tokens_details")
+        return Tokens(
+            input_tokens=_subtract(
+                prompt, cached, "prompt_tokens", "prompt_tokens_details.cached_tokens"
+            ),
+            output_tokens=_count(usage, "completion_tokens"),
+            cache_read_input_tokens=cached,
+            reasoning_tokens=_count(
+                completion_details, "reasoning_tokens", "usage.completion_tokens_details"
+            ),
+        )
+
+    if "promptTokenCount" in usage or "candidatesTokenCount" in usage:  # Gemini
+        prompt = _count(usage, "promptTokenCount")
+        cached = _count(usage, "cachedContentTokenCount")
+        thoughts = _count(usage, "thoughtsTokenCount")
+        return Tokens(
+            input_tokens=_subtract(prompt, cached, "promptTokenCount", "cachedContentTokenCount"),
+            # thinking is billed as output but reported beside the candidates
+            output_tokens=_count(usage, "candidatesTokenCount") + thoughts,
+            cache_read_input_tokens=cached,
+            reasoning_tokens=thoughts,
+        )
+
+    if "input_tokens" in usage or "output_tokens" in usage:
+        anthropic_cache = (
+            "cache_read_input_tokens" in usage
+            or "cache_creation_input_tokens" in usage
+            or "cache_creation" in usage
+        )
+        responses_shape = (
+            "input_tokens_details" in usage
+            or "output_tokens_details" in usage
+            or "total_tokens" in usage
+        )
+        if responses_shape and not anthropic_cache:  # OpenAI Responses
+            input_total = _count(usage, "input_tokens")
+            cached = _count(
+                _details(usage, "input_tokens_details"),
+                "cached_tokens",
+                "usage.input_tokens_details",
+            )
+            return Tokens(
+                input_tokens=_subtract(
+                    input_total, cached, "input_tokens", "input_tokens_details.cached_tokens"
+                ),
+                output_tokens=_count(usage, "output_tokens"),
+                cache_read_input_tokens=cached,
+                reasoning_tokens=_count(
+                    _details(usage, "output_tokens_details"),
+                    "reasoning_tokens",
+                    "usage.output_tokens_details",
+                ),
+            )
+        # Anthropic Messages: input_tokens already excludes the cache.
+        creation = _count(usage, "cache_creation_input_tokens")
+        split = _details(usage, "cache_creation")
+        one_hour = _count(split, "ephemeral_1h_input_tokens", "usage.cache_creation")
+        five_min = _count(split, "ephemeral_5m_input_tokens", "usage.cache_creation")
+        if not creation and (one_hour or five_min):
+            creation = one_hour + five_min
+        output_details = _details(usage, "output_tokens_details")
+        return Tokens(
+            input_tokens=_count(usage, "input_tokens"),
+            output_tokens=_count(usage, "output_tokens"),
+            cache_read_input_tokens=_count(usage, "cache_read_input_tokens"),
+            cache_creation_input_tokens=creation,
+            cache_creation_1h_input_tokens=min(one_hour, creation),
+            reasoning_tokens=_count(
+                output_details, "thinking_tokens", "usage.output_tokens_details"
+            ),
+        )
+
+    raise UsageError(
+        "usage is not a recognized usage object: expected Anthropic (input_tokens, "
+        "output_tokens, cache_*), OpenAI Chat (prompt_tokens, completion_tokens) or OpenAI "
+        "Responses (input_tokens, output_tokens, *_details); or send the token fields directly"
+    )

@@ -1,0 +1,32 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.utils.text import slugify
+
+from costboard.models import ApiKey, Project
+
+
+class Command(BaseCommand):
+    help = "Create a project (if missing) and a new ingest key; the key is the last line."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("project", help="project slug, e.g. support-bot")
+        parser.add_argument("--name", default="", help="a label for the key")
+
+    def handle(self, *args: Any, project: str, name: str, **options: Any) -> None:
+        slug = slugify(project)
+        if not slug or slug != project:
+            raise CommandError(
+                f"{project!r} is not a slug: use lower-case letters, digits and hyphens, "
+                f"e.g. {slug or 'my-project'!r}"
+            )
+        obj, created = Project.objects.get_or_create(
+            slug=slug, defaults={"name": slug.replace("-", " ").title()}
+        )
+        _, raw_key = ApiKey.issue(project=obj, name=name)
+        if created:
+            self.stderr.write(f"created project {slug}")
+        self.stderr.write(f"new ingest key for {slug} (shown once; only its hash is stored):")
+        self.stdout.write(raw_key)

@@ -1,0 +1,411 @@
+"""Costboard's data: who reports (Project, ApiKey), what a token costs (ModelPrice), and the
+three levels of usage (Session → Turn → Step) with their rollups (DailyRollup) and the budget
+crossings recorded on the way (BudgetEvent).
+
+Money is numeric(…, 12) in USD: exact for every rate with up to six decimals per million
+tokens (PostgreSQL numeric; SQLite keeps 15 significant digits, enough for the demo).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any
+
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+# Money: a step's cost is tokens × rate / 1e6, exact at 12 places for rates with ≤ 6 decimals.
+COST = {"max_digits": 24, "decimal_places": 12, "default": Decimal(0), "db_default": Decimal(0)}
+# A rate in USD per million tokens; genai-prices has a few with 18 decimals, rounded to 10.
+RATE = {"max_digits": 20, "decimal_places": 10}
+# A cap in USD.
+CAP = {"max_digits": 14, "decimal_places": 4, "null": True, "blank": True}
+
+# A built-in price without a start date applies since this instant ("always").
+PRICE_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
+
+SYSTEM_SESSION_ID = "system"
+
+
+def usd(amount: Decimal | None) -> str | None:
+    """A USD amount as a JSON string: every significant digit, at least cents."""
+    if amount is None:
+        return None
+    text = format(amount.normalize(), "f")
+    whole, _, fraction = text.partition(".")
+    return f"{whole}.{fraction.ljust(2, '0')}"
+
+
+class Project(models.Model):
+    name = models.CharField(max_length=200)
+    slug = models.SlugField(max_length=100, unique=True)
+    token_cap = models.PositiveBigIntegerField(
+        null=True, blank=True, help_text="Per-session token cap; blank: the environment default."
+    )
+    cost_cap_usd = models.DecimalField(
+        **CAP, help_text="Per-session USD cap; blank: the environment default."
+    )
+    warn_at_pct = models.DecimalField(
+        max_digits=4,
+        decimal_places=3,
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(Decimal("0.001")), MaxValueValidator(Decimal(1))],
+        help_text="Soft warning as a fraction of the cap (0.8 = 80%); blank: the default.",
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def _key_hash(raw_key: str) -> str:
+    return hashlib.sha256(raw_key.encode()).hexdigest()
+
+
+class ApiKey(models.Model):
+    """An ingest key. Only its SHA-256 is stored; the key itself is shown once."""
+
+    PREFIX = "cb_"
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="api_keys")
+    name = models.CharField(max_length=100, blank=True)
+    prefix = models.CharField(max_length=12, editable=False)
+    key_hash = models.CharField(max_length=64, unique=True, editable=False)
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
+
+    class Meta:
+        verbose_name = "API key"
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… ({self.project.slug})"
+
+    @classmethod
+    def issue(cls, *, project: Project, name: str = "") -> tuple[ApiKey, str]:
+        raw_key = cls.PREFIX + secrets.token_urlsafe(32)
+        key = cls.objects.create(
+            project=project, name=name, prefix=raw_key[:10], key_hash=_key_hash(raw_key)
+        )
+        return key, raw_key
+
+    @classmethod
+    def hash_of(cls, raw_key: str) -> str:
+        return _key_hash(raw_key)
+
+    @property
+    def is_active(self) -> bool:
+        return self.revoked_at is None
+
+
+class ModelPrice(models.Model):
+    """USD per million tokens for one model at one provider, from `effective_from` on.
+
+    A step is priced by the row of its (provider, model) series with the latest
+    `effective_from` at or before the step's time.
+    """
+
+    class Source(models.TextChoices):
+        BUILTIN = "builtin", "built-in (genai-prices)"
+        MANUAL = "manual", "manual"
+
+    provider = models.CharField(max_length=64, blank=True, db_index=True)
+    model = models.CharField(max_length=200, help_text="The model name steps report.")
+    model_regex = models.CharField(
+        max_length=2000,
+        blank=True,
+        help_text="Optional: other model names this price covers (Python regex, matched "
+        "against the lower-cased name).",
+    )
+    input_mtok = models.DecimalField(**RATE, default=Decimal(0))
+    output_mtok = models.DecimalField(**RATE, default=Decimal(0))
+    cache_read_mtok = models.DecimalField(
+        **RATE, null=True, blank=True, help_text="Blank: cache reads at the input rate."
+    )
+    cache_write_mtok = models.DecimalField(
+        **RATE, null=True, blank=True, help_text="Blank: cache writes at the input rate."
+    )
+    cache_write_1h_mtok = models.DecimalField(
+        **RATE,
+        null=True,
+        blank=True,
+        help_text="1-hour cache writes (Anthropic); blank: the cache write rate.",
+    )
+    tiers = models.JSONField(
+        default=list,
+        blank=True,
+        help_text='Long-context tiers: [{"start": 200000, "input_mtok": "6", …}]; above '
+        "`start` input tokens (cache included) every token of the call is at the tier rate.",
+    )
+    context_window = models.PositiveIntegerField(null=True, blank=True)
+    effective_from = models.DateTimeField(default=PRICE_EPOCH)
+    source = models.CharField(max_length=10, choices=Source.choices, default=Source.MANUAL)
+    edited_by_admin = models.BooleanField(
+        default=False, help_text="sync_prices never overwrites a row an admin edited."
+    )
+    external_id = models.CharField(max_length=200, blank=True, help_text="genai-prices model id")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True, db_index=True)
+
+    class Meta:
+        ordering = ["provider", "model", "effective_from"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["provider", "model", "effective_from"], name="modelprice_series_from"
+            )
+        ]
+
+    def __str__(self) -> str:
+        who = f"{self.provider}/" if self.provider else ""
+        return f"{who}{self.model} from {self.effective_from:%Y-%m-%d}"
+
+
+TOKEN_FIELDS = (
+    "input_tokens",
+    "output_tokens",
+    "cache_read_input_tokens",
+    "cache_creation_input_tokens",
+    "reasoning_tokens",
+)
+COST_FIELDS = (
+    "cost_input_usd",
+    "cost_output_usd",
+    "cost_cache_read_usd",
+    "cost_cache_write_usd",
+    "cost_usd",
+)
+
+
+class UsageTotals(models.Model):
+    """Token and cost totals shared by turns, sessions and daily rollups."""
+
+    input_tokens = models.BigIntegerField(default=0, db_default=0)
+    output_tokens = models.BigIntegerField(default=0, db_default=0)
+    cache_read_input_tokens = models.BigIntegerField(default=0, db_default=0)
+    cache_creation_input_tokens = models.BigIntegerField(default=0, db_default=0)
+    reasoning_tokens = models.BigIntegerField(default=0, db_default=0)
+    cost_input_usd = models.DecimalField(**COST)
+    cost_output_usd = models.DecimalField(**COST)
+    cost_cache_read_usd = models.DecimalField(**COST)
+    cost_cache_write_usd = models.DecimalField(**COST)
+    cost_usd = models.DecimalField(**COST)
+
+    class Meta:
+        abstract = True
+
+    @property
+    def tokens_used(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+
+class Session(UsageTotals):
+    class State(models.TextChoices):
+        OK = "ok"
+        WARNING = "warning"
+        EXHAUSTED = "exhausted"
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="sessions")
+    external_id = models.CharField(max_length=128)
+    user_id = models.CharField(max_length=128, blank=True, db_default="")
+    parent = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="forks"
+    )
+    token_cap = models.PositiveBigIntegerField(null=True, blank=True)
+    cost_cap_usd = models.DecimalField(**CAP)
+    turn_count = models.IntegerField(default=0, db_default=0)
+    step_count = models.IntegerField(default=0, db_default=0)
+    error_count = models.IntegerField(default=0, db_default=0)
+    state = models.CharField(
+        max_length=10, choices=State.choices, default=State.OK, db_default=State.OK
+    )
+    warned_at = models.DateTimeField(null=True, blank=True)
+    exhausted_at = models.DateTimeField(null=True, blank=True)
+    runaway_at = models.DateTimeField(null=True, blank=True)
+    runaway_reason = models.CharField(max_length=200, blank=True, db_default="")
+    started_at = models.DateTimeField(default=timezone.now)
+    last_active_at = models.DateTimeField(default=timezone.now)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    metadata = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["project", "external_id"], name="session_external_id")
+        ]
+        indexes = [
+            # sessions list and overview: a project's latest sessions
+            models.Index(fields=["project", "-last_active_at"], name="session_recent"),
+            # flagged panel: sessions not ok
+            models.Index(
+                fields=["project", "state"], name="session_flagged", condition=~Q(state="ok")
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.external_id
+
+    @property
+    def runaway(self) -> bool:
+        return self.runaway_at is not None
+
+
+class Turn(UsageTotals):
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="turns")
+    number = models.PositiveIntegerField()
+    user_message = models.TextField(blank=True, db_default="")
+    assistant_response = models.TextField(blank=True, db_default="")
+    context = models.JSONField(null=True, blank=True)
+    step_count = models.IntegerField(default=0, db_default=0)
+    error_count = models.IntegerField(default=0, db_default=0)
+    started_at = models.DateTimeField(default=timezone.now)
+    last_active_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["session", "number"]
+        constraints = [
+            models.UniqueConstraint(fields=["session", "number"], name="turn_session_number")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.session_id}#{self.number}"
+
+
+class Step(models.Model):
+    """One LLM call (or tool call) as reported, with its price. Never updated except repricing."""
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="+")
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="steps")
+    turn = models.ForeignKey(
+        Turn, null=True, blank=True, on_delete=models.CASCADE, related_name="steps"
+    )
+    event_id = models.CharField(max_length=128, null=True, blank=True)
+    timestamp = models.DateTimeField()
+    step_type = models.CharField(max_length=64)
+    model = models.CharField(max_length=200)
+    provider = models.CharField(max_length=64, blank=True, db_default="")
+    input_tokens = models.BigIntegerField(default=0, db_default=0)
+    output_tokens = models.BigIntegerField(default=0, db_default=0)
+    cache_read_input_tokens = models.BigIntegerField(default=0, db_default=0)
+    cache_creation_input_tokens = models.BigIntegerField(default=0, db_default=0)
+    # Of cache_creation_input_tokens, those written to Anthropic's 1-hour cache (dearer).
+    cache_creation_1h_input_tokens = models.BigIntegerField(default=0, db_default=0)
+    reasoning_tokens = models.BigIntegerField(default=0, db_default=0)
+    duration_ms = models.IntegerField(null=True, blank=True)
+    success = models.BooleanField(default=True, db_default=True)
+    error = models.TextField(blank=True, db_default="")
+    metadata = models.JSONField(null=True, blank=True)
+    price = models.ForeignKey(
+        ModelPrice, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    cost_input_usd = models.DecimalField(**COST)
+    cost_output_usd = models.DecimalField(**COST)
+    cost_cache_read_usd = models.DecimalField(**COST)
+    cost_cache_write_usd = models.DecimalField(**COST)
+    cost_usd = models.DecimalField(**COST)
+
+    class Meta:
+        constraints = [
+            # idempotency: a replayed event_id is a duplicate within its project
+            models.UniqueConstraint(
+                fields=["project", "event_id"],
+                name="step_event_id",
+                condition=Q(event_id__isnull=False),
+            )
+        ]
+        indexes = [
+            # session page: a session's steps in time order
+            models.Index(fields=["session", "timestamp"], name="step_session_time"),
+            # repricing and retention: a project's steps of one model over time
+            models.Index(fields=["project", "model", "timestamp"], name="step_model_time"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.step_type} {self.model}"
+
+    @property
+    def tokens_used(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+
+class DailyRollup(UsageTotals):
+    """A project's usage per UTC day, model and step type, kept current at ingest."""
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="rollups")
+    day = models.DateField()
+    model = models.CharField(max_length=200)
+    step_type = models.CharField(max_length=64)
+    calls = models.BigIntegerField(default=0, db_default=0)
+    errors = models.BigIntegerField(default=0, db_default=0)
+    unpriced_calls = models.BigIntegerField(default=0, db_default=0)
+    duration_ms = models.BigIntegerField(default=0, db_default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["project", "day", "model", "step_type"], name="rollup_key"
+            )
+        ]
+        indexes = [models.Index(fields=["day"], name="rollup_day")]
+
+    def __str__(self) -> str:
+        return f"{self.project_id} {self.day} {self.model} {self.step_type}"
+
+
+class BudgetEvent(models.Model):
+    class Kind(models.TextChoices):
+        SOFT_WARNED = "soft_warned"
+        EXHAUSTED = "exhausted"
+        RUNAWAY = "runaway"
+        CAP_CHANGED = "cap_changed"
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="+")
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="budget_events")
+    kind = models.CharField(max_length=20, choices=Kind.choices)
+    at = models.DateTimeField()
+    tokens_used = models.BigIntegerField()
+    cost_usd = models.DecimalField(**COST)
+    detail = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["at", "id"]
+        indexes = [models.Index(fields=["session", "at"], name="budgetevent_session")]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.session_id} {self.at:%Y-%m-%d %H:%M}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "at": self.at.isoformat(),
+            "tokens_used": self.tokens_used,
+            "cost_usd": usd(self.cost_usd),
+            "detail": self.detail,
+        }
+
+
+class EventReceipt(models.Model):
+    """The event_id of an accepted session or turn event, so a replay changes nothing.
+
+    (A step's event_id lives on the step itself.)
+    """
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="+")
+    event_id = models.CharField(max_length=128)
+    received_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["project", "event_id"], name="receipt_event_id")
+        ]
+
+    def __str__(self) -> str:
+        return self.event_id

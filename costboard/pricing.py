@@ -1,0 +1,350 @@
+"""USD from tokens: the dated rate table, looked up by model and time.
+
+A step is priced by one ModelPrice row: among the rows whose model matches the step's model
+(exact name first, then a row's regex, then common aliases: a provider prefix, a dated
+snapshot suffix), those of one provider (the step's, else the model's home provider) and
+provider-less manual rows, the row with the latest `effective_from` at or before the step's
+time; on a tie a manual row wins. No match means unpriced: cost 0 and listed for admins.
+
+The table lives in memory per process (a few thousand rows) and is reloaded when the
+`(count, max(updated_at))` of the price table changes, checked once per ingest request.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from decimal import ROUND_HALF_EVEN, Context, Decimal
+from functools import lru_cache
+from threading import Lock
+from typing import Any
+
+from django.db.models import Count, Max
+
+from costboard.models import ModelPrice
+
+MILLION = Decimal(1_000_000)
+CENT_FRACTION = Decimal("1e-12")  # costs are kept to 12 places (see models.COST)
+ZERO = Decimal(0)
+_CTX = Context(prec=60, rounding=ROUND_HALF_EVEN)
+
+# Aliases tried after exact and regex matches fail.
+_PROVIDER_PREFIX = re.compile(r"^(?:[a-z0-9_.-]+/)+|^[a-z0-9_.-]+:(?=[a-z])")
+_DATED_SUFFIX = re.compile(r"(?:[-@](?:\d{8}|\d{4}-\d{2}-\d{2})|-latest|-v\d+(?::\d+)?)$")
+
+
+@dataclass(frozen=True, slots=True)
+class Rates:
+    """USD per million tokens for each token kind."""
+
+    input: Decimal
+    output: Decimal
+    cache_read: Decimal
+    cache_write: Decimal
+    cache_write_1h: Decimal
+
+
+@dataclass(frozen=True, slots=True)
+class Rate:
+    """One ModelPrice row, ready to price with."""
+
+    id: int
+    provider: str
+    model: str
+    manual: bool
+    effective_from: datetime
+    context_window: int | None
+    base: Rates
+    tiers: tuple[tuple[int, Rates], ...] = ()
+
+    def rates_for(self, prompt_tokens: int) -> Rates:
+        """The rates for a call with this many input tokens (cache reads and writes included):
+        past a tier's start, every token of the call is at that tier's rates."""
+        for start, rates in reversed(self.tiers):
+            if prompt_tokens > start:
+                return rates
+        return self.base
+
+
+@dataclass(frozen=True, slots=True)
+class StepCost:
+    price_id: int | None
+    input: Decimal = ZERO
+    output: Decimal = ZERO
+    cache_read: Decimal = ZERO
+    cache_write: Decimal = ZERO
+
+    @property
+    def total(self) -> Decimal:
+        return self.input + self.output + self.cache_read + self.cache_write
+
+
+UNPRICED = StepCost(price_id=None)
+
+
+def _usd(tokens: int, rate_per_million: Decimal) -> Decimal:
+    if not tokens:
+        return ZERO
+    return _CTX.divide(_CTX.multiply(Decimal(tokens), rate_per_million), MILLION).quantize(
+        CENT_FRACTION, context=_CTX
+    )
+
+
+def cost_of(
+    rate: Rate,
+    *,
+    input_tokens: int,
+    output_tokens: int,
+    cache_read_input_tokens: int,
+    cache_creation_input_tokens: int,
+    cache_creation_1h_input_tokens: int = 0,
+) -> StepCost:
+    prompt = input_tokens + cache_read_input_tokens + cache_creation_input_tokens
+    r = rate.rates_for(prompt)
+    one_hour = min(cache_creation_1h_input_tokens, cache_creation_input_tokens)
+    return StepCost(
+        price_id=rate.id,
+        input=_usd(input_tokens, r.input),
+        output=_usd(output_tokens, r.output),
+        cache_read=_usd(cache_read_input_tokens, r.cache_read),
+        cache_write=_usd(cache_creation_input_tokens - one_hour, r.cache_write)
+        + _usd(one_hour, r.cache_write_1h),
+    )
+
+
+def _rates(input_: Any, output: Any, cache_read: Any, cache_write: Any, cw1h: Any) -> Rates:
+    inp = Decimal(input_ or 0)
+    out = Decimal(output or 0)
+    cr = inp if cache_read is None else Decimal(cache_read)
+    cw = inp if cache_write is None else Decimal(cache_write)
+    cw_1h = cw if cw1h is None else Decimal(cw1h)
+    return Rates(inp, out, cr, cw, cw_1h)
+
+
+def rate_from_row(row: ModelPrice) -> Rate:
+    base = _rates(
+        row.input_mtok,
+        row.output_mtok,
+        row.cache_read_mtok,
+        row.cache_write_mtok,
+        row.cache_write_1h_mtok,
+    )
+    tiers = []
+    for tier in sorted(row.tiers or [], key=lambda t: int(t["start"])):
+        tiers.append(
+            (
+                int(tier["start"]),
+                _rates(
+                    tier.get("input_mtok", base.input),
+                    tier.get("output_mtok", base.output),
+                    tier.get("cache_read_mtok", base.cache_read),
+                    tier.get("cache_write_mtok", base.cache_write),
+                    tier.get("cache_write_1h_mtok", base.cache_write_1h),
+                ),
+            )
+        )
+    return Rate(
+        id=row.pk,
+        provider=row.provider.lower(),
+        model=row.model.lower(),
+        manual=row.source == ModelPrice.Source.MANUAL,
+        effective_from=row.effective_from,
+        context_window=row.context_window,
+        base=base,
+        tiers=tuple(tiers),
+    )
+
+
+@lru_cache(maxsize=4096)
+def home_provider(model: str) -> str | None:
+    """The provider genai-prices would pick for a bare model name (claude-… → anthropic)."""
+    from genai_prices import data_snapshot
+
+    try:
+        return data_snapshot.get_snapshot().find_provider(model, None, None).id
+    except LookupError:
+        return None
+
+
+@lru_cache(maxsize=1024)
+def canonical_provider(name: str) -> str:
+    """A provider as named by a client (`Anthropic`, `aws.bedrock`, `azure.ai.openai`) → the
+    rate table's id (`anthropic`, `aws`, `azure`); unknown names pass through lower-cased."""
+    from genai_prices import data_snapshot
+
+    lowered = name.strip().lower()
+    if not lowered:
+        return ""
+    found = data_snapshot.find_provider_by_id(data_snapshot.get_snapshot().providers, lowered)
+    if found is None and "." in lowered:
+        found = data_snapshot.find_provider_by_id(
+            data_snapshot.get_snapshot().providers, lowered.split(".")[0]
+        )
+    return found.id if found is not None else lowered
+
+
+def model_aliases(model: str) -> list[str]:
+    """Other names a model is known by: without a provider prefix, without a date suffix."""
+    names = []
+    bare = _PROVIDER_PREFIX.sub("", model)
+    if bare != model:
+        names.append(bare)
+    for name in [model, bare]:
+        undated = _DATED_SUFFIX.sub("", name)
+        while undated != name:
+            names.append(undated)
+            name = undated
+            undated = _DATED_SUFFIX.sub("", name)
+    seen: list[str] = []
+    for n in names:
+        if n and n not in seen and n != model:
+            seen.append(n)
+    return seen
+
+
+@dataclass
+class RateTable:
+    rates: Sequence[Rate]
+    regexes: dict[int, re.Pattern[str]] = field(default_factory=dict)
+    _exact: dict[str, list[Rate]] = field(default_factory=dict)
+    _by_regex: list[tuple[re.Pattern[str], Rate]] = field(default_factory=list)
+    _memo: dict[tuple[str, str], tuple[tuple[datetime, ...], tuple[Rate, ...]]] = field(
+        default_factory=dict
+    )
+
+    def __post_init__(self) -> None:
+        for rate in self.rates:
+            self._exact.setdefault(rate.model, []).append(rate)
+            if (pattern := self.regexes.get(rate.id)) is not None:
+                self._by_regex.append((pattern, rate))
+
+    def _regex_matches(self, name: str) -> list[Rate]:
+        return [rate for pattern, rate in self._by_regex if pattern.search(name)]
+
+    def candidates(self, model: str, provider: str = "") -> tuple[Rate, ...]:
+        """Rows that may price this model for this provider, oldest first (ties: manual last)."""
+        name = model.strip().lower()
+        hint = canonical_provider(provider) if provider else ""
+        exact: list[Rate] = []
+        regex: list[Rate] = []
+        for candidate in [name, *model_aliases(name)]:
+            exact = self._exact.get(candidate, [])
+            has_hint = not hint or any(r.provider == hint for r in exact)
+            regex = [] if exact and has_hint else self._regex_matches(candidate)
+            if exact or regex:
+                break
+        else:
+            return ()
+        present = {r.provider for r in exact + regex if r.provider}
+        wanted = self._choose_provider(name, hint, present, exact + regex)
+        pool = [r for r in exact if r.provider in (wanted, "")]
+        if not pool:
+            by_regex = [r for r in regex if r.provider in (wanted, "")]
+            if not by_regex:
+                return ()
+            # One series: a manual one first, else the first in the data's order, as
+            # genai-prices picks the first matching model of a provider.
+            best = min(by_regex, key=lambda r: (not r.manual, r.id))
+            pool = [r for r in by_regex if (r.provider, r.model) == (best.provider, best.model)]
+        pool.sort(key=lambda r: (r.effective_from, r.manual, r.id))
+        return tuple(pool)
+
+    @staticmethod
+    def _choose_provider(name: str, hint: str, present: set[str], rows: list[Rate]) -> str:
+        if not present:
+            return ""
+        if hint in present:
+            return hint
+        prefix = canonical_provider(name.split("/", 1)[0]) if "/" in name else ""
+        if prefix in present:
+            return prefix
+        home = home_provider(name)
+        if home in present:
+            return home or ""
+        manual = {r.provider for r in rows if r.manual and r.provider}
+        return min(manual or present)
+
+    def rate_at(self, model: str, provider: str, when: datetime) -> Rate | None:
+        key = (model, provider)
+        memo = self._memo.get(key)
+        if memo is None:
+            chosen = self.candidates(model, provider)
+            memo = (tuple(r.effective_from for r in chosen), chosen)
+            self._memo[key] = memo
+        starts, chosen = memo
+        index = bisect.bisect_right(starts, when)
+        return chosen[index - 1] if index else None
+
+    def price(
+        self,
+        *,
+        model: str,
+        provider: str,
+        when: datetime,
+        input_tokens: int,
+        output_tokens: int,
+        cache_read_input_tokens: int,
+        cache_creation_input_tokens: int,
+        cache_creation_1h_input_tokens: int = 0,
+    ) -> StepCost:
+        rate = self.rate_at(model, provider, when)
+        if rate is None:
+            return UNPRICED
+        return cost_of(
+            rate,
+            input_tokens=input_tokens,
+            output_tokens=output_tokens,
+            cache_read_input_tokens=cache_read_input_tokens,
+            cache_creation_input_tokens=cache_creation_input_tokens,
+            cache_creation_1h_input_tokens=cache_creation_1h_input_tokens,
+        )
+
+
+def build_rate_table(rows: Iterable[ModelPrice]) -> RateTable:
+    rates = []
+    regexes: dict[int, re.Pattern[str]] = {}
+    for row in rows:
+        rates.append(rate_from_row(row))
+        if row.model_regex:
+            try:
+                regexes[row.pk] = compiled_pattern(row.model_regex)
+            except re.error:
+                continue  # the admin form refuses a bad regex; never fail ingest on one
+    return RateTable(rates=rates, regexes=regexes)
+
+
+@lru_cache(maxsize=8192)
+def compiled_pattern(pattern: str) -> re.Pattern[str]:
+    return re.compile(pattern)
+
+
+_lock = Lock()
+_cached: tuple[tuple[int, Any], RateTable] | None = None
+
+
+def _version() -> tuple[int, Any]:
+    agg = ModelPrice.objects.aggregate(n=Count("id"), latest=Max("updated_at"))
+    return agg["n"], agg["latest"]
+
+
+def rate_table() -> RateTable:
+    """The current rate table (one cheap query to check it is current)."""
+    global _cached
+    version = _version()
+    cached = _cached
+    if cached is not None and cached[0] == version:
+        return cached[1]
+    with _lock:
+        if _cached is not None and _cached[0] == version:
+            return _cached[1]
+        table = build_rate_table(ModelPrice.objects.all())
+        _cached = (version, table)
+        return table
+
+
+def forget_rate_table() -> None:
+    global _cached
+    _cached = None

@@ -1,0 +1,167 @@
+"""Django settings for Costboard.
+
+Everything a deployment changes comes from the environment (CONTRACT §1); a bad value stops
+start-up with a message naming the variable.
+"""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+from costboard.env import (
+    env_bool,
+    env_decimal,
+    env_fraction,
+    env_int,
+    env_list,
+    env_str,
+)
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = BASE_DIR / "var"  # local state of a checkout: secret key, SQLite test database
+VAR_DIR.mkdir(exist_ok=True)
+
+DEBUG = env_bool("DJANGO_DEBUG", False)
+
+
+def _secret_key() -> str:
+    key = env_str("DJANGO_SECRET_KEY")
+    if key:
+        return key
+    # No key given: keep one per checkout so sessions survive restarts of `make run`.
+    path = VAR_DIR / "secret_key"
+    if not path.exists():
+        path.write_text(secrets.token_urlsafe(50))
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+SECRET_KEY = _secret_key()
+ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost,[::1]")
+CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", "")
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "whitenoise.runserver_nostatic",
+    "django.contrib.staticfiles",
+    "django_htmx",
+    "costboard",
+    "memory_ui",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+]
+
+ROOT_URLCONF = "costboard.urls"
+WSGI_APPLICATION = "costboard.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- database: SQLite in the checkout unless DATABASE_URL says otherwise -------------------
+_database_url = env_str("DATABASE_URL")
+if _database_url:
+    try:
+        _db = dj_database_url.parse(_database_url, conn_max_age=60, conn_health_checks=True)
+    except Exception as exc:  # dj-database-url raises several types for a bad URL
+        raise ImproperlyConfigured(
+            f"DATABASE_URL={_database_url!r} is not a database URL ({exc}); "
+            "use e.g. postgres://user@127.0.0.1:5432/costboard."
+        ) from None
+    if _db.get("ENGINE") not in {
+        "django.db.backends.postgresql",
+        "django.db.backends.sqlite3",
+    }:
+        raise ImproperlyConfigured(
+            f"DATABASE_URL={_database_url!r}: Costboard runs on PostgreSQL (or SQLite)."
+        )
+else:
+    _db = {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": BASE_DIR / "db.sqlite3",
+    }
+if _db["ENGINE"] == "django.db.backends.sqlite3":
+    # Writers queue for the database lock at BEGIN rather than failing half-way through.
+    _db["OPTIONS"] = {"transaction_mode": "IMMEDIATE", "timeout": 30}
+    # A file, not :memory:, so threaded tests share one test database.
+    _db["TEST"] = {"NAME": str(BASE_DIR / "var" / "test.sqlite3")}
+DATABASES = {"default": _db}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+LOGIN_URL = "/accounts/login/"
+LOGIN_REDIRECT_URL = "/"
+LOGOUT_REDIRECT_URL = "/accounts/login/"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "/static/"
+STATIC_ROOT = BASE_DIR / "staticfiles"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
+WHITENOISE_USE_FINDERS = True  # serve straight from the apps in `make run`, no collectstatic
+
+# Ingest bodies may be up to 5 MB (CONTRACT §3); the view answers 413 past that itself.
+DATA_UPLOAD_MAX_MEMORY_SIZE = 6 * 1024 * 1024
+
+# --- Celery: Redis in production; no broker means tasks run in-process ----------------------
+_broker = env_str("CELERY_BROKER_URL")
+CELERY_TASK_ALWAYS_EAGER = not _broker
+CELERY_BROKER_URL = _broker or "memory://"
+CELERY_TASK_EAGER_PROPAGATES = True
+CELERY_TASK_ACKS_LATE = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_TIMEZONE = "UTC"
+
+# --- budgets (CONTRACT §1) ----------------------------------------------------------------
+COSTBOARD_SESSION_TOKEN_CAP = env_int("COSTBOARD_SESSION_TOKEN_CAP", 100_000, minimum=1)
+COSTBOARD_SESSION_COST_CAP_USD = env_decimal("COSTBOARD_SESSION_COST_CAP_USD", "5.00")
+COSTBOARD_WARN_AT_PCT = env_fraction("COSTBOARD_WARN_AT_PCT", "0.8")
+COSTBOARD_METRICS_TOKEN = env_str("COSTBOARD_METRICS_TOKEN")
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "root": {"handlers": ["console"], "level": "WARNING"},
+    "loggers": {"costboard": {"level": "INFO"}},
+}

@@ -1,0 +1,56 @@
+"""Celery tasks: take ids or plain values, fetch rows again, call a service."""
+
+from __future__ import annotations
+
+import logging
+from decimal import Decimal
+from typing import Any
+
+from celery import shared_task
+from django.utils import timezone
+
+from costboard.budgets import caps_for, session_recheck
+from costboard.models import Project, Session
+from costboard.repricing import PriceMatch, models_affected, steps_reprice
+
+log = logging.getLogger(__name__)
+
+
+@shared_task(soft_time_limit=1800, time_limit=1900, acks_late=True)
+def prices_reprice(matches: list[dict[str, str]]) -> int:
+    """Reprice the steps a changed price row covers (its old and new model patterns)."""
+    models = models_affected([PriceMatch.from_dict(m) for m in matches])
+    result = steps_reprice(models=models)
+    log.info(
+        "repriced %s of %s steps of %s; cost changed by %s",
+        result.steps_changed,
+        result.steps_seen,
+        models,
+        result.cost_delta,
+    )
+    return result.steps_changed
+
+
+@shared_task(soft_time_limit=1800, time_limit=1900, acks_late=True)
+def project_budgets_recheck(project_id: int, old: dict[str, Any]) -> int:
+    """After a project's caps change: recompute the state of each session using them."""
+    project = Project.objects.filter(pk=project_id).first()
+    if project is None:
+        return 0
+    old_project = Project(
+        token_cap=old.get("token_cap"),
+        cost_cap_usd=None if old.get("cost_cap_usd") is None else Decimal(old["cost_cap_usd"]),
+        warn_at_pct=None if old.get("warn_at_pct") is None else Decimal(old["warn_at_pct"]),
+    )
+    now = timezone.now()
+    changed = 0
+    sessions = Session.objects.filter(project=project).values_list(
+        "pk", "token_cap", "cost_cap_usd"
+    )
+    for session_id, token_cap, cost_cap in sessions.iterator(chunk_size=2000):
+        old_caps = caps_for(project=old_project, token_cap=token_cap, cost_cap_usd=cost_cap)
+        new_caps = caps_for(project=project, token_cap=token_cap, cost_cap_usd=cost_cap)
+        if old_caps != new_caps:
+            session_recheck(session_id, now=now, old_caps=old_caps)
+            changed += 1
+    return changed

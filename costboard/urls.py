@@ -1,0 +1,19 @@
+from __future__ import annotations
+
+from django.contrib import admin
+from django.urls import include, path
+
+from costboard import api, views
+
+urlpatterns = [
+    path("", views.overview, name="overview"),
+    path("accounts/", include("django.contrib.auth.urls")),
+    path("admin/", admin.site.urls),
+    path("api/v1/events", api.events, name="api-events"),
+    path(
+        "api/v1/sessions/<str:session_id>/budget",
+        api.session_budget_view,
+        name="api-session-budget",
+    ),
+    path("api/v1/openapi.json", api.openapi, name="api-openapi"),
+]

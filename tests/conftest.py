@@ -1,0 +1,102 @@
+"""Shared fixtures: a project with a key, known prices, and a helper to post events.
+
+Tests run on SQLite by default and on PostgreSQL when DATABASE_URL is set (CI). Celery tasks
+run eagerly here unless a test starts a real worker (see test_repricing).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from django.test import Client
+
+from costboard.celery import app as celery_app
+from costboard.models import ApiKey, ModelPrice, Project
+from costboard.pricing import forget_rate_table
+
+
+@pytest.fixture(autouse=True)
+def _eager_celery() -> Iterator[None]:
+    celery_app.conf.task_always_eager = True
+    yield
+    celery_app.conf.task_always_eager = True
+
+
+@pytest.fixture(autouse=True)
+def _fresh_rate_table() -> Iterator[None]:
+    forget_rate_table()
+    yield
+    forget_rate_table()
+
+
+@dataclass
+class Agent:
+    """An API client for one project."""
+
+    project: Project
+    key: str
+    client: Client
+
+    def post(self, payload: Any, *, raw: bytes | None = None, **headers: str) -> Any:
+        body = raw if raw is not None else json.dumps(payload)
+        return self.client.post(
+            "/api/v1/events",
+            body,
+            content_type="application/json",
+            headers={"Authorization": f"Bearer {self.key}", **headers},
+        )
+
+    def events(self, *events: dict[str, Any]) -> dict[str, Any]:
+        response = self.post({"events": list(events)})
+        assert response.status_code == 200, response.content
+        return response.json()
+
+    def budget(self, session_id: str) -> Any:
+        return self.client.get(
+            f"/api/v1/sessions/{session_id}/budget",
+            headers={"Authorization": f"Bearer {self.key}"},
+        )
+
+
+def make_agent(slug: str, **project_fields: Any) -> Agent:
+    project = Project.objects.create(name=slug.title(), slug=slug, **project_fields)
+    _, key = ApiKey.issue(project=project)
+    return Agent(project=project, key=key, client=Client())
+
+
+@pytest.fixture
+def agent(db: None) -> Agent:
+    return make_agent("acme")
+
+
+# Rates chosen so every product has a distinct, exactly representable value.
+TEST_RATES = {
+    "input_mtok": Decimal("3"),
+    "output_mtok": Decimal("15"),
+    "cache_read_mtok": Decimal("0.3"),
+    "cache_write_mtok": Decimal("3.75"),
+    "cache_write_1h_mtok": Decimal("6"),
+}
+
+
+def add_price(model: str, provider: str = "testco", **fields: Any) -> ModelPrice:
+    values = {**TEST_RATES, **fields}
+    return ModelPrice.objects.create(
+        model=model, provider=provider, source=ModelPrice.Source.MANUAL, **values
+    )
+
+
+@pytest.fixture
+def priced(db: None) -> ModelPrice:
+    """A price for `test-sonnet` at the TEST_RATES."""
+    return add_price("test-sonnet")
+
+
+def usd(tokens: int, rate: Decimal) -> Decimal:
+    """The exact cost of `tokens` at `rate` USD per million tokens."""
+    return Decimal(tokens) * rate / Decimal(1_000_000)

@@ -1,0 +1,108 @@
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pytest
+
+from costboard.ingest.normalize import Tokens, UsageError, normalize_usage
+
+
+def test_anthropic_usage_is_taken_as_is() -> None:
+    tokens = normalize_usage(
+        {
+            "input_tokens": 12,
+            "output_tokens": 340,
+            "cache_read_input_tokens": 45_000,
+            "cache_creation_input_tokens": 2_000,
+            "cache_creation": {"ephemeral_5m_input_tokens": 500, "ephemeral_1h_input_tokens": 1500},
+            "output_tokens_details": {"thinking_tokens": 120},
+        }
+    )
+    assert tokens == Tokens(
+        input_tokens=12,
+        output_tokens=340,
+        cache_read_input_tokens=45_000,
+        cache_creation_input_tokens=2_000,
+        cache_creation_1h_input_tokens=1_500,
+        reasoning_tokens=120,
+    )
+
+
+def test_openai_chat_cached_tokens_are_moved_out_of_the_prompt() -> None:
+    tokens = normalize_usage(
+        {
+            "prompt_tokens": 2006,
+            "completion_tokens": 300,
+            "total_tokens": 2306,
+            "prompt_tokens_details": {"cached_tokens": 1920, "audio_tokens": 0},
+            "completion_tokens_details": {"reasoning_tokens": 64},
+        }
+    )
+    assert tokens == Tokens(
+        input_tokens=86, output_tokens=300, cache_read_input_tokens=1920, reasoning_tokens=64
+    )
+
+
+def test_openai_responses_cached_tokens_are_moved_out_of_the_input() -> None:
+    tokens = normalize_usage(
+        {
+            "input_tokens": 5000,
+            "input_tokens_details": {"cached_tokens": 4096},
+            "output_tokens": 800,
+            "output_tokens_details": {"reasoning_tokens": 500},
+            "total_tokens": 5800,
+        }
+    )
+    assert tokens == Tokens(
+        input_tokens=904, output_tokens=800, cache_read_input_tokens=4096, reasoning_tokens=500
+    )
+
+
+def test_gemini_thoughts_are_billed_as_output() -> None:
+    tokens = normalize_usage(
+        {
+            "promptTokenCount": 1000,
+            "cachedContentTokenCount": 600,
+            "candidatesTokenCount": 50,
+            "thoughtsTokenCount": 200,
+        }
+    )
+    assert tokens == Tokens(
+        input_tokens=400, output_tokens=250, cache_read_input_tokens=600, reasoning_tokens=200
+    )
+
+
+def test_a_whole_json_number_is_accepted_and_a_fraction_is_not() -> None:
+    assert normalize_usage({"input_tokens": Decimal("10"), "output_tokens": 1}).input_tokens == 10
+    with pytest.raises(UsageError) as caught:
+        normalize_usage({"input_tokens": Decimal("10.5"), "output_tokens": 1})
+    assert caught.value.field == "usage.input_tokens"
+
+
+def test_cached_tokens_larger_than_the_prompt_are_refused() -> None:
+    with pytest.raises(UsageError) as caught:
+        normalize_usage(
+            {
+                "prompt_tokens": 10,
+                "completion_tokens": 1,
+                "prompt_tokens_details": {"cached_tokens": 11},
+            }
+        )
+    assert caught.value.field == "usage.prompt_tokens_details.cached_tokens"
+    assert "cannot be larger" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("usage", "field"),
+    [
+        ({"input_tokens": -1, "output_tokens": 0}, "usage.input_tokens"),
+        ({"prompt_tokens": "12", "completion_tokens": 1}, "usage.prompt_tokens"),
+        ({"input_tokens": True, "output_tokens": 0}, "usage.input_tokens"),
+        ({"tokens": 5}, "usage"),
+        ({"prompt_tokens": 1, "prompt_tokens_details": [1]}, "usage.prompt_tokens_details"),
+    ],
+)
+def test_unreadable_usage_names_the_field(usage: dict[str, object], field: str) -> None:
+    with pytest.raises(UsageError) as caught:
+        normalize_usage(usage)
+    assert caught.value.field == field
