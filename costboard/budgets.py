@@ -218,3 +218,27 @@ def session_recheck(
         session.state = decision.state
         session.save(update_fields=["state", "warned_at", "exhausted_at"])
         return BudgetEvent.objects.bulk_create(events)
+
+
+def session_flag_runaway(
+    session_id: int, *, rule: str, evidence: dict[str, object], at: datetime
+) -> BudgetEvent | None:
+    """Flag a session as runaway once: the row is claimed with a conditional UPDATE, so two
+    detectors (or two sweeps) racing on it record one event. Returns the event, or None if the
+    session was already flagged."""
+    with transaction.atomic():
+        claimed = Session.objects.filter(pk=session_id, runaway_at__isnull=True).update(
+            runaway_at=at, runaway_reason=rule[:200]
+        )
+        if claimed != 1:
+            return None
+        session = Session.objects.select_related("project").get(pk=session_id)
+        return BudgetEvent.objects.create(
+            project=session.project,
+            session=session,
+            kind=BudgetEvent.Kind.RUNAWAY,
+            at=at,
+            tokens_used=session.tokens_used,
+            cost_usd=session.cost_usd,
+            detail={"rule": rule, "evidence": evidence},
+        )
