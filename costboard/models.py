@@ -302,8 +302,17 @@ class Step(models.Model):
     success = models.BooleanField(default=True, db_default=True)
     error = models.TextField(blank=True, db_default="")
     metadata = models.JSONField(null=True, blank=True)
+    # The price row used. Deleting a price leaves this pointing at it until the repricing
+    # that follows clears it (it needs to know which steps were priced), hence no constraint;
+    # nothing looks steps up by price, hence no index.
     price = models.ForeignKey(
-        ModelPrice, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+        ModelPrice,
+        null=True,
+        blank=True,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        db_index=False,
+        related_name="+",
     )
     cost_input_usd = models.DecimalField(**COST)
     cost_output_usd = models.DecimalField(**COST)

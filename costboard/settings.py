@@ -6,6 +6,7 @@ start-up with a message naming the variable.
 
 from __future__ import annotations
 
+import os
 import secrets
 from pathlib import Path
 
@@ -112,8 +113,9 @@ else:
 if _db["ENGINE"] == "django.db.backends.sqlite3":
     # Writers queue for the database lock at BEGIN rather than failing half-way through.
     _db["OPTIONS"] = {"transaction_mode": "IMMEDIATE", "timeout": 30}
-    # A file, not :memory:, so threaded tests share one test database.
-    _db["TEST"] = {"NAME": str(BASE_DIR / "var" / "test.sqlite3")}
+    # A file, not :memory:, so threaded tests share one test database; one per test process
+    # so two runs side by side do not recreate each other's.
+    _db["TEST"] = {"NAME": str(VAR_DIR / f"test-{os.getpid()}.sqlite3")}
 DATABASES = {"default": _db}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

@@ -1,0 +1,113 @@
+"""Concurrent ingest loses no count and records each crossing once.
+
+Each thread has its own database connection and posts through the real view; on PostgreSQL
+(CI) the requests really interleave, on SQLite they queue for the database lock.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from decimal import Decimal
+
+import pytest
+from django.db import connections
+
+from costboard.models import BudgetEvent, DailyRollup, Session, Step
+from tests.conftest import Agent, add_price, make_agent, usd
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def run_in_threads(count: int, work: Callable[[int], None]) -> list[BaseException]:
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(count)
+
+    def target(index: int) -> None:
+        try:
+            barrier.wait()
+            work(index)
+        except BaseException as exc:  # reported to the test below
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=target, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    return errors
+
+
+def test_eight_threads_across_warning_and_cap_lose_nothing() -> None:
+    agent = make_agent("busy")
+    add_price("test-sonnet")
+    # 8 threads × 5 batches × 5 steps × 100 tokens = 20,000 tokens against a 15,000 cap:
+    # the warning (12,000) and the cap are both crossed while threads race.
+    agent.events({"type": "session", "session_id": "hot", "token_cap": 15_000})
+    states: list[str] = []
+
+    def work(thread: int) -> None:
+        for batch in range(5):
+            events = [
+                {
+                    "session_id": "hot",
+                    "turn": thread + 1,
+                    "step_type": "response",
+                    "model": "test-sonnet",
+                    "input_tokens": 60,
+                    "output_tokens": 40,
+                    "cache_read_input_tokens": 1000,
+                    "event_id": f"t{thread}-b{batch}-s{i}",
+                }
+                for i in range(5)
+            ]
+            body = Agent(agent.project, agent.key, agent.client.__class__()).events(*events)
+            states.append(body["sessions"]["hot"]["state"])
+
+    assert run_in_threads(8, work) == []
+
+    session = Session.objects.get(external_id="hot")
+    assert session.step_count == 200
+    assert session.tokens_used == 20_000
+    assert session.cache_read_input_tokens == 200_000
+    per_step = usd(60, Decimal(3)) + usd(40, Decimal(15)) + usd(1000, Decimal("0.3"))
+    assert session.cost_usd == per_step * 200
+    assert session.turn_count == 8
+    assert session.state == "exhausted"
+    assert session.warned_at is not None
+    assert session.exhausted_at is not None
+    kinds = sorted(BudgetEvent.objects.filter(session=session).values_list("kind", flat=True))
+    assert kinds == ["exhausted", "soft_warned"]
+    assert Step.objects.count() == 200
+    rollup = DailyRollup.objects.get()
+    assert (rollup.calls, rollup.input_tokens, rollup.cost_usd) == (200, 12_000, per_step * 200)
+    assert "ok" in states and "exhausted" in states
+
+
+def test_a_batch_replayed_concurrently_is_stored_once() -> None:
+    agent = make_agent("replay")
+    add_price("test-sonnet")
+    batch = [
+        {
+            "session_id": f"s{i % 3}",
+            "step_type": "x",
+            "model": "test-sonnet",
+            "input_tokens": 100 + i,
+            "event_id": f"e{i}",
+        }
+        for i in range(50)
+    ]
+    results: list[tuple[int, int]] = []
+
+    def work(_: int) -> None:
+        body = Agent(agent.project, agent.key, agent.client.__class__()).events(*batch)
+        results.append((body["accepted"], body["duplicates"]))
+
+    assert run_in_threads(6, work) == []
+    assert sorted(results) == [(0, 50)] * 5 + [(50, 0)]
+    assert Step.objects.count() == 50
+    total = sum(100 + i for i in range(50))
+    assert sum(s.input_tokens for s in Session.objects.all()) == total
+    assert DailyRollup.objects.get().input_tokens == total

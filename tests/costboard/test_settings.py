@@ -1,0 +1,60 @@
+"""A bad environment value stops start-up with a message naming the variable."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+
+from costboard.env import env_bool, env_decimal, env_fraction, env_int
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("COSTBOARD_SESSION_TOKEN_CAP", "lots"),
+        ("COSTBOARD_SESSION_TOKEN_CAP", "0"),
+        ("COSTBOARD_SESSION_COST_CAP_USD", "five"),
+        ("COSTBOARD_WARN_AT_PCT", "80"),
+        ("DJANGO_DEBUG", "maybe"),
+        ("DATABASE_URL", "mysql://root@localhost/x"),
+    ],
+)
+def test_startup_fails_naming_the_variable(name: str, value: str) -> None:
+    env = {**os.environ, name: value, "DJANGO_SETTINGS_MODULE": "costboard.settings"}
+    result = subprocess.run(
+        [sys.executable, "manage.py", "check"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode != 0
+    assert name in result.stderr
+    assert "ImproperlyConfigured" in result.stderr
+
+
+def test_env_readers(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("X_BOOL", "yes")
+    monkeypatch.setenv("X_INT", " 42 ")
+    monkeypatch.setenv("X_DEC", "5.25")
+    monkeypatch.setenv("X_FRAC", "0.75")
+    assert env_bool("X_BOOL", False) is True
+    assert env_int("X_INT", 1) == 42
+    assert env_decimal("X_DEC", "1") == Decimal("5.25")
+    assert env_fraction("X_FRAC", "0.8") == Decimal("0.75")
+    assert env_int("X_UNSET", 7) == 7
+    monkeypatch.setenv("X_FRAC", "0")
+    with pytest.raises(ImproperlyConfigured, match="X_FRAC"):
+        env_fraction("X_FRAC", "0.8")
+    monkeypatch.setenv("X_DEC", "-1")
+    with pytest.raises(ImproperlyConfigured, match="X_DEC"):
+        env_decimal("X_DEC", "1")
