@@ -193,28 +193,37 @@ def session_recheck(
             warned_at=session.warned_at,
             exhausted_at=session.exhausted_at,
         )
-        events = []
-        common = {
-            "session": session,
-            "project": session.project,
-            "at": now,
-            "tokens_used": session.tokens_used,
-            "cost_usd": session.cost_usd,
-            "caps": caps,
-        }
+        events: list[BudgetEvent] = []
+
+        def record(kind: str, detail: dict[str, object] | None = None) -> None:
+            events.append(
+                budget_event(
+                    session=session,
+                    project=session.project,
+                    kind=kind,
+                    at=now,
+                    tokens_used=session.tokens_used,
+                    cost_usd=session.cost_usd,
+                    caps=caps,
+                    detail=detail,
+                )
+            )
+
         if decision.cap_changed and old_caps is not None:
-            detail = cap_change_detail(old_caps, caps, session.state, decision.state)
-            events.append(budget_event(kind=BudgetEvent.Kind.CAP_CHANGED, detail=detail, **common))
+            record(
+                BudgetEvent.Kind.CAP_CHANGED,
+                cap_change_detail(old_caps, caps, session.state, decision.state),
+            )
         if decision.clear_warned:
             session.warned_at = None
         if decision.clear_exhausted:
             session.exhausted_at = None
         if decision.warns:
             session.warned_at = now
-            events.append(budget_event(kind=BudgetEvent.Kind.SOFT_WARNED, **common))
+            record(BudgetEvent.Kind.SOFT_WARNED)
         if decision.exhausts:
             session.exhausted_at = now
-            events.append(budget_event(kind=BudgetEvent.Kind.EXHAUSTED, **common))
+            record(BudgetEvent.Kind.EXHAUSTED)
         session.state = decision.state
         session.save(update_fields=["state", "warned_at", "exhausted_at"])
         return BudgetEvent.objects.bulk_create(events)

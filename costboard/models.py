@@ -19,12 +19,24 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
-# Money: a step's cost is tokens × rate / 1e6, exact at 12 places for rates with ≤ 6 decimals.
-COST = {"max_digits": 24, "decimal_places": 12, "default": Decimal(0), "db_default": Decimal(0)}
-# A rate in USD per million tokens; genai-prices has a few with 18 decimals, rounded to 10.
-RATE = {"max_digits": 20, "decimal_places": 10}
-# A cap in USD.
-CAP = {"max_digits": 14, "decimal_places": 4, "null": True, "blank": True}
+
+def money_field(**options: Any) -> models.DecimalField:
+    """USD: a step's cost is tokens × rate / 1e6, exact at 12 places for rates with ≤ 6
+    decimals per million tokens."""
+    return models.DecimalField(
+        max_digits=24, decimal_places=12, default=Decimal(0), db_default=Decimal(0), **options
+    )
+
+
+def rate_field(**options: Any) -> models.DecimalField:
+    """USD per million tokens; genai-prices has a few rates with 18 decimals, rounded to 10."""
+    return models.DecimalField(max_digits=20, decimal_places=10, **options)
+
+
+def cap_field(**options: Any) -> models.DecimalField:
+    """A cap in USD; blank means "inherit"."""
+    return models.DecimalField(max_digits=14, decimal_places=4, null=True, blank=True, **options)
+
 
 # A built-in price without a start date applies since this instant ("always").
 PRICE_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
@@ -47,9 +59,7 @@ class Project(models.Model):
     token_cap = models.PositiveBigIntegerField(
         null=True, blank=True, help_text="Per-session token cap; blank: the environment default."
     )
-    cost_cap_usd = models.DecimalField(
-        **CAP, help_text="Per-session USD cap; blank: the environment default."
-    )
+    cost_cap_usd = cap_field(help_text="Per-session USD cap; blank: the environment default.")
     warn_at_pct = models.DecimalField(
         max_digits=4,
         decimal_places=3,
@@ -126,16 +136,15 @@ class ModelPrice(models.Model):
         help_text="Optional: other model names this price covers (Python regex, matched "
         "against the lower-cased name).",
     )
-    input_mtok = models.DecimalField(**RATE, default=Decimal(0))
-    output_mtok = models.DecimalField(**RATE, default=Decimal(0))
-    cache_read_mtok = models.DecimalField(
-        **RATE, null=True, blank=True, help_text="Blank: cache reads at the input rate."
+    input_mtok = rate_field(default=Decimal(0))
+    output_mtok = rate_field(default=Decimal(0))
+    cache_read_mtok = rate_field(
+        null=True, blank=True, help_text="Blank: cache reads at the input rate."
     )
-    cache_write_mtok = models.DecimalField(
-        **RATE, null=True, blank=True, help_text="Blank: cache writes at the input rate."
+    cache_write_mtok = rate_field(
+        null=True, blank=True, help_text="Blank: cache writes at the input rate."
     )
-    cache_write_1h_mtok = models.DecimalField(
-        **RATE,
+    cache_write_1h_mtok = rate_field(
         null=True,
         blank=True,
         help_text="1-hour cache writes (Anthropic); blank: the cache write rate.",
@@ -193,11 +202,11 @@ class UsageTotals(models.Model):
     cache_read_input_tokens = models.BigIntegerField(default=0, db_default=0)
     cache_creation_input_tokens = models.BigIntegerField(default=0, db_default=0)
     reasoning_tokens = models.BigIntegerField(default=0, db_default=0)
-    cost_input_usd = models.DecimalField(**COST)
-    cost_output_usd = models.DecimalField(**COST)
-    cost_cache_read_usd = models.DecimalField(**COST)
-    cost_cache_write_usd = models.DecimalField(**COST)
-    cost_usd = models.DecimalField(**COST)
+    cost_input_usd = money_field()
+    cost_output_usd = money_field()
+    cost_cache_read_usd = money_field()
+    cost_cache_write_usd = money_field()
+    cost_usd = money_field()
 
     class Meta:
         abstract = True
@@ -220,7 +229,7 @@ class Session(UsageTotals):
         "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="forks"
     )
     token_cap = models.PositiveBigIntegerField(null=True, blank=True)
-    cost_cap_usd = models.DecimalField(**CAP)
+    cost_cap_usd = cap_field()
     turn_count = models.IntegerField(default=0, db_default=0)
     step_count = models.IntegerField(default=0, db_default=0)
     error_count = models.IntegerField(default=0, db_default=0)
@@ -314,11 +323,11 @@ class Step(models.Model):
         db_index=False,
         related_name="+",
     )
-    cost_input_usd = models.DecimalField(**COST)
-    cost_output_usd = models.DecimalField(**COST)
-    cost_cache_read_usd = models.DecimalField(**COST)
-    cost_cache_write_usd = models.DecimalField(**COST)
-    cost_usd = models.DecimalField(**COST)
+    cost_input_usd = money_field()
+    cost_output_usd = money_field()
+    cost_cache_read_usd = money_field()
+    cost_cache_write_usd = money_field()
+    cost_usd = money_field()
 
     class Meta:
         constraints = [
@@ -380,7 +389,7 @@ class BudgetEvent(models.Model):
     kind = models.CharField(max_length=20, choices=Kind.choices)
     at = models.DateTimeField()
     tokens_used = models.BigIntegerField()
-    cost_usd = models.DecimalField(**COST)
+    cost_usd = money_field()
     detail = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
 

@@ -108,7 +108,7 @@ if _database_url:
 else:
     _db = {
         "ENGINE": "django.db.backends.sqlite3",
-        "NAME": BASE_DIR / "db.sqlite3",
+        "NAME": str(BASE_DIR / "db.sqlite3"),
     }
 if _db["ENGINE"] == "django.db.backends.sqlite3":
     # Writers queue for the database lock at BEGIN rather than failing half-way through.

@@ -37,11 +37,11 @@ def project_budgets_recheck(project_id: int, old: dict[str, Any]) -> int:
     project = Project.objects.filter(pk=project_id).first()
     if project is None:
         return 0
-    old_project = Project(
-        token_cap=old.get("token_cap"),
-        cost_cap_usd=None if old.get("cost_cap_usd") is None else Decimal(old["cost_cap_usd"]),
-        warn_at_pct=None if old.get("warn_at_pct") is None else Decimal(old["warn_at_pct"]),
-    )
+    old_project = Project(token_cap=old.get("token_cap"))
+    if old.get("cost_cap_usd") is not None:
+        old_project.cost_cap_usd = Decimal(old["cost_cap_usd"])
+    if old.get("warn_at_pct") is not None:
+        old_project.warn_at_pct = Decimal(old["warn_at_pct"])
     now = timezone.now()
     changed = 0
     sessions = Session.objects.filter(project=project).values_list(
