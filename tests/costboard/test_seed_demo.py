@@ -1,0 +1,189 @@
+from __future__ import annotations
+
+from collections import defaultdict
+from decimal import Decimal
+from io import StringIO
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from costboard.models import (
+    SYSTEM_SESSION_ID,
+    BudgetEvent,
+    DailyRollup,
+    ModelPrice,
+    Project,
+    Session,
+    Step,
+)
+from memory_ui.models import Memory
+
+pytestmark = pytest.mark.django_db
+
+SESSIONS = 40
+
+
+def seed(**options: object) -> str:
+    out = StringIO()
+    call_command("seed_demo", stdout=out, **options)
+    return out.getvalue()
+
+
+def money_sum(values: object) -> Decimal:
+    """Summed in Python: each value as the database returns it, so SQLite's float SUM() plays
+    no part."""
+    return sum(values, Decimal(0))  # type: ignore[call-overload]
+
+
+@pytest.fixture
+def seeded() -> str:
+    assert not ModelPrice.objects.exists()
+    return seed(sessions=SESSIONS)
+
+
+def test_it_loads_prices_and_seeds_several_projects_over_the_window(seeded: str) -> None:
+    assert "loaded" in seeded and "prices from genai-prices" in seeded
+    assert "100%" in seeded
+    assert seeded.strip().splitlines()[-1].startswith("seeded 3 projects")
+    assert ModelPrice.objects.count() > 1000
+
+    projects = set(Project.objects.values_list("slug", flat=True))
+    assert projects >= {"support-bot", "research-agent", "code-review"}
+    chats = Session.objects.exclude(external_id=SYSTEM_SESSION_ID)
+    assert chats.count() == SESSIONS
+    for slug in projects:
+        assert chats.filter(project__slug=slug).count() >= 8
+    days = {started.date() for started in chats.values_list("started_at", flat=True)}
+    assert len(days) >= 25
+    assert chats.filter(parent__isnull=True, ended_at__isnull=False).exists()
+    assert chats.filter(turn_count__gte=2).count() > SESSIONS // 2
+
+    steps = Step.objects.all()
+    assert steps.count() > 10 * SESSIONS
+    assert set(steps.values_list("step_type", flat=True)) >= {
+        "intent",
+        "filter",
+        "search",
+        "response",
+        "compress",
+    }
+    assert steps.filter(cache_read_input_tokens__gt=0, model__startswith="claude").exists()
+    assert steps.filter(cache_read_input_tokens__gt=0, model__startswith="gpt").exists()
+    assert steps.filter(cache_creation_input_tokens__gt=0).exists()
+    assert steps.filter(success=False).exclude(error="").exists()
+    assert steps.filter(session__external_id=SYSTEM_SESSION_ID).exists()
+    unpriced = steps.filter(price__isnull=True)
+    assert unpriced.exists()
+    assert set(unpriced.values_list("model", flat=True)) == {"acme-finetune-v2"}
+    assert set(unpriced.values_list("cost_usd", flat=True)) == {Decimal(0)}
+
+
+def test_the_budget_examples_reach_their_states_through_their_caps(seeded: str) -> None:
+    near_cap = Session.objects.filter(state=Session.State.WARNING, metadata__scenario="near-cap")
+    assert near_cap.count() == 3
+    for session in near_cap:
+        assert session.tokens_used < session.token_cap
+        assert session.warned_at is not None
+        assert session.exhausted_at is None
+
+    exhausted = Session.objects.filter(state=Session.State.EXHAUSTED)
+    examples = exhausted.filter(metadata__scenario="exhausted")
+    assert examples.count() == 3
+    assert any(s.tokens_used >= s.token_cap for s in examples)
+    assert any(s.cost_usd >= s.cost_cap_usd for s in examples)
+    for session in exhausted:
+        kinds = set(session.budget_events.values_list("kind", flat=True))
+        assert {"soft_warned", "exhausted"} <= kinds
+
+    runaway = Session.objects.filter(runaway_at__isnull=False)
+    assert runaway.count() == 3
+    for session in runaway:
+        event = BudgetEvent.objects.get(session=session, kind=BudgetEvent.Kind.RUNAWAY)
+        assert event.at == session.runaway_at
+        assert event.detail["rule"] == "retry_loop"
+        evidence = event.detail["evidence"]
+        assert evidence["last_at"] == event.at.isoformat()
+        assert evidence["consecutive_failures"] >= 40
+        failed = session.steps.filter(
+            success=False, step_type=evidence["step_type"], turn__number=evidence["turn"]
+        )
+        assert failed.count() == evidence["consecutive_failures"]
+
+
+def test_money_adds_up_exactly(seeded: str) -> None:
+    by_session: dict[int, Decimal] = defaultdict(Decimal)
+    for session_id, cost in Step.objects.values_list("session_id", "cost_usd"):
+        by_session[session_id] += cost
+    for session in Session.objects.all():
+        assert session.cost_usd == by_session[session.pk], session.external_id
+
+    steps_total = money_sum(Step.objects.values_list("cost_usd", flat=True))
+    rollups_total = money_sum(DailyRollup.objects.values_list("cost_usd", flat=True))
+    assert steps_total > 0
+    assert rollups_total == steps_total
+    assert sum(DailyRollup.objects.values_list("calls", flat=True)) == Step.objects.count()
+    assert f"${steps_total:,.2f} in all" in seeded
+
+
+def test_memory_candidates_wait_for_review_in_every_project(seeded: str) -> None:
+    for project in Project.objects.all():
+        pending = Memory.objects.filter(project=project, status=Memory.Status.PENDING)
+        assert pending.count() >= 10
+        assert set(pending.values_list("type", flat=True)) == {
+            "user",
+            "feedback",
+            "project",
+            "reference",
+        }
+        assert Memory.objects.filter(project=project, status=Memory.Status.APPROVED).exists()
+        for memory in Memory.objects.filter(project=project):
+            assert len(memory.content) <= 150
+            assert Decimal(0) <= memory.importance <= Decimal(1)
+            assert memory.turn is not None
+            assert memory.turn.session == memory.session
+            expected = "user:" if memory.type == "user" else "project"
+            assert memory.scope.startswith(expected)
+
+
+def test_a_second_run_stores_nothing_new(seeded: str) -> None:
+    counts = (
+        Step.objects.count(),
+        Session.objects.count(),
+        Memory.objects.count(),
+        BudgetEvent.objects.count(),
+    )
+    again = seed(sessions=SESSIONS)
+    assert (
+        Step.objects.count(),
+        Session.objects.count(),
+        Memory.objects.count(),
+        BudgetEvent.objects.count(),
+    ) == counts
+    assert "0 events stored" in again.splitlines()[-1]
+    assert "0 memories, 0 runaways flagged" in again
+
+
+def test_if_empty_does_nothing_when_there_are_sessions() -> None:
+    project = Project.objects.create(name="Mine", slug="mine")
+    Session.objects.create(project=project, external_id="s1")
+    out = seed(if_empty=True)
+    assert "nothing to do" in out
+    assert Project.objects.count() == 1
+    assert Session.objects.count() == 1
+    assert not Step.objects.exists()
+    assert not Memory.objects.exists()
+
+
+def test_steps_scales_the_number_of_sessions() -> None:
+    out = seed(steps=2500, days=7, projects=4, seed=7)
+    chats = Session.objects.exclude(external_id=SYSTEM_SESSION_ID)
+    assert 1800 <= Step.objects.count() <= 3200
+    assert Project.objects.count() == 4
+    assert Project.objects.filter(slug="support-bot-2").exists()
+    assert 80 <= chats.count() <= 250
+    assert "seeded 4 projects" in out
+
+
+def test_sessions_and_steps_cannot_both_be_given() -> None:
+    with pytest.raises(CommandError, match="not both"):
+        seed(sessions=10, steps=1000)
