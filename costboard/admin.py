@@ -16,6 +16,7 @@ from costboard.models import (
     ApiKey,
     BudgetEvent,
     DailyRollup,
+    Membership,
     ModelPrice,
     Project,
     Session,
@@ -130,12 +131,26 @@ class ApiKeyInline(admin.TabularInline):
         return False  # keys are made on the API key page, where the key is shown once
 
 
+class MembershipInline(admin.TabularInline):
+    model = Membership
+    extra = 1
+    autocomplete_fields = ("user",)
+
+
+@admin.register(Membership)
+class MembershipAdmin(admin.ModelAdmin):
+    list_display = ("user", "project", "created_at")
+    list_filter = ("project",)
+    search_fields = ("user__username", "project__slug")
+    autocomplete_fields = ("user",)
+
+
 @admin.register(Project)
 class ProjectAdmin(admin.ModelAdmin):
     list_display = ("name", "slug", "token_cap", "cost_cap_usd", "warn_at_pct", "created_at")
     search_fields = ("name", "slug")
     prepopulated_fields = {"slug": ("name",)}
-    inlines = [ApiKeyInline]
+    inlines = [MembershipInline, ApiKeyInline]
 
     def save_model(self, request: HttpRequest, obj: Project, form: Any, change: bool) -> None:
         old = Project.objects.filter(pk=obj.pk).values(*CAP_FIELDS).first() if change else None

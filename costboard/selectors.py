@@ -1,14 +1,42 @@
-"""Read queries for pages: rollups first, never a scan of all steps for totals."""
+"""Read queries for the pages: rollups first, never a scan of all steps for totals.
+
+Every selector takes the ids of the projects in scope and runs a fixed number of queries,
+whatever the amount of data.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from datetime import date, timedelta
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
+from typing import Any
 
-from django.db.models import QuerySet, Sum
+from django.db.models import Count, F, Q, QuerySet, Sum
+from django.db.models.functions import Coalesce
 
-from costboard.models import DailyRollup, Project, Session
+from costboard.latency import percentile
+from costboard.models import (
+    BudgetEvent,
+    DailyRollup,
+    LatencyRollup,
+    Session,
+    SessionModelUsage,
+    Step,
+    Turn,
+)
+from costboard.pricing import rate_table
+
+ZERO = Decimal(0)
+MILLION = Decimal(1_000_000)
+
+
+def _day_start(day: date) -> datetime:
+    return datetime.combine(day, time.min, tzinfo=UTC)
+
+
+# --- overview -------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -25,31 +53,126 @@ class Spend:
         return (self.cost_usd - self.previous_usd) / self.previous_usd * 100
 
 
-def _rollup_sum(projects: QuerySet[Project], start: date, end: date) -> tuple[Decimal, int]:
-    """Cost and calls over [start, end) days."""
-    agg = DailyRollup.objects.filter(project__in=projects, day__gte=start, day__lt=end).aggregate(
-        cost=Sum("cost_usd"), calls=Sum("calls")
+PERIODS = (("Today", 1), ("7 days", 7), ("30 days", 30))
+
+
+def spend_by_period(*, project_ids: list[int], today: date) -> list[Spend]:
+    """Spend today, over 7 and over 30 days, each against the period before it (one query)."""
+    first = today - timedelta(days=2 * PERIODS[-1][1] - 1)
+    rows = (
+        DailyRollup.objects.filter(project_id__in=project_ids, day__gte=first, day__lte=today)
+        .values("day")
+        .annotate(cost=Sum("cost_usd"), calls=Sum("calls"))
     )
-    return agg["cost"] or Decimal(0), agg["calls"] or 0
-
-
-def spend_by_period(*, projects: QuerySet[Project], today: date) -> list[Spend]:
-    """Spend today, over 7 and over 30 days, each against the period before it."""
+    by_day = {r["day"]: (r["cost"] or ZERO, r["calls"] or 0) for r in rows}
     periods = []
-    for label, days in (("Today", 1), ("7 days", 7), ("30 days", 30)):
-        start = today - timedelta(days=days - 1)
-        cost, calls = _rollup_sum(projects, start, today + timedelta(days=1))
-        previous, _ = _rollup_sum(projects, start - timedelta(days=days), start)
-        periods.append(Spend(label=label, cost_usd=cost, previous_usd=previous, calls=calls))
+    for label, days in PERIODS:
+        current = [today - timedelta(days=i) for i in range(days)]
+        previous = [today - timedelta(days=days + i) for i in range(days)]
+        periods.append(
+            Spend(
+                label=label,
+                cost_usd=sum((by_day.get(d, (ZERO, 0))[0] for d in current), ZERO),
+                previous_usd=sum((by_day.get(d, (ZERO, 0))[0] for d in previous), ZERO),
+                calls=sum(by_day.get(d, (ZERO, 0))[1] for d in current),
+            )
+        )
     return periods
 
 
-def sessions_latest(*, projects: QuerySet[Project], limit: int = 20) -> QuerySet[Session]:
-    return (
-        Session.objects.filter(project__in=projects)
-        .select_related("project")
-        .order_by("-last_active_at")[:limit]
+@dataclass
+class UsageBreakdown:
+    """The overview's charts, from one pass over the period's rollups."""
+
+    days: list[date]
+    cost_by_day_model: dict[str, dict[date, Decimal]]
+    cost_by_step_type: dict[str, Decimal]
+    tokens_by_kind: dict[str, int]
+    cost_by_kind: dict[str, Decimal]
+    cache_savings_usd: Decimal
+
+
+TOKEN_KINDS = {
+    "input": "input_tokens",
+    "output": "output_tokens",
+    "cache read": "cache_read_input_tokens",
+    "cache write": "cache_creation_input_tokens",
+}
+COST_KINDS = {
+    "input": "cost_input_usd",
+    "output": "cost_output_usd",
+    "cache read": "cost_cache_read_usd",
+    "cache write": "cost_cache_write_usd",
+}
+
+
+def usage_breakdown(*, project_ids: list[int], since: date, until: date) -> UsageBreakdown:
+    """Cost by day and model, by step type, tokens and cost by kind, and what cache reads saved
+    against the model's uncached input rate — over [since, until]."""
+    sums = {name: Sum(name) for name in (*TOKEN_KINDS.values(), *COST_KINDS.values())}
+    rows = (
+        DailyRollup.objects.filter(project_id__in=project_ids, day__gte=since, day__lte=until)
+        .values("day", "model", "step_type")
+        .annotate(cost=Sum("cost_usd"), **sums)
+        .order_by()
     )
+    by_day_model: dict[str, dict[date, Decimal]] = defaultdict(lambda: defaultdict(lambda: ZERO))
+    by_step_type: dict[str, Decimal] = defaultdict(lambda: ZERO)
+    tokens = dict.fromkeys(TOKEN_KINDS, 0)
+    costs = dict.fromkeys(COST_KINDS, ZERO)
+    cache_reads: dict[tuple[str, date], list[Any]] = defaultdict(lambda: [0, ZERO])
+    for row in rows:
+        by_day_model[row["model"]][row["day"]] += row["cost"] or ZERO
+        by_step_type[row["step_type"]] += row["cost"] or ZERO
+        for kind, column in TOKEN_KINDS.items():
+            tokens[kind] += row[column] or 0
+        for kind, column in COST_KINDS.items():
+            costs[kind] += row[column] or ZERO
+        if row["cache_read_input_tokens"]:
+            pair = cache_reads[(row["model"], row["day"])]
+            pair[0] += row["cache_read_input_tokens"]
+            pair[1] += row["cost_cache_read_usd"] or ZERO
+    table = rate_table()
+    savings = ZERO
+    for (model, day), (read_tokens, paid) in cache_reads.items():
+        rate = table.rate_at(model, "", _day_start(day) + timedelta(hours=12))
+        if rate is not None:
+            savings += Decimal(read_tokens) * rate.base.input / MILLION - paid
+    days = [since + timedelta(days=i) for i in range((until - since).days + 1)]
+    ordered = dict(sorted(by_day_model.items(), key=lambda item: -sum(item[1].values())))
+    return UsageBreakdown(
+        days=days,
+        cost_by_day_model=ordered,
+        cost_by_step_type=dict(sorted(by_step_type.items(), key=lambda i: -i[1])),
+        tokens_by_kind=tokens,
+        cost_by_kind=costs,
+        cache_savings_usd=savings,
+    )
+
+
+def sessions_costliest(
+    *, project_ids: list[int], since: datetime, limit: int = 10
+) -> QuerySet[Session]:
+    return (
+        Session.objects.filter(project_id__in=project_ids, last_active_at__gte=since)
+        .select_related("project")
+        .order_by("-cost_usd")[:limit]
+    )
+
+
+FLAGGED = Q(state__in=[Session.State.WARNING, Session.State.EXHAUSTED]) | Q(
+    runaway_at__isnull=False
+)
+
+
+def sessions_flagged(*, project_ids: list[int], limit: int = 12) -> tuple[list[Session], int]:
+    """Near-cap, exhausted and runaway sessions, the most urgent first, and how many there are."""
+    flagged = Session.objects.filter(FLAGGED, project_id__in=project_ids, ended_at__isnull=True)
+    total = flagged.count()
+    rows = list(flagged.select_related("project").order_by("-last_active_at")[: limit * 4])
+    urgency = {Session.State.EXHAUSTED: 1, Session.State.WARNING: 2, Session.State.OK: 3}
+    rows.sort(key=lambda s: (s.runaway_at is None, urgency[s.state], -s.last_active_at.timestamp()))
+    return rows[:limit], total
 
 
 @dataclass(frozen=True)
@@ -59,12 +182,295 @@ class UnpricedModel:
     tokens: int
 
 
-def models_unpriced(*, projects: QuerySet[Project]) -> list[UnpricedModel]:
+def models_unpriced(*, project_ids: list[int]) -> list[UnpricedModel]:
     """Models with steps no price covers (from the rollups' unpriced call counts)."""
     rows = (
-        DailyRollup.objects.filter(project__in=projects, unpriced_calls__gt=0)
+        DailyRollup.objects.filter(project_id__in=project_ids, unpriced_calls__gt=0)
         .values("model")
         .annotate(calls=Sum("unpriced_calls"), tokens=Sum("input_tokens") + Sum("output_tokens"))
         .order_by("-calls")
     )
     return [UnpricedModel(r["model"], r["calls"], r["tokens"] or 0) for r in rows]
+
+
+# --- sessions list --------------------------------------------------------------------------
+
+
+SESSION_SORTS = {
+    "last_active": "last_active_at",
+    "started": "started_at",
+    "cost": "cost_usd",
+    "tokens": "tokens_total",
+    "turns": "turn_count",
+    "steps": "step_count",
+    "session": "external_id",
+}
+STATE_FILTERS = {
+    "ok": Q(state=Session.State.OK, runaway_at__isnull=True),
+    "warning": Q(state=Session.State.WARNING),
+    "exhausted": Q(state=Session.State.EXHAUSTED),
+    "runaway": Q(runaway_at__isnull=False),
+    "flagged": FLAGGED,
+}
+
+
+@dataclass(frozen=True)
+class SessionFilters:
+    state: str = ""
+    model: str = ""
+    user: str = ""
+    q: str = ""
+    since: date | None = None
+    until: date | None = None
+    sort: str = "-last_active"
+
+    @property
+    def sort_key(self) -> str:
+        return self.sort.lstrip("-")
+
+    @property
+    def descending(self) -> bool:
+        return self.sort.startswith("-")
+
+
+def sessions_filtered(*, project_ids: list[int], filters: SessionFilters) -> QuerySet[Session]:
+    sessions = Session.objects.filter(project_id__in=project_ids)
+    if filters.state in STATE_FILTERS:
+        sessions = sessions.filter(STATE_FILTERS[filters.state])
+    if filters.model:
+        sessions = sessions.filter(
+            pk__in=SessionModelUsage.objects.filter(model=filters.model).values("session_id")
+        )
+    if filters.user:
+        sessions = sessions.filter(user_id=filters.user)
+    if filters.q:
+        sessions = sessions.filter(external_id__icontains=filters.q)
+    if filters.since:
+        sessions = sessions.filter(last_active_at__gte=_day_start(filters.since))
+    if filters.until:
+        sessions = sessions.filter(last_active_at__lt=_day_start(filters.until) + timedelta(days=1))
+    column = SESSION_SORTS.get(filters.sort_key, "last_active_at")
+    if column == "tokens_total":
+        sessions = sessions.alias(tokens_total=F("input_tokens") + F("output_tokens"))
+    order = f"-{column}" if filters.descending else column
+    return sessions.select_related("project").order_by(order, "-id" if filters.descending else "id")
+
+
+def model_mix(*, session_ids: Iterable[int]) -> dict[int, list[SessionModelUsage]]:
+    """Each session's models, costliest first (one query for a page of sessions)."""
+    mix: dict[int, list[SessionModelUsage]] = defaultdict(list)
+    for usage in SessionModelUsage.objects.filter(session_id__in=list(session_ids)).order_by(
+        "session_id", "-cost_usd", "model"
+    ):
+        mix[usage.session_id].append(usage)
+    return mix
+
+
+def models_seen(*, project_ids: list[int]) -> list[str]:
+    return list(
+        DailyRollup.objects.filter(project_id__in=project_ids)
+        .values_list("model", flat=True)
+        .distinct()
+        .order_by("model")
+    )
+
+
+# --- one session ----------------------------------------------------------------------------
+
+
+@dataclass
+class TurnView:
+    turn: Turn
+    steps: list[Step] = field(default_factory=list)
+
+
+MAX_TURNS_SHOWN = 100
+MAX_POINTS = 2000
+
+
+@dataclass
+class SessionDetail:
+    session: Session
+    turns: list[TurnView]
+    turns_hidden: int
+    loose_steps: list[Step]
+    cumulative: list[tuple[datetime, int]]
+    cost_by_turn: dict[str, dict[int, Decimal]]
+    forks: list[Session]
+    events: list[BudgetEvent]
+
+
+def session_detail(*, session: Session) -> SessionDetail:
+    """A session's turns with their steps, its charts' data, forks and budget events."""
+    turn_count = session.turn_count
+    turns = list(Turn.objects.filter(session=session).order_by("-number")[:MAX_TURNS_SHOWN])
+    turns.reverse()
+    views = {t.pk: TurnView(turn=t) for t in turns}
+    loose: list[Step] = []
+    steps = (
+        Step.objects.filter(session=session)
+        .filter(Q(turn_id__in=list(views)) | Q(turn__isnull=True))
+        .order_by("timestamp", "id")
+    )
+    for step in steps[:5000]:
+        if step.turn_id in views:
+            views[step.turn_id].steps.append(step)
+        elif step.turn_id is None:
+            loose.append(step)
+
+    points = list(
+        Step.objects.filter(session=session)
+        .order_by("timestamp", "id")
+        .values_list("timestamp", "input_tokens", "output_tokens")
+    )
+    cumulative: list[tuple[datetime, int]] = []
+    running = 0
+    stride = max(1, len(points) // MAX_POINTS)
+    for index, (ts, inp, out) in enumerate(points):
+        running += inp + out
+        if index % stride == 0 or index == len(points) - 1:
+            cumulative.append((ts, running))
+
+    by_turn: dict[str, dict[int, Decimal]] = defaultdict(dict)
+    for row in (
+        Step.objects.filter(session=session, turn__isnull=False)
+        .values("turn__number", "step_type")
+        .annotate(cost=Coalesce(Sum("cost_usd"), ZERO))
+        .order_by()
+    ):
+        by_turn[row["step_type"]][row["turn__number"]] = row["cost"]
+
+    return SessionDetail(
+        session=session,
+        turns=list(views.values()),
+        turns_hidden=max(0, turn_count - len(turns)),
+        loose_steps=loose,
+        cumulative=cumulative,
+        cost_by_turn=dict(by_turn),
+        forks=list(session.forks.order_by("started_at")[:50]),
+        events=list(BudgetEvent.objects.filter(session=session).order_by("at", "id")),
+    )
+
+
+# --- steps ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StepTypeModelRow:
+    step_type: str
+    model: str
+    calls: int
+    errors: int
+    unpriced: int
+    input_tokens: int
+    output_tokens: int
+    cache_read_input_tokens: int
+    cache_creation_input_tokens: int
+    cost_usd: Decimal
+
+    @property
+    def cost_per_call(self) -> Decimal:
+        return self.cost_usd / self.calls if self.calls else ZERO
+
+    @property
+    def error_rate(self) -> float:
+        return self.errors / self.calls if self.calls else 0.0
+
+
+def steps_by_type_and_model(
+    *, project_ids: list[int], since: date, until: date, model: str = "", step_type: str = ""
+) -> list[StepTypeModelRow]:
+    rows = DailyRollup.objects.filter(project_id__in=project_ids, day__gte=since, day__lte=until)
+    if model:
+        rows = rows.filter(model=model)
+    if step_type:
+        rows = rows.filter(step_type=step_type)
+    result = [
+        StepTypeModelRow(
+            step_type=r["step_type"],
+            model=r["model"],
+            calls=r["calls"],
+            errors=r["errors"],
+            unpriced=r["unpriced"],
+            input_tokens=r["inp"],
+            output_tokens=r["out"],
+            cache_read_input_tokens=r["cr"],
+            cache_creation_input_tokens=r["cw"],
+            cost_usd=r["cost"],
+        )
+        for r in rows.values("step_type", "model")
+        .annotate(
+            calls=Sum("calls"),
+            errors=Sum("errors"),
+            unpriced=Sum("unpriced_calls"),
+            inp=Sum("input_tokens"),
+            out=Sum("output_tokens"),
+            cr=Sum("cache_read_input_tokens"),
+            cw=Sum("cache_creation_input_tokens"),
+            cost=Sum("cost_usd"),
+        )
+        .order_by()
+    ]
+    result.sort(key=lambda r: (-r.cost_usd, r.step_type, r.model))
+    return result
+
+
+@dataclass(frozen=True)
+class Latency:
+    step_type: str
+    calls: int
+    p50_ms: float | None
+    p95_ms: float | None
+
+
+def latency_by_step_type(
+    *, project_ids: list[int], since: date, until: date, step_type: str = ""
+) -> list[Latency]:
+    rows = LatencyRollup.objects.filter(project_id__in=project_ids, day__gte=since, day__lte=until)
+    if step_type:
+        rows = rows.filter(step_type=step_type)
+    histograms: dict[str, dict[int, int]] = defaultdict(dict)
+    for row in rows.values("step_type", "bucket").annotate(calls=Sum("calls")).order_by():
+        histograms[row["step_type"]][row["bucket"]] = row["calls"]
+    return sorted(
+        (
+            Latency(
+                step_type=name,
+                calls=sum(h.values()),
+                p50_ms=percentile(h, 0.5),
+                p95_ms=percentile(h, 0.95),
+            )
+            for name, h in histograms.items()
+        ),
+        key=lambda lat: -(lat.p95_ms or 0),
+    )
+
+
+# Upper bounds of the cost-per-turn histogram, in USD; the last bucket is open.
+TURN_COST_EDGES = [
+    Decimal(x)
+    for x in ("0.0001", "0.0003", "0.001", "0.003", "0.01", "0.03", "0.1", "0.3", "1", "3", "10")
+]
+
+
+def turn_cost_distribution(
+    *, project_ids: list[int], since: date, until: date
+) -> list[tuple[str, int]]:
+    """How many turns cost how much (one pass over the period's turns, counted in SQL)."""
+    turns = Turn.objects.filter(
+        session__project_id__in=project_ids,
+        started_at__gte=_day_start(since),
+        started_at__lt=_day_start(until) + timedelta(days=1),
+    )
+    buckets: dict[str, Any] = {}
+    labels = []
+    low = ZERO
+    for i, high in enumerate([*TURN_COST_EDGES, None]):
+        condition = (
+            Q(cost_usd__gte=low) if high is None else Q(cost_usd__gte=low, cost_usd__lt=high)
+        )
+        buckets[f"b{i}"] = Count("id", filter=condition)
+        labels.append(f"< ${high}" if high is not None else f"≥ ${low}")
+        low = high if high is not None else low
+    counts = turns.aggregate(**buckets)
+    return [(label, counts[f"b{i}"]) for i, label in enumerate(labels)]

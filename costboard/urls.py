@@ -7,6 +7,10 @@ from costboard import api, views
 
 urlpatterns = [
     path("", views.overview, name="overview"),
+    path("sessions/", views.sessions_list, name="sessions"),
+    path("sessions/export.csv", views.sessions_csv, name="sessions-csv"),
+    path("sessions/<int:pk>/", views.session_page, name="session"),
+    path("steps/", views.steps_page, name="steps"),
     path("accounts/", include("django.contrib.auth.urls")),
     path("admin/", admin.site.urls),
     path("api/v1/events", api.events, name="api-events"),

@@ -1,0 +1,65 @@
+"""A real Chromium (Debian's, never a downloaded one) driven by Playwright.
+
+CI sets COSTBOARD_REQUIRE_BROWSER=1 and installs chromium, so there these tests always run; on
+a machine without /usr/bin/chromium they are skipped with the reason (apt-get install
+chromium).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+CHROMIUM = os.environ.get("COSTBOARD_CHROMIUM", "/usr/bin/chromium")
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+# Playwright's sync API runs its own event loop; Django must allow ORM use beside it.
+os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[Any]:
+    if not Path(CHROMIUM).exists():
+        if os.environ.get("COSTBOARD_REQUIRE_BROWSER") == "1":
+            pytest.fail(f"no Chromium at {CHROMIUM}: apt-get install chromium")
+        pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium to run these)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield browser
+        browser.close()
+
+
+class Page:
+    """A browser page that records every console error and page error."""
+
+    def __init__(self, page: Any) -> None:
+        self.page = page
+        self.errors: list[str] = []
+        page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda e: self.errors.append(str(e)))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.page, name)
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Page]:
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = Page(context.new_page())
+    page.set_default_timeout(15_000)
+    yield page
+    context.close()

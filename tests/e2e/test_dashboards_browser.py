@@ -1,0 +1,72 @@
+"""The dashboards in a real browser: log in, charts drawn, htmx filtering, a session's totals,
+and no JavaScript error anywhere on the way."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from django.contrib.auth import get_user_model
+
+from costboard.models import Session
+from costboard.templatetags.costboard_tags import usd
+from tests.conftest import add_price, make_agent
+from tests.costboard.test_dashboards import traffic
+
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+
+
+def log_in(page: Any, base: str) -> None:
+    page.goto(f"{base}/")
+    assert "/accounts/login/" in page.url
+    page.fill("input[name=username]", "viewer")
+    page.fill("input[name=password]", "pw-viewer-123")
+    page.click("button[type=submit]")
+    page.wait_for_url(f"{base}/")
+
+
+def test_overview_sessions_and_a_session_in_chromium(live_server: Any, page: Any) -> None:
+    get_user_model().objects.create_superuser("viewer", "", "pw-viewer-123")
+    add_price("test-sonnet")
+    add_price("test-haiku", input_mtok=Decimal(1), output_mtok=Decimal(5))
+    agent = make_agent("acme")
+    traffic(agent, sessions=4, turns=3)
+    agent.events(
+        {"type": "session", "session_id": "over", "token_cap": 1000},
+        {
+            "session_id": "over",
+            "turn": 1,
+            "step_type": "response",
+            "model": "test-sonnet",
+            "input_tokens": 1200,
+            "output_tokens": 34,
+        },
+    )
+    base = live_server.url
+
+    log_in(page, base)
+    for name in ("daily", "step_types", "kinds"):
+        page.wait_for_selector(f'[data-chart="{name}"] svg.main-svg', state="attached")
+    assert page.locator('[data-chart="daily"] .bars path').count() > 0
+
+    page.click("nav >> text=Sessions")
+    page.wait_for_url(f"{base}/sessions/")
+    assert page.locator("tr[data-session]").count() == 5
+    page.evaluate("window.__kept = 'same page'")  # gone if the page reloads
+    page.select_option("select[name=state]", "exhausted")
+    page.wait_for_function("document.querySelectorAll('tr[data-session]').length === 1")
+    assert page.locator("tr[data-session]").get_attribute("data-session") == "over"
+    assert "state=exhausted" in page.url
+    assert page.evaluate("window.__kept") == "same page"
+
+    page.click("tr[data-session=over] a")
+    page.wait_for_url("**/sessions/*/")
+    session = Session.objects.get(external_id="over")
+    assert page.text_content("[data-total=tokens]") == str(session.tokens_used) == "1234"
+    assert page.text_content("[data-total=cost]") == usd(session.cost_usd)
+    assert page.text_content("[data-state]") == "exhausted"
+    for name in ("tokens_gauge", "cost_gauge", "cumulative", "per_turn"):
+        page.wait_for_selector(f'[data-chart="{name}"] svg.main-svg', state="attached")
+
+    assert page.errors == []
