@@ -22,8 +22,9 @@ from functools import lru_cache
 from threading import Lock
 from typing import Any
 
-from django.db.models import Count, Max
+from django.db import connection
 
+from costboard.ingest.normalize import Tokens
 from costboard.models import ModelPrice
 
 MILLION = Decimal(1_000_000)
@@ -45,6 +46,13 @@ class Rates:
     cache_read: Decimal
     cache_write: Decimal
     cache_write_1h: Decimal
+    # The same per token, so a cost is one multiply (exact: dividing by 10**6 only moves the
+    # decimal point).
+    per_token: tuple[Decimal, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        rates = (self.input, self.output, self.cache_read, self.cache_write, self.cache_write_1h)
+        object.__setattr__(self, "per_token", tuple(_CTX.divide(r, MILLION) for r in rates))
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,21 +84,22 @@ class StepCost:
     output: Decimal = ZERO
     cache_read: Decimal = ZERO
     cache_write: Decimal = ZERO
+    total: Decimal = field(init=False)
 
-    @property
-    def total(self) -> Decimal:
-        return self.input + self.output + self.cache_read + self.cache_write
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self, "total", self.input + self.output + self.cache_read + self.cache_write
+        )
 
 
 UNPRICED = StepCost(price_id=None)
 
 
-def _usd(tokens: int, rate_per_million: Decimal) -> Decimal:
+def _usd(tokens: int, rate_per_token: Decimal) -> Decimal:
+    """tokens × rate, exact, then kept to 12 places (half-even)."""
     if not tokens:
         return ZERO
-    return _CTX.divide(_CTX.multiply(Decimal(tokens), rate_per_million), MILLION).quantize(
-        CENT_FRACTION, context=_CTX
-    )
+    return _CTX.multiply(tokens, rate_per_token).quantize(CENT_FRACTION, context=_CTX)
 
 
 def cost_of(
@@ -102,16 +111,31 @@ def cost_of(
     cache_creation_input_tokens: int,
     cache_creation_1h_input_tokens: int = 0,
 ) -> StepCost:
-    prompt = input_tokens + cache_read_input_tokens + cache_creation_input_tokens
-    r = rate.rates_for(prompt)
-    one_hour = min(cache_creation_1h_input_tokens, cache_creation_input_tokens)
+    return _cost(
+        rate,
+        input_tokens,
+        output_tokens,
+        cache_read_input_tokens,
+        cache_creation_input_tokens,
+        cache_creation_1h_input_tokens,
+    )
+
+
+def _cost(
+    rate: Rate, input_: int, output: int, cache_read: int, cache_write: int, cache_write_1h: int
+) -> StepCost:
+    prompt = input_ + cache_read + cache_write
+    per_input, per_output, per_read, per_write, per_write_1h = rate.rates_for(prompt).per_token
+    one_hour = min(cache_write_1h, cache_write)
+    write_usd = _usd(cache_write - one_hour, per_write)
+    if one_hour:
+        write_usd += _usd(one_hour, per_write_1h)
     return StepCost(
-        price_id=rate.id,
-        input=_usd(input_tokens, r.input),
-        output=_usd(output_tokens, r.output),
-        cache_read=_usd(cache_read_input_tokens, r.cache_read),
-        cache_write=_usd(cache_creation_input_tokens - one_hour, r.cache_write)
-        + _usd(one_hour, r.cache_write_1h),
+        rate.id,
+        _usd(input_, per_input),
+        _usd(output, per_output),
+        _usd(cache_read, per_read),
+        write_usd,
     )
 
 
@@ -293,13 +317,27 @@ class RateTable:
         rate = self.rate_at(model, provider, when)
         if rate is None:
             return UNPRICED
-        return cost_of(
+        return _cost(
             rate,
-            input_tokens=input_tokens,
-            output_tokens=output_tokens,
-            cache_read_input_tokens=cache_read_input_tokens,
-            cache_creation_input_tokens=cache_creation_input_tokens,
-            cache_creation_1h_input_tokens=cache_creation_1h_input_tokens,
+            input_tokens,
+            output_tokens,
+            cache_read_input_tokens,
+            cache_creation_input_tokens,
+            cache_creation_1h_input_tokens,
+        )
+
+    def price_tokens(self, model: str, provider: str, when: datetime, tokens: Tokens) -> StepCost:
+        """`price` for a step's Tokens (the ingest loop: no keyword plumbing per step)."""
+        rate = self.rate_at(model, provider, when)
+        if rate is None:
+            return UNPRICED
+        return _cost(
+            rate,
+            tokens.input_tokens,
+            tokens.output_tokens,
+            tokens.cache_read_input_tokens,
+            tokens.cache_creation_input_tokens,
+            tokens.cache_creation_1h_input_tokens,
         )
 
 
@@ -325,9 +363,19 @@ _lock = Lock()
 _cached: tuple[tuple[int, Any], RateTable] | None = None
 
 
+_VERSION_SQL = (
+    f"SELECT (SELECT COUNT(*) FROM {ModelPrice._meta.db_table}), "
+    f"(SELECT MAX(updated_at) FROM {ModelPrice._meta.db_table})"
+)
+
+
 def _version() -> tuple[int, Any]:
-    agg = ModelPrice.objects.aggregate(n=Count("id"), latest=Max("updated_at"))
-    return agg["n"], agg["latest"]
+    """(row count, latest updated_at) of the price table: changes with any insert, edit or
+    delete. Two index scans in SQL (the ORM's aggregate costs more than the query)."""
+    with connection.cursor() as cursor:
+        cursor.execute(_VERSION_SQL)
+        count, latest = cursor.fetchone()
+    return count, latest
 
 
 def rate_table() -> RateTable:

@@ -10,7 +10,7 @@ import difflib
 import json
 from datetime import UTC, datetime
 from decimal import Decimal
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 from pydantic import (
     BaseModel,
@@ -104,7 +104,15 @@ class StepEvent(_Event):
 
     def tokens(self) -> Tokens:
         """Token counts: the raw usage normalized, each explicit field taking precedence."""
-        base = normalize_usage(self.usage) if self.usage is not None else Tokens()
+        if self.usage is None:  # the common case, without the merge
+            return Tokens(
+                input_tokens=self.input_tokens or 0,
+                output_tokens=self.output_tokens or 0,
+                cache_read_input_tokens=self.cache_read_input_tokens or 0,
+                cache_creation_input_tokens=self.cache_creation_input_tokens or 0,
+                reasoning_tokens=self.reasoning_tokens or 0,
+            )
+        base = normalize_usage(self.usage)
         creation = _pick(self.cache_creation_input_tokens, base.cache_creation_input_tokens)
         return Tokens(
             input_tokens=_pick(self.input_tokens, base.input_tokens),
@@ -176,7 +184,7 @@ def validate_event(index: int, raw: Any) -> tuple[Event | None, list[dict[str, A
             _error(index, "type", f"unknown event type {kind!r}; use session, turn or step")
         ]
     try:
-        event = model.model_validate(raw)
+        event = cast(Event, model.model_validate(raw))
     except ValidationError as exc:
         errors = []
         for err in exc.errors(include_url=False):
