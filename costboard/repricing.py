@@ -1,7 +1,8 @@
 """Repricing after a price is added, edited or deleted.
 
 Each affected step is priced again with the current rate table; what changed is written to
-the step and the difference (never a recount) is added to its turn, session and daily rollup,
+the step and the difference (never a recount) is added to its turn, session, the session's
+per-model usage and the daily rollup,
 so rollups stay equal to the sum of their steps even where old steps were deleted by
 retention. Steps are locked while repriced, so two repricings never apply one change twice.
 Lock order matches ingest (sessions, then turns, then rollups) so the two cannot deadlock.
@@ -21,7 +22,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from costboard.budgets import session_recheck
-from costboard.models import DailyRollup, Session, Step, Turn
+from costboard.models import DailyRollup, Session, SessionModelUsage, Step, Turn
 from costboard.pricing import compiled_pattern, forget_rate_table, model_aliases, rate_table
 
 ZERO = Decimal(0)
@@ -126,6 +127,7 @@ def _costs(step: Step) -> list[Decimal]:
 def _reprice_chunk(steps: list[Step], table: Any, result: RepriceResult) -> None:
     sessions: dict[int, _Delta] = defaultdict(_Delta)
     turns: dict[int, _Delta] = defaultdict(_Delta)
+    model_usage: dict[tuple[int, str], Decimal] = defaultdict(Decimal)
     rollups: dict[tuple[int, date, str, str], _Delta] = defaultdict(_Delta)
     changed: list[Step] = []
     for step in steps:
@@ -151,6 +153,7 @@ def _reprice_chunk(steps: list[Step], table: Any, result: RepriceResult) -> None
         changed.append(step)
         result.cost_delta += after[-1] - before[-1]
         sessions[step.session_id].add(before, after)
+        model_usage[(step.session_id, step.model)] += after[-1] - before[-1]
         if step.turn_id is not None:
             turns[step.turn_id].add(before, after)
         key = (step.project_id, step.timestamp.astimezone(UTC).date(), step.model, step.step_type)
@@ -172,6 +175,11 @@ def _reprice_chunk(steps: list[Step], table: Any, result: RepriceResult) -> None
     for session_id in list(locked):
         if updates := sessions[session_id].updates():
             Session.objects.filter(pk=session_id).update(**updates)
+    for (session_id, model), amount in sorted(model_usage.items()):
+        if amount:
+            SessionModelUsage.objects.filter(session_id=session_id, model=model).update(
+                cost_usd=F("cost_usd") + amount
+            )
     for turn_id in sorted(turns):
         if updates := turns[turn_id].updates():
             Turn.objects.filter(pk=turn_id).update(**updates)

@@ -12,8 +12,9 @@ One transaction, a fixed number of statements whatever the batch size:
 5. add the inserted steps' sums to their sessions, deciding budget crossings in SQL
    (`warned_at IS NULL AND …`), returning the sessions' new state for the response;
 6. record the crossings as BudgetEvents;
-7. add the inserted steps to the daily rollups (the hottest rows, touched last so their
-   locks are short).
+7. add the inserted steps to their sessions' per-model usage (the model mix);
+8. add them to the daily rollups and the latency histograms (the hottest rows, touched last
+   so their locks are short).
 
 Everything is priced in Python before the transaction begins (a cached rate table). On
 PostgreSQL every statement carries its rows as one typed array per column, unnested, with
@@ -45,13 +46,16 @@ from costboard.budgets import (
 )
 from costboard.ingest.normalize import Tokens
 from costboard.ingest.schemas import Event, SessionEvent, StepEvent, TurnEvent
+from costboard.latency import latency_bucket
 from costboard.models import (
     SYSTEM_SESSION_ID,
     BudgetEvent,
     DailyRollup,
     EventReceipt,
+    LatencyRollup,
     Project,
     Session,
+    SessionModelUsage,
     Step,
     Turn,
 )
@@ -64,6 +68,8 @@ TURN_TABLE = Turn._meta.db_table
 STEP_TABLE = Step._meta.db_table
 ROLLUP_TABLE = DailyRollup._meta.db_table
 RECEIPT_TABLE = EventReceipt._meta.db_table
+MODEL_USAGE_TABLE = SessionModelUsage._meta.db_table
+LATENCY_TABLE = LatencyRollup._meta.db_table
 
 
 @dataclass
@@ -375,7 +381,9 @@ def events_ingest(
                 cursor, sql, project, rows, sessions, inserted, now
             )
             budget_events = BudgetEvent.objects.bulk_create(crossings) if crossings else []
+            _model_usage_upsert(cursor, sql, session_ids, inserted)
             _rollups_upsert(cursor, sql, project, inserted)
+            _latency_upsert(cursor, sql, project, inserted)
         budgets = {s.external_id: session_budget(s, project) for s in touched}
 
     return IngestResult(
@@ -1001,6 +1009,75 @@ def _rollups_upsert(cursor: Any, sql: _Dialect, project: Project, inserted: list
         SELECT %s, {names} FROM v WHERE true
         ON CONFLICT (project_id, day, model, step_type) DO UPDATE SET
             {updates}
+        """,
+        [*params, project.pk],
+    )
+
+
+def _model_usage_upsert(
+    cursor: Any, sql: _Dialect, session_ids: dict[str, int], inserted: list[_Step]
+) -> None:
+    """Add the inserted steps to their session's row per model (its sessions are locked)."""
+    groups: dict[tuple[int, str], list[int | Decimal]] = {}
+    for step in inserted:
+        key = (session_ids[step.session_key], step.model)
+        group = groups.get(key)
+        tokens = step.tokens.input_tokens + step.tokens.output_tokens
+        if group is None:
+            groups[key] = [1, tokens, step.cost.total]
+        else:
+            group[0] += 1
+            group[1] += tokens
+            group[2] += step.cost.total
+    if not groups:
+        return
+    with_v, params = sql.rows(
+        [
+            ("session_id", "bigint"),
+            ("model", "text"),
+            ("calls", "bigint"),
+            ("tokens_used", "bigint"),
+            ("cost_usd", "numeric"),
+        ],
+        [[session_id, model, *sums] for (session_id, model), sums in sorted(groups.items())],
+    )
+    cursor.execute(
+        f"""
+        {with_v}
+        INSERT INTO {MODEL_USAGE_TABLE} (session_id, model, calls, tokens_used, cost_usd)
+        SELECT session_id, model, calls, tokens_used, cost_usd FROM v WHERE true
+        ON CONFLICT (session_id, model) DO UPDATE SET
+            calls = {MODEL_USAGE_TABLE}.calls + excluded.calls,
+            tokens_used = {MODEL_USAGE_TABLE}.tokens_used + excluded.tokens_used,
+            cost_usd = {MODEL_USAGE_TABLE}.cost_usd + excluded.cost_usd
+        """,
+        params,
+    )
+
+
+def _latency_upsert(cursor: Any, sql: _Dialect, project: Project, inserted: list[_Step]) -> None:
+    """Count the inserted steps that report a duration in their latency histogram buckets."""
+    counts: dict[tuple[date, str, int], int] = defaultdict(int)
+    for step in inserted:
+        if step.duration_ms is not None:
+            day = step.ts.astimezone(UTC).date()
+            counts[(day, step.step_type, latency_bucket(step.duration_ms))] += 1
+    if not counts:
+        return
+    with_v, params = sql.rows(
+        [("day", "date"), ("step_type", "text"), ("bucket", "integer"), ("calls", "bigint")],
+        [
+            [sql.day(day), step_type, bucket, n]
+            for (day, step_type, bucket), n in sorted(counts.items())
+        ],
+    )
+    cursor.execute(
+        f"""
+        {with_v}
+        INSERT INTO {LATENCY_TABLE} (project_id, day, step_type, bucket, calls)
+        SELECT %s, day, step_type, bucket, calls FROM v WHERE true
+        ON CONFLICT (project_id, day, step_type, bucket) DO UPDATE SET
+            calls = {LATENCY_TABLE}.calls + excluded.calls
         """,
         [*params, project.pk],
     )

@@ -13,7 +13,7 @@ from django.test import Client
 
 from costboard import tasks
 from costboard.celery import app as celery_app
-from costboard.models import DailyRollup, ModelPrice, Session, Step, Turn
+from costboard.models import DailyRollup, ModelPrice, Session, SessionModelUsage, Step, Turn
 from costboard.repricing import PriceMatch, models_affected, steps_reprice
 from tests.conftest import Agent, add_price, make_agent, usd
 
@@ -69,6 +69,10 @@ def assert_rollups_match_steps() -> None:
         ]
         assert rollup.cost_usd == sum((s.cost_usd for s in steps), Decimal(0))
         assert rollup.unpriced_calls == sum(s.price_id is None for s in steps)
+    for usage in SessionModelUsage.objects.all():
+        steps = list(Step.objects.filter(session_id=usage.session_id, model=usage.model))
+        assert usage.calls == len(steps) > 0
+        assert usage.cost_usd == sum((s.cost_usd for s in steps), Decimal(0))
 
 
 @pytest.mark.django_db

@@ -15,7 +15,17 @@ from hypothesis.extra.django import TestCase
 from costboard.budgets import session_caps
 from costboard.ingest.schemas import validate_event
 from costboard.ingest.service import events_ingest
-from costboard.models import DailyRollup, ModelPrice, Project, Session, Step, Turn
+from costboard.latency import latency_bucket
+from costboard.models import (
+    DailyRollup,
+    LatencyRollup,
+    ModelPrice,
+    Project,
+    Session,
+    SessionModelUsage,
+    Step,
+    Turn,
+)
 from tests.conftest import add_price
 
 START = datetime(2026, 11, 1, 22, 0, tzinfo=UTC)
@@ -166,3 +176,25 @@ class RollupInvariantTests(TestCase):
             assert rollup.errors == sum(not s.success for s in mine)
             assert rollup.unpriced_calls == sum(s.price_id is None for s in mine)
             assert rollup.duration_ms == sum(s.duration_ms or 0 for s in mine)
+
+        by_model: dict[tuple[int, str], list[Step]] = defaultdict(list)
+        for step in steps:
+            by_model[(step.session_id, step.model)].append(step)
+        usage = SessionModelUsage.objects.filter(session__project=self.project)
+        assert {(u.session_id, u.model) for u in usage} == set(by_model)
+        for row in usage:
+            mine = by_model[(row.session_id, row.model)]
+            assert row.calls == len(mine)
+            assert row.tokens_used == sum(s.input_tokens + s.output_tokens for s in mine)
+            assert row.cost_usd == sum((s.cost_usd for s in mine), Decimal(0))
+
+        histogram: dict[tuple[Any, ...], int] = defaultdict(int)
+        for step in steps:
+            if step.duration_ms is not None:
+                day = step.timestamp.astimezone(UTC).date()
+                histogram[(day, step.step_type, latency_bucket(step.duration_ms))] += 1
+        stored = {
+            (r.day, r.step_type, r.bucket): r.calls
+            for r in LatencyRollup.objects.filter(project=self.project)
+        }
+        assert stored == histogram
