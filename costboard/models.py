@@ -296,10 +296,28 @@ class Turn(UsageTotals):
 class Step(models.Model):
     """One LLM call (or tool call) as reported, with its price. Never updated except repricing."""
 
-    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="+")
-    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="steps")
+    # Steps are the one table written per event, so its foreign keys carry no database
+    # constraint: each would run a per-row check at commit, a quarter of ingest's database
+    # time. Ingest writes ids it has just upserted and locked in the same transaction, and
+    # deletes cascade through Django. Lone project and session indexes are left out: the
+    # composite indexes below lead with those columns.
+    project = models.ForeignKey(
+        Project, on_delete=models.CASCADE, related_name="+", db_constraint=False, db_index=False
+    )
+    session = models.ForeignKey(
+        Session,
+        on_delete=models.CASCADE,
+        related_name="steps",
+        db_constraint=False,
+        db_index=False,
+    )
     turn = models.ForeignKey(
-        Turn, null=True, blank=True, on_delete=models.CASCADE, related_name="steps"
+        Turn,
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="steps",
+        db_constraint=False,
     )
     event_id = models.CharField(max_length=128, null=True, blank=True)
     timestamp = models.DateTimeField()
