@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
-from typing import TypedDict
+from typing import Protocol, TypedDict
 
 from django.conf import settings
 from django.db import transaction
@@ -81,8 +81,35 @@ class SessionBudget(TypedDict):
     exhausted_at: str | None
 
 
-def session_budget(session: Session, project: Project | None = None) -> SessionBudget:
-    caps = session_caps(session, project)
+class BudgetFields(Protocol):
+    """What a budget is read from: a Session, or ingest's lighter row of the same fields."""
+
+    @property
+    def external_id(self) -> str: ...
+    @property
+    def state(self) -> str: ...
+    @property
+    def runaway(self) -> bool: ...
+    @property
+    def tokens_used(self) -> int: ...
+    @property
+    def token_cap(self) -> int | None: ...
+    @property
+    def cost_usd(self) -> Decimal: ...
+    @property
+    def cost_cap_usd(self) -> Decimal | None: ...
+    @property
+    def turn_count(self) -> int: ...
+    @property
+    def step_count(self) -> int: ...
+    @property
+    def warned_at(self) -> datetime | None: ...
+    @property
+    def exhausted_at(self) -> datetime | None: ...
+
+
+def session_budget(session: BudgetFields, project: Project) -> SessionBudget:
+    caps = caps_for(project=project, token_cap=session.token_cap, cost_cap_usd=session.cost_cap_usd)
     return {
         "session_id": session.external_id,
         "state": session.state,

@@ -24,7 +24,6 @@ from typing import Any
 
 from django.db import connection
 
-from costboard.ingest.normalize import Tokens
 from costboard.models import ModelPrice
 
 MILLION = Decimal(1_000_000)
@@ -49,10 +48,16 @@ class Rates:
     # The same per token, so a cost is one multiply (exact: dividing by 10**6 only moves the
     # decimal point).
     per_token: tuple[Decimal, ...] = field(init=False, repr=False, compare=False)
+    # The same in pico-dollars (10**-12 USD) per token as ints, when every rate has at most 6
+    # decimals per million (all but a few dozen built-in rows): a cost is one int multiply.
+    pico_per_token: tuple[int, ...] | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         rates = (self.input, self.output, self.cache_read, self.cache_write, self.cache_write_1h)
         object.__setattr__(self, "per_token", tuple(_CTX.divide(r, MILLION) for r in rates))
+        picos = [_CTX.multiply(r, MILLION) for r in rates]
+        exact = all(p == p.to_integral_value() for p in picos)
+        object.__setattr__(self, "pico_per_token", tuple(int(p) for p in picos) if exact else None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +105,44 @@ def _usd(tokens: int, rate_per_token: Decimal) -> Decimal:
     if not tokens:
         return ZERO
     return _CTX.multiply(tokens, rate_per_token).quantize(CENT_FRACTION, context=_CTX)
+
+
+PICO = 10**12  # pico-dollars per USD: costs are kept to 12 places, so a cost is an int of these
+PicoCost = tuple[int | None, int, int, int, int]  # price id; input, output, cache read, write
+UNPRICED_PICO: PicoCost = (None, 0, 0, 0, 0)
+
+
+def pico(amount: Decimal) -> int:
+    """A USD amount of at most 12 decimals as pico-dollars."""
+    return int(amount.scaleb(12, context=_CTX))
+
+
+def pico_text(amount: int) -> str:
+    """Pico-dollars as the exact decimal text of the USD amount ("0.000123450000")."""
+    whole, fraction = divmod(abs(amount), PICO)
+    return f"{'-' if amount < 0 else ''}{whole}.{fraction:012d}"
+
+
+def pico_usd(amount: int) -> Decimal:
+    return Decimal(pico_text(amount))
+
+
+def _cost_pico(
+    rate: Rate, input_: int, output: int, cache_read: int, cache_write: int, cache_write_1h: int
+) -> PicoCost:
+    """`_cost` in pico-dollars; the same numbers, in ints (the ingest loop)."""
+    per = rate.rates_for(input_ + cache_read + cache_write).pico_per_token
+    if per is None:  # a rate with more than 6 decimals per million: the Decimal way, rounded
+        c = _cost(rate, input_, output, cache_read, cache_write, cache_write_1h)
+        return (rate.id, pico(c.input), pico(c.output), pico(c.cache_read), pico(c.cache_write))
+    one_hour = min(cache_write_1h, cache_write)
+    return (
+        rate.id,
+        input_ * per[0],
+        output * per[1],
+        cache_read * per[2],
+        (cache_write - one_hour) * per[3] + one_hour * per[4],
+    )
 
 
 def cost_of(
@@ -326,18 +369,28 @@ class RateTable:
             cache_creation_1h_input_tokens,
         )
 
-    def price_tokens(self, model: str, provider: str, when: datetime, tokens: Tokens) -> StepCost:
-        """`price` for a step's Tokens (the ingest loop: no keyword plumbing per step)."""
+    def price_pico(
+        self,
+        model: str,
+        provider: str,
+        when: datetime,
+        input_tokens: int,
+        output_tokens: int,
+        cache_read_input_tokens: int,
+        cache_creation_input_tokens: int,
+        cache_creation_1h_input_tokens: int,
+    ) -> PicoCost:
+        """`price` in pico-dollars, positional (the ingest loop)."""
         rate = self.rate_at(model, provider, when)
         if rate is None:
-            return UNPRICED
-        return _cost(
+            return UNPRICED_PICO
+        return _cost_pico(
             rate,
-            tokens.input_tokens,
-            tokens.output_tokens,
-            tokens.cache_read_input_tokens,
-            tokens.cache_creation_input_tokens,
-            tokens.cache_creation_1h_input_tokens,
+            input_tokens,
+            output_tokens,
+            cache_read_input_tokens,
+            cache_creation_input_tokens,
+            cache_creation_1h_input_tokens,
         )
 
 

@@ -44,7 +44,6 @@ from costboard.budgets import (
     caps_for,
     session_budget,
 )
-from costboard.ingest.normalize import Tokens
 from costboard.ingest.schemas import Event, SessionEvent, StepEvent, TurnEvent
 from costboard.latency import latency_bucket
 from costboard.models import (
@@ -59,7 +58,7 @@ from costboard.models import (
     Step,
     Turn,
 )
-from costboard.pricing import RateTable, StepCost, rate_table
+from costboard.pricing import RateTable, pico_text, pico_usd, rate_table
 
 ZERO = Decimal(0)
 
@@ -92,48 +91,39 @@ class _Step:
     step_type: str
     model: str
     provider: str
-    tokens: Tokens
     duration_ms: int | None
     success: bool
     error: str
     metadata: dict[str, Any] | None
-    cost: StepCost
-    # What the step adds to its turn, session and rollup, in _Totals' field order.
-    counts: tuple[int | Decimal, ...] = ()
+    price_id: int | None
+    cache_creation_1h_input_tokens: int
+    # What the step adds to its turn, session and rollups, in _Totals' field order: tokens,
+    # then USD in pico-dollars (exact ints: sums are int additions), errors, unpriced, ms.
+    counts: tuple[int, ...]
 
-    def __post_init__(self) -> None:
-        t, c = self.tokens, self.cost
-        self.counts = (
-            t.input_tokens,
-            t.output_tokens,
-            t.cache_read_input_tokens,
-            t.cache_creation_input_tokens,
-            t.reasoning_tokens,
-            c.input,
-            c.output,
-            c.cache_read,
-            c.cache_write,
-            c.total,
-            not self.success,
-            c.price_id is None,
-            self.duration_ms or 0,
-        )
+    @property
+    def tokens_used(self) -> int:
+        return self.counts[0] + self.counts[1]
+
+    @property
+    def cost_pico(self) -> int:
+        return self.counts[9]
 
 
 @dataclass(slots=True)
 class _Totals:
-    """Sums of a group of steps."""
+    """Sums of a group of steps (USD in pico-dollars)."""
 
     input_tokens: int = 0
     output_tokens: int = 0
     cache_read_input_tokens: int = 0
     cache_creation_input_tokens: int = 0
     reasoning_tokens: int = 0
-    cost_input_usd: Decimal = ZERO
-    cost_output_usd: Decimal = ZERO
-    cost_cache_read_usd: Decimal = ZERO
-    cost_cache_write_usd: Decimal = ZERO
-    cost_usd: Decimal = ZERO
+    cost_input_pico: int = 0
+    cost_output_pico: int = 0
+    cost_cache_read_pico: int = 0
+    cost_cache_write_pico: int = 0
+    cost_pico: int = 0
     errors: int = 0
     unpriced: int = 0
     duration_ms: int = 0
@@ -148,18 +138,23 @@ class _Totals:
         totals.steps = len(steps)
         return totals
 
-    def usage_values(self) -> list[Any]:
+    @property
+    def cost_usd(self) -> Decimal:
+        return pico_usd(self.cost_pico)
+
+    def usage_values(self, sql: _Dialect) -> list[Any]:
+        money = sql.money
         return [
             self.input_tokens,
             self.output_tokens,
             self.cache_read_input_tokens,
             self.cache_creation_input_tokens,
             self.reasoning_tokens,
-            self.cost_input_usd,
-            self.cost_output_usd,
-            self.cost_cache_read_usd,
-            self.cost_cache_write_usd,
-            self.cost_usd,
+            money(self.cost_input_pico),
+            money(self.cost_output_pico),
+            money(self.cost_cache_read_pico),
+            money(self.cost_cache_write_pico),
+            money(self.cost_pico),
         ]
 
 
@@ -247,6 +242,11 @@ class _Dialect:
     def jsonb(self, expression: str) -> str:
         return f"CAST({expression} AS jsonb)" if self.postgres else expression
 
+    def money(self, amount: int) -> Any:
+        """Pico-dollars as a parameter: exact text for a PostgreSQL numeric array, else a
+        Decimal."""
+        return pico_text(amount) if self.postgres else pico_usd(amount)
+
     def dt(self, value: datetime | None) -> Any:
         return value if self.postgres else self.ops.adapt_datetimefield_value(value)
 
@@ -258,7 +258,7 @@ class _Dialect:
 _AS_TEXT = frozenset({"numeric", "bigint", "integer"})
 
 
-def _array_literal(values: Iterable[Decimal | int | None]) -> str:
+def _array_literal(values: Iterable[Decimal | int | str | None]) -> str:
     """An array literal of numbers: exact (the str() of an int or a Decimal is valid input
     for PostgreSQL), and several times cheaper to build than psycopg's element-by-element
     array dump."""
@@ -294,7 +294,7 @@ def _plan(
                 duplicates += 1
                 continue
             seen_ids.add(event.event_id)
-        ts = event.timestamp or now
+        ts = event.at(now)
         if isinstance(event, StepEvent):
             key = event.session_id or SYSTEM_SESSION_ID
             _touch_session(sessions, key, ts)
@@ -336,8 +336,38 @@ def _touch_turn(
 
 
 def _step(event: StepEvent, key: str, ts: datetime, table: RateTable) -> _Step:
-    tokens = event.tokens()
+    if event.usage is None:  # the common case: the token fields as sent
+        inp = event.input_tokens or 0
+        out = event.output_tokens or 0
+        read = event.cache_read_input_tokens or 0
+        write = event.cache_creation_input_tokens or 0
+        write_1h = 0
+        reasoning = event.reasoning_tokens or 0
+    else:
+        t = event.tokens()
+        inp, out, read = t.input_tokens, t.output_tokens, t.cache_read_input_tokens
+        write, write_1h = t.cache_creation_input_tokens, t.cache_creation_1h_input_tokens
+        reasoning = t.reasoning_tokens
     provider = event.provider or ""
+    price_id, c_in, c_out, c_read, c_write = table.price_pico(
+        event.model, provider, ts, inp, out, read, write, write_1h
+    )
+    duration = None if event.duration_ms is None else round(event.duration_ms)
+    counts = (
+        inp,
+        out,
+        read,
+        write,
+        reasoning,
+        c_in,
+        c_out,
+        c_read,
+        c_write,
+        c_in + c_out + c_read + c_write,
+        not event.success,
+        price_id is None,
+        duration or 0,
+    )
     return _Step(
         key,
         event.turn,
@@ -346,12 +376,13 @@ def _step(event: StepEvent, key: str, ts: datetime, table: RateTable) -> _Step:
         event.step_type,
         event.model,
         provider,
-        tokens,
-        None if event.duration_ms is None else round(event.duration_ms),
+        duration,
         event.success,
         event.error or "",
         event.metadata,
-        table.price_tokens(event.model, provider, ts, tokens),
+        price_id,
+        write_1h,
+        counts,
     )
 
 
@@ -491,7 +522,7 @@ def _apply_other_events(
 ) -> None:
     """Fold accepted session and turn events into their touches, later events winning."""
     for event in events:
-        ts = event.timestamp or now
+        ts = event.at(now)
         if isinstance(event, TurnEvent):
             turn = turns[(event.session_id, event.turn)]
             if event.user_message is not None:
@@ -561,7 +592,7 @@ def _turns_upsert(
                 t.user_message,
                 t.assistant_response,
                 _json(t.context),
-                *totals.usage_values(),
+                *totals.usage_values(sql),
                 totals.steps,
                 totals.errors,
             ]
@@ -628,8 +659,8 @@ STEP_COLUMN_NAMES = [name for name, _ in _STEP_COLUMNS]
 def _step_values(
     step: _Step, session_ids: dict[str, int], turn_ids: dict[tuple[str, int], int], sql: _Dialect
 ) -> list[Any]:
-    t = step.tokens
-    c = step.cost
+    inp, out, read, write, reasoning, c_in, c_out, c_read, c_write, c_total = step.counts[:10]
+    money = sql.money
     return [
         session_ids[step.session_key],
         None if step.turn_no is None else turn_ids[(step.session_key, step.turn_no)],
@@ -638,22 +669,22 @@ def _step_values(
         step.step_type,
         step.model,
         step.provider,
-        t.input_tokens,
-        t.output_tokens,
-        t.cache_read_input_tokens,
-        t.cache_creation_input_tokens,
-        t.cache_creation_1h_input_tokens,
-        t.reasoning_tokens,
+        inp,
+        out,
+        read,
+        write,
+        step.cache_creation_1h_input_tokens,
+        reasoning,
         step.duration_ms,
         step.success,
         step.error,
         _json(step.metadata),
-        c.price_id,
-        c.input,
-        c.output,
-        c.cache_read,
-        c.cache_write,
-        c.total,
+        step.price_id,
+        money(c_in),
+        money(c_out),
+        money(c_read),
+        money(c_write),
+        money(c_total),
     ]
 
 
@@ -722,10 +753,11 @@ def _steps_insert(
 
 def _first_crossing(steps: list[_Step], tokens: int, cost: Decimal, hit: Any) -> datetime | None:
     """The time of the first step at which `hit(tokens, cost)` becomes true."""
+    added = 0
     for step in sorted(steps, key=lambda s: s.ts):
-        tokens += step.tokens.input_tokens + step.tokens.output_tokens
-        cost += step.cost.total
-        if hit(tokens, cost):
+        tokens += step.tokens_used
+        added += step.cost_pico
+        if hit(tokens, cost + pico_usd(added)):
             return step.ts
     return None
 
@@ -757,7 +789,7 @@ def _sessions_update(
     sessions: dict[str, _SessionTouch],
     inserted: list[_Step],
     now: datetime,
-) -> tuple[list[BudgetEvent], list[Session]]:
+) -> tuple[list[BudgetEvent], list[_SessionNow]]:
     """Add the steps' sums to each touched session and decide its budget state; return the
     crossings to record and the sessions as they now are (for their budgets).
 
@@ -837,7 +869,7 @@ def _sessions_update(
         values.append(
             [
                 row["id"],
-                *totals.usage_values(),
+                *totals.usage_values(sql),
                 totals.steps,
                 totals.errors,
                 token_cap,
@@ -908,9 +940,38 @@ _BUDGET_FIELDS = [
 ]
 
 
-def _sessions_read(rows: list[tuple[Any, ...]]) -> list[Session]:
-    """Session instances from raw rows of _BUDGET_FIELDS, converted as the ORM would (SQLite
-    returns text times and float amounts)."""
+@dataclass(slots=True)
+class _SessionNow:
+    """A session's budget fields as the update left them (what `session_budget` reads; a
+    Django instance per session would cost more than the statement)."""
+
+    external_id: str
+    state: str
+    runaway_at: datetime | None
+    input_tokens: int
+    output_tokens: int
+    token_cap: int | None
+    cost_usd: Decimal
+    cost_cap_usd: Decimal | None
+    turn_count: int
+    step_count: int
+    warned_at: datetime | None
+    exhausted_at: datetime | None
+
+    @property
+    def runaway(self) -> bool:
+        return self.runaway_at is not None
+
+    @property
+    def tokens_used(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+
+def _sessions_read(rows: list[tuple[Any, ...]]) -> list[_SessionNow]:
+    """Raw rows of _BUDGET_FIELDS as _SessionNow: PostgreSQL's come typed; SQLite's are
+    converted as the ORM would (it returns text times and float amounts)."""
+    if connection.vendor == "postgresql":
+        return [_SessionNow(*row) for row in rows]
     readers = []
     for name in _BUDGET_FIELDS:
         model_field = Session._meta.get_field(name)
@@ -926,7 +987,7 @@ def _sessions_read(rows: list[tuple[Any, ...]]) -> list[Session]:
             for convert in converters:
                 value = convert(value, column, connection)
             values[name] = value
-        sessions.append(Session(**values))
+        sessions.append(_SessionNow(**values))
     return sessions
 
 
@@ -945,7 +1006,7 @@ def _turns_take_back(
     with_v, params = sql.rows(
         [("id", "bigint"), *USAGE, ("d_steps", "integer"), ("d_errors", "integer")],
         [
-            [turn_id, *totals.usage_values(), totals.steps, totals.errors]
+            [turn_id, *totals.usage_values(sql), totals.steps, totals.errors]
             for turn_id, totals in sorted(sums.items())
         ],
     )
@@ -990,7 +1051,7 @@ def _rollups_upsert(cursor: Any, sql: _Dialect, project: Project, inserted: list
                 sql.day(day),
                 model,
                 step_type,
-                *totals.usage_values(),
+                *totals.usage_values(sql),
                 totals.steps,
                 totals.errors,
                 totals.unpriced,
@@ -1018,17 +1079,16 @@ def _model_usage_upsert(
     cursor: Any, sql: _Dialect, session_ids: dict[str, int], inserted: list[_Step]
 ) -> None:
     """Add the inserted steps to their session's row per model (its sessions are locked)."""
-    groups: dict[tuple[int, str], list[int | Decimal]] = {}
+    groups: dict[tuple[int, str], list[int]] = {}
     for step in inserted:
         key = (session_ids[step.session_key], step.model)
         group = groups.get(key)
-        tokens = step.tokens.input_tokens + step.tokens.output_tokens
         if group is None:
-            groups[key] = [1, tokens, step.cost.total]
+            groups[key] = [1, step.tokens_used, step.cost_pico]
         else:
             group[0] += 1
-            group[1] += tokens
-            group[2] += step.cost.total
+            group[1] += step.tokens_used
+            group[2] += step.cost_pico
     if not groups:
         return
     with_v, params = sql.rows(
@@ -1039,7 +1099,10 @@ def _model_usage_upsert(
             ("tokens_used", "bigint"),
             ("cost_usd", "numeric"),
         ],
-        [[session_id, model, *sums] for (session_id, model), sums in sorted(groups.items())],
+        [
+            [session_id, model, calls, tokens, sql.money(cost)]
+            for (session_id, model), (calls, tokens, cost) in sorted(groups.items())
+        ],
     )
     cursor.execute(
         f"""

@@ -337,3 +337,41 @@ def test_rate_table_notices_a_price_edit(agent: Agent, priced: ModelPrice) -> No
     priced.input_mtok = Decimal(5)
     priced.save()
     assert rate_table().rate_at("test-sonnet", "", datetime.now(UTC)).base.input == Decimal(5)
+
+
+def test_ingest_prices_in_integer_picodollars_exactly_as_in_decimals(db: None) -> None:
+    """The ingest loop prices with ints (pico-dollars); for every built-in rate row, tier and
+    token kind that equals the Decimal cost, to the last of the 12 places."""
+    import random
+
+    from costboard.pricing import PICO, _cost, _cost_pico
+
+    prices_sync()
+    table = rate_table()
+    rng = random.Random(5)
+    for rate in table.rates:
+        for _ in range(3):
+            tokens = [rng.choice([0, 1, rng.randint(1, 10**6)]) for _ in range(4)]
+            one_hour = rng.randint(0, tokens[3])
+            exact = _cost(rate, *tokens, one_hour)
+            price_id, *picos = _cost_pico(rate, *tokens, one_hour)
+            assert price_id == rate.id
+            kinds = [exact.input, exact.output, exact.cache_read, exact.cache_write]
+            assert [Decimal(p) / PICO for p in picos] == kinds
+    assert len(table.rates) > 1000
+
+
+def test_a_rate_finer_than_a_picodollar_per_token_is_rounded_half_even(agent: Agent) -> None:
+    add_price("fine-model", input_mtok=Decimal("0.0000005"), output_mtok=Decimal("1.0000005"))
+    agent.events(
+        {"step_type": "x", "model": "fine-model", "input_tokens": 3, "output_tokens": 1},
+        {"step_type": "x", "model": "fine-model", "input_tokens": 1, "output_tokens": 3},
+    )
+    first, second = Step.objects.order_by("input_tokens").reverse()
+    # 12 places, half-even: 3 × 5e-13 = 1.5e-12 → 2e-12; 1 × 1.0000005e-6 → 1.000000e-6
+    assert first.cost_input_usd == Decimal("0.000000000002")
+    assert first.cost_output_usd == Decimal("0.000001000000")
+    # 1 × 5e-13 → 0; 3 × 1.0000005e-6 = 3.0000015e-6 → 3.000002e-6
+    assert second.cost_input_usd == Decimal(0)
+    assert second.cost_output_usd == Decimal("0.000003000002")
+    assert Session.objects.get(external_id="system").cost_usd == Decimal("0.000004000004")
