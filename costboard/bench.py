@@ -29,6 +29,7 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import psycopg
 from django.conf import settings
@@ -244,13 +245,25 @@ def _answers(port: int) -> bool:
         return False
 
 
+def database_url() -> str:
+    """A URL of the PostgreSQL database this process is connected to."""
+    db = connection.settings_dict
+    user = quote(db.get("USER") or "", safe="")
+    password = f":{quote(str(db['PASSWORD']), safe='')}" if db.get("PASSWORD") else ""
+    at = f"{user}{password}@" if user else ""
+    port = f":{db['PORT']}" if db.get("PORT") else ""
+    return f"postgres://{at}{db.get('HOST') or ''}{port}/{quote(db['NAME'], safe='')}"
+
+
 @contextmanager
 def gunicorn(*, workers: int, threads: int, startup_timeout: float = 60.0) -> Iterator[Server]:
-    """gunicorn serving this project on a free port with this process's environment (so the
-    same DATABASE_URL), DEBUG off; stopped on the way out."""
+    """gunicorn serving this project on a free port with this process's environment and its
+    database (the one it is connected to, e.g. a test database), DEBUG off; stopped on the
+    way out."""
     port = free_port()
     env = {
         **os.environ,
+        "DATABASE_URL": database_url(),
         "DJANGO_DEBUG": "0",
         "DJANGO_ALLOWED_HOSTS": "127.0.0.1",
         "PYTHONUNBUFFERED": "1",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import warnings
 from pathlib import Path
 
 import dj_database_url
@@ -145,6 +146,8 @@ STORAGES = {
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
 }
 WHITENOISE_USE_FINDERS = True  # serve straight from the apps in `make run`, no collectstatic
+# With the finders, an empty STATIC_ROOT (no collectstatic run) is expected, not a problem.
+warnings.filterwarnings("ignore", message="No directory at: .*staticfiles")
 
 # Ingest bodies may be up to 5 MB (CONTRACT §3); the view answers 413 past that itself.
 DATA_UPLOAD_MAX_MEMORY_SIZE = 6 * 1024 * 1024

@@ -1,0 +1,52 @@
+"""bench_ingest end to end, small: a real gunicorn on the test database, totals verified."""
+
+from __future__ import annotations
+
+import re
+from io import StringIO
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.db import connection
+
+from costboard.models import Project, Step
+from tests.conftest import add_price
+
+on_postgres = pytest.mark.skipif(
+    connection.vendor != "postgresql", reason="bench_ingest is defined on PostgreSQL (CI)"
+)
+
+
+@on_postgres
+@pytest.mark.django_db(transaction=True)
+def test_bench_ingest_posts_verifies_and_compares_with_copy() -> None:
+    add_price("claude-sonnet-4-5", provider="anthropic")
+    add_price("gpt-4o-mini", provider="openai")
+    out, err = StringIO(), StringIO()
+    call_command(
+        "bench_ingest",
+        events=3000,
+        batch=500,
+        clients=2,
+        workers=1,
+        warmup=1,
+        stdout=out,
+        stderr=err,
+    )
+    report = out.getvalue()
+    assert "verified:   every request 200" in report, report + err.getvalue()
+    rate = re.search(r"ingest:\s+([\d,]+) events/s", report)
+    assert rate is not None and int(rate.group(1).replace(",", "")) > 0
+    copy = re.search(r"raw COPY:\s+([\d,]+) rows/s, the same 3,000 rows", report)
+    assert copy is not None, report
+    assert re.search(r"ratio:\s+0\.\d{3} of raw COPY", report)
+    # The bench project is deleted afterwards, its steps with it.
+    assert not Project.objects.filter(slug__startswith="bench-").exists()
+    assert not Step.objects.exists()
+
+
+@pytest.mark.skipif(connection.vendor == "postgresql", reason="the refusal is SQLite's")
+@pytest.mark.django_db
+def test_bench_ingest_refuses_sqlite_with_the_fix() -> None:
+    with pytest.raises(CommandError, match="DATABASE_URL=postgres://"):
+        call_command("bench_ingest", events=10)
