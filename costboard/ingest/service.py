@@ -29,6 +29,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from decimal import Context, Decimal
+from functools import lru_cache
 from typing import Any
 
 import psycopg
@@ -58,7 +59,7 @@ from costboard.models import (
     Step,
     Turn,
 )
-from costboard.pricing import RateTable, pico_text, pico_usd, rate_table
+from costboard.pricing import RateTable, pico_usd, rate_table
 
 ZERO = Decimal(0)
 
@@ -88,6 +89,7 @@ class _Step:
     turn_no: int | None
     event_id: str | None
     ts: datetime
+    day: date  # UTC: the day of its rollups
     step_type: str
     model: str
     provider: str
@@ -158,6 +160,12 @@ class _Totals:
         ]
 
 
+# A column of USD amounts sent as pico-dollar ints (str() of an int is the cheapest exact
+# text there is) and scaled to dollars in SQL: numeric × 10⁻¹² is exact.
+USD_PICO = "usd_pico"
+_PICO_USD = "0.000000000001"
+_ARRAY_TYPE = {USD_PICO: "numeric"}
+
 USAGE_COLUMNS = [
     "input_tokens",
     "output_tokens",
@@ -170,7 +178,7 @@ USAGE_COLUMNS = [
     "cost_cache_write_usd",
     "cost_usd",
 ]
-USAGE_TYPES = ["bigint"] * 5 + ["numeric"] * 5
+USAGE_TYPES = ["bigint"] * 5 + [USD_PICO] * 5
 USAGE: list[Column] = list(zip(USAGE_COLUMNS, USAGE_TYPES, strict=True))
 
 
@@ -227,14 +235,23 @@ class _Dialect:
         names = ", ".join(name for name, _ in columns)
         if self.postgres:
             arrays = ", ".join(
-                f"%s::{sql_type}[]" if sql_type in _AS_TEXT else f"%b::{sql_type}[]"
+                f"%s::{_ARRAY_TYPE.get(sql_type, sql_type)}[]"
+                if sql_type in _AS_TEXT
+                else f"%b::{sql_type}[]"
                 for _, sql_type in columns
+            )
+            values = ", ".join(
+                f"{name} * {_PICO_USD}" if sql_type == USD_PICO else name
+                for name, sql_type in columns
             )
             params: list[Any] = [
                 _array_literal(column) if sql_type in _AS_TEXT else list(column)
                 for (_, sql_type), column in zip(columns, zip(*rows, strict=True), strict=True)
             ]
-            return f"WITH v ({names}) AS (SELECT * FROM unnest({arrays}))", params
+            return (
+                f"WITH v ({names}) AS (SELECT {values} FROM unnest({arrays}) AS u ({names}))",
+                params,
+            )
         row = "(" + ", ".join(["%s"] * len(columns)) + ")"
         params = [value for values in rows for value in values]
         return f"WITH v ({names}) AS (VALUES {', '.join([row] * len(rows))})", params
@@ -243,9 +260,9 @@ class _Dialect:
         return f"CAST({expression} AS jsonb)" if self.postgres else expression
 
     def money(self, amount: int) -> Any:
-        """Pico-dollars as a parameter: exact text for a PostgreSQL numeric array, else a
-        Decimal."""
-        return pico_text(amount) if self.postgres else pico_usd(amount)
+        """Pico-dollars as the parameter of a USD_PICO column: the int itself for PostgreSQL
+        (scaled there, exactly), else the Decimal amount."""
+        return amount if self.postgres else pico_usd(amount)
 
     def dt(self, value: datetime | None) -> Any:
         return value if self.postgres else self.ops.adapt_datetimefield_value(value)
@@ -255,7 +272,7 @@ class _Dialect:
 
 
 # Arrays of these types are sent as text literals, the others in binary.
-_AS_TEXT = frozenset({"numeric", "bigint", "integer"})
+_AS_TEXT = frozenset({"numeric", "bigint", "integer", USD_PICO})
 
 
 def _array_literal(values: Iterable[Decimal | int | str | None]) -> str:
@@ -373,6 +390,7 @@ def _step(event: StepEvent, key: str, ts: datetime, table: RateTable) -> _Step:
         event.turn,
         event.event_id,
         ts,
+        ts.astimezone(UTC).date(),
         event.step_type,
         event.model,
         provider,
@@ -393,29 +411,28 @@ def events_ingest(
     now = now or timezone.now()
     sessions, turns, steps, others, duplicates = _plan(events, now, project)
     sql = _Dialect()
+    hot = _hot_statements(sql, project, steps)
 
-    with transaction.atomic():
-        with sql.cursor() as cursor:
-            rows = _sessions_upsert(cursor, sql, project, sessions)
-            accepted_others, dup_others = _receipts_insert(cursor, sql, project, others, now)
-            duplicates += dup_others
-            _apply_other_events(accepted_others, sessions, turns, now)
-            session_ids = {key: row["id"] for key, row in rows.items()}
-            turn_ids = _turns_upsert(cursor, sql, session_ids, turns, steps)
-            inserted = _steps_insert(cursor, sql, project, session_ids, turn_ids, steps)
-            if len(inserted) < len(steps):
-                duplicates += len(steps) - len(inserted)
-                kept = {id(step) for step in inserted}
-                replays = [step for step in steps if id(step) not in kept]
-                _turns_take_back(cursor, sql, turn_ids, replays)
-            crossings, touched = _sessions_update(
-                cursor, sql, project, rows, sessions, inserted, now
-            )
-            budget_events = BudgetEvent.objects.bulk_create(crossings) if crossings else []
-            _model_usage_upsert(cursor, sql, session_ids, inserted)
-            _rollups_upsert(cursor, sql, project, inserted)
-            _latency_upsert(cursor, sql, project, inserted)
-        budgets = {s.external_id: session_budget(s, project) for s in touched}
+    with transaction.atomic(), sql.cursor() as cursor:
+        rows = _sessions_upsert(cursor, sql, project, sessions)
+        accepted_others, dup_others = _receipts_insert(cursor, sql, project, others, now)
+        duplicates += dup_others
+        _apply_other_events(accepted_others, sessions, turns, now)
+        session_ids = {key: row["id"] for key, row in rows.items()}
+        turn_ids = _turns_upsert(cursor, sql, session_ids, turns, steps)
+        inserted = _steps_insert(cursor, sql, project, session_ids, turn_ids, steps)
+        if len(inserted) < len(steps):
+            duplicates += len(steps) - len(inserted)
+            kept = {id(step) for step in inserted}
+            replays = [step for step in steps if id(step) not in kept]
+            _turns_take_back(cursor, sql, turn_ids, replays)
+            hot = _hot_statements(sql, project, inserted)
+        crossings, touched = _sessions_update(cursor, sql, project, rows, sessions, inserted, now)
+        budget_events = BudgetEvent.objects.bulk_create(crossings) if crossings else []
+        _model_usage_upsert(cursor, sql, session_ids, inserted)
+        for statement, params in hot:
+            cursor.execute(statement, params)
+    budgets = {s.external_id: session_budget(s, project) for s in touched}
 
     return IngestResult(
         accepted=len(others) - dup_others + len(inserted),
@@ -647,11 +664,11 @@ _STEP_COLUMNS: list[Column] = [
     ("error", "text"),
     ("metadata", "text"),
     ("price_id", "bigint"),
-    ("cost_input_usd", "numeric"),
-    ("cost_output_usd", "numeric"),
-    ("cost_cache_read_usd", "numeric"),
-    ("cost_cache_write_usd", "numeric"),
-    ("cost_usd", "numeric"),
+    ("cost_input_usd", USD_PICO),
+    ("cost_output_usd", USD_PICO),
+    ("cost_cache_read_usd", USD_PICO),
+    ("cost_cache_write_usd", USD_PICO),
+    ("cost_usd", USD_PICO),
 ]
 STEP_COLUMN_NAMES = [name for name, _ in _STEP_COLUMNS]
 
@@ -1037,12 +1054,29 @@ _ROLLUP_COLUMNS: list[Column] = [
 ]
 
 
-def _rollups_upsert(cursor: Any, sql: _Dialect, project: Project, inserted: list[_Step]) -> None:
+Statement = tuple[str, list[Any]]
+
+
+def _hot_statements(sql: _Dialect, project: Project, steps: list[_Step]) -> list[Statement]:
+    """The daily rollup and latency upserts of these steps. Every batch of a project-day
+    writes the same few rows, so concurrent batches queue on their locks: the statements are
+    built before the transaction and run last, back to back, to hold those locks briefly."""
+    return [
+        statement
+        for statement in (
+            _rollups_statement(sql, project, steps),
+            _latency_statement(sql, project, steps),
+        )
+        if statement is not None
+    ]
+
+
+def _rollups_statement(sql: _Dialect, project: Project, steps: list[_Step]) -> Statement | None:
     groups: dict[tuple[date, str, str], list[_Step]] = defaultdict(list)
-    for step in inserted:
-        groups[(step.ts.astimezone(UTC).date(), step.model, step.step_type)].append(step)
+    for step in steps:
+        groups[(step.day, step.model, step.step_type)].append(step)
     if not groups:
-        return
+        return None
     sums = {key: _Totals.of(steps) for key, steps in groups.items()}
     with_v, params = sql.rows(
         _ROLLUP_COLUMNS,
@@ -1063,7 +1097,7 @@ def _rollups_upsert(cursor: Any, sql: _Dialect, project: Project, inserted: list
     names = ", ".join(name for name, _ in _ROLLUP_COLUMNS)
     counters = [name for name, _ in _ROLLUP_COLUMNS[3:]]
     updates = ",\n".join(f"{c} = {ROLLUP_TABLE}.{c} + excluded.{c}" for c in counters)
-    cursor.execute(
+    return (
         f"""
         {with_v}
         INSERT INTO {ROLLUP_TABLE} (project_id, {names})
@@ -1097,7 +1131,7 @@ def _model_usage_upsert(
             ("model", "text"),
             ("calls", "bigint"),
             ("tokens_used", "bigint"),
-            ("cost_usd", "numeric"),
+            ("cost_usd", USD_PICO),
         ],
         [
             [session_id, model, calls, tokens, sql.money(cost)]
@@ -1118,15 +1152,19 @@ def _model_usage_upsert(
     )
 
 
-def _latency_upsert(cursor: Any, sql: _Dialect, project: Project, inserted: list[_Step]) -> None:
-    """Count the inserted steps that report a duration in their latency histogram buckets."""
+@lru_cache(maxsize=65_536)
+def _bucket(duration_ms: int) -> int:
+    return latency_bucket(duration_ms)  # durations repeat: a lookup, not a log10, per step
+
+
+def _latency_statement(sql: _Dialect, project: Project, steps: list[_Step]) -> Statement | None:
+    """Count the steps that report a duration in their latency histogram buckets."""
     counts: dict[tuple[date, str, int], int] = defaultdict(int)
-    for step in inserted:
+    for step in steps:
         if step.duration_ms is not None:
-            day = step.ts.astimezone(UTC).date()
-            counts[(day, step.step_type, latency_bucket(step.duration_ms))] += 1
+            counts[(step.day, step.step_type, _bucket(step.duration_ms))] += 1
     if not counts:
-        return
+        return None
     with_v, params = sql.rows(
         [("day", "date"), ("step_type", "text"), ("bucket", "integer"), ("calls", "bigint")],
         [
@@ -1134,7 +1172,7 @@ def _latency_upsert(cursor: Any, sql: _Dialect, project: Project, inserted: list
             for (day, step_type, bucket), n in sorted(counts.items())
         ],
     )
-    cursor.execute(
+    return (
         f"""
         {with_v}
         INSERT INTO {LATENCY_TABLE} (project_id, day, step_type, bucket, calls)
