@@ -13,8 +13,8 @@ from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
 from typing import Any
 
-from django.db.models import Count, F, Q, QuerySet, Sum
-from django.db.models.functions import Coalesce
+from django.db.models import Case, Count, F, IntegerField, Q, QuerySet, Sum, Value, When
+from django.db.models.functions import Coalesce, Trunc
 
 from costboard.latency import percentile
 from costboard.models import (
@@ -285,6 +285,8 @@ class TurnView:
 
 
 MAX_TURNS_SHOWN = 100
+MAX_TURN_STEPS_SHOWN = 5000
+MAX_LOOSE_STEPS_SHOWN = 200
 MAX_POINTS = 2000
 
 
@@ -294,6 +296,7 @@ class SessionDetail:
     turns: list[TurnView]
     turns_hidden: int
     loose_steps: list[Step]
+    loose_more: bool  # there are earlier steps outside a turn than those shown
     cumulative: list[tuple[datetime, int]]
     cost_by_turn: dict[str, dict[int, Decimal]]
     forks: list[Session]
@@ -301,39 +304,31 @@ class SessionDetail:
 
 
 def session_detail(*, session: Session) -> SessionDetail:
-    """A session's turns with their steps, its charts' data, forks and budget events."""
+    """A session's turns with their steps, its charts' data, forks and budget events: a fixed
+    number of queries, each bounded whatever the session's size (a project's `system` budget
+    can gather millions of steps)."""
     turn_count = session.turn_count
     turns = list(Turn.objects.filter(session=session).order_by("-number")[:MAX_TURNS_SHOWN])
     turns.reverse()
     views = {t.pk: TurnView(turn=t) for t in turns}
-    loose: list[Step] = []
-    steps = (
-        Step.objects.filter(session=session)
-        .filter(Q(turn_id__in=list(views)) | Q(turn__isnull=True))
-        .order_by("timestamp", "id")
+    if views:
+        turn_steps = Step.objects.filter(session=session, turn_id__in=list(views)).order_by(
+            "timestamp", "id"
+        )
+        for step in turn_steps[:MAX_TURN_STEPS_SHOWN]:
+            views[step.turn_id].steps.append(step)  # type: ignore[index]
+    loose = list(
+        Step.objects.filter(session=session, turn__isnull=True).order_by("-timestamp", "-id")[
+            : MAX_LOOSE_STEPS_SHOWN + 1
+        ]
     )
-    for step in steps[:5000]:
-        if step.turn_id in views:
-            views[step.turn_id].steps.append(step)
-        elif step.turn_id is None:
-            loose.append(step)
-
-    points = list(
-        Step.objects.filter(session=session)
-        .order_by("timestamp", "id")
-        .values_list("timestamp", "input_tokens", "output_tokens")
-    )
-    cumulative: list[tuple[datetime, int]] = []
-    running = 0
-    stride = max(1, len(points) // MAX_POINTS)
-    for index, (ts, inp, out) in enumerate(points):
-        running += inp + out
-        if index % stride == 0 or index == len(points) - 1:
-            cumulative.append((ts, running))
+    loose_more = len(loose) > MAX_LOOSE_STEPS_SHOWN
+    loose = loose[:MAX_LOOSE_STEPS_SHOWN]
+    loose.reverse()
 
     by_turn: dict[str, dict[int, Decimal]] = defaultdict(dict)
     for row in (
-        Step.objects.filter(session=session, turn__isnull=False)
+        Step.objects.filter(session=session, turn_id__in=list(views))
         .values("turn__number", "step_type")
         .annotate(cost=Coalesce(Sum("cost_usd"), ZERO))
         .order_by()
@@ -345,11 +340,44 @@ def session_detail(*, session: Session) -> SessionDetail:
         turns=list(views.values()),
         turns_hidden=max(0, turn_count - len(turns)),
         loose_steps=loose,
-        cumulative=cumulative,
+        loose_more=loose_more,
+        cumulative=session_cumulative_tokens(session=session),
         cost_by_turn=dict(by_turn),
         forks=list(session.forks.order_by("started_at")[:50]),
         events=list(BudgetEvent.objects.filter(session=session).order_by("at", "id")),
     )
+
+
+def session_cumulative_tokens(*, session: Session) -> list[tuple[datetime, int]]:
+    """Tokens used over time: per step up to MAX_POINTS steps, else summed per minute, hour or
+    day (whichever keeps the points under MAX_POINTS) in SQL, so a long session is not read
+    step by step."""
+    steps = Step.objects.filter(session=session)
+    if session.step_count <= MAX_POINTS:
+        rows = steps.order_by("timestamp", "id").values_list(
+            "timestamp", "input_tokens", "output_tokens"
+        )
+        points, running = [], 0
+        for ts, inp, out in rows:
+            running += inp + out
+            points.append((ts, running))
+        return points
+    span = session.last_active_at - session.started_at
+    unit = next((kind for kind, width in _BUCKETS if span / width <= MAX_POINTS), "day")
+    buckets = (
+        steps.annotate(at=Trunc("timestamp", unit, tzinfo=UTC))
+        .values("at")
+        .annotate(tokens=Sum(F("input_tokens") + F("output_tokens")))
+        .order_by("at")
+    )
+    points, running = [], 0
+    for row in buckets:
+        running += row["tokens"] or 0
+        points.append((row["at"], running))
+    return points
+
+
+_BUCKETS = [("minute", timedelta(minutes=1)), ("hour", timedelta(hours=1))]
 
 
 # --- steps ----------------------------------------------------------------------------------
@@ -458,19 +486,23 @@ def turn_cost_distribution(
 ) -> list[tuple[str, int]]:
     """How many turns cost how much (one pass over the period's turns, counted in SQL)."""
     turns = Turn.objects.filter(
-        session__project_id__in=project_ids,
+        project_id__in=project_ids,
         started_at__gte=_day_start(since),
         started_at__lt=_day_start(until) + timedelta(days=1),
     )
-    buckets: dict[str, Any] = {}
-    labels = []
-    low = ZERO
-    for i, high in enumerate([*TURN_COST_EDGES, None]):
-        condition = (
-            Q(cost_usd__gte=low) if high is None else Q(cost_usd__gte=low, cost_usd__lt=high)
-        )
-        buckets[f"b{i}"] = Count("id", filter=condition)
-        labels.append(f"< ${high}" if high is not None else f"≥ ${low}")
-        low = high if high is not None else low
-    counts = turns.aggregate(**buckets)
-    return [(label, counts[f"b{i}"]) for i, label in enumerate(labels)]
+    # One CASE per turn (a few comparisons) rather than a filtered count per bucket (two
+    # comparisons each, for every turn): a third of the time on 300k turns.
+    bucket = Case(
+        *(When(cost_usd__lt=high, then=Value(i)) for i, high in enumerate(TURN_COST_EDGES)),
+        default=Value(len(TURN_COST_EDGES)),
+        output_field=IntegerField(),
+    )
+    counts = dict(
+        turns.annotate(bucket=bucket)
+        .values("bucket")
+        .annotate(turns=Count("*"))
+        .order_by()
+        .values_list("bucket", "turns")
+    )
+    labels = [f"< ${high}" for high in TURN_COST_EDGES] + [f"≥ ${TURN_COST_EDGES[-1]}"]
+    return [(label, counts.get(i, 0)) for i, label in enumerate(labels)]

@@ -327,27 +327,82 @@ def test_steps_page_table_equals_the_steps(staff: Client, agent: Agent, priced: 
 def test_query_counts_do_not_grow_with_the_data(
     staff: Client, agent: Agent, priced: None, django_assert_max_num_queries: Any
 ) -> None:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
     traffic(agent, sessions=2, turns=1, prefix="a")
     session = Session.objects.get(external_id="a0")
-    paths = [
-        "/",
-        "/sessions/",
-        "/sessions/?sort=-cost&state=ok",
-        f"/sessions/{session.pk}/",
-        "/steps/",
+    htmx = {"HX-Request": "true"}
+    pages: list[tuple[str, dict[str, str]]] = [
+        ("/", {}),
+        (f"/?project={agent.project.slug}", {}),
+        ("/sessions/", {}),
+        ("/sessions/?sort=-cost&state=ok", {}),
+        ("/sessions/?model=test-haiku&page=2", {}),
+        ("/sessions/?state=ok&sort=-tokens", htmx),
+        ("/sessions/export.csv?state=ok", {}),
+        (f"/sessions/{session.pk}/", {}),
+        ("/steps/", {}),
+        ("/steps/?model=test-haiku", htmx),
     ]
-    counts = {}
-    for path in paths:
-        from django.db import connection
-        from django.test.utils import CaptureQueriesContext
 
+    def get(path: str, headers: dict[str, str]) -> None:
+        response = staff.get(path, headers=headers)
+        assert response.status_code == 200, path
+        if response.streaming:
+            b"".join(response.streaming_content)  # the CSV's queries run as it streams
+
+    counts = {}
+    for path, headers in pages:
         with CaptureQueriesContext(connection) as queries:
-            assert staff.get(path).status_code == 200
+            get(path, headers)
         counts[path] = len(queries)
     traffic(agent, sessions=30, turns=4, prefix="b")
     traffic(agent, sessions=1, turns=20, prefix="a")  # a0 gets 20 turns
-    for path in paths:
+    for path, headers in pages:
         with django_assert_max_num_queries(counts[path]):
-            assert staff.get(path).status_code == 200
+            get(path, headers)
     assert max(counts.values()) <= 14
     assert DailyRollup.objects.count() >= 2
+
+
+def test_a_huge_session_page_shows_its_latest_steps_and_bucketed_tokens(
+    staff: Client, agent: Agent, priced: None, monkeypatch: Any
+) -> None:
+    from costboard import selectors
+
+    monkeypatch.setattr(selectors, "MAX_LOOSE_STEPS_SHOWN", 3)
+    monkeypatch.setattr(selectors, "MAX_POINTS", 5)
+    start = timezone.now().replace(minute=0, second=0, microsecond=0) - timedelta(hours=5)
+    steps = [
+        {
+            "event_id": f"loose-{i}",
+            "session_id": "busy",
+            "step_type": "filter",
+            "model": "test-haiku",
+            "input_tokens": 10 * (i + 1),
+            "output_tokens": 1,
+            "timestamp": (start + timedelta(minutes=50 * i)).isoformat(),
+        }
+        for i in range(6)
+    ]
+    agent.events(*steps)
+    session = Session.objects.get(external_id="busy")
+    page = staff.get(f"/sessions/{session.pk}/")
+    body = page.content.decode()
+    assert page.status_code == 200 and "the latest 3" in body
+    detail = selectors.session_detail(session=session)
+    assert [s.event_id for s in detail.loose_steps] == ["loose-3", "loose-4", "loose-5"]
+    assert detail.loose_more
+    # 6 steps over 250 minutes, more than MAX_POINTS: summed per hour, in SQL.
+    hourly: dict[Any, int] = {}
+    for i, step in enumerate(steps):
+        at = start + timedelta(minutes=50 * i)
+        hour = at.replace(minute=0)
+        hourly[hour] = hourly.get(hour, 0) + step["input_tokens"] + step["output_tokens"]
+    running, expected = 0, []
+    for hour in sorted(hourly):
+        running += hourly[hour]
+        expected.append((hour, running))
+    assert detail.cumulative == expected
+    assert detail.cumulative[-1][1] == session.tokens_used
