@@ -524,7 +524,7 @@ def verify(project: Project, sent: Sent) -> list[str]:
         problems.append(f"cost: stored {step_sums['cost_usd']}, priced {sent.expected_cost}")
     levels = {
         "sessions": Session.objects.filter(project=project),
-        "turns": Turn.objects.filter(session__project=project),
+        "turns": Turn.objects.filter(project=project),
         "daily rollups": DailyRollup.objects.filter(project=project),
     }
     for level, queryset in levels.items():

@@ -1445,7 +1445,7 @@ def _memories_seed(project: Project, theme: Theme, seed: int) -> int:
     approved. One already there (same content) is not added again."""
     existing = set(Memory.objects.filter(project=project).values_list("content", flat=True))
     turns = list(
-        Turn.objects.filter(session__project=project)
+        Turn.objects.filter(project=project)
         .exclude(session__external_id=SYSTEM_SESSION_ID)
         .select_related("session")
         .order_by("-started_at", "-id")[:64]

@@ -273,6 +273,9 @@ class Session(UsageTotals):
 
 
 class Turn(UsageTotals):
+    # The session's project, copied: the steps page reads a period's turns of some projects
+    # (its cost-per-turn distribution) from one covering index, without joining sessions.
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="+")
     session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="turns")
     number = models.PositiveIntegerField()
     user_message = models.TextField(blank=True, db_default="")
@@ -287,6 +290,12 @@ class Turn(UsageTotals):
         ordering = ["session", "number"]
         constraints = [
             models.UniqueConstraint(fields=["session", "number"], name="turn_session_number")
+        ]
+        indexes = [
+            # steps page: the cost-per-turn distribution of some projects over a period
+            models.Index(
+                fields=["project", "started_at"], include=["cost_usd"], name="turn_project_time"
+            )
         ]
 
     def __str__(self) -> str:

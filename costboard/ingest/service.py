@@ -419,7 +419,7 @@ def events_ingest(
         duplicates += dup_others
         _apply_other_events(accepted_others, sessions, turns, now)
         session_ids = {key: row["id"] for key, row in rows.items()}
-        turn_ids = _turns_upsert(cursor, sql, session_ids, turns, steps)
+        turn_ids = _turns_upsert(cursor, sql, project, session_ids, turns, steps)
         inserted = _steps_insert(cursor, sql, project, session_ids, turn_ids, steps)
         if len(inserted) < len(steps):
             duplicates += len(steps) - len(inserted)
@@ -584,6 +584,7 @@ _TURN_COLUMNS: list[Column] = [
 def _turns_upsert(
     cursor: Any,
     sql: _Dialect,
+    project: Project,
     session_ids: dict[str, int],
     turns: dict[tuple[str, int], _TurnTouch],
     steps: list[_Step],
@@ -621,10 +622,10 @@ def _turns_upsert(
     cursor.execute(
         f"""
         {with_v}
-        INSERT INTO {TURN_TABLE} (session_id, number, started_at, last_active_at,
+        INSERT INTO {TURN_TABLE} (project_id, session_id, number, started_at, last_active_at,
                                   user_message, assistant_response, context,
                                   {", ".join(counters)})
-        SELECT v.session_id, v.number, v.started_at, v.last_active_at,
+        SELECT %s, v.session_id, v.number, v.started_at, v.last_active_at,
                COALESCE(v.user_message, ''), COALESCE(v.assistant_response, ''),
                {sql.jsonb("v.context")}, {", ".join(f"v.{c}" for c in counters)}
         FROM v WHERE true
@@ -639,7 +640,7 @@ def _turns_upsert(
             {sums}
         RETURNING id, session_id, number
         """,
-        params,
+        [*params, project.pk],
     )
     by_id = {v: k for k, v in session_ids.items()}
     return {(by_id[session_id], number): id_ for id_, session_id, number in cursor.fetchall()}
