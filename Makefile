@@ -29,6 +29,8 @@ test: install
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy .
 
 bench: install
 	$(PY) manage.py bench_ingest
+	$(PY) manage.py bench_pages

@@ -19,9 +19,9 @@ from costboard.models import Project
 def projects_visible(user: AbstractBaseUser | AnonymousUser) -> QuerySet[Project]:
     if not user.is_authenticated:
         return Project.objects.none()
-    if user.is_staff:
+    if getattr(user, "is_staff", False):
         return Project.objects.order_by("name")
-    return Project.objects.filter(memberships__user=user).order_by("name")
+    return Project.objects.filter(memberships__user_id=user.pk).order_by("name")
 
 
 @dataclass(frozen=True)

@@ -121,7 +121,8 @@ def usage_breakdown(*, project_ids: list[int], since: date, until: date) -> Usag
     tokens = dict.fromkeys(TOKEN_KINDS, 0)
     costs = dict.fromkeys(COST_KINDS, ZERO)
     cache_reads: dict[tuple[str, date], list[Any]] = defaultdict(lambda: [0, ZERO])
-    for row in rows:
+    row: dict[str, Any]  # the sums' keys are built above, so the stubs cannot type them
+    for row in rows:  # type: ignore[assignment]
         by_day_model[row["model"]][row["day"]] += row["cost"] or ZERO
         by_step_type[row["step_type"]] += row["cost"] or ZERO
         for kind, column in TOKEN_KINDS.items():
@@ -170,7 +171,11 @@ def sessions_flagged(*, project_ids: list[int], limit: int = 12) -> tuple[list[S
     flagged = Session.objects.filter(FLAGGED, project_id__in=project_ids, ended_at__isnull=True)
     total = flagged.count()
     rows = list(flagged.select_related("project").order_by("-last_active_at")[: limit * 4])
-    urgency = {Session.State.EXHAUSTED: 1, Session.State.WARNING: 2, Session.State.OK: 3}
+    urgency: dict[str, int] = {
+        Session.State.EXHAUSTED: 1,
+        Session.State.WARNING: 2,
+        Session.State.OK: 3,
+    }
     rows.sort(key=lambda s: (s.runaway_at is None, urgency[s.state], -s.last_active_at.timestamp()))
     return rows[:limit], total
 

@@ -14,6 +14,7 @@ from django.http import Http404, HttpRequest, HttpResponse, QueryDict, Streaming
 from django.shortcuts import render
 from django.utils import timezone
 from django.utils.dateparse import parse_date
+from django_htmx.middleware import HtmxDetails
 
 from costboard import charts, selectors
 from costboard.budgets import session_caps
@@ -21,6 +22,12 @@ from costboard.models import Session, usd
 from costboard.scope import Scope, scope_for
 
 PAGE_SIZE = 50
+
+
+class HtmxHttpRequest(HttpRequest):
+    """A request through django-htmx's middleware (as its docs type it)."""
+
+    htmx: HtmxDetails
 
 
 def _figures(**figures: dict[str, Any]) -> dict[str, Any]:
@@ -80,7 +87,7 @@ def _session_filters(params: QueryDict) -> selectors.SessionFilters:
 
 
 @login_required
-def sessions_list(request: HttpRequest) -> HttpResponse:
+def sessions_list(request: HtmxHttpRequest) -> HttpResponse:
     scope = scope_for(request)
     filters = _session_filters(request.GET)
     sessions = selectors.sessions_filtered(project_ids=scope.project_ids, filters=filters)
@@ -220,7 +227,7 @@ def session_page(request: HttpRequest, pk: int) -> HttpResponse:
 
 
 @login_required
-def steps_page(request: HttpRequest) -> HttpResponse:
+def steps_page(request: HtmxHttpRequest) -> HttpResponse:
     scope = scope_for(request)
     today = timezone.now().date()
     since = _date(request.GET, "since") or today - timedelta(days=29)

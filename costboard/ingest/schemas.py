@@ -190,7 +190,7 @@ def validate_event(index: int, raw: Any) -> tuple[Event | None, list[dict[str, A
     try:
         event = cast(Event, model.model_validate(raw))
     except ValidationError as exc:
-        errors = []
+        errors: list[dict[str, Any]] = []
         for err in exc.errors(include_url=False):
             field, message = _friendly(model, err)
             if not any(e["field"] == field and e["message"] == message for e in errors):
