@@ -357,17 +357,21 @@ class RateTable:
         cache_creation_input_tokens: int,
         cache_creation_1h_input_tokens: int = 0,
     ) -> StepCost:
-        rate = self.rate_at(model, provider, when)
-        if rate is None:
-            return UNPRICED
-        return _cost(
-            rate,
+        """A step's cost in USD: ingest's pico-dollar arithmetic, as Decimals (repricing and
+        the benchmark's check use this, so both price exactly as ingest did)."""
+        price_id, *picos = self.price_pico(
+            model,
+            provider,
+            when,
             input_tokens,
             output_tokens,
             cache_read_input_tokens,
             cache_creation_input_tokens,
             cache_creation_1h_input_tokens,
         )
+        if price_id is None:
+            return UNPRICED
+        return StepCost(price_id, *(pico_usd(amount) for amount in picos))
 
     def price_pico(
         self,
