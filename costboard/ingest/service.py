@@ -282,8 +282,15 @@ def _array_literal(values: Iterable[Decimal | int | str | None]) -> str:
     return "{" + ",".join("NULL" if v is None else str(v) for v in values) + "}"
 
 
+def _json_default(value: Any) -> Any:
+    # JSON fractions are parsed as Decimal (exact money); in metadata they stay numbers.
+    return float(value) if isinstance(value, Decimal) else str(value)
+
+
 def _json(value: Any) -> str | None:
-    return None if value is None else json.dumps(value, default=str, separators=(",", ":"))
+    return (
+        None if value is None else json.dumps(value, default=_json_default, separators=(",", ":"))
+    )
 
 
 def _plan(

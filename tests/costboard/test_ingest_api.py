@@ -250,8 +250,21 @@ def test_session_attributes_metadata_merges_and_ended(agent: Agent) -> None:
     session = Session.objects.get(external_id="s1")
     assert session.user_id == "u-7"
     assert session.metadata == {"agent": "support", "v": 2}
+
     assert session.ended_at is not None
     assert session.ended_at.isoformat() == "2026-11-20T09:00:00+00:00"
+
+
+def test_fractions_in_metadata_and_context_stay_numbers(agent: Agent) -> None:
+    agent.events(
+        {"type": "session", "session_id": "m", "metadata": {"temperature": 0.7}},
+        {"type": "turn", "session_id": "m", "turn": 1, "context": {"score": 0.25, "k": 5}},
+        {"session_id": "m", "turn": 1, "step_type": "x", "model": "m", "metadata": {"p": 1.5}},
+    )
+    session = Session.objects.get(external_id="m")
+    assert session.metadata == {"temperature": 0.7}
+    assert session.turns.get().context == {"score": 0.25, "k": 5}
+    assert Step.objects.get(session=session).metadata == {"p": 1.5}
 
 
 def test_budget_states_and_crossings_recorded_once(agent: Agent, priced: object) -> None:
