@@ -47,6 +47,10 @@ class Spend:
     calls: int
 
     @property
+    def compared_to(self) -> str:
+        return "yesterday" if self.label == "Today" else f"the previous {self.label}"
+
+    @property
     def change_pct(self) -> Decimal | None:
         if not self.previous_usd:
             return None
