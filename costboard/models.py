@@ -257,6 +257,13 @@ class Session(UsageTotals):
             models.Index(
                 fields=["project", "state"], name="session_flagged", condition=~Q(state="ok")
             ),
+            # overview's flagged panel and the list's state=flagged: near-cap, exhausted or runaway
+            models.Index(
+                fields=["project", "-last_active_at"],
+                include=["ended_at"],
+                name="session_flagged_recent",
+                condition=Q(state__in=["warning", "exhausted"]) | Q(runaway_at__isnull=False),
+            ),
         ]
 
     def __str__(self) -> str:
