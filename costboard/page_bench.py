@@ -18,12 +18,20 @@ from urllib.parse import urlencode
 
 from django.contrib.auth import get_user_model
 from django.db import connection
-from django.db.models import Q
+from django.db.models import Count, Q
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from costboard.models import Project, Session, SessionModelUsage, Step, Turn
+from costboard.models import (
+    SYSTEM_SESSION_ID,
+    Project,
+    Session,
+    SessionModelUsage,
+    Step,
+    Turn,
+)
+from costboard.views import PAGE_SIZE
 
 BENCH_USER = "bench-pages"
 TARGET_MS = 300.0
@@ -79,40 +87,51 @@ def data_size() -> DataSize:
 
 def page_cases() -> list[PageCase]:
     """The pages and fragments to time, on sessions picked from the data: the one with the
-    most steps (a busy `system` budget), a typical chat-sized one, a popular model."""
-    biggest = Session.objects.order_by("-step_count").first()
+    most steps (a busy `system` budget), one of median size, a flagged one; the model the most
+    sessions called; the sessions list's last page (its deepest OFFSET)."""
+    biggest = Session.objects.order_by("-step_count", "pk").first()
     if biggest is None:
         raise ValueError("the database has no sessions: run `manage.py seed_demo --steps 1000000`")
-    typical = (
-        Session.objects.filter(turn_count__gte=3, step_count__lte=40)
-        .order_by("-step_count", "pk")
-        .first()
-    ) or biggest
+    conversations = Session.objects.exclude(external_id=SYSTEM_SESSION_ID).filter(turn_count__gt=0)
+    middle = conversations.count() // 2
+    typical = conversations.order_by("step_count", "pk")[middle : middle + 1].first() or biggest
     project = Project.objects.order_by("pk").first()
     model = (
-        SessionModelUsage.objects.values_list("model", flat=True).order_by("-calls").first() or ""
-    )
+        SessionModelUsage.objects.values("model")
+        .annotate(sessions=Count("*"))
+        .order_by("-sessions", "model")
+        .values_list("model", flat=True)
+        .first()
+    ) or ""
     slug = urlencode({"project": project.slug}) if project else ""
     warning_or_exhausted = Q(state=Session.State.WARNING) | Q(state=Session.State.EXHAUSTED)
     flagged = Session.objects.filter(warning_or_exhausted).order_by("pk").first() or typical
+    last_page = max(1, -(-Session.objects.count() // PAGE_SIZE))
     return [
         PageCase("overview, all projects", "/"),
         PageCase("overview, one project", f"/?{slug}"),
         PageCase("sessions", "/sessions/"),
         PageCase("sessions, state=exhausted", "/sessions/?state=exhausted"),
+        PageCase("sessions, state=flagged", "/sessions/?state=flagged"),
         PageCase("sessions, by model", f"/sessions/?{urlencode({'model': model})}"),
         PageCase("sessions, by user", "/sessions/?user=researcher-1001"),
         PageCase("sessions, id search", "/sessions/?q=chat-a"),
         PageCase("sessions, sorted by cost", "/sessions/?sort=-cost"),
+        PageCase("sessions, sorted by tokens", "/sessions/?sort=-tokens"),
         PageCase("sessions, last 7 days", "/sessions/?since=" + _days_ago(7)),
+        PageCase("sessions, one project", f"/sessions/?{slug}"),
         PageCase("sessions, page 100", "/sessions/?page=100"),
+        PageCase("sessions, last page", f"/sessions/?page={last_page}"),
         PageCase("sessions table (htmx)", "/sessions/?state=warning&sort=-tokens", htmx=True),
+        PageCase("sessions table, live (htmx)", "/sessions/?live=1", htmx=True),
         PageCase("sessions CSV, warning", "/sessions/export.csv?state=warning"),
         PageCase("session, most steps", f"/sessions/{biggest.pk}/"),
         PageCase("session, typical", f"/sessions/{typical.pk}/"),
         PageCase("session, flagged", f"/sessions/{flagged.pk}/"),
         PageCase("steps", "/steps/"),
+        PageCase("steps, last 7 days", "/steps/?since=" + _days_ago(6)),
         PageCase("steps, one type", "/steps/?step_type=response"),
+        PageCase("steps, one project", f"/steps/?{slug}"),
         PageCase("steps results (htmx)", f"/steps/?{urlencode({'model': model})}", htmx=True),
     ]
 

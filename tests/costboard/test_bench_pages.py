@@ -29,6 +29,24 @@ def test_bench_pages_times_every_page_and_fragment(agent: Agent, priced: None) -
     rows = [m for line in lines if (m := ROW.match(line))]
     cases = page_cases()
     assert [m["path"] for m in rows] == [c.path for c in cases]
+    assert {m["name"] for m in rows} >= {
+        "overview, all projects",
+        "overview, one project",
+        "sessions",
+        "sessions, state=exhausted",
+        "sessions, by model",
+        "sessions, sorted by cost",
+        "sessions, page 100",
+        "sessions, last page",
+        "sessions table (htmx)",
+        "sessions CSV, warning",
+        "session, most steps",
+        "session, typical",
+        "steps",
+        "steps, one type",
+        "steps results (htmx)",
+    }
+    assert "/sessions/?model=test-" in "".join(m["path"] for m in rows)
     for m in rows:
         assert 0 < float(m["p50"]) <= float(m["p95"]) <= float(m["max"])
         assert 1 <= int(m["queries"]) <= 14, m.group(0)

@@ -406,3 +406,77 @@ def test_a_huge_session_page_shows_its_latest_steps_and_bucketed_tokens(
         expected.append((hour, running))
     assert detail.cumulative == expected
     assert detail.cumulative[-1][1] == session.tokens_used
+
+
+def system_steps(agent: Agent, count: int, prefix: str) -> None:
+    """`count` steps without a session: they gather in the project's `system` session, outside
+    any turn (the session page's loose steps)."""
+    agent.events(
+        *[
+            {
+                "event_id": f"{prefix}-{i}",
+                "step_type": "embed",
+                "model": "test-haiku",
+                "input_tokens": 50,
+                "timestamp": ago(minutes=7 * i),
+            }
+            for i in range(count)
+        ]
+    )
+
+
+def capped(agent: Agent, session_id: str, state: str) -> None:
+    """A session past 80 % of its token cap (`warning`) or at it (`exhausted`)."""
+    tokens = 850 if state == "warning" else 1000
+    answer = agent.events(
+        {"type": "session", "session_id": session_id, "token_cap": 1000},
+        {"session_id": session_id, "step_type": "x", "model": "test-haiku", "input_tokens": tokens},
+    )
+    assert answer["sessions"][session_id]["state"] == state
+
+
+def test_every_benchmarked_page_runs_a_bounded_number_of_queries(
+    staff: Client,
+    agent: Agent,
+    priced: None,
+    monkeypatch: Any,
+    django_assert_max_num_queries: Any,
+) -> None:
+    """The pages bench_pages times, as it picks them (the biggest session, a typical one, the
+    most used model, the last page…), run no more queries on ten times the data."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from costboard import selectors
+    from costboard.page_bench import page_cases
+
+    monkeypatch.setattr(selectors, "MAX_POINTS", 5)  # the system session's chart: per hour
+    traffic(agent, sessions=3, turns=1, prefix="a")
+    system_steps(agent, 4, "sys")
+    capped(agent, "w0", "warning")
+    capped(agent, "x0", "exhausted")
+    cases = page_cases()
+    assert "/sessions/export.csv?state=warning" in [c.path for c in cases]
+
+    def get(path: str, htmx: bool) -> None:
+        response = staff.get(path, headers={"HX-Request": "true"} if htmx else {})
+        assert response.status_code == 200, path
+        if response.streaming:
+            b"".join(response.streaming_content)  # the CSV's queries run as it streams
+
+    counts = {}
+    for case in cases:
+        with CaptureQueriesContext(connection) as queries:
+            get(case.path, case.htmx)
+        counts[case.path] = len(queries)
+    traffic(agent, sessions=40, turns=3, prefix="b")
+    traffic(agent, sessions=3, turns=12, prefix="a")  # the first sessions get 12 turns
+    system_steps(agent, 40, "sys-more")
+    for i in range(1, 4):
+        capped(agent, f"w{i}", "warning")
+        capped(agent, f"x{i}", "exhausted")
+    assert Session.objects.count() == 52 and Step.objects.filter(turn=None).count() >= 44
+    for case in cases:
+        with django_assert_max_num_queries(counts[case.path], info=case.path):
+            get(case.path, case.htmx)
+    assert max(counts.values()) <= 14
