@@ -25,7 +25,13 @@ from costboard.models import (
 )
 from costboard.repricing import PriceMatch
 
-CAP_FIELDS = ("token_cap", "cost_cap_usd", "warn_at_pct")
+CAP_FIELDS = (
+    "token_cap",
+    "cost_cap_usd",
+    "warn_at_pct",
+    "system_token_cap",
+    "system_cost_cap_usd",
+)
 RATE_FIELDS = (
     "input_mtok",
     "output_mtok",
@@ -151,13 +157,47 @@ class ProjectAdmin(admin.ModelAdmin):
     search_fields = ("name", "slug")
     prepopulated_fields = {"slug": ("name",)}
     inlines = [MembershipInline, ApiKeyInline]
+    fieldsets = [
+        (None, {"fields": ("name", "slug")}),
+        (
+            "Session caps",
+            {
+                "description": "Per session; a session's own caps (sent at its start or set "
+                "on its page here) come first, the environment's defaults last.",
+                "fields": (
+                    "token_cap",
+                    "cost_cap_usd",
+                    "warn_at_pct",
+                    "system_token_cap",
+                    "system_cost_cap_usd",
+                ),
+            },
+        ),
+        (
+            "Runaway rules",
+            {
+                "description": "0 turns a rule off.",
+                "fields": (
+                    "runaway_failed_steps",
+                    "runaway_repeated_steps",
+                    "runaway_turn_steps",
+                    "runaway_burn_window_minutes",
+                    "runaway_burn_factor",
+                    "runaway_burn_floor",
+                    "runaway_overrun_minutes",
+                    "runaway_max_hours",
+                ),
+            },
+        ),
+        ("Alerts and retention", {"fields": ("alert_emails", "retention_days")}),
+    ]
 
     def save_model(self, request: HttpRequest, obj: Project, form: Any, change: bool) -> None:
         old = Project.objects.filter(pk=obj.pk).values(*CAP_FIELDS).first() if change else None
         super().save_model(request, obj, form, change)
         if old is not None and set(CAP_FIELDS) & set(form.changed_data):
             before = {
-                k: (None if v is None else str(v) if k != "token_cap" else v)
+                k: (None if v is None else v if k.endswith("token_cap") else str(v))
                 for k, v in old.items()
             }
             transaction.on_commit(lambda: tasks.project_budgets_recheck.delay(obj.pk, before))
@@ -254,6 +294,8 @@ class SessionAdmin(admin.ModelAdmin):
         "exhausted_at",
         "runaway_at",
         "runaway_reason",
+        "acknowledged_at",
+        "acknowledged_by",
         "started_at",
         "last_active_at",
         "ended_at",

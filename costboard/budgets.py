@@ -10,12 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
-from typing import Protocol, TypedDict
+from typing import Any, Protocol, TypedDict
 
 from django.conf import settings
 from django.db import transaction
 
-from costboard.models import BudgetEvent, Project, Session, usd
+from costboard.models import SYSTEM_SESSION_ID, BudgetEvent, Project, Session, usd
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,15 +41,30 @@ class Caps:
         return tokens_used >= self.token_cap or cost_usd >= self.cost_cap_usd
 
 
-def caps_for(*, project: Project, token_cap: int | None, cost_cap_usd: Decimal | None) -> Caps:
+def _first(*values: Any) -> Any:
+    return next((v for v in values if v is not None), None)
+
+
+def caps_for(
+    *,
+    project: Project,
+    token_cap: int | None,
+    cost_cap_usd: Decimal | None,
+    system: bool = False,
+) -> Caps:
+    """The session's own caps, else (for the `system` session) the project's system caps,
+    else the project's session caps, else the environment's."""
+    system_tokens = project.system_token_cap if system else None
+    system_cost = project.system_cost_cap_usd if system else None
     return Caps(
-        token_cap=token_cap or project.token_cap or settings.COSTBOARD_SESSION_TOKEN_CAP,
-        cost_cap_usd=(
-            cost_cap_usd
-            if cost_cap_usd is not None
-            else project.cost_cap_usd
-            if project.cost_cap_usd is not None
-            else settings.COSTBOARD_SESSION_COST_CAP_USD
+        token_cap=_first(
+            token_cap, system_tokens, project.token_cap, settings.COSTBOARD_SESSION_TOKEN_CAP
+        ),
+        cost_cap_usd=_first(
+            cost_cap_usd,
+            system_cost,
+            project.cost_cap_usd,
+            settings.COSTBOARD_SESSION_COST_CAP_USD,
         ),
         warn_at_pct=project.warn_at_pct or settings.COSTBOARD_WARN_AT_PCT,
     )
@@ -60,6 +75,7 @@ def session_caps(session: Session, project: Project | None = None) -> Caps:
         project=project or session.project,
         token_cap=session.token_cap,
         cost_cap_usd=session.cost_cap_usd,
+        system=session.external_id == SYSTEM_SESSION_ID,
     )
 
 
@@ -109,7 +125,12 @@ class BudgetFields(Protocol):
 
 
 def session_budget(session: BudgetFields, project: Project) -> SessionBudget:
-    caps = caps_for(project=project, token_cap=session.token_cap, cost_cap_usd=session.cost_cap_usd)
+    caps = caps_for(
+        project=project,
+        token_cap=session.token_cap,
+        cost_cap_usd=session.cost_cap_usd,
+        system=session.external_id == SYSTEM_SESSION_ID,
+    )
     return {
         "session_id": session.external_id,
         "state": session.state,

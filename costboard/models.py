@@ -44,6 +44,9 @@ PRICE_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 
 SYSTEM_SESSION_ID = "system"
 
+# A turn whose prompt fills this much of its model's context window should be summarized.
+CONTEXT_PRESSURE_AT = Decimal("0.8")
+
 
 def usd(amount: Decimal | None) -> str | None:
     """A USD amount as a JSON string: every significant digit, at least cents."""
@@ -68,6 +71,58 @@ class Project(models.Model):
         blank=True,
         validators=[MinValueValidator(Decimal("0.001")), MaxValueValidator(Decimal(1))],
         help_text="Soft warning as a fraction of the cap (0.8 = 80%); blank: the default.",
+    )
+    # The `system` session (steps sent without a session_id) has caps of its own.
+    system_token_cap = models.PositiveBigIntegerField(
+        null=True, blank=True, help_text="Token cap of the `system` session; blank: as above."
+    )
+    system_cost_cap_usd = cap_field(help_text="USD cap of the `system` session; blank: as above.")
+    # Runaway rules (0 turns a rule off). The per-turn ones run inside ingest, the window
+    # ones in the sweep every minute.
+    runaway_failed_steps = models.PositiveIntegerField(
+        default=5, help_text="Retry loop: this many consecutive failed steps in one turn."
+    )
+    runaway_repeated_steps = models.PositiveIntegerField(
+        default=8,
+        help_text="Retry loop: the same step (type, model, prompt size) this many times in a "
+        "row in one turn.",
+    )
+    runaway_turn_steps = models.PositiveIntegerField(
+        default=50, help_text="A turn with more than this many steps (a correction cycle)."
+    )
+    runaway_burn_window_minutes = models.PositiveIntegerField(
+        default=10, help_text="Burn rate and projected overrun: the sliding window, in minutes."
+    )
+    runaway_burn_factor = models.DecimalField(
+        max_digits=8,
+        decimal_places=2,
+        default=Decimal(10),
+        validators=[MinValueValidator(Decimal(0))],
+        help_text="Burn rate: tokens per minute over the window above this many times the "
+        "project's normal rate.",
+    )
+    runaway_burn_floor = models.PositiveIntegerField(
+        default=20_000,
+        help_text="Burn rate: never flagged below this many tokens per minute.",
+    )
+    runaway_overrun_minutes = models.PositiveIntegerField(
+        default=30,
+        help_text="Projected overrun: at the window's rate the session reaches a cap within "
+        "this many minutes.",
+    )
+    runaway_max_hours = models.PositiveIntegerField(
+        default=8, help_text="A session still active this many hours after it started."
+    )
+    retention_days = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="Steps older than this are deleted (rollups stay), and ended sessions' "
+        "budget events after it; blank: keep all.",
+    )
+    alert_emails = models.TextField(
+        blank=True,
+        help_text="Budget alerts (soft warned, exhausted, runaway) by email too: addresses, "
+        "one per line or comma-separated.",
     )
     created_at = models.DateTimeField(default=timezone.now)
 
@@ -244,6 +299,9 @@ class Session(UsageTotals):
     started_at = models.DateTimeField(default=timezone.now)
     last_active_at = models.DateTimeField(default=timezone.now)
     ended_at = models.DateTimeField(null=True, blank=True)
+    # A person saw its flags up to this time (the flagged page); a later flag shows it again.
+    acknowledged_at = models.DateTimeField(null=True, blank=True)
+    acknowledged_by = models.CharField(max_length=150, blank=True, db_default="")
     metadata = models.JSONField(default=dict, blank=True)
 
     class Meta:
@@ -278,6 +336,23 @@ class Session(UsageTotals):
         """When the most serious of its flags was raised."""
         return self.runaway_at or self.exhausted_at or self.warned_at
 
+    @property
+    def latest_flag_at(self) -> datetime | None:
+        times = [t for t in (self.runaway_at, self.exhausted_at, self.warned_at) if t]
+        return max(times) if times else None
+
+    @property
+    def acknowledged(self) -> bool:
+        """Acknowledged, and nothing flagged since."""
+        latest = self.latest_flag_at
+        return self.acknowledged_at is not None and (
+            latest is None or latest <= self.acknowledged_at
+        )
+
+    @property
+    def is_system(self) -> bool:
+        return self.external_id == SYSTEM_SESSION_ID
+
 
 class Turn(UsageTotals):
     # The session's project, copied: the steps page reads a period's turns of some projects
@@ -290,6 +365,17 @@ class Turn(UsageTotals):
     context = models.JSONField(null=True, blank=True)
     step_count = models.IntegerField(default=0, db_default=0)
     error_count = models.IntegerField(default=0, db_default=0)
+    # Context pressure: the largest prompt of the turn (input + cache reads + cache writes)
+    # and the context window of that step's model (from the rate table), if known.
+    context_tokens = models.BigIntegerField(default=0, db_default=0)
+    context_window = models.PositiveIntegerField(null=True, blank=True)
+    # Retry-loop evidence, kept at ingest: the failed steps in a row at the turn's end and
+    # the longest such run; the same for identical steps (`repeat_sig` is the last step's).
+    fail_streak = models.IntegerField(default=0, db_default=0)
+    fail_peak = models.IntegerField(default=0, db_default=0)
+    repeat_sig = models.BigIntegerField(null=True, blank=True)
+    repeat_streak = models.IntegerField(default=0, db_default=0)
+    repeat_peak = models.IntegerField(default=0, db_default=0)
     started_at = models.DateTimeField(default=timezone.now)
     last_active_at = models.DateTimeField(default=timezone.now)
 
@@ -307,6 +393,18 @@ class Turn(UsageTotals):
 
     def __str__(self) -> str:
         return f"{self.session_id}#{self.number}"
+
+    @property
+    def context_pressure(self) -> Decimal | None:
+        """The turn's largest prompt as a fraction of its model's context window."""
+        if not self.context_window:
+            return None
+        return Decimal(self.context_tokens) / Decimal(self.context_window)
+
+    @property
+    def should_summarize(self) -> bool:
+        pressure = self.context_pressure
+        return pressure is not None and pressure >= CONTEXT_PRESSURE_AT
 
 
 class Step(models.Model):
@@ -530,3 +628,95 @@ class LatencyRollup(models.Model):
 
     def __str__(self) -> str:
         return f"{self.day} {self.step_type} b{self.bucket}"
+
+
+class IngestTally(models.Model):
+    """Events a project sent per UTC day: accepted, duplicates, refused (the /metrics
+    counters, kept in the database so every worker's count is in one place)."""
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="+")
+    day = models.DateField()
+    accepted = models.BigIntegerField(default=0, db_default=0)
+    duplicates = models.BigIntegerField(default=0, db_default=0)
+    refused = models.BigIntegerField(default=0, db_default=0)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["project", "day"], name="tally_key")]
+
+    def __str__(self) -> str:
+        return f"{self.project_id} {self.day}"
+
+
+ALERT_KINDS = ["soft_warned", "exhausted", "runaway"]
+
+
+def _alert_kinds() -> list[str]:
+    return list(ALERT_KINDS)
+
+
+class WebhookEndpoint(models.Model):
+    """Where a project's budget alerts are POSTed, signed with HMAC-SHA256 of the secret."""
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="webhooks")
+    name = models.CharField(max_length=100, blank=True)
+    url = models.URLField(max_length=500)
+    secret = models.CharField(
+        max_length=200, help_text="Shared secret: the X-Costboard-Signature is HMAC-SHA256."
+    )
+    kinds = models.JSONField(
+        default=_alert_kinds,
+        blank=True,
+        help_text='Which budget events to send: any of "soft_warned", "exhausted", "runaway".',
+    )
+    active = models.BooleanField(default=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return self.name or self.url
+
+
+class AlertDelivery(models.Model):
+    """One budget event sent (or being sent) through one channel to one target: the
+    delivery log. Unique per event and target, so an event never goes out twice."""
+
+    class Channel(models.TextChoices):
+        WEBHOOK = "webhook"
+        EMAIL = "email"
+
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        DELIVERED = "delivered"
+        FAILED = "failed"
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="+")
+    budget_event = models.ForeignKey(
+        BudgetEvent, on_delete=models.CASCADE, related_name="deliveries"
+    )
+    channel = models.CharField(max_length=10, choices=Channel.choices)
+    endpoint = models.ForeignKey(
+        WebhookEndpoint,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="deliveries",
+    )
+    target = models.CharField(max_length=500, help_text="The URL or email address.")
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    response_code = models.PositiveIntegerField(null=True, blank=True)
+    error = models.TextField(blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    last_attempt_at = models.DateTimeField(null=True, blank=True)
+    delivered_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        verbose_name_plural = "alert deliveries"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["budget_event", "channel", "target"], name="delivery_once"
+            )
+        ]
+        indexes = [models.Index(fields=["project", "-created_at"], name="delivery_recent")]
+
+    def __str__(self) -> str:
+        return f"{self.channel} {self.target} {self.status}"

@@ -10,7 +10,7 @@ from celery import shared_task
 from django.utils import timezone
 
 from costboard.budgets import caps_for, session_recheck
-from costboard.models import Project, Session
+from costboard.models import SYSTEM_SESSION_ID, Project, Session
 from costboard.repricing import PriceMatch, models_affected, steps_reprice
 
 log = logging.getLogger(__name__)
@@ -37,19 +37,22 @@ def project_budgets_recheck(project_id: int, old: dict[str, Any]) -> int:
     project = Project.objects.filter(pk=project_id).first()
     if project is None:
         return 0
-    old_project = Project(token_cap=old.get("token_cap"))
-    if old.get("cost_cap_usd") is not None:
-        old_project.cost_cap_usd = Decimal(old["cost_cap_usd"])
-    if old.get("warn_at_pct") is not None:
-        old_project.warn_at_pct = Decimal(old["warn_at_pct"])
+    old_project = Project(
+        token_cap=old.get("token_cap"), system_token_cap=old.get("system_token_cap")
+    )
+    for name in ("cost_cap_usd", "system_cost_cap_usd", "warn_at_pct"):
+        if old.get(name) is not None:
+            setattr(old_project, name, Decimal(old[name]))
     now = timezone.now()
     changed = 0
     sessions = Session.objects.filter(project=project).values_list(
-        "pk", "token_cap", "cost_cap_usd"
+        "pk", "external_id", "token_cap", "cost_cap_usd"
     )
-    for session_id, token_cap, cost_cap in sessions.iterator(chunk_size=2000):
-        old_caps = caps_for(project=old_project, token_cap=token_cap, cost_cap_usd=cost_cap)
-        new_caps = caps_for(project=project, token_cap=token_cap, cost_cap_usd=cost_cap)
+    for session_id, external_id, token_cap, cost_cap in sessions.iterator(chunk_size=2000):
+        caps = {"token_cap": token_cap, "cost_cap_usd": cost_cap}
+        system = external_id == SYSTEM_SESSION_ID
+        old_caps = caps_for(project=old_project, system=system, **caps)
+        new_caps = caps_for(project=project, system=system, **caps)
         if old_caps != new_caps:
             session_recheck(session_id, now=now, old_caps=old_caps)
             changed += 1

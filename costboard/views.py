@@ -20,7 +20,7 @@ from django_htmx.middleware import HtmxDetails
 
 from costboard import charts, selectors
 from costboard.budgets import caps_for, session_caps
-from costboard.models import Project, Session, usd
+from costboard.models import SYSTEM_SESSION_ID, Project, Session, usd
 from costboard.scope import Scope, scope_for
 
 PAGE_SIZE = 50
@@ -187,7 +187,12 @@ def _csv_rows(sessions: QuerySet[Session], projects: dict[int, Project]) -> Iter
             ended_at,
         ) = row
         project = projects[project_id]
-        caps = caps_for(project=project, token_cap=token_cap, cost_cap_usd=cost_cap_usd)
+        caps = caps_for(
+            project=project,
+            token_cap=token_cap,
+            cost_cap_usd=cost_cap_usd,
+            system=external_id == SYSTEM_SESSION_ID,
+        )
         writer.writerow(
             [
                 project.slug,

@@ -7,12 +7,14 @@ run eagerly here unless a test starts a real worker (see test_repricing).
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
 import pytest
+from celery.contrib.testing.worker import start_worker
 from django.test import Client
 
 from costboard.celery import app as celery_app
@@ -100,3 +102,23 @@ def priced(db: None) -> ModelPrice:
 def usd(tokens: int, rate: Decimal) -> Decimal:
     """The exact cost of `tokens` at `rate` USD per million tokens."""
     return Decimal(tokens) * rate / Decimal(1_000_000)
+
+
+@pytest.fixture
+def celery_worker(transactional_db: None) -> Iterator[str]:
+    """A real Celery worker on the configured broker (Redis in CI), on a queue of its own."""
+    queue = f"test-{uuid.uuid4().hex[:8]}"
+    celery_app.conf.task_always_eager = False
+    celery_app.conf.task_default_queue = queue
+    try:
+        with start_worker(
+            celery_app,
+            queues=[queue],
+            perform_ping_check=False,
+            shutdown_timeout=30,
+            loglevel="WARNING",
+        ):
+            yield queue
+    finally:
+        celery_app.conf.task_default_queue = "celery"
+        celery_app.conf.task_always_eager = True

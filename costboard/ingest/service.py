@@ -836,10 +836,14 @@ def _sessions_update(
         totals = _Totals.of(by_session.get(key, []))
         token_cap = touch.token_cap if touch.token_cap is not None else row["token_cap"]
         cost_cap = touch.cost_cap_usd if touch.cost_cap_usd is not None else row["cost_cap_usd"]
+        system = key == SYSTEM_SESSION_ID
         old_caps = caps_for(
-            project=project, token_cap=row["token_cap"], cost_cap_usd=row["cost_cap_usd"]
+            project=project,
+            token_cap=row["token_cap"],
+            cost_cap_usd=row["cost_cap_usd"],
+            system=system,
         )
-        caps = caps_for(project=project, token_cap=token_cap, cost_cap_usd=cost_cap)
+        caps = caps_for(project=project, token_cap=token_cap, cost_cap_usd=cost_cap, system=system)
         old_tokens, old_cost = row["tokens_used"], row["cost_usd"]
         if not old_tokens and not old_cost:
             old_caps = caps  # caps given before any usage (at the start) are not a change

@@ -1,18 +1,14 @@
 from __future__ import annotations
 
 import time
-import uuid
-from collections.abc import Iterator
 from decimal import Decimal
 from typing import Any
 
 import pytest
-from celery.contrib.testing.worker import start_worker
 from django.contrib.auth import get_user_model
 from django.test import Client
 
 from costboard import tasks
-from costboard.celery import app as celery_app
 from costboard.models import DailyRollup, ModelPrice, Session, SessionModelUsage, Step, Turn
 from costboard.repricing import PriceMatch, models_affected, steps_reprice
 from tests.conftest import Agent, add_price, make_agent, usd
@@ -221,26 +217,6 @@ def test_a_price_match_covers_aliases_of_step_models(agent: Agent) -> None:
     )
     assert models_affected([PriceMatch("test-sonnet")]) == ["testco/test-sonnet-20260101"]
     assert models_affected([PriceMatch("house", r"^house-v\d$")]) == ["house-v2"]
-
-
-@pytest.fixture
-def celery_worker(transactional_db: None) -> Iterator[str]:
-    """A real Celery worker on the configured broker (Redis in CI), on a queue of its own."""
-    queue = f"test-{uuid.uuid4().hex[:8]}"
-    celery_app.conf.task_always_eager = False
-    celery_app.conf.task_default_queue = queue
-    try:
-        with start_worker(
-            celery_app,
-            queues=[queue],
-            perform_ping_check=False,
-            shutdown_timeout=30,
-            loglevel="WARNING",
-        ):
-            yield queue
-    finally:
-        celery_app.conf.task_default_queue = "celery"
-        celery_app.conf.task_always_eager = True
 
 
 def test_a_worker_reprices_through_the_broker(celery_worker: str) -> None:
