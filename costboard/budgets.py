@@ -278,14 +278,20 @@ def session_recheck(
 
 
 def session_flag_runaway(
-    session_id: int, *, rule: str, evidence: dict[str, object], at: datetime
+    session_id: int,
+    *,
+    rule: str,
+    evidence: dict[str, object],
+    at: datetime,
+    reason: str = "",
 ) -> BudgetEvent | None:
     """Flag a session as runaway once: the row is claimed with a conditional UPDATE, so two
     detectors (or two sweeps) racing on it record one event. Returns the event, or None if the
-    session was already flagged."""
+    session was already flagged. `reason` is the one line people read (default: the rule)."""
+    reason = reason or rule
     with transaction.atomic():
         claimed = Session.objects.filter(pk=session_id, runaway_at__isnull=True).update(
-            runaway_at=at, runaway_reason=rule[:200]
+            runaway_at=at, runaway_reason=reason[:200]
         )
         if claimed != 1:
             return None
@@ -297,5 +303,5 @@ def session_flag_runaway(
             at=at,
             tokens_used=session.tokens_used,
             cost_usd=session.cost_usd,
-            detail={"rule": rule, "evidence": evidence},
+            detail={"rule": rule, "reason": reason, "evidence": evidence},
         )

@@ -29,10 +29,17 @@ from typing import Any
 from django.db.models import Sum
 from django.utils import timezone
 
-from costboard.budgets import caps_for, session_flag_runaway
+from costboard.budgets import caps_for
 from costboard.ingest.schemas import MAX_EVENTS, Event, SessionEvent, StepEvent, TurnEvent
 from costboard.ingest.service import events_ingest
-from costboard.models import SYSTEM_SESSION_ID, ModelPrice, Project, Session, Turn
+from costboard.models import (
+    SYSTEM_SESSION_ID,
+    BudgetEvent,
+    ModelPrice,
+    Project,
+    Session,
+    Turn,
+)
 from costboard.price_sync import prices_sync
 from costboard.pricing import RateTable, rate_table
 from memory_ui.models import Memory
@@ -603,10 +610,8 @@ def _session_send(
     )
     draft = writer.compose()
     latest = window.end - timedelta(milliseconds=draft.duration_ms + 60_000)
-    events, flag = _session_events(
-        draft, start=min(slot.at, latest), table=table, project=feed.project
-    )
-    feed.add(events, flag=flag)
+    events = _session_events(draft, start=min(slot.at, latest), table=table, project=feed.project)
+    feed.add(events)
     feed.tally.sessions += 1
     feed.tally.turns += draft.turns
     feed.tally.steps += draft.steps
@@ -824,7 +829,6 @@ class _Draft:
     duration_ms: int
     turns: int
     steps: int
-    retry_loop: dict[str, Any] | None = None  # evidence of its runaway, with ms offsets
 
 
 class _Slots(dict[str, str]):
@@ -887,7 +891,6 @@ class _SessionWriter:
         self.history = 0  # tokens of the conversation so far (besides the system prompt)
         self.cached = 0  # tokens of the prompt prefix the responder's provider has cached
         self.last_query = ""
-        self.retry_loop: dict[str, Any] | None = None
 
     # the session
 
@@ -910,7 +913,6 @@ class _SessionWriter:
             duration_ms=self.clock,
             turns=turns,
             steps=self.steps,
-            retry_loop=self.retry_loop,
         )
 
     def _turn_count(self) -> int:
@@ -1099,10 +1101,7 @@ class _SessionWriter:
         """The same step failing again and again with the same arguments: a runaway."""
         rng, loop = self.rng, self.theme.retry_loop
         attempts = rng.randint(*RETRY_LOOP_ATTEMPTS)
-        first = self.clock
-        last = first
         for attempt in range(1, attempts + 1):
-            last = self.clock
             output = rng.randint(40, 120)
             self._step(
                 loop.step_type,
@@ -1116,14 +1115,6 @@ class _SessionWriter:
                 metadata={"attempt": attempt},
             )
             self.clock += rng.randint(200, 1500)  # a fixed, short back-off
-        self.retry_loop = {
-            "step_type": loop.step_type,
-            "turn": turn,
-            "consecutive_failures": attempts,
-            "error": loop.error,
-            "first_ms": first,
-            "last_ms": last,
-        }
 
     def _system_step(self) -> None:
         """Now and then a background job reports usage without a session."""
@@ -1297,17 +1288,11 @@ _EVENT_MODELS: dict[str, type[SessionEvent] | type[TurnEvent] | type[StepEvent]]
 }
 
 
-@dataclass(frozen=True, slots=True)
-class _RunawayFlag:
-    session_id: str
-    at: datetime
-    evidence: dict[str, Any]
-
-
 def _session_events(
     draft: _Draft, *, start: datetime, table: RateTable, project: Project
-) -> tuple[list[Event], _RunawayFlag | None]:
-    """The session's validated events, timed from `start`; caps for the budget examples."""
+) -> list[Event]:
+    """The session's validated events, timed from `start`; caps for the budget examples. (A
+    retry loop is flagged as runaway by ingest's own rules as it is stored.)"""
     body: list[Event] = []
     for offset, raw in draft.events:
         raw["timestamp"] = start + timedelta(milliseconds=offset)
@@ -1330,14 +1315,7 @@ def _session_events(
                 }
             )
         )
-    flag = None
-    if draft.retry_loop is not None:
-        loop = dict(draft.retry_loop)
-        first = start + timedelta(milliseconds=loop.pop("first_ms"))
-        last = start + timedelta(milliseconds=loop.pop("last_ms"))
-        evidence = {**loop, "first_at": first.isoformat(), "last_at": last.isoformat()}
-        flag = _RunawayFlag(session_id=draft.external_id, at=last, evidence=evidence)
-    return events, flag
+    return events
 
 
 def _example_caps(
@@ -1381,8 +1359,7 @@ def _usage_of(steps: list[StepEvent], table: RateTable) -> tuple[int, Decimal]:
 
 @dataclass
 class _ProjectFeed:
-    """A project's events on their way to ingest, in batches of up to MAX_EVENTS; a runaway is
-    flagged once all of its session's events are stored."""
+    """A project's events on their way to ingest, in batches of up to MAX_EVENTS."""
 
     project: Project
     tally: _Tally
@@ -1390,13 +1367,10 @@ class _ProjectFeed:
     pending: list[Event] = field(default_factory=list)
     added: int = 0
     stored: int = 0
-    flags: list[tuple[int, _RunawayFlag]] = field(default_factory=list)
 
-    def add(self, events: list[Event], *, flag: _RunawayFlag | None = None) -> None:
+    def add(self, events: list[Event]) -> None:
         self.pending.extend(events)
         self.added += len(events)
-        if flag is not None:
-            self.flags.append((self.added, flag))
         while len(self.pending) >= MAX_EVENTS:
             self._ingest(self.pending[:MAX_EVENTS])
             del self.pending[:MAX_EVENTS]
@@ -1412,22 +1386,9 @@ class _ProjectFeed:
         self.tally.events += len(batch)
         self.tally.accepted += result.accepted
         self.tally.duplicates += result.duplicates
-        ready = [flag for after, flag in self.flags if after <= self.stored]
-        self.flags = [(after, flag) for after, flag in self.flags if after > self.stored]
-        for flag in ready:
-            self._flag(flag)
-
-    def _flag(self, flag: _RunawayFlag) -> None:
-        session_pk = (
-            Session.objects.filter(project=self.project, external_id=flag.session_id)
-            .values_list("pk", flat=True)
-            .get()
+        self.tally.runaways_flagged += sum(
+            event.kind == BudgetEvent.Kind.RUNAWAY for event in result.budget_events
         )
-        event = session_flag_runaway(
-            session_pk, rule="retry_loop", evidence=flag.evidence, at=flag.at
-        )
-        if event is not None:
-            self.tally.runaways_flagged += 1
 
 
 # --- memories -------------------------------------------------------------------------------

@@ -281,9 +281,13 @@ class RateTable:
     _memo: dict[tuple[str, str], tuple[tuple[datetime, ...], tuple[Rate, ...]]] = field(
         default_factory=dict
     )
+    # context window (tokens) by price row id, for the rows that know it
+    windows: dict[int, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for rate in self.rates:
+            if rate.context_window:
+                self.windows[rate.id] = rate.context_window
             self._exact.setdefault(rate.model, []).append(rate)
             if (pattern := self.regexes.get(rate.id)) is not None:
                 self._by_regex.append((pattern, rate))

@@ -7,10 +7,12 @@ One transaction, a fixed number of statements whatever the batch size:
 2. record the event_ids of session and turn events (replays are skipped);
 3. upsert the touched turns, adding the sums of the batch's steps (one write per turn);
 4. insert the steps; a replayed event_id is skipped by the unique index (PostgreSQL returns
-   what it inserted, so a concurrent replay can never be counted twice); only if some were
-   replays, take their sums back from their turns (locked since 3);
-5. add the inserted steps' sums to their sessions, deciding budget crossings in SQL
-   (`warned_at IS NULL AND …`), returning the sessions' new state for the response;
+   what it inserted, so a concurrent replay can never be counted twice); then, per turn
+   (locked since 3), advance the retry-loop streaks over the inserted steps and take back
+   the sums of any replays, checking the per-turn runaway rules (turn_rules);
+5. add the inserted steps' sums to their sessions, deciding budget crossings and runaway
+   flags in SQL (`warned_at IS NULL AND …`), returning the sessions' new state for the
+   response;
 6. record the crossings as BudgetEvents;
 7. add the inserted steps to their sessions' per-model usage (the model mix);
 8. add them to the daily rollups and the latency histograms (the hottest rows, touched last
@@ -46,6 +48,7 @@ from costboard.budgets import (
     session_budget,
 )
 from costboard.ingest.schemas import Event, SessionEvent, StepEvent, TurnEvent
+from costboard.ingest.turn_rules import RunawayFlag, TurnStreaks, step_signature, turn_check
 from costboard.latency import latency_bucket
 from costboard.models import (
     SYSTEM_SESSION_ID,
@@ -102,10 +105,17 @@ class _Step:
     # What the step adds to its turn, session and rollups, in _Totals' field order: tokens,
     # then USD in pico-dollars (exact ints: sums are int additions), errors, unpriced, ms.
     counts: tuple[int, ...]
+    context_window: int | None  # of its model, from the rate table (context pressure)
+    sig: int  # what makes two steps of a turn "the same step" (turn_rules); 0 outside turns
 
     @property
     def tokens_used(self) -> int:
         return self.counts[0] + self.counts[1]
+
+    @property
+    def prompt_tokens(self) -> int:
+        """The prompt's size: input, cache reads and cache writes."""
+        return self.counts[0] + self.counts[2] + self.counts[3]
 
     @property
     def cost_pico(self) -> int:
@@ -377,6 +387,10 @@ def _step(event: StepEvent, key: str, ts: datetime, table: RateTable) -> _Step:
         event.model, provider, ts, inp, out, read, write, write_1h
     )
     duration = None if event.duration_ms is None else round(event.duration_ms)
+    window = sig = None
+    if event.turn is not None:
+        window = table.windows.get(price_id) if price_id is not None else None
+        sig = step_signature(event.step_type, event.model, inp + read + write)
     counts = (
         inp,
         out,
@@ -408,6 +422,8 @@ def _step(event: StepEvent, key: str, ts: datetime, table: RateTable) -> _Step:
         price_id,
         write_1h,
         counts,
+        window,
+        sig or 0,
     )
 
 
@@ -426,15 +442,19 @@ def events_ingest(
         duplicates += dup_others
         _apply_other_events(accepted_others, sessions, turns, now)
         session_ids = {key: row["id"] for key, row in rows.items()}
-        turn_ids = _turns_upsert(cursor, sql, project, session_ids, turns, steps)
+        turns_now = _turns_upsert(cursor, sql, project, session_ids, turns, steps)
+        turn_ids = {key: turn.id for key, turn in turns_now.items()}
         inserted = _steps_insert(cursor, sql, project, session_ids, turn_ids, steps)
+        replays: list[_Step] = []
         if len(inserted) < len(steps):
             duplicates += len(steps) - len(inserted)
             kept = {id(step) for step in inserted}
             replays = [step for step in steps if id(step) not in kept]
-            _turns_take_back(cursor, sql, turn_ids, replays)
             hot = _hot_statements(sql, project, inserted)
-        crossings, touched = _sessions_update(cursor, sql, project, rows, sessions, inserted, now)
+        runaways = _turns_after_insert(cursor, sql, project, turns_now, inserted, replays)
+        crossings, touched = _sessions_update(
+            cursor, sql, project, rows, sessions, inserted, now, runaways
+        )
         budget_events = BudgetEvent.objects.bulk_create(crossings) if crossings else []
         _model_usage_upsert(cursor, sql, session_ids, inserted)
         for statement, params in hot:
@@ -470,13 +490,15 @@ def _sessions_upsert(
             last_active_at = {sql.greatest}({SESSION_TABLE}.last_active_at,
                                             excluded.last_active_at)
         RETURNING id, external_id, token_cap, cost_cap_usd, input_tokens, output_tokens,
-                  cost_usd, state, warned_at, exhausted_at, metadata
+                  cost_usd, state, warned_at, exhausted_at, runaway_at, metadata
         """,
         [*params, project.pk],
     )
     rows = {}
     for row in cursor.fetchall():
-        (id_, key, token_cap, cost_cap, inp, out, cost, state, warned, exhausted, meta) = row
+        (id_, key, token_cap, cost_cap, inp, out, cost, state, warned, exhausted, runaway, meta) = (
+            row
+        )
         rows[key] = {
             "id": id_,
             "token_cap": token_cap,
@@ -486,6 +508,7 @@ def _sessions_upsert(
             "state": state,
             "warned_at": _as_dt(warned),
             "exhausted_at": _as_dt(exhausted),
+            "runaway_at": _as_dt(runaway),
             "metadata": json.loads(meta) if isinstance(meta, str) else (meta or {}),
         }
     return rows
@@ -585,7 +608,20 @@ _TURN_COLUMNS: list[Column] = [
     *USAGE,
     ("step_count", "integer"),
     ("error_count", "integer"),
+    ("context_tokens", "bigint"),
+    ("context_window", "integer"),
 ]
+
+
+@dataclass(slots=True)
+class _TurnNow:
+    """A turn as the upsert left it (its streaks untouched by the upsert: as stored)."""
+
+    id: int
+    session_key: str
+    number: int
+    step_count: int
+    streaks: TurnStreaks
 
 
 def _turns_upsert(
@@ -595,9 +631,10 @@ def _turns_upsert(
     session_ids: dict[str, int],
     turns: dict[tuple[str, int], _TurnTouch],
     steps: list[_Step],
-) -> dict[tuple[str, int], int]:
-    """Create or update the touched turns, adding the sums of all the batch's steps: one write
-    per turn. (A step then refused as a replay is taken back by _turns_take_back.)"""
+) -> dict[tuple[str, int], _TurnNow]:
+    """Create or update the touched turns, adding the sums of all the batch's steps and
+    keeping the largest prompt (context pressure): one write per turn. (A step then refused
+    as a replay is taken back by _turns_after_insert.)"""
     if not turns:
         return {}
     groups: dict[tuple[str, int], list[_Step]] = defaultdict(list)
@@ -607,7 +644,9 @@ def _turns_upsert(
     ordered = sorted(turns.values(), key=lambda t: (session_ids[t.session_key], t.number))
     values = []
     for t in ordered:
-        totals = _Totals.of(groups.get((t.session_key, t.number), []))
+        group = groups.get((t.session_key, t.number), [])
+        totals = _Totals.of(group)
+        largest = max(group, key=lambda s: s.prompt_tokens, default=None)
         values.append(
             [
                 session_ids[t.session_key],
@@ -620,6 +659,8 @@ def _turns_upsert(
                 *totals.usage_values(sql),
                 totals.steps,
                 totals.errors,
+                largest.prompt_tokens if largest else 0,
+                largest.context_window if largest else None,
             ]
         )
     with_v, params = sql.rows(_TURN_COLUMNS, values)
@@ -631,10 +672,11 @@ def _turns_upsert(
         {with_v}
         INSERT INTO {TURN_TABLE} (project_id, session_id, number, started_at, last_active_at,
                                   user_message, assistant_response, context,
-                                  {", ".join(counters)})
+                                  {", ".join(counters)}, context_tokens, context_window)
         SELECT %s, v.session_id, v.number, v.started_at, v.last_active_at,
                COALESCE(v.user_message, ''), COALESCE(v.assistant_response, ''),
-               {sql.jsonb("v.context")}, {", ".join(f"v.{c}" for c in counters)}
+               {sql.jsonb("v.context")}, {", ".join(f"v.{c}" for c in counters)},
+               v.context_tokens, v.context_window
         FROM v WHERE true
         ON CONFLICT (session_id, number) DO UPDATE SET
             started_at = {sql.least}({TURN_TABLE}.started_at, excluded.started_at),
@@ -644,13 +686,23 @@ def _turns_upsert(
             assistant_response = COALESCE(NULLIF(excluded.assistant_response, ''),
                                           {TURN_TABLE}.assistant_response),
             context = COALESCE(excluded.context, {TURN_TABLE}.context),
+            context_window = CASE WHEN excluded.context_tokens > {TURN_TABLE}.context_tokens
+                                  THEN excluded.context_window
+                                  ELSE {TURN_TABLE}.context_window END,
+            context_tokens = {sql.greatest}({TURN_TABLE}.context_tokens,
+                                            excluded.context_tokens),
             {sums}
-        RETURNING id, session_id, number
+        RETURNING id, session_id, number, step_count,
+                  fail_streak, fail_peak, repeat_sig, repeat_streak, repeat_peak
         """,
         [*params, project.pk],
     )
     by_id = {v: k for k, v in session_ids.items()}
-    return {(by_id[session_id], number): id_ for id_, session_id, number in cursor.fetchall()}
+    result = {}
+    for id_, session_id, number, step_count, *streaks in cursor.fetchall():
+        key = by_id[session_id]
+        result[(key, number)] = _TurnNow(id_, key, number, step_count, TurnStreaks(*streaks))
+    return result
 
 
 _STEP_COLUMNS: list[Column] = [
@@ -776,15 +828,29 @@ def _steps_insert(
     return fresh
 
 
-def _first_crossing(steps: list[_Step], tokens: int, cost: Decimal, hit: Any) -> datetime | None:
-    """The time of the first step at which `hit(tokens, cost)` becomes true."""
+Moment = tuple[datetime, int, Decimal]  # a time, and the session's tokens and cost then
+
+
+def _first_crossing(steps: list[_Step], tokens: int, cost: Decimal, hit: Any) -> Moment | None:
+    """The first step (in time order) at which `hit(tokens, cost)` becomes true: its time and
+    the session's totals with it."""
     added = 0
     for step in sorted(steps, key=lambda s: s.ts):
         tokens += step.tokens_used
         added += step.cost_pico
         if hit(tokens, cost + pico_usd(added)):
-            return step.ts
+            return step.ts, tokens, cost + pico_usd(added)
     return None
+
+
+def _totals_at(steps: list[_Step], tokens: int, cost: Decimal, at: datetime) -> Moment:
+    """The session's totals with the new steps up to `at` (those after it not yet)."""
+    upto = [step for step in steps if step.ts <= at]
+    return (
+        at,
+        tokens + sum(s.tokens_used for s in upto),
+        cost + pico_usd(sum(s.cost_pico for s in upto)),
+    )
 
 
 _SESSION_UPDATE_COLUMNS: list[Column] = [
@@ -803,6 +869,8 @@ _SESSION_UPDATE_COLUMNS: list[Column] = [
     ("exhaust_time", "timestamptz"),
     ("clear_warned", "integer"),
     ("clear_exhausted", "integer"),
+    ("runaway_time", "timestamptz"),
+    ("runaway_reason", "text"),
 ]
 
 
@@ -814,9 +882,11 @@ def _sessions_update(
     sessions: dict[str, _SessionTouch],
     inserted: list[_Step],
     now: datetime,
+    runaways: dict[str, RunawayFlag],
 ) -> tuple[list[BudgetEvent], list[_SessionNow]]:
-    """Add the steps' sums to each touched session and decide its budget state; return the
-    crossings to record and the sessions as they now are (for their budgets).
+    """Add the steps' sums to each touched session and decide its budget state and its
+    runaway flag; return the crossings to record and the sessions as they now are (for
+    their budgets).
 
     The rows were locked by the upsert, so the totals read there are current; the crossing
     is still written with `warned_at IS NULL` in SQL, so it can only ever be set once.
@@ -874,18 +944,43 @@ def _sessions_update(
                     kind=BudgetEvent.Kind.CAP_CHANGED, at=event_at, detail=detail, **common
                 )
             )
+        # Each event carries the time and the session's totals of the step that crossed (a
+        # cap change crosses with the totals as they are).
+        now_totals = (event_at, tokens, cost)
         warn_time = exhaust_time = None
         if decision.warns:
-            warn_time = _first_crossing(new_steps, old_tokens, old_cost, caps.warned) or event_at
+            warn_time, at_tokens, at_cost = (
+                _first_crossing(new_steps, old_tokens, old_cost, caps.warned) or now_totals
+            )
             crossings.append(
-                budget_event(kind=BudgetEvent.Kind.SOFT_WARNED, at=warn_time, **common)
+                budget_event(
+                    kind=BudgetEvent.Kind.SOFT_WARNED,
+                    at=warn_time,
+                    **{**common, "tokens_used": at_tokens, "cost_usd": at_cost},
+                )
             )
         if decision.exhausts:
-            exhaust_time = (
-                _first_crossing(new_steps, old_tokens, old_cost, caps.exhausted) or event_at
+            exhaust_time, at_tokens, at_cost = (
+                _first_crossing(new_steps, old_tokens, old_cost, caps.exhausted) or now_totals
             )
             crossings.append(
-                budget_event(kind=BudgetEvent.Kind.EXHAUSTED, at=exhaust_time, **common)
+                budget_event(
+                    kind=BudgetEvent.Kind.EXHAUSTED,
+                    at=exhaust_time,
+                    **{**common, "tokens_used": at_tokens, "cost_usd": at_cost},
+                )
+            )
+
+        runaway = runaways.get(key) if row["runaway_at"] is None else None
+        if runaway is not None:
+            _, at_tokens, at_cost = _totals_at(new_steps, old_tokens, old_cost, runaway.at)
+            crossings.append(
+                budget_event(
+                    kind=BudgetEvent.Kind.RUNAWAY,
+                    at=runaway.at,
+                    detail=runaway.detail(),
+                    **{**common, "tokens_used": at_tokens, "cost_usd": at_cost},
+                )
             )
 
         metadata = None
@@ -912,6 +1007,8 @@ def _sessions_update(
                 sql.dt(exhaust_time),
                 int(decision.clear_warned),
                 int(decision.clear_exhausted),
+                sql.dt(runaway.at) if runaway else None,
+                runaway.reason[:200] if runaway else None,
             ]
         )
 
@@ -942,7 +1039,12 @@ def _sessions_update(
                 WHEN v.clear_exhausted = 1 THEN NULL
                 WHEN {SESSION_TABLE}.exhausted_at IS NULL AND v.exhaust_time IS NOT NULL
                     THEN v.exhaust_time
-                ELSE {SESSION_TABLE}.exhausted_at END
+                ELSE {SESSION_TABLE}.exhausted_at END,
+            runaway_reason = CASE
+                WHEN {SESSION_TABLE}.runaway_at IS NULL AND v.runaway_time IS NOT NULL
+                    THEN v.runaway_reason
+                ELSE {SESSION_TABLE}.runaway_reason END,
+            runaway_at = COALESCE({SESSION_TABLE}.runaway_at, v.runaway_time)
         FROM v
         WHERE {SESSION_TABLE}.id = v.id
         RETURNING {", ".join(f"{SESSION_TABLE}.{name}" for name in _BUDGET_FIELDS)}
@@ -1020,38 +1122,83 @@ def _sessions_read(rows: list[tuple[Any, ...]]) -> list[_SessionNow]:
     return sessions
 
 
-def _turns_take_back(
-    cursor: Any, sql: _Dialect, turn_ids: dict[tuple[str, int], int], replays: list[_Step]
-) -> None:
-    """Subtract from their turns the steps the upsert added but the insert refused as replays
-    (the turns are locked by this transaction since the upsert)."""
-    groups: dict[int, list[_Step]] = defaultdict(list)
+def _turns_after_insert(
+    cursor: Any,
+    sql: _Dialect,
+    project: Project,
+    turns_now: dict[tuple[str, int], _TurnNow],
+    inserted: list[_Step],
+    replays: list[_Step],
+) -> dict[str, RunawayFlag]:
+    """Advance the turns' retry-loop streaks over their inserted steps and subtract the steps
+    the upsert added but the insert refused as replays (the turns are locked since the
+    upsert): one statement. Returns the per-turn runaway rules broken, by session key (the
+    first turn's, in turn order)."""
+    new_steps: dict[tuple[str, int], list[_Step]] = defaultdict(list)
+    for step in inserted:
+        if step.turn_no is not None:
+            new_steps[(step.session_key, step.turn_no)].append(step)
+    taken_back: dict[tuple[str, int], list[_Step]] = defaultdict(list)
     for step in replays:
         if step.turn_no is not None:
-            groups[turn_ids[(step.session_key, step.turn_no)]].append(step)
-    if not groups:
-        return
-    sums = {turn_id: _Totals.of(steps) for turn_id, steps in groups.items()}
-    with_v, params = sql.rows(
-        [("id", "bigint"), *USAGE, ("d_steps", "integer"), ("d_errors", "integer")],
-        [
-            [turn_id, *totals.usage_values(sql), totals.steps, totals.errors]
-            for turn_id, totals in sorted(sums.items())
-        ],
-    )
+            taken_back[(step.session_key, step.turn_no)].append(step)
+    keys = sorted(new_steps.keys() | taken_back.keys(), key=lambda k: turns_now[k].id)
+    if not keys:
+        return {}
+    flags: dict[str, RunawayFlag] = {}
+    values = []
+    for key in keys:
+        turn = turns_now[key]
+        back = _Totals.of(taken_back.get(key, []))
+        added = sorted(new_steps.get(key, []), key=lambda s: s.ts)
+        steps_before = turn.step_count - back.steps - len(added)
+        streaks, flag = turn_check(project, turn.number, turn.streaks, added, steps_before)
+        if flag is not None and turn.session_key not in flags:
+            flags[turn.session_key] = flag
+        values.append(
+            [
+                turn.id,
+                *back.usage_values(sql),
+                back.steps,
+                back.errors,
+                streaks.fail_streak,
+                streaks.fail_peak,
+                streaks.repeat_sig,
+                streaks.repeat_streak,
+                streaks.repeat_peak,
+            ]
+        )
+    with_v, params = sql.rows(_TURN_AFTER_COLUMNS, values)
     assignments = ",\n".join(f"{c} = {TURN_TABLE}.{c} - v.{c}" for c in USAGE_COLUMNS)
+    streak_columns = ",\n".join(f"{c} = v.{c}" for c in _STREAK_COLUMNS)
     cursor.execute(
         f"""
         {with_v}
         UPDATE {TURN_TABLE} SET
             {assignments},
             step_count = {TURN_TABLE}.step_count - v.d_steps,
-            error_count = {TURN_TABLE}.error_count - v.d_errors
+            error_count = {TURN_TABLE}.error_count - v.d_errors,
+            {streak_columns}
         FROM v
         WHERE {TURN_TABLE}.id = v.id
         """,
         params,
     )
+    return flags
+
+
+_STREAK_COLUMNS = ["fail_streak", "fail_peak", "repeat_sig", "repeat_streak", "repeat_peak"]
+_TURN_AFTER_COLUMNS: list[Column] = [
+    ("id", "bigint"),
+    *USAGE,
+    ("d_steps", "integer"),
+    ("d_errors", "integer"),
+    ("fail_streak", "integer"),
+    ("fail_peak", "integer"),
+    ("repeat_sig", "bigint"),
+    ("repeat_streak", "integer"),
+    ("repeat_peak", "integer"),
+]
 
 
 _ROLLUP_COLUMNS: list[Column] = [

@@ -40,12 +40,12 @@ def run_in_threads(count: int, work: Callable[[int], None]) -> list[BaseExceptio
     return errors
 
 
-def test_eight_threads_across_warning_and_cap_lose_nothing() -> None:
+def test_sixteen_threads_across_warning_and_cap_lose_nothing() -> None:
     agent = make_agent("busy")
     add_price("test-sonnet")
-    # 8 threads × 5 batches × 5 steps × 100 tokens = 20,000 tokens against a 15,000 cap:
-    # the warning (12,000) and the cap are both crossed while threads race.
-    agent.events({"type": "session", "session_id": "hot", "token_cap": 15_000})
+    # 16 threads × 5 batches × 5 steps = 400 steps of 100 tokens = 40,000 tokens against a
+    # 30,000 cap: the warning (24,000) and the cap are both crossed while threads race.
+    agent.events({"type": "session", "session_id": "hot", "token_cap": 30_000})
     states: list[str] = []
 
     def work(thread: int) -> None:
@@ -56,7 +56,8 @@ def test_eight_threads_across_warning_and_cap_lose_nothing() -> None:
                     "turn": thread + 1,
                     "step_type": "response",
                     "model": "test-sonnet",
-                    "input_tokens": 60,
+                    # 50…70 input tokens: a growing prompt, not one step retried (a runaway)
+                    "input_tokens": 50 + 5 * i,
                     "output_tokens": 40,
                     "cache_read_input_tokens": 1000,
                     "event_id": f"t{thread}-b{batch}-s{i}",
@@ -66,23 +67,28 @@ def test_eight_threads_across_warning_and_cap_lose_nothing() -> None:
             body = Agent(agent.project, agent.key, agent.client.__class__()).events(*events)
             states.append(body["sessions"]["hot"]["state"])
 
-    assert run_in_threads(8, work) == []
+    assert run_in_threads(16, work) == []
 
     session = Session.objects.get(external_id="hot")
-    assert session.step_count == 200
-    assert session.tokens_used == 20_000
-    assert session.cache_read_input_tokens == 200_000
+    assert session.step_count == 400
+    assert session.tokens_used == 40_000
+    assert session.cache_read_input_tokens == 400_000
     per_step = usd(60, Decimal(3)) + usd(40, Decimal(15)) + usd(1000, Decimal("0.3"))
-    assert session.cost_usd == per_step * 200
-    assert session.turn_count == 8
+    assert session.cost_usd == per_step * 400
+    assert session.turn_count == 16
     assert session.state == "exhausted"
-    assert session.warned_at is not None
-    assert session.exhausted_at is not None
+    assert session.runaway_at is None
     kinds = sorted(BudgetEvent.objects.filter(session=session).values_list("kind", flat=True))
     assert kinds == ["exhausted", "soft_warned"]
-    assert Step.objects.count() == 200
+    warned = BudgetEvent.objects.get(session=session, kind="soft_warned")
+    exhausted = BudgetEvent.objects.get(session=session, kind="exhausted")
+    assert session.warned_at == warned.at and session.exhausted_at == exhausted.at
+    # the totals recorded at each crossing are those of the step that crossed (100 tokens)
+    assert 24_000 <= warned.tokens_used < 24_100
+    assert 30_000 <= exhausted.tokens_used < 30_100
+    assert Step.objects.count() == 400
     rollup = DailyRollup.objects.get()
-    assert (rollup.calls, rollup.input_tokens, rollup.cost_usd) == (200, 12_000, per_step * 200)
+    assert (rollup.calls, rollup.input_tokens, rollup.cost_usd) == (400, 24_000, per_step * 400)
     assert "ok" in states and "exhausted" in states
 
 

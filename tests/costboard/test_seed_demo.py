@@ -100,14 +100,18 @@ def test_the_budget_examples_reach_their_states_through_their_caps(seeded: str) 
     for session in runaway:
         event = BudgetEvent.objects.get(session=session, kind=BudgetEvent.Kind.RUNAWAY)
         assert event.at == session.runaway_at
+        # flagged by ingest's own rule, at the step that made it five failures in a row
         assert event.detail["rule"] == "retry_loop"
         evidence = event.detail["evidence"]
-        assert evidence["last_at"] == event.at.isoformat()
-        assert evidence["consecutive_failures"] >= 40
+        assert evidence["failed_in_a_row"] == evidence["threshold"] == 5
+        assert session.runaway_reason == (
+            f"retry loop: 5 failed steps in a row in turn {evidence['turn']}"
+        )
         failed = session.steps.filter(
             success=False, step_type=evidence["step_type"], turn__number=evidence["turn"]
         )
-        assert failed.count() == evidence["consecutive_failures"]
+        assert failed.count() >= 40
+        assert failed.filter(timestamp__lte=event.at).count() == 5
 
 
 def test_money_adds_up_exactly(seeded: str) -> None:
