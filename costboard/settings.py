@@ -162,6 +162,12 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TIMEZONE = "UTC"
+# Periodic jobs (`celery -A costboard worker --beat`, or a separate `celery beat`); each is
+# safe to run twice. Without a broker, `manage.py guard_sweep --every 60` does the same.
+CELERY_BEAT_SCHEDULE = {
+    "runaway-sweep": {"task": "costboard.tasks.runaway_sweep", "schedule": 60.0},
+    "retention": {"task": "costboard.tasks.retention_sweep", "schedule": 3600.0},
+}
 
 # --- budgets (CONTRACT §1) ----------------------------------------------------------------
 COSTBOARD_SESSION_TOKEN_CAP = env_int("COSTBOARD_SESSION_TOKEN_CAP", 100_000, minimum=1)

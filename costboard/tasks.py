@@ -9,6 +9,7 @@ from typing import Any
 from celery import shared_task
 from django.utils import timezone
 
+from costboard import guard, retention
 from costboard.budgets import caps_for, session_recheck
 from costboard.models import SYSTEM_SESSION_ID, Project, Session
 from costboard.repricing import PriceMatch, models_affected, steps_reprice
@@ -57,3 +58,16 @@ def project_budgets_recheck(project_id: int, old: dict[str, Any]) -> int:
             session_recheck(session_id, now=now, old_caps=old_caps)
             changed += 1
     return changed
+
+
+@shared_task(soft_time_limit=50, time_limit=55, acks_late=True)
+def runaway_sweep() -> dict[str, int]:
+    """Every minute: the window rules (burn rate, projected overrun, long sessions). Safe
+    to run twice: a session is flagged with a conditional UPDATE."""
+    return guard.runaway_sweep().flagged
+
+
+@shared_task(soft_time_limit=3000, time_limit=3300, acks_late=True)
+def retention_sweep() -> int:
+    """Every hour: delete steps past their project's retention."""
+    return retention.retention_sweep().steps_deleted
