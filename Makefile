@@ -20,6 +20,9 @@ run: install
 	$(PY) manage.py seed_demo --if-empty
 	$(PY) manage.py ensure_admin
 	@echo "Costboard on http://127.0.0.1:$(PORT)/"
+	@# the periodic jobs (runaway sweep, retention) beside the server: Celery beat's work
+	@# when there is no broker; with one, run `celery -A costboard worker --beat` instead
+	$(PY) manage.py guard_sweep --every 60 & sweep=$$!; trap "kill $$sweep" EXIT INT TERM; \
 	$(VENV)/bin/gunicorn costboard.wsgi --bind 127.0.0.1:$(PORT) --workers 2 --threads 4 \
 		--access-logfile -
 
