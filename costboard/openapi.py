@@ -37,6 +37,64 @@ _BUDGET = {
     },
 }
 
+_CONTEXT_TURN = {
+    "type": "object",
+    "required": [
+        "number",
+        "user_message",
+        "assistant_response",
+        "tokens",
+        "estimated",
+        "started_at",
+    ],
+    "properties": {
+        "number": {"type": "integer"},
+        "user_message": {"type": "string"},
+        "assistant_response": {"type": "string"},
+        "tokens": {
+            "type": "integer",
+            "description": "user message + assistant response as loaded: the message is "
+            "ceil(characters / 4); the response is the output − reasoning tokens of the "
+            "turn's one successful `response` step if it has one, else ceil(characters / 4)",
+        },
+        "estimated": {
+            "type": "boolean",
+            "description": "some of the turn's text was counted as ceil(characters / 4)",
+        },
+        "started_at": {"type": "string", "format": "date-time"},
+    },
+}
+
+_CONTEXT = {
+    "type": "object",
+    "required": [
+        "session_id",
+        "budget",
+        "token_count",
+        "total_turns",
+        "loaded_turns",
+        "should_summarize",
+        "turns",
+    ],
+    "properties": {
+        "session_id": {"type": "string"},
+        "budget": {"type": "integer"},
+        "token_count": {"type": "integer", "description": "tokens of the loaded turns"},
+        "total_turns": {"type": "integer"},
+        "loaded_turns": {"type": "integer"},
+        "should_summarize": {
+            "type": "boolean",
+            "description": "the history is past 80% of the budget: token_count > 0.8 × "
+            "budget, or turns were left out",
+        },
+        "turns": {
+            "type": "array",
+            "description": "the newest turns that fit, oldest first",
+            "items": {"$ref": "#/components/schemas/ContextTurn"},
+        },
+    },
+}
+
 _ERRORS = {
     "type": "object",
     "properties": {
@@ -64,6 +122,9 @@ def _error_response(description: str) -> dict[str, Any]:
 
 @cache
 def openapi_document() -> dict[str, Any]:
+    # Imported here: costboard.context imports costboard.api, which imports this module.
+    from costboard.context import MAX_CONTEXT_BUDGET
+
     schemas: dict[str, Any] = {}
     for name, schema in event_json_schemas().items():
         schemas.update(schema.pop("$defs", {}))
@@ -77,6 +138,8 @@ def openapi_document() -> dict[str, Any]:
     }
     schemas["Budget"] = _BUDGET
     schemas["Errors"] = _ERRORS
+    schemas["SessionContext"] = _CONTEXT
+    schemas["ContextTurn"] = _CONTEXT_TURN
     schemas["BudgetEvent"] = {
         "type": "object",
         "properties": {
@@ -194,6 +257,47 @@ def openapi_document() -> dict[str, Any]:
                             },
                         },
                         "404": _error_response("no such session in this project"),
+                        **auth_errors,
+                    },
+                }
+            },
+            "/api/v1/sessions/{session_id}/context": {
+                "get": {
+                    "summary": "The session's newest turns that fit in a token budget, "
+                    "oldest first",
+                    "parameters": [
+                        {
+                            "name": "session_id",
+                            "in": "path",
+                            "required": True,
+                            "schema": {"type": "string"},
+                        },
+                        {
+                            "name": "budget",
+                            "in": "query",
+                            "required": True,
+                            "description": "the most tokens of history to load",
+                            "schema": {
+                                "type": "integer",
+                                "minimum": 1,
+                                "maximum": MAX_CONTEXT_BUDGET,
+                            },
+                        },
+                    ],
+                    "responses": {
+                        "200": {
+                            "description": "the loaded turns; loading stops at the first "
+                            "turn (newest first) that does not fit",
+                            "content": {
+                                "application/json": {
+                                    "schema": {"$ref": "#/components/schemas/SessionContext"}
+                                }
+                            },
+                        },
+                        "404": _error_response("no such session in this project"),
+                        "422": _error_response(
+                            "budget missing, not a whole number, or out of range"
+                        ),
                         **auth_errors,
                     },
                 }

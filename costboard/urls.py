@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.contrib import admin
 from django.urls import include, path
 
-from costboard import api, views
+from costboard import api, context, views
 
 urlpatterns = [
     path("", views.overview, name="overview"),
@@ -18,6 +18,11 @@ urlpatterns = [
         "api/v1/sessions/<str:session_id>/budget",
         api.session_budget_view,
         name="api-session-budget",
+    ),
+    path(
+        "api/v1/sessions/<str:session_id>/context",
+        context.session_context_view,
+        name="api-session-context",
     ),
     path("api/v1/openapi.json", api.openapi, name="api-openapi"),
 ]
