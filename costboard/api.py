@@ -15,6 +15,7 @@ from django.views.decorators.http import require_GET, require_POST
 from costboard.budgets import session_budget
 from costboard.ingest.schemas import MAX_BODY_BYTES, BatchError, parse_events
 from costboard.ingest.service import events_ingest
+from costboard.metrics import ingest_tally
 from costboard.models import ApiKey, BudgetEvent, Project, Session
 from costboard.openapi import openapi_document
 
@@ -78,14 +79,18 @@ def api_key_required(view: View) -> View:
 @require_POST
 @api_key_required
 def events(request: HttpRequest) -> HttpResponse:
+    project: Project = request.project  # type: ignore[attr-defined]
     length = request.META.get("CONTENT_LENGTH") or "0"
     if length.isdigit() and int(length) > MAX_BODY_BYTES:
+        ingest_tally(project.pk, refused=1)  # the body is not read: its events are unknown
         return _errors(413, "body", f"body is {length} bytes; at most {MAX_BODY_BYTES}: split it")
     try:
         batch = parse_events(request.body)
     except BatchError as exc:
+        ingest_tally(project.pk, refused=exc.event_count or 1)
         return JsonResponse({"errors": exc.errors}, status=exc.status)
-    result = events_ingest(project=request.project, events=batch)  # type: ignore[attr-defined]
+    result = events_ingest(project=project, events=batch)
+    ingest_tally(project.pk, accepted=result.accepted, duplicates=result.duplicates)
     return JsonResponse(
         {"accepted": result.accepted, "duplicates": result.duplicates, "sessions": result.sessions}
     )

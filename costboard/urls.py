@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.contrib import admin
 from django.urls import include, path
 
-from costboard import api, context, views
+from costboard import api, context, metrics, views
 
 urlpatterns = [
     path("", views.overview, name="overview"),
@@ -25,4 +25,5 @@ urlpatterns = [
         name="api-session-context",
     ),
     path("api/v1/openapi.json", api.openapi, name="api-openapi"),
+    path("metrics", metrics.metrics_view, name="metrics"),
 ]

@@ -140,12 +140,16 @@ _MODELS: dict[str, type[_Event]] = {
 
 
 class BatchError(Exception):
-    """The request as a whole is wrong (not one event): status and errors for the response."""
+    """The request as a whole is wrong (not one event): status and errors for the response,
+    and how many events the refused batch held (None when the body could not tell)."""
 
-    def __init__(self, status: int, errors: list[dict[str, Any]]) -> None:
+    def __init__(
+        self, status: int, errors: list[dict[str, Any]], *, event_count: int | None = None
+    ) -> None:
         super().__init__(errors[0]["message"] if errors else "")
         self.status = status
         self.errors = errors
+        self.event_count = event_count
 
 
 def _error(index: int | None, field: str, message: str) -> dict[str, Any]:
@@ -243,6 +247,7 @@ def parse_events(body: bytes) -> list[Event]:
                     None, "events", f"a batch holds 1 to {MAX_EVENTS} events, got {len(raw_events)}"
                 )
             ],
+            event_count=len(raw_events),
         )
 
     events: list[Event] = []
@@ -254,7 +259,7 @@ def parse_events(body: bytes) -> list[Event]:
         elif event is not None:
             events.append(event)
     if errors:
-        raise BatchError(422, errors)
+        raise BatchError(422, errors, event_count=len(raw_events))
     return events
 
 
