@@ -11,8 +11,11 @@ from django.http import HttpRequest
 from django.utils import timezone
 
 from costboard import tasks
+from costboard.alerts import alert_deliver
 from costboard.budgets import session_caps
 from costboard.models import (
+    ALERT_KINDS,
+    AlertDelivery,
     ApiKey,
     BudgetEvent,
     DailyRollup,
@@ -22,6 +25,7 @@ from costboard.models import (
     Session,
     Step,
     Turn,
+    WebhookEndpoint,
 )
 from costboard.repricing import PriceMatch
 
@@ -151,12 +155,61 @@ class MembershipAdmin(admin.ModelAdmin):
     autocomplete_fields = ("user",)
 
 
+class WebhookEndpointForm(forms.ModelForm):
+    """The secret is write-only: never rendered back; left blank on an edit, it is kept."""
+
+    secret = forms.CharField(
+        required=False,
+        max_length=200,
+        strip=True,
+        widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "new-password"}),
+        help_text="Shared secret of the X-Costboard-Signature (HMAC-SHA256), e.g. from "
+        "`python -c 'import secrets; print(secrets.token_hex(32))'`. Not shown again; leave "
+        "blank to keep the current one.",
+    )
+    kinds = forms.MultipleChoiceField(
+        choices=[(kind, kind) for kind in ALERT_KINDS],
+        widget=forms.CheckboxSelectMultiple,
+        help_text="The budget events sent to this URL.",
+    )
+
+    class Meta:
+        model = WebhookEndpoint
+        fields = ("project", "name", "url", "secret", "kinds", "active")
+
+    def clean_secret(self) -> str:
+        secret: str = self.cleaned_data["secret"]
+        if secret:
+            return secret
+        if self.instance.pk and self.instance.secret:
+            return self.instance.secret
+        raise forms.ValidationError(
+            "Enter a shared secret; the receiver checks signatures with it."
+        )
+
+
+def _masked_secret(endpoint: WebhookEndpoint) -> str:
+    return f"••••{endpoint.secret[-4:]}" if len(endpoint.secret) >= 12 else "••••"
+
+
+class WebhookEndpointInline(admin.StackedInline):
+    model = WebhookEndpoint
+    form = WebhookEndpointForm
+    extra = 0
+    fields = ("name", "url", "secret", "secret_hint", "kinds", "active")
+    readonly_fields = ("secret_hint",)
+
+    @admin.display(description="current secret")
+    def secret_hint(self, obj: WebhookEndpoint | None) -> str:
+        return _masked_secret(obj) if obj is not None and obj.pk else "-"
+
+
 @admin.register(Project)
 class ProjectAdmin(admin.ModelAdmin):
     list_display = ("name", "slug", "token_cap", "cost_cap_usd", "warn_at_pct", "created_at")
     search_fields = ("name", "slug")
     prepopulated_fields = {"slug": ("name",)}
-    inlines = [MembershipInline, ApiKeyInline]
+    inlines = [MembershipInline, ApiKeyInline, WebhookEndpointInline]
     fieldsets = [
         (None, {"fields": ("name", "slug")}),
         (
@@ -357,3 +410,88 @@ class DailyRollupAdmin(ReadOnlyAdmin):
     list_display = ("day", "project", "model", "step_type", "calls", "cost_usd", "unpriced_calls")
     list_filter = ("project", "step_type")
     date_hierarchy = "day"
+
+
+@admin.register(WebhookEndpoint)
+class WebhookEndpointAdmin(admin.ModelAdmin):
+    form = WebhookEndpointForm
+    list_display = ("project", "name", "url", "kinds", "active", "secret_hint", "created_at")
+    list_filter = ("active", "project")
+    search_fields = ("name", "url", "project__slug")
+    list_select_related = ("project",)
+    readonly_fields = ("secret_hint", "created_at")
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        fields = ["project", "name", "url", "secret", "kinds", "active"]
+        return [*fields, "secret_hint", "created_at"] if obj is not None else fields
+
+    @admin.display(description="secret")
+    def secret_hint(self, obj: WebhookEndpoint) -> str:
+        return _masked_secret(obj)
+
+
+@admin.register(AlertDelivery)
+class AlertDeliveryAdmin(ReadOnlyAdmin):
+    """The delivery log: one row per budget event, channel and target, with its last attempt."""
+
+    list_display = (
+        "created_at",
+        "project",
+        "channel",
+        "target",
+        "event_kind",
+        "event_session",
+        "status",
+        "attempts",
+        "response_code",
+        "delivered_at",
+    )
+    list_filter = ("status", "channel", "project")
+    search_fields = ("target",)
+    list_select_related = ("project", "budget_event__session")
+    date_hierarchy = "created_at"
+    fields = (
+        "project",
+        "budget_event",
+        "channel",
+        "endpoint",
+        "target",
+        "status",
+        "attempts",
+        "response_code",
+        "error",
+        "created_at",
+        "last_attempt_at",
+        "delivered_at",
+    )
+    readonly_fields = fields
+    actions = ["retry_deliveries"]
+
+    @admin.display(description="event", ordering="budget_event__kind")
+    def event_kind(self, obj: AlertDelivery) -> str:
+        return obj.budget_event.kind
+
+    @admin.display(description="session", ordering="budget_event__session__external_id")
+    def event_session(self, obj: AlertDelivery) -> str:
+        return obj.budget_event.session.external_id
+
+    def has_retry_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("costboard.change_alertdelivery")
+
+    @admin.action(description="Retry selected deliveries", permissions=["retry"])
+    def retry_deliveries(self, request: HttpRequest, queryset: QuerySet[AlertDelivery]) -> None:
+        failed = list(
+            queryset.filter(status=AlertDelivery.Status.FAILED).values_list("pk", flat=True)
+        )
+        AlertDelivery.objects.filter(pk__in=failed, status=AlertDelivery.Status.FAILED).update(
+            status=AlertDelivery.Status.PENDING
+        )
+
+        def enqueue() -> None:
+            for delivery_id in failed:
+                alert_deliver.delay(delivery_id)
+
+        transaction.on_commit(enqueue)
+        skipped = queryset.count() - len(failed)
+        note = f"; {skipped} not failed, left as they are" if skipped else ""
+        messages.success(request, f"Queued {len(failed)} delivery(ies) again{note}.")

@@ -158,6 +158,18 @@ class BudgetDecision:
     exhausts: bool  # exhausted is crossed now
 
 
+def runaway_stopped(
+    project: Project, runaway_at: datetime | None, acknowledged_at: datetime | None
+) -> bool:
+    """A runaway session is held at `exhausted` (so its agent stops) until a person
+    acknowledges it, if its project says runaways stop."""
+    return (
+        project.runaway_stops
+        and runaway_at is not None
+        and (acknowledged_at is None or acknowledged_at < runaway_at)
+    )
+
+
 def budget_decide(
     *,
     old_caps: Caps,
@@ -166,16 +178,26 @@ def budget_decide(
     cost_usd: Decimal,
     warned_at: datetime | None,
     exhausted_at: datetime | None,
+    stopped: bool = False,
 ) -> BudgetDecision:
-    """A cap change recomputes the state; a crossing it undoes is cleared and may be crossed
-    (and recorded) again. Otherwise a crossing is recorded once: only when not yet set."""
+    """The state from the totals against the caps (`stopped`: a runaway held at exhausted).
+    A crossing no longer true (a cap raised, a runaway acknowledged, a repricing) is cleared
+    and may be crossed, and recorded, again; otherwise a crossing is recorded once: only when
+    not yet set."""
     warned = caps.warned(tokens_used, cost_usd)
-    exhausted = caps.exhausted(tokens_used, cost_usd)
+    exhausted = caps.exhausted(tokens_used, cost_usd) or stopped
     cap_changed = caps != old_caps
-    clear_warned = cap_changed and warned_at is not None and not warned
-    clear_exhausted = cap_changed and exhausted_at is not None and not exhausted
+    clear_warned = warned_at is not None and not warned
+    clear_exhausted = exhausted_at is not None and not exhausted
+    state = (
+        Session.State.EXHAUSTED
+        if exhausted
+        else Session.State.WARNING
+        if warned
+        else Session.State.OK
+    )
     return BudgetDecision(
-        state=caps.state(tokens_used, cost_usd),
+        state=state,
         cap_changed=cap_changed,
         clear_warned=clear_warned,
         clear_exhausted=clear_exhausted,
@@ -203,13 +225,21 @@ def budget_event(
         at=at,
         tokens_used=tokens_used,
         cost_usd=cost_usd,
-        detail=detail
-        or {
-            "token_cap": caps.token_cap,
-            "cost_cap_usd": str(caps.cost_cap_usd),
-            "warn_at_pct": str(caps.warn_at_pct),
-        },
+        detail=detail or caps_detail(caps),
     )
+
+
+def caps_detail(caps: Caps) -> dict[str, object]:
+    return {
+        "token_cap": caps.token_cap,
+        "cost_cap_usd": str(caps.cost_cap_usd),
+        "warn_at_pct": str(caps.warn_at_pct),
+    }
+
+
+def runaway_stop_detail(caps: Caps, reason: str) -> dict[str, object]:
+    """An `exhausted` event's detail when a runaway, not a cap, stopped the session."""
+    return {**caps_detail(caps), "reason": "runaway", "runaway": reason}
 
 
 def cap_change_detail(old_caps: Caps, caps: Caps, old_state: str, state: str) -> dict[str, object]:
@@ -233,6 +263,7 @@ def session_recheck(
             .get(pk=session_id)
         )
         caps = session_caps(session)
+        stopped = runaway_stopped(session.project, session.runaway_at, session.acknowledged_at)
         decision = budget_decide(
             old_caps=old_caps or caps,
             caps=caps,
@@ -240,6 +271,7 @@ def session_recheck(
             cost_usd=session.cost_usd,
             warned_at=session.warned_at,
             exhausted_at=session.exhausted_at,
+            stopped=stopped,
         )
         events: list[BudgetEvent] = []
 
@@ -271,10 +303,18 @@ def session_recheck(
             record(BudgetEvent.Kind.SOFT_WARNED)
         if decision.exhausts:
             session.exhausted_at = now
-            record(BudgetEvent.Kind.EXHAUSTED)
+            by_caps = caps.exhausted(session.tokens_used, session.cost_usd)
+            record(
+                BudgetEvent.Kind.EXHAUSTED,
+                None if by_caps else runaway_stop_detail(caps, session.runaway_reason),
+            )
         session.state = decision.state
         session.save(update_fields=["state", "warned_at", "exhausted_at"])
-        return BudgetEvent.objects.bulk_create(events)
+        from costboard.alerts import announce  # imported here: alerts imports this module
+
+        created = BudgetEvent.objects.bulk_create(events)
+        announce(created)
+        return created
 
 
 def session_flag_runaway(
@@ -295,13 +335,39 @@ def session_flag_runaway(
         )
         if claimed != 1:
             return None
+        # the claim locked the row until this transaction ends
         session = Session.objects.select_related("project").get(pk=session_id)
-        return BudgetEvent.objects.create(
-            project=session.project,
-            session=session,
-            kind=BudgetEvent.Kind.RUNAWAY,
-            at=at,
-            tokens_used=session.tokens_used,
-            cost_usd=session.cost_usd,
-            detail={"rule": rule, "reason": reason, "evidence": evidence},
-        )
+        events = [
+            BudgetEvent(
+                project=session.project,
+                session=session,
+                kind=BudgetEvent.Kind.RUNAWAY,
+                at=at,
+                tokens_used=session.tokens_used,
+                cost_usd=session.cost_usd,
+                detail={"rule": rule, "reason": reason, "evidence": evidence},
+            )
+        ]
+        if session.project.runaway_stops and session.state != Session.State.EXHAUSTED:
+            # the agent is told to stop: its next answer says exhausted
+            caps = session_caps(session)
+            session.state = Session.State.EXHAUSTED
+            session.exhausted_at = session.exhausted_at or at
+            session.save(update_fields=["state", "exhausted_at"])
+            events.append(
+                budget_event(
+                    session=session,
+                    project=session.project,
+                    kind=BudgetEvent.Kind.EXHAUSTED,
+                    at=at,
+                    tokens_used=session.tokens_used,
+                    cost_usd=session.cost_usd,
+                    caps=caps,
+                    detail=runaway_stop_detail(caps, reason),
+                )
+            )
+        created = BudgetEvent.objects.bulk_create(events)
+        from costboard.alerts import announce  # imported here: alerts imports this module
+
+        announce(created)
+        return created[0]

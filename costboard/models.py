@@ -113,6 +113,11 @@ class Project(models.Model):
     runaway_max_hours = models.PositiveIntegerField(
         default=8, help_text="A session still active this many hours after it started."
     )
+    runaway_stops = models.BooleanField(
+        default=True,
+        help_text="A runaway session is told to stop: its state becomes exhausted (what "
+        "clients stop on) until someone acknowledges it on the flagged page.",
+    )
     retention_days = models.PositiveIntegerField(
         null=True,
         blank=True,

@@ -175,6 +175,39 @@ COSTBOARD_SESSION_COST_CAP_USD = env_decimal("COSTBOARD_SESSION_COST_CAP_USD", "
 COSTBOARD_WARN_AT_PCT = env_fraction("COSTBOARD_WARN_AT_PCT", "0.8")
 COSTBOARD_METRICS_TOKEN = env_str("COSTBOARD_METRICS_TOKEN")
 
+# --- alerts: budget events to webhooks and email (costboard/alerts.py) ---------------------
+# Where Costboard is served, for absolute links in alerts; blank: links are paths.
+COSTBOARD_BASE_URL = env_str("COSTBOARD_BASE_URL").strip().rstrip("/")
+if COSTBOARD_BASE_URL and not COSTBOARD_BASE_URL.startswith(("http://", "https://")):
+    raise ImproperlyConfigured(
+        f"COSTBOARD_BASE_URL={COSTBOARD_BASE_URL!r} must start with http:// or https://, "
+        "e.g. https://costboard.example.com."
+    )
+COSTBOARD_ALERT_TIMEOUT_SECONDS = env_int("COSTBOARD_ALERT_TIMEOUT_SECONDS", 5, minimum=1)
+# A failed delivery is retried after 30 s, 60 s, 120 s, … until this many attempts.
+COSTBOARD_ALERT_RETRY_SECONDS = env_int("COSTBOARD_ALERT_RETRY_SECONDS", 30, minimum=0)
+COSTBOARD_ALERT_MAX_ATTEMPTS = env_int("COSTBOARD_ALERT_MAX_ATTEMPTS", 6, minimum=1)
+
+# Email: SMTP when EMAIL_HOST is set; otherwise mail is printed to the console, so `make run`
+# never tries to reach a mail server. DJANGO_EMAIL_BACKEND overrides both.
+EMAIL_HOST = env_str("EMAIL_HOST").strip() or "localhost"
+EMAIL_PORT = env_int("EMAIL_PORT", 25, minimum=1)
+EMAIL_HOST_USER = env_str("EMAIL_HOST_USER")
+EMAIL_HOST_PASSWORD = env_str("EMAIL_HOST_PASSWORD")
+EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
+EMAIL_USE_SSL = env_bool("EMAIL_USE_SSL", False)
+if EMAIL_USE_TLS and EMAIL_USE_SSL:
+    raise ImproperlyConfigured(
+        "EMAIL_USE_TLS and EMAIL_USE_SSL are both on; use one (TLS for port 587, SSL for 465)."
+    )
+EMAIL_TIMEOUT = env_int("EMAIL_TIMEOUT", 10, minimum=1)
+DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL").strip() or "Costboard <costboard@localhost>"
+EMAIL_BACKEND = env_str("DJANGO_EMAIL_BACKEND").strip() or (
+    "django.core.mail.backends.smtp.EmailBackend"
+    if env_str("EMAIL_HOST").strip()
+    else "django.core.mail.backends.console.EmailBackend"
+)
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

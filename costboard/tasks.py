@@ -10,6 +10,7 @@ from celery import shared_task
 from django.utils import timezone
 
 from costboard import guard, retention
+from costboard.alerts import alert_deliver, alerts_dispatch  # noqa: F401  (registered with the worker)
 from costboard.budgets import caps_for, session_recheck
 from costboard.models import SYSTEM_SESSION_ID, Project, Session
 from costboard.repricing import PriceMatch, models_affected, steps_reprice

@@ -39,12 +39,15 @@ from django.db import connection, transaction
 from django.db.models import Field
 from django.utils import timezone
 
+from costboard.alerts import announce
 from costboard.budgets import (
     SessionBudget,
     budget_decide,
     budget_event,
     cap_change_detail,
     caps_for,
+    runaway_stop_detail,
+    runaway_stopped,
     session_budget,
 )
 from costboard.ingest.schemas import Event, SessionEvent, StepEvent, TurnEvent
@@ -456,6 +459,7 @@ def events_ingest(
             cursor, sql, project, rows, sessions, inserted, now, runaways
         )
         budget_events = BudgetEvent.objects.bulk_create(crossings) if crossings else []
+        announce(budget_events)
         _model_usage_upsert(cursor, sql, session_ids, inserted)
         for statement, params in hot:
             cursor.execute(statement, params)
@@ -490,15 +494,15 @@ def _sessions_upsert(
             last_active_at = {sql.greatest}({SESSION_TABLE}.last_active_at,
                                             excluded.last_active_at)
         RETURNING id, external_id, token_cap, cost_cap_usd, input_tokens, output_tokens,
-                  cost_usd, state, warned_at, exhausted_at, runaway_at, metadata
+                  cost_usd, state, warned_at, exhausted_at, runaway_at, runaway_reason,
+                  acknowledged_at, metadata
         """,
         [*params, project.pk],
     )
     rows = {}
     for row in cursor.fetchall():
-        (id_, key, token_cap, cost_cap, inp, out, cost, state, warned, exhausted, runaway, meta) = (
-            row
-        )
+        (id_, key, token_cap, cost_cap, inp, out, cost, state, warned, exhausted) = row[:10]
+        runaway, runaway_reason, acknowledged, meta = row[10:]
         rows[key] = {
             "id": id_,
             "token_cap": token_cap,
@@ -509,6 +513,8 @@ def _sessions_upsert(
             "warned_at": _as_dt(warned),
             "exhausted_at": _as_dt(exhausted),
             "runaway_at": _as_dt(runaway),
+            "runaway_reason": runaway_reason,
+            "acknowledged_at": _as_dt(acknowledged),
             "metadata": json.loads(meta) if isinstance(meta, str) else (meta or {}),
         }
     return rows
@@ -922,6 +928,9 @@ def _sessions_update(
         new_steps = by_session.get(key, [])
         event_at = touch.event_at or now
 
+        runaway = runaways.get(key) if row["runaway_at"] is None else None
+        runaway_at = row["runaway_at"] or (runaway.at if runaway else None)
+        stopped = runaway_stopped(project, runaway_at, row["acknowledged_at"])
         decision = budget_decide(
             old_caps=old_caps,
             caps=caps,
@@ -929,6 +938,7 @@ def _sessions_update(
             cost_usd=cost,
             warned_at=row["warned_at"],
             exhausted_at=row["exhausted_at"],
+            stopped=stopped,
         )
         common = {
             "session": row["id"],
@@ -959,26 +969,33 @@ def _sessions_update(
                     **{**common, "tokens_used": at_tokens, "cost_usd": at_cost},
                 )
             )
-        if decision.exhausts:
-            exhaust_time, at_tokens, at_cost = (
-                _first_crossing(new_steps, old_tokens, old_cost, caps.exhausted) or now_totals
-            )
-            crossings.append(
-                budget_event(
-                    kind=BudgetEvent.Kind.EXHAUSTED,
-                    at=exhaust_time,
-                    **{**common, "tokens_used": at_tokens, "cost_usd": at_cost},
-                )
-            )
-
-        runaway = runaways.get(key) if row["runaway_at"] is None else None
+        runaway_moment = None
         if runaway is not None:
-            _, at_tokens, at_cost = _totals_at(new_steps, old_tokens, old_cost, runaway.at)
+            runaway_moment = _totals_at(new_steps, old_tokens, old_cost, runaway.at)
+            _, at_tokens, at_cost = runaway_moment
             crossings.append(
                 budget_event(
                     kind=BudgetEvent.Kind.RUNAWAY,
                     at=runaway.at,
                     detail=runaway.detail(),
+                    **{**common, "tokens_used": at_tokens, "cost_usd": at_cost},
+                )
+            )
+        if decision.exhausts:
+            # by a cap (at the step that reached it) or by a runaway told to stop, if sooner
+            stops: list[tuple[Moment, dict[str, object] | None]] = []
+            if caps.exhausted(tokens, cost):
+                reached = _first_crossing(new_steps, old_tokens, old_cost, caps.exhausted)
+                stops.append((reached or now_totals, None))
+            if stopped:
+                reason = runaway.reason if runaway else row["runaway_reason"]
+                stops.append((runaway_moment or now_totals, runaway_stop_detail(caps, reason)))
+            (exhaust_time, at_tokens, at_cost), stop_detail = min(stops, key=lambda s: s[0][0])
+            crossings.append(
+                budget_event(
+                    kind=BudgetEvent.Kind.EXHAUSTED,
+                    at=exhaust_time,
+                    detail=stop_detail,
                     **{**common, "tokens_used": at_tokens, "cost_usd": at_cost},
                 )
             )

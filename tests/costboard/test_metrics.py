@@ -136,8 +136,9 @@ def test_it_reports_sessions_events_budget_events_and_cost_per_project(
     def sessions(project: str, state: str) -> float:
         return value(samples, "costboard_sessions", project=project, state=state)
 
-    # not ended: small and loop ok, warned near its cap, spent at it; `ended` is left out
-    assert [sessions("acme", s) for s in ("ok", "warning", "exhausted")] == [2, 1, 1]
+    # not ended: small ok, warned near its cap, spent at it and the loop (a runaway is told
+    # to stop: exhausted); `ended` is left out
+    assert [sessions("acme", s) for s in ("ok", "warning", "exhausted")] == [1, 1, 2]
     assert [sessions("beta", s) for s in ("ok", "warning", "exhausted")] == [1, 0, 0]
     assert value(samples, "costboard_sessions_runaway", project="acme") == 1
     assert value(samples, "costboard_sessions_runaway", project="beta") == 0
@@ -145,9 +146,9 @@ def test_it_reports_sessions_events_budget_events_and_cost_per_project(
     def budget_events(project: str, kind: str) -> float:
         return value(samples, "costboard_budget_events_total", project=project, kind=kind)
 
-    # soft_warned: warned, spent, ended; exhausted: spent, ended
+    # soft_warned: warned, spent, ended; exhausted: spent, ended, the stopped loop
     assert budget_events("acme", "soft_warned") == 3
-    assert budget_events("acme", "exhausted") == 2
+    assert budget_events("acme", "exhausted") == 3
     assert budget_events("acme", "runaway") == 1
     assert budget_events("acme", "cap_changed") == 1
     assert [budget_events("beta", k) for k in ("soft_warned", "exhausted", "runaway")] == [0] * 3

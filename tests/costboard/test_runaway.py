@@ -44,6 +44,9 @@ def test_five_failures_in_a_row_flag_a_retry_loop_once(agent: Agent, priced: Any
 
     second = agent.events(step(4, ok=False), step(5, ok=False))  # the fifth, across batches
     assert second["sessions"]["s"]["runaway"] is True
+    # the agent is told to stop: far below its caps, its state is exhausted
+    assert second["sessions"]["s"]["state"] == "exhausted"
+    assert second["sessions"]["s"]["exhausted_at"] == (T0 + timedelta(seconds=4)).isoformat()
     [event] = runaway_events(agent)
     assert event.at == T0 + timedelta(seconds=4)  # the step that made it five
     assert event.tokens_used == sum(1000 + 37 * n + 20 for n in range(5))
@@ -67,8 +70,46 @@ def test_five_failures_in_a_row_flag_a_retry_loop_once(agent: Agent, priced: Any
     assert len(runaway_events(agent)) == 1
     budget = agent.budget("s").json()
     assert budget["runaway"] is True
-    assert [e["kind"] for e in budget["events"]] == ["runaway"]
+    assert [e["kind"] for e in budget["events"]] == ["runaway", "exhausted"]
     assert budget["events"][0]["detail"]["rule"] == "retry_loop"
+    stop = budget["events"][1]
+    assert stop["at"] == budget["events"][0]["at"]
+    assert stop["tokens_used"] == event.tokens_used
+    assert stop["detail"] == {
+        "token_cap": 100_000,
+        "cost_cap_usd": "5.00",
+        "warn_at_pct": "0.8",
+        "reason": "runaway",
+        "runaway": "retry loop: 5 failed steps in a row in turn 1",
+    }
+
+
+def test_acknowledging_a_runaway_lets_it_go_on(agent: Agent, priced: Any) -> None:
+    from django.utils import timezone
+
+    from costboard.budgets import session_recheck
+
+    agent.events(*[step(n, ok=False) for n in range(5)])
+    session = Session.objects.get(external_id="s")
+    assert (session.state, session.runaway) == ("exhausted", True)
+    session.acknowledged_at = timezone.now()
+    session.save()
+    session_recheck(session.pk, now=timezone.now())
+    session.refresh_from_db()
+    assert (session.state, session.exhausted_at, session.runaway) == ("ok", None, True)
+    answer = agent.events(*[step(n, ok=False) for n in range(5, 12)])
+    assert answer["sessions"]["s"]["state"] == "ok"  # flagged once: not stopped again
+    kinds = list(BudgetEvent.objects.values_list("kind", flat=True).order_by("id"))
+    assert kinds == ["runaway", "exhausted"]
+
+
+def test_a_project_may_flag_runaways_without_stopping_them(agent: Agent, priced: Any) -> None:
+    agent.project.runaway_stops = False
+    agent.project.save()
+    answer = agent.events(*[step(n, ok=False) for n in range(5)])
+    assert answer["sessions"]["s"]["runaway"] is True
+    assert answer["sessions"]["s"]["state"] == "ok"
+    assert [e.kind for e in BudgetEvent.objects.all()] == ["runaway"]
 
 
 def test_failures_broken_by_a_success_or_spread_over_turns_stay_quiet(

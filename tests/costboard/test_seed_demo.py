@@ -93,11 +93,13 @@ def test_the_budget_examples_reach_their_states_through_their_caps(seeded: str) 
     assert any(s.cost_usd >= s.cost_cap_usd for s in examples)
     for session in exhausted:
         kinds = set(session.budget_events.values_list("kind", flat=True))
-        assert {"soft_warned", "exhausted"} <= kinds
+        # a cap reached, or a runaway told to stop
+        assert {"runaway" if session.runaway else "soft_warned", "exhausted"} <= kinds
 
     runaway = Session.objects.filter(runaway_at__isnull=False)
     assert runaway.count() == 3
     for session in runaway:
+        assert session.state == "exhausted" and session.exhausted_at == session.runaway_at
         event = BudgetEvent.objects.get(session=session, kind=BudgetEvent.Kind.RUNAWAY)
         assert event.at == session.runaway_at
         # flagged by ingest's own rule, at the step that made it five failures in a row
