@@ -7,14 +7,17 @@ run eagerly here unless a test starts a real worker (see test_repricing).
 from __future__ import annotations
 
 import json
+import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
 import pytest
 from celery.contrib.testing.worker import start_worker
+from django.contrib.auth import get_user_model
+from django.db import connections
 from django.test import Client
 
 from costboard.celery import app as celery_app
@@ -122,3 +125,32 @@ def celery_worker(transactional_db: None) -> Iterator[str]:
     finally:
         celery_app.conf.task_default_queue = "celery"
         celery_app.conf.task_always_eager = True
+
+
+@pytest.fixture
+def staff(db: None) -> Client:
+    user = get_user_model().objects.create_superuser("root", "", "pw-root-123")
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def run_in_threads(count: int, work: Callable[[int], None]) -> list[BaseException]:
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(count)
+
+    def target(index: int) -> None:
+        try:
+            barrier.wait()
+            work(index)
+        except BaseException as exc:  # reported to the test below
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=target, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    return errors

@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from django.contrib.auth import get_user_model
 from django.core import mail
 from django.db import transaction
 from django.test import Client
@@ -555,14 +554,6 @@ def test_alert_addresses_are_split_validated_and_deduplicated() -> None:
 
 
 # --- the admin -----------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def staff(db: None) -> Client:
-    user = get_user_model().objects.create_superuser("root", "", "pw-root-123")
-    client = Client()
-    client.force_login(user)
-    return client
 
 
 def test_the_delivery_log_retries_failed_deliveries(

@@ -6,38 +6,14 @@ Each thread has its own database connection and posts through the real view; on 
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable
 from decimal import Decimal
 
 import pytest
-from django.db import connections
 
 from costboard.models import BudgetEvent, DailyRollup, Session, Step
-from tests.conftest import Agent, add_price, make_agent, usd
+from tests.conftest import Agent, add_price, make_agent, run_in_threads, usd
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def run_in_threads(count: int, work: Callable[[int], None]) -> list[BaseException]:
-    errors: list[BaseException] = []
-    barrier = threading.Barrier(count)
-
-    def target(index: int) -> None:
-        try:
-            barrier.wait()
-            work(index)
-        except BaseException as exc:  # reported to the test below
-            errors.append(exc)
-        finally:
-            connections.close_all()
-
-    threads = [threading.Thread(target=target, args=(i,)) for i in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
-    return errors
 
 
 def test_sixteen_threads_across_warning_and_cap_lose_nothing() -> None:

@@ -21,14 +21,6 @@ from tests.conftest import Agent, add_price, make_agent
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture
-def staff(db: None) -> Client:
-    user = get_user_model().objects.create_superuser("root", "", "pw-root-123")
-    client = Client()
-    client.force_login(user)
-    return client
-
-
 def member_of(*agents: Agent) -> Client:
     user = get_user_model().objects.create_user(f"user{Membership.objects.count()}", "", "pw")
     for agent in agents:

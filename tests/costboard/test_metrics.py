@@ -2,22 +2,19 @@
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable
 from datetime import date
 from decimal import Decimal
 from typing import Any
 
 import pytest
 from django.contrib.auth import get_user_model
-from django.db import connections
 from django.test import Client
 from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.parser import text_string_to_metric_families
 
 from costboard.metrics import ingest_tally
 from costboard.models import IngestTally
-from tests.conftest import Agent, make_agent, usd
+from tests.conftest import Agent, make_agent, run_in_threads, usd
 
 TOKEN = "scrape-me-7f3a"
 BOUNDS = ["1000.0", "5000.0", "10000.0", "25000.0", "50000.0", "100000.0", "250000.0"]
@@ -242,27 +239,6 @@ def test_it_runs_the_same_few_queries_whatever_the_number_of_projects(
     with django_assert_max_num_queries(6):
         many = scrape(**bearer(token))
     assert len(many) == len(few) * 8
-
-
-def run_in_threads(count: int, work: Callable[[int], None]) -> list[BaseException]:
-    errors: list[BaseException] = []
-    barrier = threading.Barrier(count)
-
-    def target(index: int) -> None:
-        try:
-            barrier.wait()
-            work(index)
-        except BaseException as exc:  # reported to the test below
-            errors.append(exc)
-        finally:
-            connections.close_all()
-
-    threads = [threading.Thread(target=target, args=(i,)) for i in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
-    return errors
 
 
 @pytest.mark.django_db(transaction=True)

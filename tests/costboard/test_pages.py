@@ -14,14 +14,6 @@ from tests.conftest import Agent, add_price
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture
-def staff(db: None) -> Client:
-    user = get_user_model().objects.create_superuser("root", "", "pw-root-123")
-    client = Client()
-    client.force_login(user)
-    return client
-
-
 def test_pages_need_a_login(client: Client) -> None:
     for path in ("/", "/admin/"):
         response = client.get(path)

@@ -5,21 +5,12 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
-from django.contrib.auth import get_user_model
 from django.test import Client
 
 from costboard import tasks
 from costboard.models import DailyRollup, ModelPrice, Session, SessionModelUsage, Step, Turn
 from costboard.repricing import PriceMatch, models_affected, steps_reprice
 from tests.conftest import Agent, add_price, make_agent, usd
-
-
-@pytest.fixture
-def staff(db: None) -> Client:
-    user = get_user_model().objects.create_superuser("root", "", "pw-root-123")
-    client = Client()
-    client.force_login(user)
-    return client
 
 
 def traffic(agent: Agent) -> None:

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import threading
 import time
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -12,14 +11,13 @@ from typing import Any
 import pytest
 import time_machine
 from django.core.management import call_command
-from django.db import connections
 from django.db.models import Sum
 
 from costboard import tasks
 from costboard.guard import runaway_sweep
 from costboard.models import BudgetEvent, DailyRollup, Session, Step, Turn
 from costboard.retention import retention_sweep
-from tests.conftest import Agent, make_agent
+from tests.conftest import Agent, make_agent, run_in_threads
 
 NOW = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)
 
@@ -242,20 +240,7 @@ def test_two_sweeps_racing_flag_once(priced: Any) -> None:
             )
         )
     results: list[dict[str, int]] = []
-    barrier = threading.Barrier(2)
-
-    def sweep() -> None:
-        try:
-            barrier.wait()
-            results.append(runaway_sweep(now=NOW).flagged)
-        finally:
-            connections.close_all()
-
-    threads = [threading.Thread(target=sweep) for _ in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
+    assert run_in_threads(2, lambda _: results.append(runaway_sweep(now=NOW).flagged)) == []
     assert sum(r.get("long_session", 0) for r in results) == 20
     assert len(runaway(agent)) == 20
     assert Session.objects.filter(project=agent.project, runaway_at=NOW).count() == 20
