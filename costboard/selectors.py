@@ -13,9 +13,21 @@ from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
 from typing import Any
 
-from django.db.models import Case, Count, F, IntegerField, Q, QuerySet, Sum, Value, When
-from django.db.models.functions import Coalesce, Trunc
+from django.db.models import (
+    Case,
+    Count,
+    DateTimeField,
+    F,
+    IntegerField,
+    Q,
+    QuerySet,
+    Sum,
+    Value,
+    When,
+)
+from django.db.models.functions import Coalesce, Greatest, Trunc
 
+from costboard.budgets import Caps
 from costboard.latency import percentile
 from costboard.models import (
     BudgetEvent,
@@ -184,6 +196,131 @@ def sessions_flagged(*, project_ids: list[int], limit: int = 12) -> tuple[list[S
     return rows[:limit], total
 
 
+# --- flagged sessions page ------------------------------------------------------------------
+
+# Each flagged session under its most urgent kind, so the kinds' counts add up to the list.
+FLAG_KINDS: dict[str, Q] = {
+    "runaway": Q(runaway_at__isnull=False),
+    "exhausted": Q(runaway_at__isnull=True, state=Session.State.EXHAUSTED),
+    "warning": Q(runaway_at__isnull=True, state=Session.State.WARNING),
+}
+# Session.acknowledged negated: never acknowledged, or flagged again since.
+UNACKNOWLEDGED = (
+    Q(acknowledged_at__isnull=True)
+    | Q(runaway_at__gt=F("acknowledged_at"))
+    | Q(exhausted_at__gt=F("acknowledged_at"))
+    | Q(warned_at__gt=F("acknowledged_at"))
+)
+_NEVER = Value(datetime(1970, 1, 1, tzinfo=UTC), output_field=DateTimeField())
+
+
+def _flagged_open(project_ids: list[int]) -> QuerySet[Session]:
+    # FLAGGED is session_flagged_recent's condition: only the (few) flagged rows are read.
+    return Session.objects.filter(FLAGGED, project_id__in=project_ids, ended_at__isnull=True)
+
+
+def sessions_flagged_list(
+    *, project_ids: list[int], kind: str = "", acknowledged: bool = False
+) -> QuerySet[Session]:
+    """The flagged page: open near-cap, exhausted and runaway sessions, runaway first, then
+    exhausted, then near cap, each the newest flag first. Acknowledged ones (nothing flagged
+    since) only with `acknowledged`; `kind` keeps one of FLAG_KINDS."""
+    sessions = _flagged_open(project_ids)
+    if not acknowledged:
+        sessions = sessions.filter(UNACKNOWLEDGED)
+    if kind in FLAG_KINDS:
+        sessions = sessions.filter(FLAG_KINDS[kind])
+    urgency = Case(
+        When(runaway_at__isnull=False, then=Value(0)),
+        When(state=Session.State.EXHAUSTED, then=Value(1)),
+        default=Value(2),
+        output_field=IntegerField(),
+    )
+    # Greatest is NULL on SQLite if any argument is: a missing flag counts as long ago.
+    latest_flag = Greatest(
+        Coalesce("runaway_at", _NEVER),
+        Coalesce("exhausted_at", _NEVER),
+        Coalesce("warned_at", _NEVER),
+    )
+    return (
+        sessions.select_related("project")
+        .alias(urgency=urgency, latest_flag=latest_flag)
+        .order_by("urgency", "-latest_flag", "-last_active_at", "-id")
+    )
+
+
+@dataclass(frozen=True)
+class FlaggedCounts:
+    runaway: int
+    exhausted: int
+    warning: int
+    acknowledged: int  # of all open flagged sessions, shown or not
+
+    @property
+    def total(self) -> int:
+        return self.runaway + self.exhausted + self.warning
+
+
+def sessions_flagged_counts(*, project_ids: list[int], acknowledged: bool = False) -> FlaggedCounts:
+    """How many sessions the flagged page lists per kind, and how many are acknowledged (one
+    query)."""
+    listed = Q() if acknowledged else UNACKNOWLEDGED
+    counts = _flagged_open(project_ids).aggregate(
+        **{name: Count("pk", filter=kind & listed) for name, kind in FLAG_KINDS.items()},
+        acknowledged=Count("pk", filter=~UNACKNOWLEDGED),
+    )
+    return FlaggedCounts(**{name: value or 0 for name, value in counts.items()})
+
+
+@dataclass(frozen=True)
+class CapUse:
+    """How much of one cap a session has used."""
+
+    name: str  # "tokens" or "USD"
+    used: int | Decimal
+    cap: int | Decimal
+
+    @property
+    def fraction(self) -> Decimal:
+        if not self.cap:
+            return Decimal(1 if self.used else 0)
+        return Decimal(self.used) / Decimal(self.cap)
+
+    @property
+    def percent(self) -> int:
+        """Whole percent, rounded down: 99.9 % used is not yet the cap."""
+        return int(self.fraction * 100)
+
+    @property
+    def reached(self) -> bool:
+        return self.used >= self.cap
+
+
+def session_cap_uses(session: Session, caps: Caps) -> list[CapUse]:
+    """Its use of each cap, the fullest first."""
+    uses = [
+        CapUse("tokens", session.tokens_used, caps.token_cap),
+        CapUse("USD", session.cost_usd, caps.cost_cap_usd),
+    ]
+    return sorted(uses, key=lambda use: -use.fraction)
+
+
+def session_cap_reasons(session: Session, caps: Caps) -> list[CapUse]:
+    """The caps behind its state: those reached when exhausted, those past the warning level
+    when near cap (else the fullest: the caps changed since); none when ok, nor when a
+    runaway, not a cap, holds it at exhausted."""
+    if session.state == Session.State.OK:
+        return []
+    uses = session_cap_uses(session, caps)
+    if session.state == Session.State.EXHAUSTED:
+        crossed = [use for use in uses if use.reached]
+        if not crossed and session.runaway:
+            return []
+    else:
+        crossed = [use for use in uses if use.used >= caps.warn_at_pct * use.cap]
+    return crossed or uses[:1]
+
+
 @dataclass(frozen=True)
 class UnpricedModel:
     model: str
@@ -310,6 +447,32 @@ class SessionDetail:
     cost_by_turn: dict[str, dict[int, Decimal]]
     forks: list[Session]
     events: list[BudgetEvent]
+    # The latest turn, when its prompt nears its model's context window, and that model.
+    summarize_turn: Turn | None = None
+    summarize_model: str = ""
+
+
+def _prompt_tokens(step: Step) -> int:
+    return step.input_tokens + step.cache_read_input_tokens + step.cache_creation_input_tokens
+
+
+def _largest_prompt_model(turn: Turn, steps: list[Step]) -> str:
+    """The model of the turn's largest prompt (the one its context pressure is of): from the
+    steps shown, else one query."""
+    if steps:
+        return max(steps, key=_prompt_tokens).model
+    largest = (
+        Step.objects.filter(session_id=turn.session_id, turn=turn)
+        .alias(
+            prompt=F("input_tokens")
+            + F("cache_read_input_tokens")
+            + F("cache_creation_input_tokens")
+        )
+        .order_by("-prompt", "id")
+        .values_list("model", flat=True)
+        .first()
+    )
+    return largest or ""
 
 
 def session_detail(*, session: Session) -> SessionDetail:
@@ -320,12 +483,14 @@ def session_detail(*, session: Session) -> SessionDetail:
     turns = list(Turn.objects.filter(session=session).order_by("-number")[:MAX_TURNS_SHOWN])
     turns.reverse()
     views = {t.pk: TurnView(turn=t) for t in turns}
+    loaded = 0
     if views:
         turn_steps = Step.objects.filter(session=session, turn_id__in=list(views)).order_by(
             "timestamp", "id"
         )
         for step in turn_steps[:MAX_TURN_STEPS_SHOWN]:
             views[step.turn_id].steps.append(step)  # type: ignore[index]
+            loaded += 1
     loose = list(
         Step.objects.filter(session=session, turn__isnull=True).order_by("-timestamp", "-id")[
             : MAX_LOOSE_STEPS_SHOWN + 1
@@ -344,6 +509,13 @@ def session_detail(*, session: Session) -> SessionDetail:
     ):
         by_turn[row["step_type"]][row["turn__number"]] = row["cost"]
 
+    summarize = turns[-1] if turns and turns[-1].should_summarize else None
+    summarize_model = ""
+    if summarize is not None:
+        # The latest turn's steps are the last loaded: some may be cut when the limit is hit.
+        shown = views[summarize.pk].steps if loaded < MAX_TURN_STEPS_SHOWN else []
+        summarize_model = _largest_prompt_model(summarize, shown)
+
     return SessionDetail(
         session=session,
         turns=list(views.values()),
@@ -353,8 +525,15 @@ def session_detail(*, session: Session) -> SessionDetail:
         cumulative=session_cumulative_tokens(session=session),
         cost_by_turn=dict(by_turn),
         forks=list(session.forks.order_by("started_at")[:50]),
-        events=list(BudgetEvent.objects.filter(session=session).order_by("at", "id")),
+        events=session_budget_events(session=session),
+        summarize_turn=summarize,
+        summarize_model=summarize_model,
     )
+
+
+def session_budget_events(*, session: Session) -> list[BudgetEvent]:
+    """Its crossings, cap changes and runaway flags, oldest first."""
+    return list(BudgetEvent.objects.filter(session=session).order_by("at", "id"))
 
 
 def session_cumulative_tokens(*, session: Session) -> list[tuple[datetime, int]]:

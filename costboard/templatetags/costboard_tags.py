@@ -1,11 +1,16 @@
 from __future__ import annotations
 
-from decimal import ROUND_HALF_UP, Decimal
+import json
+from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
+from typing import Any
 
 from django import template
 from django.http import QueryDict
 from django.utils.html import format_html
 from django.utils.safestring import mark_safe
+
+from costboard.models import BudgetEvent
+from costboard.selectors import CapUse
 
 register = template.Library()
 
@@ -103,3 +108,111 @@ def sort_header(context: template.Context, key: str, label: str, numeric: bool =
         label,
         arrow,
     )
+
+
+@register.filter
+def thousands(count: int | None) -> str:
+    """91200 → 91,200."""
+    if count is None:
+        return "—"
+    return f"{count:,}"
+
+
+@register.filter
+def percent(fraction: float | Decimal | None) -> str:
+    """A whole percent, rounded down (99.9 % is not yet 100 %)."""
+    if fraction is None:
+        return "—"
+    return f"{int(Decimal(str(fraction)) * 100)}%"
+
+
+@register.filter
+def cap_use(use: CapUse) -> str:
+    """'tokens 91,200 of 100,000 (91%)' or '$5.02 of $5.00 (100%)'."""
+    if use.name == "tokens":
+        return f"tokens {use.used:,} of {use.cap:,} ({use.percent}%)"
+    used, cap = Decimal(use.used), Decimal(use.cap)
+    for places in (2, 3, 4, 6):  # as many decimals as it takes to tell them apart
+        unit = Decimal(1).scaleb(-places)
+        shown_used, shown_cap = (x.quantize(unit, rounding=ROUND_HALF_UP) for x in (used, cap))
+        if shown_used != shown_cap or used == cap:
+            break
+    return f"${shown_used:,} of ${shown_cap:,} ({use.percent}%)"
+
+
+def _plain(value: Any) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, dict | list):
+        return json.dumps(value, separators=(", ", ": "), ensure_ascii=False)
+    return str(value)
+
+
+def _dollars(value: Any) -> str:
+    try:
+        return usd(Decimal(str(value)))
+    except (InvalidOperation, ValueError):
+        return _plain(value)
+
+
+def _share(value: Any) -> str:
+    try:
+        return percent(Decimal(str(value)))
+    except (InvalidOperation, ValueError):
+        return _plain(value)
+
+
+def _label(key: str) -> str:
+    return key.replace("_", " ")
+
+
+# A budget event's cap fields: (key, label, how the value reads).
+_CAP_FIELDS = (
+    ("token_cap", "token cap", _plain),
+    ("cost_cap_usd", "USD cap", _dollars),
+    ("warn_at_pct", "warn at", _share),
+)
+
+
+@register.filter
+def event_detail(event: BudgetEvent) -> list[tuple[str, str]]:
+    """A budget event's detail as (label, value) pairs to read: a cap change's old → new caps
+    and state, a runaway's rule and evidence, a crossing's caps; any other key as it is."""
+    detail: dict[str, Any] = event.detail if isinstance(event.detail, dict) else {}
+    pairs: list[tuple[str, str]] = []
+    used: set[str] = set()
+    if event.kind == BudgetEvent.Kind.CAP_CHANGED:
+        for key, label, show in (*_CAP_FIELDS, ("state", "state", _plain)):
+            change = detail.get(key)
+            if not (isinstance(change, list) and len(change) == 2):
+                continue
+            used.add(key)
+            old, new = change
+            if old != new:
+                pairs.append((label, f"{show(old)} → {show(new)}"))
+            elif key != "warn_at_pct":
+                pairs.append((label, f"{show(new)} (unchanged)"))
+    elif event.kind == BudgetEvent.Kind.RUNAWAY:
+        used.update(("rule", "reason", "evidence"))
+        pairs.append(("rule", _plain(detail.get("rule"))))
+        if detail.get("reason") and detail.get("reason") != detail.get("rule"):
+            pairs.append(("reason", _plain(detail["reason"])))
+        evidence = detail.get("evidence")
+        if isinstance(evidence, dict):
+            pairs.extend((_label(str(k)), _plain(v)) for k, v in evidence.items())
+        elif evidence:
+            pairs.append(("evidence", _plain(evidence)))
+    else:
+        if detail.get("reason") == "runaway":
+            used.update(("reason", "runaway"))
+            pairs.append(("stopped by", f"runaway: {_plain(detail.get('runaway'))}"))
+        for key, label, show in _CAP_FIELDS:
+            if key in detail:
+                used.add(key)
+                pairs.append((label, show(detail[key])))
+    pairs.extend((_label(str(k)), _plain(v)) for k, v in detail.items() if k not in used)
+    return pairs
