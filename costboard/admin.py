@@ -158,6 +158,8 @@ class MembershipAdmin(admin.ModelAdmin):
 class WebhookEndpointForm(forms.ModelForm):
     """The secret is write-only: never rendered back; left blank on an edit, it is kept."""
 
+    # a URL typed without a scheme is https (Django 6's default; 5.2 warns without it)
+    url = forms.URLField(max_length=500, assume_scheme="https")
     secret = forms.CharField(
         required=False,
         max_length=200,
