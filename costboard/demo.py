@@ -42,7 +42,8 @@ from costboard.models import (
 )
 from costboard.price_sync import prices_sync
 from costboard.pricing import RateTable, rate_table
-from memory_ui.models import Memory
+from memory_ui.models import Memory, MemoryEvent
+from memory_ui.text import fingerprint
 
 DEFAULT_SESSIONS = 300
 DEFAULT_DAYS = 30
@@ -1435,8 +1436,32 @@ def _memories_seed(project: Project, theme: Theme, seed: int) -> int:
                 session=turn.session if turn else None,
                 turn=turn,
                 created_at=created,
+                updated_at=created,
                 decided_at=min(created + timedelta(hours=3), now) if idea.approved else None,
+                expires_at=(
+                    min(created + timedelta(hours=3), now) + timedelta(days=90)
+                    if idea.approved and idea.type == "reference"
+                    else None
+                ),
+                fingerprint=fingerprint(idea.content),
+                proposed_by="detector",
             )
         )
     Memory.objects.bulk_create(rows)
+    history = [
+        MemoryEvent(
+            memory=m, action=MemoryEvent.Action.PROPOSED, actor_name="detector", at=m.created_at
+        )
+        for m in rows
+    ] + [
+        MemoryEvent(
+            memory=m,
+            action=MemoryEvent.Action.APPROVED,
+            actor_name="demo reviewer",
+            at=m.decided_at,
+        )
+        for m in rows
+        if m.decided_at is not None
+    ]
+    MemoryEvent.objects.bulk_create(history)
     return len(rows)
