@@ -31,7 +31,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from decimal import Context, Decimal
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Any
 
 import psycopg
@@ -66,6 +66,7 @@ from costboard.models import (
     Turn,
 )
 from costboard.pricing import RateTable, pico_usd, rate_table
+from memory_ui.tasks import memory_detect
 
 ZERO = Decimal(0)
 
@@ -460,6 +461,7 @@ def events_ingest(
         )
         budget_events = BudgetEvent.objects.bulk_create(crossings) if crossings else []
         announce(budget_events)
+        _memory_detection_queue(accepted_others, turn_ids)
         _model_usage_upsert(cursor, sql, session_ids, inserted)
         for statement, params in hot:
             cursor.execute(statement, params)
@@ -471,6 +473,22 @@ def events_ingest(
         sessions=dict(sorted(budgets.items())),
         budget_events=budget_events,
     )
+
+
+def _memory_detection_queue(
+    events: list[SessionEvent | TurnEvent], turn_ids: dict[tuple[str, int], int]
+) -> None:
+    """After commit, the turns whose text arrived go to memory detection (a Celery task: it
+    never slows the agent's request)."""
+    ids = sorted(
+        {
+            turn_ids[(event.session_id, event.turn)]
+            for event in events
+            if isinstance(event, TurnEvent) and (event.user_message or event.assistant_response)
+        }
+    )
+    if ids:
+        transaction.on_commit(partial(memory_detect.delay, ids), robust=True)
 
 
 def _sessions_upsert(
