@@ -137,6 +137,12 @@ def page_cases() -> list[PageCase]:
         PageCase("steps, one type", "/steps/?step_type=response"),
         PageCase("steps, one project", f"/steps/?{slug}"),
         PageCase("steps results (htmx)", f"/steps/?{urlencode({'model': model})}", htmx=True),
+        PageCase("memory review", "/memory/review/"),
+        PageCase("memory review, one project", f"/memory/review/?{slug}"),
+        PageCase("memory review list, one type (htmx)", "/memory/review/?type=user", htmx=True),
+        PageCase("memory browser", "/memory/"),
+        PageCase("memory browser, search", "/memory/?q=user"),
+        PageCase("memory metrics", "/memory/metrics/"),
     ]
 
 

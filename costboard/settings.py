@@ -167,6 +167,9 @@ CELERY_TIMEZONE = "UTC"
 CELERY_BEAT_SCHEDULE = {
     "runaway-sweep": {"task": "costboard.tasks.runaway_sweep", "schedule": 60.0},
     "retention": {"task": "costboard.tasks.retention_sweep", "schedule": 3600.0},
+    # memory_ui/lifecycle.py: TTL expiry; evict/merge/compress proposals for a person to decide
+    "memory-ttl": {"task": "memory_ui.lifecycle.memory_ttl_sweep", "schedule": 900.0},
+    "memory-proposals": {"task": "memory_ui.lifecycle.memory_proposals_sweep", "schedule": 3600.0},
 }
 
 # --- budgets (CONTRACT §1) ----------------------------------------------------------------
@@ -174,6 +177,16 @@ COSTBOARD_SESSION_TOKEN_CAP = env_int("COSTBOARD_SESSION_TOKEN_CAP", 100_000, mi
 COSTBOARD_SESSION_COST_CAP_USD = env_decimal("COSTBOARD_SESSION_COST_CAP_USD", "5.00")
 COSTBOARD_WARN_AT_PCT = env_fraction("COSTBOARD_WARN_AT_PCT", "0.8")
 COSTBOARD_METRICS_TOKEN = env_str("COSTBOARD_METRICS_TOKEN")
+
+# --- memory search (memory_ui/ranking.py) ---------------------------------------------------
+# score = Σ weight × component, each component in [0, 1]
+COSTBOARD_MEMORY_WEIGHTS = {
+    "relevance": 0.5,
+    "importance": 0.2,
+    "freshness": 0.15,
+    "credibility": 0.15,
+}
+COSTBOARD_MEMORY_HALF_LIFE_DAYS = 30  # freshness halves every this many days
 
 # --- alerts: budget events to webhooks and email (costboard/alerts.py) ---------------------
 # Where Costboard is served, for absolute links in alerts; blank: links are paths.

@@ -4,6 +4,7 @@ from django.contrib import admin
 from django.urls import include, path
 
 from costboard import api, context, metrics, views
+from memory_ui import api as memory_api
 
 urlpatterns = [
     path("", views.overview, name="overview"),
@@ -14,6 +15,7 @@ urlpatterns = [
     path("flagged/", views.flagged_page, name="flagged"),
     path("flagged/<int:pk>/raise-cap/", views.flagged_raise_cap, name="flagged-raise-cap"),
     path("flagged/<int:pk>/acknowledge/", views.flagged_acknowledge, name="flagged-acknowledge"),
+    path("memory/", include("memory_ui.urls")),
     path("accounts/", include("django.contrib.auth.urls")),
     path("admin/", admin.site.urls),
     path("api/v1/events", api.events, name="api-events"),
@@ -28,5 +30,9 @@ urlpatterns = [
         name="api-session-context",
     ),
     path("api/v1/openapi.json", api.openapi, name="api-openapi"),
+    path("api/v1/memory/candidates", memory_api.candidates, name="api-memory-candidates"),
+    path("api/v1/memory/MEMORY.md", memory_api.memory_md, name="api-memory-md"),
+    path("api/v1/memory/search", memory_api.search, name="api-memory-search"),
+    path("api/v1/memory/feedback", memory_api.feedback, name="api-memory-feedback"),
     path("metrics", metrics.metrics_view, name="metrics"),
 ]

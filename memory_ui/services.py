@@ -200,6 +200,8 @@ def candidate_propose(
     Project.objects.select_for_update(no_key=True).filter(pk=project.pk).first()
     same = (
         Memory.objects.filter(project=project, scope=scope, fingerprint=fp)
+        # a lifecycle proposal (evict/merge/compress) rejected is not its sentence rejected
+        .filter(proposal=Memory.Proposal.NEW)
         .exclude(status__in=[Memory.Status.EXPIRED, Memory.Status.MERGED])
         .order_by("status", "pk")
         .first()

@@ -9,6 +9,7 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from costboard.page_bench import page_cases
+from memory_ui import services
 from tests.conftest import Agent
 from tests.costboard.test_dashboards import priced, traffic  # noqa: F401 (fixture)
 
@@ -22,6 +23,10 @@ ROW = re.compile(
 
 def test_bench_pages_times_every_page_and_fragment(agent: Agent, priced: None) -> None:  # noqa: F811
     traffic(agent, sessions=4, turns=3)
+    kept = services.candidate_propose(project=agent.project, type="user", content="Likes tea")
+    assert kept is not None
+    services.memory_approve(kept, by=None)
+    services.candidate_propose(project=agent.project, type="project", content="Deploy on Fridays")
     out = StringIO()
     call_command("bench_pages", runs=3, warmup=0, stdout=out, stderr=StringIO())
     lines = out.getvalue().splitlines()
@@ -48,7 +53,13 @@ def test_bench_pages_times_every_page_and_fragment(agent: Agent, priced: None) -
         "steps",
         "steps, one type",
         "steps results (htmx)",
+        "memory review",
+        "memory review list, one type (htmx)",
+        "memory browser",
+        "memory browser, search",
+        "memory metrics",
     }
+    assert "/memory/review/" in [m["path"] for m in rows]
     assert "/sessions/?model=test-" in "".join(m["path"] for m in rows)
     for m in rows:
         assert 0 < float(m["p50"]) <= float(m["p95"]) <= float(m["max"])

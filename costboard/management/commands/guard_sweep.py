@@ -8,15 +8,17 @@ from django.db import close_old_connections
 
 from costboard.guard import runaway_sweep
 from costboard.retention import retention_sweep
+from memory_ui.lifecycle import lifecycle_run
 
 RETENTION_EVERY_S = 3600
 
 
 class Command(BaseCommand):
     help = (
-        "Run the runaway sweep (burn rate, projected overrun, long sessions) and retention "
-        "once, or with --every N seconds in a loop: Celery beat's periodic jobs for a "
-        "deployment without a broker (make run starts it)."
+        "Run the runaway sweep (burn rate, projected overrun, long sessions), then retention "
+        "and the memory lifecycle (TTL expiry; eviction, merge and compression proposals), "
+        "once, or with --every N seconds in a loop (the last two hourly): Celery beat's "
+        "periodic jobs for a deployment without a broker (make run starts it)."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -33,9 +35,11 @@ class Command(BaseCommand):
             if time.monotonic() - last_retention >= RETENTION_EVERY_S or not every:
                 kept = retention_sweep()
                 last_retention = time.monotonic()
+                memories = lifecycle_run()
                 line += (
                     f"; retention deleted {kept.steps_deleted} steps and "
-                    f"{kept.budget_events_deleted} budget events"
+                    f"{kept.budget_events_deleted} budget events; memories: "
+                    f"{memories.expired} expired, {len(memories.proposals)} proposals"
                 )
             self.stdout.write(line)
             if not every:

@@ -1,0 +1,96 @@
+"""The edit form of the review queue and the memory browser. Every field is checked by the
+same cleaner the services use, so a page and the API refuse the same input with the same
+words; each error names its field."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from django import forms
+
+from memory_ui import services
+from memory_ui.models import MAX_CONTENT, Memory
+
+LABELS = {
+    "content": "Content",
+    "type": "Type",
+    "scope": "Scope",
+    "importance": "Importance",
+    "tags": "Tags",
+    "ttl_days": "TTL days",
+}
+
+
+def _ttl(value: str) -> int | None:
+    text = value.strip()
+    return services.clean_ttl_days(int(text) if text.isdigit() else text or None)
+
+
+def _tags(value: str) -> list[str]:
+    return services.clean_tags([t for t in (part.strip() for part in value.split(",")) if t])
+
+
+CLEANERS: dict[str, Callable[[str], Any]] = {
+    "content": services.clean_content,
+    "type": services.clean_type,
+    "scope": lambda value: services.clean_scope(value.strip()),
+    "importance": lambda value: services.clean_importance(value.strip()),
+    "tags": _tags,
+    "ttl_days": _ttl,
+}
+
+
+class MemoryEditForm(forms.Form):
+    """Content, type, scope, importance, tags (comma-separated) and TTL days; `cleaned_data`
+    holds what `services.memory_edit` takes."""
+
+    content = forms.CharField(required=False, strip=False, widget=forms.Textarea)
+    type = forms.CharField(required=False)
+    scope = forms.CharField(required=False)
+    importance = forms.CharField(required=False)
+    tags = forms.CharField(required=False)
+    ttl_days = forms.CharField(required=False)
+
+    max_content = MAX_CONTENT
+    types = Memory.Type.values
+
+    @classmethod
+    def for_memory(cls, memory: Memory) -> MemoryEditForm:
+        return cls(
+            initial={
+                "content": memory.content,
+                "type": memory.type,
+                "scope": memory.scope,
+                "importance": f"{memory.importance.normalize():f}",
+                "tags": ", ".join(memory.tags),
+                "ttl_days": "" if memory.ttl_days is None else str(memory.ttl_days),
+            }
+        )
+
+    def clean(self) -> dict[str, Any]:
+        super().clean()
+        cleaned: dict[str, Any] = {}
+        for name, cleaner in CLEANERS.items():
+            try:
+                cleaned[name] = cleaner(self.data.get(name, "") or "")
+            except services.MemoryInputError as error:
+                self.add_error(name, f"{LABELS[name]}: {error.message}.")
+        self.cleaned_data = cleaned
+        return cleaned
+
+    def refuse(self, error: services.MemoryInputError) -> None:
+        """A refusal from the service itself, shown on its field."""
+        name = error.field if error.field in self.fields else None
+        label = LABELS.get(error.field, error.field)
+        self.add_error(name, f"{label}: {error.message}.")
+
+    @property
+    def focus(self) -> str:
+        """The field to put the cursor in: the first refused one, else the content."""
+        return next((name for name in CLEANERS if name in self.errors), "content")
+
+    def content_length(self) -> int:
+        """What the counter starts at: the length the service will check."""
+        value = self["content"].value() or ""
+        return len(" ".join(str(value).split()))

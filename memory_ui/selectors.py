@@ -1,0 +1,411 @@
+"""Reads for the memory pages: the review queue (with similar approved memories for a whole
+page in one query), the memory browser's scopes and groups, a memory's history, and the
+metrics. Writes live in services.py."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from decimal import Decimal
+from functools import reduce
+from operator import or_
+from typing import Any
+
+from django.db import connection
+from django.db.models import (
+    Case,
+    Count,
+    F,
+    IntegerField,
+    Min,
+    Prefetch,
+    Q,
+    QuerySet,
+    Sum,
+    When,
+)
+from django.db.models import Value as V
+from django.db.models.expressions import Window
+from django.db.models.functions import RowNumber
+from django.utils import timezone
+
+from costboard.models import Project
+from memory_ui import ranking, services
+from memory_ui.models import Memory, MemoryEvent, MemoryFeedback, RetrievalLog
+from memory_ui.text import trigrams
+
+REVIEW_PAGE_SIZE = 50
+SIMILAR_SHOWN = 3
+SCOPE_CHOICES_SHOWN = 100  # the queue's scope filter lists at most this many scopes
+METRICS_DAYS = 30
+
+Similar = list[tuple[Memory, float]]
+
+
+# --- the review queue -----------------------------------------------------------------------
+
+
+def memories_pending(
+    *, project_ids: Sequence[int], type: str = "", scope: str = ""
+) -> QuerySet[Memory]:
+    """Pending candidates, newest first, with what a queue row shows (project, session, turn,
+    a proposal's targets) read in the same query or one prefetch."""
+    pending = Memory.objects.filter(project_id__in=project_ids, status=Memory.Status.PENDING)
+    if type:
+        pending = pending.filter(type=type)
+    if scope:
+        pending = pending.filter(scope=scope)
+    targets = Memory.objects.only("id", "type", "content", "status").order_by("pk")
+    return (
+        pending.select_related("project", "session", "turn")
+        .defer(
+            "session__metadata",
+            "turn__assistant_response",
+            "turn__context",
+        )
+        .prefetch_related(Prefetch("targets", queryset=targets))
+        .order_by("-created_at", "-pk")
+    )
+
+
+@dataclass(frozen=True)
+class PendingCounts:
+    by_type: dict[str, int]
+    oldest: datetime | None
+
+    @property
+    def total(self) -> int:
+        return sum(self.by_type.values())
+
+
+def pending_counts(*, project_ids: Sequence[int], scope: str = "") -> PendingCounts:
+    """Pending candidates per type (every type, zeros included) and the oldest one's time."""
+    pending = Memory.objects.filter(project_id__in=project_ids, status=Memory.Status.PENDING)
+    if scope:
+        pending = pending.filter(scope=scope)
+    rows = pending.values("type").annotate(n=Count("id"), oldest=Min("created_at")).order_by()
+    by_type = dict.fromkeys(Memory.Type.values, 0)
+    oldest: datetime | None = None
+    for row in rows:
+        by_type[row["type"]] = row["n"]
+        if oldest is None or row["oldest"] < oldest:
+            oldest = row["oldest"]
+    return PendingCounts(by_type=by_type, oldest=oldest)
+
+
+def pending_total(*, project_ids: Sequence[int]) -> int:
+    """The nav badge: one COUNT on the queue index."""
+    return Memory.objects.filter(project_id__in=project_ids, status=Memory.Status.PENDING).count()
+
+
+def pending_scopes(*, project_ids: Sequence[int]) -> list[str]:
+    """The scopes that have pending candidates, for the queue's scope filter."""
+    scopes = (
+        Memory.objects.filter(project_id__in=project_ids, status=Memory.Status.PENDING)
+        .order_by("scope")
+        .values_list("scope", flat=True)
+        .distinct()
+    )
+    return list(scopes[:SCOPE_CHOICES_SHOWN])
+
+
+def similar_for_page(candidates: Sequence[Memory]) -> dict[int, Similar]:
+    """For each candidate, what `services.similar_memories(project, scope, content,
+    exclude=pk, statuses=("approved",))` returns (the same measure, threshold and order), for
+    a whole page in one query instead of one per candidate."""
+    if not candidates:
+        return {}
+    if connection.vendor == "postgresql":
+        return _similar_postgresql(candidates)
+    return _similar_portable(candidates)
+
+
+def _similar_postgresql(candidates: Sequence[Memory]) -> dict[int, Similar]:
+    # one LATERAL subquery per candidate row, each the same query as similar_memories'
+    rows = Memory.objects.raw(
+        """
+        SELECT m.id, m.project_id, m.type, m.content, m.scope, m.status, m.importance,
+               m.sim, c.cid AS candidate_id
+        FROM unnest(%s::bigint[], %s::bigint[], %s::text[], %s::text[])
+             AS c(cid, project_id, scope, content)
+        CROSS JOIN LATERAL (
+            SELECT mm.id, mm.project_id, mm.type, mm.content, mm.scope, mm.status,
+                   mm.importance, similarity(lower(mm.content), lower(c.content)) AS sim
+            FROM memory_ui_memory mm
+            WHERE mm.project_id = c.project_id AND mm.scope = c.scope
+              AND mm.status = %s AND mm.id <> c.cid
+              AND similarity(lower(mm.content), lower(c.content)) >= %s
+            ORDER BY sim DESC, mm.id
+            LIMIT %s
+        ) m
+        ORDER BY c.cid, m.sim DESC, m.id
+        """,
+        [
+            [c.pk for c in candidates],
+            [c.project_id for c in candidates],
+            [c.scope for c in candidates],
+            [c.content for c in candidates],
+            Memory.Status.APPROVED,
+            services.RELATED_SIMILARITY,
+            SIMILAR_SHOWN,
+        ],
+    )
+    found: dict[int, Similar] = {c.pk: [] for c in candidates}
+    for memory in rows:
+        found[memory.candidate_id].append((memory, float(memory.sim)))  # type: ignore[attr-defined]
+    return found
+
+
+def _similar_portable(candidates: Sequence[Memory]) -> dict[int, Similar]:
+    # the same pool as similar_memories' (a scope's newest PORTABLE_SCAN), for every scope on
+    # the page in one query; trigrams computed once per memory
+    pairs = {(c.project_id, c.scope) for c in candidates}
+    in_pairs = reduce(or_, (Q(project_id=p, scope=s) for p, s in sorted(pairs)))
+    pool = (
+        Memory.objects.filter(in_pairs, status=Memory.Status.APPROVED)
+        .only("id", "project_id", "type", "content", "scope", "status", "importance")
+        .annotate(
+            rank=Window(
+                RowNumber(),
+                partition_by=[F("project_id"), F("scope")],
+                order_by=[F("updated_at").desc(), F("id").desc()],
+            )
+        )
+        .filter(rank__lte=services.PORTABLE_SCAN)
+    )
+    by_pair: dict[tuple[int, str], list[tuple[Memory, set[str]]]] = defaultdict(list)
+    for memory in pool:
+        by_pair[(memory.project_id, memory.scope)].append((memory, trigrams(memory.content)))
+    found: dict[int, Similar] = {}
+    for candidate in candidates:
+        mine = trigrams(candidate.content)
+        scored: Similar = []
+        for other, grams in by_pair[(candidate.project_id, candidate.scope)]:
+            if other.pk == candidate.pk or not mine or not grams:
+                continue
+            score = len(mine & grams) / len(mine | grams)
+            if score >= services.RELATED_SIMILARITY:
+                scored.append((other, score))
+        scored.sort(key=lambda pair: (-pair[1], pair[0].pk))
+        found[candidate.pk] = scored[:SIMILAR_SHOWN]
+    return found
+
+
+def candidate_sentence(memory: Memory) -> str:
+    """The sentence a candidate came from: its evidence (as redacted), else its turn's user
+    message."""
+    if memory.evidence:
+        return memory.evidence
+    if memory.turn_id is not None and memory.turn is not None:
+        return memory.turn.user_message
+    return ""
+
+
+# --- the memory browser ---------------------------------------------------------------------
+
+
+def memories_approved(
+    *, project_ids: Sequence[int], type: str = "", scope: str = ""
+) -> QuerySet[Memory]:
+    approved = Memory.objects.filter(project_id__in=project_ids, status=Memory.Status.APPROVED)
+    if type:
+        approved = approved.filter(type=type)
+    if scope:
+        approved = approved.filter(scope=scope)
+    return approved
+
+
+# within a group, the order MEMORY.md uses: most important, then the newest decision
+GROUP_ORDER = ("-importance", "-decided_at", "-pk")
+
+
+def scope_sections(
+    *, project_ids: Sequence[int], type: str = "", scope: str = ""
+) -> QuerySet[Any, Any]:
+    """(project, scope) pairs with approved memories and how many (rows of project_id, scope,
+    n): the browser's sections, each project's "project" scope first."""
+    return (
+        memories_approved(project_ids=project_ids, type=type, scope=scope)
+        .values("project_id", "scope")
+        .annotate(
+            n=Count("id"),
+            shared=Case(
+                When(scope="project", then=V(0)), default=V(1), output_field=IntegerField()
+            ),
+        )
+        .order_by("project_id", "shared", "scope")
+    )
+
+
+@dataclass
+class TypeGroup:
+    type: str
+    count: int
+    memories: list[Memory] = field(default_factory=list)
+
+    @property
+    def more(self) -> int:
+        return self.count - len(self.memories)
+
+
+def type_groups(
+    *,
+    sections: Iterable[tuple[int, str]],
+    type: str = "",
+    per_group: int,
+) -> dict[tuple[int, str], list[TypeGroup]]:
+    """For each (project, scope): its approved memories per type, the first `per_group` of
+    each in MEMORY.md's order. Two queries whatever the number of sections."""
+    pairs = sorted(set(sections))
+    if not pairs:
+        return {}
+    in_pairs = reduce(or_, (Q(project_id=p, scope=s) for p, s in pairs))
+    approved = Memory.objects.filter(in_pairs, status=Memory.Status.APPROVED)
+    if type:
+        approved = approved.filter(type=type)
+    counts = approved.values("project_id", "scope", "type").annotate(n=Count("id")).order_by()
+    groups: dict[tuple[int, str], dict[str, TypeGroup]] = defaultdict(dict)
+    for row in counts:
+        key = (row["project_id"], row["scope"])
+        groups[key][row["type"]] = TypeGroup(type=row["type"], count=row["n"])
+    if per_group <= 0:
+        return _in_type_order(groups)
+    first = approved.annotate(
+        rank=Window(
+            RowNumber(),
+            partition_by=[F("project_id"), F("scope"), F("type")],
+            order_by=[
+                F("importance").desc(),
+                F("decided_at").desc(nulls_last=True),
+                F("id").desc(),
+            ],
+        )
+    ).filter(rank__lte=per_group)
+    for memory in first.order_by(*GROUP_ORDER):
+        group = groups[(memory.project_id, memory.scope)].get(memory.type)
+        if group is not None:
+            group.memories.append(memory)
+    return _in_type_order(groups)
+
+
+def _in_type_order(
+    groups: dict[tuple[int, str], dict[str, TypeGroup]],
+) -> dict[tuple[int, str], list[TypeGroup]]:
+    order = {name: i for i, name in enumerate(Memory.Type.values)}
+    return {
+        key: sorted(by_type.values(), key=lambda g: order.get(g.type, 99))
+        for key, by_type in groups.items()
+    }
+
+
+RANKED_SHOWN = 50  # ranking's most (its k)
+
+
+def memories_ranked(
+    *, project: Project, q: str, scope: str = "project", type: str = ""
+) -> list[tuple[Memory, ranking.Ranked]]:
+    """What the agent's search (GET /api/v1/memory/search) would return for `q` in one scope,
+    best first, with the score's components; not logged as a retrieval. Two queries."""
+    ranked = ranking.memories_search(project=project, query=q, scope=scope, k=RANKED_SHOWN)
+    memories = Memory.objects.select_related("project").in_bulk([r.memory_id for r in ranked])
+    return [
+        (memories[r.memory_id], r)
+        for r in ranked
+        if r.memory_id in memories and (not type or memories[r.memory_id].type == type)
+    ]
+
+
+def memories_search(
+    *, project_ids: Sequence[int], q: str, type: str = "", scope: str = ""
+) -> QuerySet[Memory]:
+    """Approved memories whose content contains the words asked for (each of them), in
+    MEMORY.md's order: the search across projects, where ranking (one project's scope) does
+    not apply."""
+    found = memories_approved(project_ids=project_ids, type=type, scope=scope)
+    for word in q.split()[:10]:
+        found = found.filter(content__icontains=word)
+    return found.select_related("project").order_by(*GROUP_ORDER)
+
+
+# --- one memory -----------------------------------------------------------------------------
+
+
+def memory_history(memory: Memory) -> list[MemoryEvent]:
+    return list(memory.events.select_related("actor").order_by("at", "id"))
+
+
+# --- metrics --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """A figure with what it is made of; no denominator, no figure."""
+
+    numerator: int
+    denominator: int
+
+    @property
+    def value(self) -> Decimal | None:
+        if not self.denominator:
+            return None
+        return Decimal(self.numerator) / Decimal(self.denominator)
+
+
+@dataclass(frozen=True)
+class MemoryMetrics:
+    since: datetime
+    pending: int
+    oldest_pending: datetime | None
+    approval: Ratio  # approved / (approved + rejected) decisions in the window
+    hit: Ratio  # useful feedback / all feedback in the window
+    cleanup: Ratio  # expired in the window / (approved now + expired in the window)
+    expired: int
+    approved_now: int
+    searches: Ratio  # results returned / searches in the window (an average, not a share)
+    false_retrieval: Ratio  # not-useful feedback / all feedback in the window
+
+    @property
+    def results_per_search(self) -> Decimal | None:
+        return self.searches.value
+
+
+def memory_metrics(*, project_ids: Sequence[int], now: datetime | None = None) -> MemoryMetrics:
+    """The metrics page's figures over the last 30 days, in five aggregate queries."""
+    now = now or timezone.now()
+    since = now - timedelta(days=METRICS_DAYS)
+    memories = Memory.objects.filter(project_id__in=project_ids)
+    stock = memories.aggregate(
+        pending=Count("id", filter=Q(status=Memory.Status.PENDING)),
+        oldest=Min("created_at", filter=Q(status=Memory.Status.PENDING)),
+        approved=Count("id", filter=Q(status=Memory.Status.APPROVED)),
+    )
+    decided = Q(action__in=[MemoryEvent.Action.APPROVED, MemoryEvent.Action.REJECTED])
+    gone = Q(action__in=[MemoryEvent.Action.EXPIRED, MemoryEvent.Action.EVICTED])
+    events = MemoryEvent.objects.filter(
+        memory__project_id__in=project_ids, at__gte=since, at__lte=now
+    ).aggregate(
+        approved=Count("id", filter=Q(action=MemoryEvent.Action.APPROVED)),
+        decided=Count("id", filter=decided),
+        # a memory expired counts once, however it went (by a person, its TTL, an eviction)
+        expired=Count("memory_id", filter=gone, distinct=True),
+    )
+    feedback = MemoryFeedback.objects.filter(
+        project_id__in=project_ids, created_at__gte=since, created_at__lte=now
+    ).aggregate(all=Count("id"), useful=Count("id", filter=Q(useful=True)))
+    searches = RetrievalLog.objects.filter(
+        project_id__in=project_ids, created_at__gte=since, created_at__lte=now
+    ).aggregate(n=Count("id"), results=Sum("results"))
+    return MemoryMetrics(
+        since=since,
+        pending=stock["pending"],
+        oldest_pending=stock["oldest"],
+        approval=Ratio(events["approved"], events["decided"]),
+        hit=Ratio(feedback["useful"], feedback["all"]),
+        cleanup=Ratio(events["expired"], stock["approved"] + events["expired"]),
+        expired=events["expired"],
+        approved_now=stock["approved"],
+        searches=Ratio(searches["results"] or 0, searches["n"]),
+        false_retrieval=Ratio(feedback["all"] - feedback["useful"], feedback["all"]),
+    )

@@ -1,0 +1,451 @@
+"""The memory pages (CONTRACT §6): the review queue, the memory browser with MEMORY.md's
+preview, one memory's history, and the metrics. Login required, scoped to the user's projects
+like every page; approving, editing, rejecting and expiring need staff or the
+`memory_ui.review_memory` permission (the Reviewers group), and always go through services,
+which write the history."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.contrib.auth.decorators import login_required
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser, PermissionsMixin
+from django.core.exceptions import PermissionDenied
+from django.core.paginator import Paginator
+from django.db import transaction
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect, QueryDict
+from django.shortcuts import render
+from django.urls import reverse
+from django.utils import timezone
+from django.views.decorators.http import require_http_methods, require_POST
+
+from costboard.models import Project
+from costboard.scope import Scope, scope_for
+from costboard.views import HtmxHttpRequest
+from memory_ui import selectors, services
+from memory_ui.forms import MemoryEditForm
+from memory_ui.models import Memory, MemoryEvent
+
+SECTIONS_PER_PAGE = 5  # the browser's scopes per page: each has its MEMORY.md preview
+PER_GROUP = 10  # memories shown per type in a scope before "more"
+SEARCH_RESULTS = 50
+
+
+def can_review_memory(user: AbstractBaseUser | AnonymousUser) -> bool:
+    """Approving, editing, rejecting and expiring: staff, or the review_memory permission
+    (the Reviewers group holds it)."""
+    if getattr(user, "is_staff", False):
+        return True
+    return isinstance(user, PermissionsMixin) and user.has_perm("memory_ui.review_memory")
+
+
+def _choice(params: QueryDict, name: str, choices: list[str]) -> str:
+    value = params.get(name, "")
+    return value if value in choices else ""
+
+
+def _memory_scope(params: QueryDict) -> str:
+    value = params.get("scope", "").strip()
+    return value if services.SCOPE.match(value) else ""
+
+
+def _memory_in_scope(scope: Scope, pk: int) -> Memory:
+    memory = (
+        Memory.objects.select_related("project", "session", "turn")
+        .filter(pk=pk, project_id__in=scope.project_ids)
+        .first()
+    )
+    if memory is None:
+        raise Http404("no such memory")
+    return memory
+
+
+def _acting_on(request: HttpRequest, pk: int) -> tuple[Scope, Memory]:
+    """The memory an action is for: 403 without the right to review, 404 outside the scope."""
+    if not can_review_memory(request.user):
+        raise PermissionDenied("Deciding on memories needs staff or the Reviewers group.")
+    scope = scope_for(request)
+    return scope, _memory_in_scope(scope, pk)
+
+
+def _back(request: HttpRequest, name: str) -> HttpResponseRedirect:
+    """After a plain (JavaScript-free) form: back to the page, its filters kept."""
+    url = reverse(name)
+    query = request.GET.urlencode()
+    return HttpResponseRedirect(f"{url}?{query}" if query else url, status=303)
+
+
+# --- the review queue -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CandidateRow:
+    memory: Memory
+    similar: selectors.Similar
+    sentence: str
+    can_act: bool
+    form: MemoryEditForm | None = None  # the edit form, open
+
+
+def _rows(
+    memories: list[Memory], *, can_act: bool, form_for: tuple[int, MemoryEditForm] | None = None
+) -> list[CandidateRow]:
+    similar = selectors.similar_for_page(memories)
+    return [
+        CandidateRow(
+            memory=m,
+            similar=similar.get(m.pk, []),
+            sentence=selectors.candidate_sentence(m),
+            can_act=can_act,
+            form=form_for[1] if form_for and form_for[0] == m.pk else None,
+        )
+        for m in memories
+    ]
+
+
+def _review_context(request: HttpRequest, scope: Scope, *, note: str = "") -> dict[str, Any]:
+    params = request.GET
+    type = _choice(params, "type", Memory.Type.values)
+    memory_scope = _memory_scope(params)
+    ids = scope.project_ids
+    pending = selectors.memories_pending(project_ids=ids, type=type, scope=memory_scope)
+    page = Paginator(pending, selectors.REVIEW_PAGE_SIZE).get_page(params.get("page"))
+    can_act = can_review_memory(request.user)
+    counts = selectors.pending_counts(project_ids=ids, scope=memory_scope)
+    return {
+        "scope": scope,
+        "page": page,
+        "rows": _rows(list(page), can_act=can_act),
+        "counts": counts,
+        "type": type,
+        "memory_scope": memory_scope,
+        "can_act": can_act,
+        "note": note,
+        "nav_pending": None if memory_scope else counts.total,
+    }
+
+
+@login_required
+def review_page(request: HtmxHttpRequest) -> HttpResponse:
+    """Pending candidates, newest first, 50 a page, with counts by type and filters by type
+    and scope; htmx asks for the list alone."""
+    scope = scope_for(request)
+    context = _review_context(request, scope)
+    template = "memory_ui/review.html"
+    if request.htmx:
+        template += "#queue"
+    else:
+        context["scopes"] = selectors.pending_scopes(project_ids=scope.project_ids)
+        context["types"] = Memory.Type.values
+    return render(request, template, context)
+
+
+def _counts_context(request: HttpRequest, scope: Scope) -> dict[str, Any]:
+    memory_scope = _memory_scope(request.GET)
+    return {
+        "counts": selectors.pending_counts(project_ids=scope.project_ids, scope=memory_scope),
+        "type": _choice(request.GET, "type", Memory.Type.values),
+        "oob": True,
+    }
+
+
+def _decided(
+    request: HtmxHttpRequest, scope: Scope, memory: Memory, *, error: str = ""
+) -> HttpResponse:
+    """A decided candidate's row: a one-line notice, and the counts brought up to date."""
+    if not request.htmx:
+        return _back(request, "memory-review")
+    context = {"scope": scope, "memory": memory, "error": error, **_counts_context(request, scope)}
+    return render(request, "memory_ui/_candidate_done.html", context)
+
+
+@login_required
+@require_POST
+def memory_approve_view(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    scope, memory = _acting_on(request, pk)
+    try:
+        memory = services.memory_approve(memory, by=request.user)
+    except services.DecisionError:
+        memory.refresh_from_db()
+        return _decided(request, scope, memory, error=f"already {memory.status}")
+    return _decided(request, scope, memory)
+
+
+@login_required
+@require_POST
+def memory_reject_view(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    scope, memory = _acting_on(request, pk)
+    try:
+        memory = services.memory_reject(memory, by=request.user)
+    except services.DecisionError:
+        memory.refresh_from_db()
+        return _decided(request, scope, memory, error=f"already {memory.status}")
+    return _decided(request, scope, memory)
+
+
+BULK_ACTIONS = {"approve": services.memory_approve, "reject": services.memory_reject}
+
+
+@login_required
+@require_POST
+def review_bulk(request: HtmxHttpRequest) -> HttpResponse:
+    """Approve or reject the checked candidates (at most a page of them); the list comes
+    back without them."""
+    if not can_review_memory(request.user):
+        raise PermissionDenied("Deciding on memories needs staff or the Reviewers group.")
+    scope = scope_for(request)
+    action = request.POST.get("action", "")
+    decide = BULK_ACTIONS.get(action)
+    if decide is None:
+        return HttpResponse('action: "approve" or "reject"', status=400)
+    ids = sorted({int(v) for v in request.POST.getlist("ids") if v.isdigit()})
+    chosen = Memory.objects.filter(
+        pk__in=ids[: selectors.REVIEW_PAGE_SIZE],
+        project_id__in=scope.project_ids,
+        status=Memory.Status.PENDING,
+    ).order_by("pk")
+    done = 0
+    for memory in chosen:
+        try:
+            decide(memory, by=request.user)
+        except services.DecisionError:
+            continue  # decided meanwhile by someone else
+        done += 1
+    past = {"approve": "Approved", "reject": "Rejected"}[action]
+    skipped = len(ids) - done
+    if not ids:
+        note = "Select candidates first (the checkboxes, or Select all)."
+    else:
+        note = f"{past} {done} candidate{'s' if done != 1 else ''}."
+        if skipped:
+            note += f" {skipped} skipped: already decided or not in this project."
+    if not request.htmx:
+        return _back(request, "memory-review")
+    context = _review_context(request, scope, note=note)
+    return render(request, "memory_ui/review.html#queue", context)
+
+
+def _edit_response(
+    request: HtmxHttpRequest, scope: Scope, memory: Memory, form: MemoryEditForm, status: int
+) -> HttpResponse:
+    context: dict[str, Any] = {"scope": scope, "memory": memory, "form": form}
+    if request.htmx:
+        if memory.status == Memory.Status.PENDING:
+            [row] = _rows([memory], can_act=True, form_for=(memory.pk, form))
+            context["row"] = row
+            return render(request, "memory_ui/_candidate.html", context, status=status)
+        return render(request, "memory_ui/_memory_item.html", context, status=status)
+    return render(request, "memory_ui/edit.html", context, status=status)
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def memory_edit_view(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    """GET: the inline edit form. POST: save; a pending candidate is approved with it (unless
+    "Save without approving"); refused input comes back as the form with its errors (422)."""
+    scope, memory = _acting_on(request, pk)
+    if request.method == "GET":
+        return _edit_response(request, scope, memory, MemoryEditForm.for_memory(memory), 200)
+    form = MemoryEditForm(request.POST)
+    approve = memory.status == Memory.Status.PENDING and "save_only" not in request.POST
+    if form.is_valid():
+        try:
+            with transaction.atomic():
+                memory = services.memory_edit(memory, by=request.user, **form.cleaned_data)
+                if approve:
+                    memory = services.memory_approve(memory, by=request.user)
+        except services.MemoryInputError as error:
+            form.refuse(error)
+        except services.DecisionError:
+            memory.refresh_from_db()
+            form.add_error(None, f"This memory is {memory.status} now: it was decided meanwhile.")
+    if form.errors:
+        return _edit_response(request, scope, memory, form, 422)
+    if memory.status == Memory.Status.APPROVED and approve:
+        return _decided(request, scope, memory)
+    if not request.htmx:
+        return _back(request, "memory-review" if memory.status == "pending" else "memory-browser")
+    return _row(request, scope, memory, saved=True)
+
+
+def _row(request: HtmxHttpRequest, scope: Scope, memory: Memory, **extra: Any) -> HttpResponse:
+    """A memory's row as it shows: a queue row when pending, a browser item otherwise."""
+    context: dict[str, Any] = {"scope": scope, "memory": memory, **extra}
+    if memory.status == Memory.Status.PENDING:
+        [row] = _rows([memory], can_act=can_review_memory(request.user))
+        context["row"] = row
+        return render(request, "memory_ui/_candidate.html", context)
+    context["can_act"] = can_review_memory(request.user)
+    return render(request, "memory_ui/_memory_item.html", context)
+
+
+@login_required
+def memory_row(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    """The row again (an edit cancelled)."""
+    scope = scope_for(request)
+    memory = _memory_in_scope(scope, pk)
+    if not request.htmx:
+        return HttpResponseRedirect(reverse("memory-detail", args=[pk]) + scope.query)
+    return _row(request, scope, memory)
+
+
+# --- the memory browser ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Section:
+    """One scope of one project: its memories by type and its MEMORY.md."""
+
+    project: Project
+    scope: str
+    count: int
+    groups: list[selectors.TypeGroup]
+    md: services.MemoryMd
+
+    @property
+    def md_lines_pct(self) -> int:
+        return min(100, self.md.lines * 100 // services.MEMORY_MD_LINES)
+
+    @property
+    def md_bytes_pct(self) -> int:
+        return min(100, self.md.bytes * 100 // services.MEMORY_MD_BYTES)
+
+
+@login_required
+def browser_page(request: HtmxHttpRequest) -> HttpResponse:
+    """Approved memories by scope and type, each scope with its MEMORY.md preview (what the
+    agent reads, and what the caps cut); a search box; edit and expire in place."""
+    scope = scope_for(request)
+    params = request.GET
+    type = _choice(params, "type", Memory.Type.values)
+    memory_scope = _memory_scope(params)
+    q = params.get("q", "").strip()[:200]
+    ids = scope.project_ids
+    context: dict[str, Any] = {
+        "scope": scope,
+        "type": type,
+        "types": Memory.Type.values,
+        "memory_scope": memory_scope,
+        "q": q,
+        "can_act": can_review_memory(request.user),
+        "md_lines_cap": services.MEMORY_MD_LINES,
+        "md_bytes_cap": services.MEMORY_MD_BYTES,
+    }
+    if q:
+        # one project: ranked as the agent's search ranks (one scope, "project" unless chosen);
+        # across projects, where ranking does not apply: the words, in MEMORY.md's order
+        project = scope.current or (scope.projects[0] if len(scope.projects) == 1 else None)
+        if project is not None:
+            ranked_scope = memory_scope or "project"
+            context["ranked"] = selectors.memories_ranked(
+                project=project, q=q, scope=ranked_scope, type=type
+            )
+            context["ranked_scope"] = ranked_scope
+        else:
+            found = selectors.memories_search(project_ids=ids, q=q, type=type, scope=memory_scope)
+            context["results"] = Paginator(found, SEARCH_RESULTS).get_page(params.get("page"))
+    else:
+        context.update(_sections(scope, params, type=type, memory_scope=memory_scope))
+    template = "memory_ui/browser.html"
+    if request.htmx:
+        template += "#browser"
+    return render(request, template, context)
+
+
+def _sections(scope: Scope, params: QueryDict, *, type: str, memory_scope: str) -> dict[str, Any]:
+    sections = selectors.scope_sections(
+        project_ids=scope.project_ids, type=type, scope=memory_scope
+    )
+    # one group asked for ("more"): all of it, 50 a page, instead of the first ten
+    focused = bool(scope.current and type and memory_scope)
+    page = Paginator(sections, SECTIONS_PER_PAGE).get_page(None if focused else params.get("page"))
+    pairs = [(row["project_id"], row["scope"]) for row in page]
+    projects = {p.pk: p for p in scope.projects}
+    groups = selectors.type_groups(sections=pairs, type=type, per_group=0 if focused else PER_GROUP)
+    group_page = None
+    if focused and pairs:
+        [only] = pairs
+        group = selectors.memories_approved(
+            project_ids=[only[0]], type=type, scope=only[1]
+        ).order_by(*selectors.GROUP_ORDER)
+        group_page = Paginator(group, selectors.REVIEW_PAGE_SIZE).get_page(params.get("page"))
+        for g in groups.get(only, []):
+            g.memories = list(group_page)
+    built = [
+        Section(
+            project=projects[row["project_id"]],
+            scope=row["scope"],
+            count=row["n"],
+            groups=groups.get((row["project_id"], row["scope"]), []),
+            md=services.memory_md(projects[row["project_id"]], row["scope"]),
+        )
+        for row in page
+    ]
+    return {"sections": built, "page": page, "focused": focused, "group_page": group_page}
+
+
+@login_required
+@require_POST
+def memory_expire_view(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    scope, memory = _acting_on(request, pk)
+    try:
+        memory = services.memory_expire(memory, by=request.user, note="expired on /memory/")
+    except services.DecisionError:
+        memory.refresh_from_db()
+    if not request.htmx:
+        return _back(request, "memory-browser")
+    return _row(request, scope, memory, acted=True)
+
+
+# --- one memory -----------------------------------------------------------------------------
+
+
+@login_required
+def memory_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    """A memory's history: proposed, approved, every edit with before and after, expiry,
+    merges."""
+    scope = scope_for(request)
+    memory = _memory_in_scope(scope, pk)
+    events = selectors.memory_history(memory)
+    context = {
+        "scope": scope,
+        "memory": memory,
+        "events": events,
+        "targets": list(memory.targets.order_by("pk")),
+        "merged_from": list(memory.merged_from.order_by("pk")),
+        "proposed_by": memory.proposed_by or _actor(events, "proposed"),
+        "decided_by": (
+            memory.decided_by.get_username()
+            if memory.decided_by
+            else _actor(events, "approved", "rejected", last=True)
+        ),
+        "can_act": can_review_memory(request.user),
+        "sentence": selectors.candidate_sentence(memory),
+    }
+    return render(request, "memory_ui/detail.html", context)
+
+
+def _actor(events: list[MemoryEvent], *actions: str, last: bool = False) -> str:
+    chosen = [e for e in events if e.action in actions]
+    if not chosen:
+        return ""
+    return (chosen[-1] if last else chosen[0]).actor_name
+
+
+# --- metrics --------------------------------------------------------------------------------
+
+
+@login_required
+def metrics_page(request: HttpRequest) -> HttpResponse:
+    scope = scope_for(request)
+    now = timezone.now()
+    metrics = selectors.memory_metrics(project_ids=scope.project_ids, now=now)
+    context = {
+        "scope": scope,
+        "m": metrics,
+        "now": now,
+        "days": selectors.METRICS_DAYS,
+        "oldest_age": now - metrics.oldest_pending if metrics.oldest_pending else None,
+    }
+    return render(request, "memory_ui/metrics.html", context)

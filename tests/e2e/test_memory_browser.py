@@ -1,0 +1,219 @@
+"""The memory review queue in a real browser, as a member of the Reviewers group: approve,
+edit (the counter counting as you type, a refusal in place, then save) and reject without a
+reload; the keys j/k/a/e/r and Escape; Select all and Approve selected; then the memory
+browser's MEMORY.md preview holds what was approved and edited and nothing rejected. No
+JavaScript error on the way, and every asset from our own static files."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group, Permission
+from django.utils import timezone
+from playwright.sync_api import expect
+
+from costboard.models import Membership
+from memory_ui import services
+from memory_ui.models import Memory, MemoryEvent
+from tests.conftest import make_agent
+from tests.e2e.test_dashboards_browser import log_in
+
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+
+REFUSED = "the server responded with a status of 422"  # Chromium's note on a 422, expected
+
+SENTENCES = [
+    "Deploys to staging happen on Fridays",
+    "Ann prefers short answers",
+    "The office cat is named Pixel",
+    "Releases are tagged with semantic versions",
+    "Never page the on-call engineer for flaky tests",
+    "The billing service lives in the payments repo",
+    "Use UTC in every log line",
+    "Dashboards are built with Grafana",
+]
+
+
+def reviewer(project: Any) -> Any:
+    """A member of the project in the Reviewers group (not staff), who logs in as viewer."""
+    user = get_user_model().objects.create_user("viewer", "", "pw-viewer-123")
+    group, _ = Group.objects.get_or_create(name="Reviewers")  # a flush may have dropped it
+    group.permissions.add(
+        Permission.objects.get(content_type__app_label="memory_ui", codename="review_memory")
+    )
+    user.groups.add(group)
+    Membership.objects.create(user=user, project=project)
+    return user
+
+
+def test_review_memories_in_chromium(live_server: Any, page: Any) -> None:
+    agent = make_agent("acme")
+    user = reviewer(agent.project)
+    now = timezone.now()
+    ids = []
+    for i, sentence in enumerate(SENTENCES):  # the first is the newest
+        memory = services.candidate_propose(
+            project=agent.project,
+            type="user" if i == 1 else "project",
+            scope="user:ann" if i == 1 else "project",
+            content=sentence,
+            now=now - timedelta(minutes=i),
+        )
+        assert memory is not None
+        ids.append(memory.pk)
+    base = live_server.url
+    assets: list[tuple[str, str]] = []
+    page.on("request", lambda r: assets.append((r.resource_type, r.url)))
+
+    log_in(page, base)
+    page.click("nav >> text=Memory")
+    page.wait_for_url(f"{base}/memory/review/")
+    assert page.locator("article.candidate").count() == 8
+    expect(page.locator("[data-count=all]")).to_have_text("8")
+    page.evaluate("window.__kept = 'same page'")  # gone if the page reloads
+
+    def row(index: int) -> Any:
+        return page.locator(f"#candidate-{ids[index]}")
+
+    def status(index: int) -> str:
+        return Memory.objects.get(pk=ids[index]).status
+
+    # Approve
+    row(0).locator("button", has_text="Approve").click()
+    page.wait_for_selector(f"#candidate-{ids[0]}[data-decided=approved]")
+    assert "approved ✓" in row(0).text_content()
+    expect(page.locator("[data-count=all]")).to_have_text("7")
+    assert status(0) == "approved"
+
+    # Edit: the counter counts as you type; a refusal in place; then save, which approves
+    row(1).locator("button", has_text="Edit").click()
+    textarea = row(1).locator("textarea[name=content]")
+    textarea.wait_for()
+    assert page.evaluate("document.activeElement.name") == "content"
+    counter = row(1).locator("output.counter")
+    expect(counter).to_have_text(f"{len(SENTENCES[1])}/150")
+    textarea.fill("")
+    textarea.press_sequentially("Ann likes")
+    expect(counter).to_have_text("9/150")
+    textarea.press_sequentially(" short answers, in French")
+    expect(counter).to_have_text("34/150")
+    textarea.fill("x" * 151)
+    expect(counter).to_have_text("151/150")
+    assert "over" in counter.get_attribute("class")
+    row(1).locator("input[name=tags]").fill("tone, language")
+    row(1).locator("button", has_text="Save and approve").click()
+    page.wait_for_selector(f"#candidate-{ids[1]} [data-error=content]")
+    assert "Content: is 151 characters; at most 150" in row(1).text_content()
+    assert row(1).locator("input[name=tags]").input_value() == "tone, language"
+    assert status(1) == "pending"
+    row(1).locator("textarea[name=content]").fill("Ann likes short answers, in French")
+    expect(row(1).locator("output.counter")).to_have_text("34/150")
+    row(1).locator("button", has_text="Save and approve").click()
+    page.wait_for_selector(f"#candidate-{ids[1]}[data-decided=approved]")
+    edited = Memory.objects.get(pk=ids[1])
+    assert (edited.status, edited.content, edited.tags) == (
+        "approved",
+        "Ann likes short answers, in French",
+        ["tone", "language"],
+    )
+
+    # Reject
+    row(2).locator("button", has_text="Reject").click()
+    page.wait_for_selector(f"#candidate-{ids[2]}[data-decided=rejected]")
+    assert status(2) == "rejected"
+    assert page.evaluate("window.__kept") == "same page"
+
+    # Keys: j/k move the focus (a visible ring, scrolled into view), a approves, r rejects
+    page.locator("h1").click()  # nothing focused
+    page.keyboard.press("j")
+    assert page.evaluate("document.activeElement.id") == f"candidate-{ids[3]}"
+    outline = page.evaluate("getComputedStyle(document.activeElement).outlineStyle")
+    assert outline == "solid"
+    page.keyboard.press("j")
+    page.keyboard.press("j")
+    assert page.evaluate("document.activeElement.id") == f"candidate-{ids[5]}"
+    page.keyboard.press("k")
+    page.keyboard.press("k")
+    assert page.evaluate("document.activeElement.id") == f"candidate-{ids[3]}"
+    in_view = (
+        "(() => { const r = document.activeElement.getBoundingClientRect();"
+        " return r.top >= 0 && r.bottom <= window.innerHeight; })()"
+    )
+    assert page.evaluate(in_view)
+    page.keyboard.press("a")
+    page.wait_for_selector(f"#candidate-{ids[3]}[data-decided=approved]")
+    page.wait_for_function(f"document.activeElement.id === 'candidate-{ids[4]}'")
+    page.keyboard.press("r")
+    page.wait_for_selector(f"#candidate-{ids[4]}[data-decided=rejected]")
+    page.wait_for_function(f"document.activeElement.id === 'candidate-{ids[5]}'")
+    assert (status(3), status(4)) == ("approved", "rejected")
+
+    # e opens the edit form; keys typed there are text, not commands; Escape cancels
+    page.keyboard.press("e")
+    page.wait_for_selector(f"#candidate-{ids[5]} textarea[name=content]")
+    page.wait_for_function("document.activeElement.name === 'content'")
+    page.keyboard.type(" ar")
+    expect(row(5).locator("output.counter")).to_have_text(f"{len(SENTENCES[5]) + 3}/150")
+    assert status(5) == "pending"
+    page.keyboard.press("Escape")
+    page.wait_for_selector(f"#candidate-{ids[5]} button[data-action=approve]")
+    page.wait_for_function(f"document.activeElement.id === 'candidate-{ids[5]}'")
+    assert Memory.objects.get(pk=ids[5]).content == SENTENCES[5]
+
+    # Select all, then Approve selected: the list comes back without them
+    page.check("#select-all")
+    expect(page.locator("[data-selected-count]")).to_have_text("3 selected")
+    page.locator("button", has_text="Approve selected").click()
+    page.wait_for_selector("[data-note]")
+    assert "Approved 3 candidates." in page.text_content("[data-note]")
+    assert page.locator("article.candidate").count() == 0
+    expect(page.locator("[data-count=all]")).to_have_text("0")
+    assert [status(i) for i in range(8)] == [
+        "approved",
+        "approved",
+        "rejected",
+        "approved",
+        "rejected",
+        "approved",
+        "approved",
+        "approved",
+    ]
+    assert page.evaluate("window.__kept") == "same page"
+    decisions = MemoryEvent.objects.filter(action__in=["approved", "rejected", "edited"])
+    assert {e.actor_id for e in decisions} == {user.pk}
+
+    # MEMORY.md: what was approved and edited, nothing rejected
+    page.click("nav.memory-tabs >> text=Memories")
+    page.wait_for_url(f"{base}/memory/")
+    preview = page.text_content("section[data-scope=project] [data-md]")
+    assert "[project] Deploys to staging happen on Fridays" in preview
+    assert "[project] Dashboards are built with Grafana" in preview
+    assert "Pixel" not in preview and "on-call" not in preview
+    assert page.get_attribute("section[data-scope=project] [data-md-lines]", "data-md-lines") == "5"
+    user_md = page.text_content("section[data-scope='user:ann'] [data-md]")
+    assert user_md == "[user] Ann likes short answers, in French\n"
+    assert "Ann prefers short answers" not in page.content()
+    # ...the same text the agent reads (CONTRACT §3: GET /api/v1/memory/MEMORY.md)
+    for scope, shown in (("project", preview), ("user:ann", user_md)):
+        served = agent.client.get(
+            "/api/v1/memory/MEMORY.md",
+            {"scope": scope},
+            headers={"Authorization": f"Bearer {agent.key}"},
+        )
+        assert served.status_code == 200
+        assert served.content.decode() == shown
+
+    # the one refused save, and nothing else
+    assert [e for e in page.errors if REFUSED in e] == [page.errors[0]]
+    assert [e for e in page.errors if REFUSED not in e] == []
+    origin = urlsplit(base).netloc
+    assert {urlsplit(url).netloc for _, url in assets} == {origin}
+    fetched = [(kind, url) for kind, url in assets if kind not in {"document", "xhr", "fetch"}]
+    assert {kind for kind, _ in fetched} >= {"script", "stylesheet"}
+    assert any(url.endswith("/static/costboard/review.js") for _, url in fetched)
+    for kind, url in fetched:
+        assert urlsplit(url).path.startswith("/static/"), (kind, url)
