@@ -571,5 +571,50 @@ def openapi_document() -> dict[str, Any]:
                     "responses": {"200": {"description": "OpenAPI 3.1"}},
                 }
             },
+            "/v1/traces": {
+                "post": {
+                    "summary": "OTLP/HTTP traces: GenAI spans become steps, one trace one turn",
+                    "description": "An ExportTraceServiceRequest (opentelemetry-proto) as "
+                    "protobuf or OTLP JSON, optionally with Content-Encoding: gzip (at most 5 "
+                    "MB decompressed). The key as Authorization: Bearer or x-costboard-key. "
+                    "gen_ai.usage.input_tokens includes cached tokens: cache reads and writes "
+                    "are subtracted. A span is a step (event_id otlp:<trace_id>:<span_id>, so a "
+                    "replay is a duplicate); its session is gen_ai.conversation.id, else "
+                    "session.id, else the system session.",
+                    "requestBody": {
+                        "required": True,
+                        "content": {
+                            "application/x-protobuf": {"schema": {"type": "string"}},
+                            "application/json": {"schema": {"type": "object"}},
+                        },
+                    },
+                    "responses": {
+                        "200": {
+                            "description": "an ExportTraceServiceResponse in the request's "
+                            "format; partialSuccess.rejectedSpans counts the spans not stored",
+                            "content": {
+                                "application/json": {
+                                    "schema": {
+                                        "type": "object",
+                                        "properties": {
+                                            "partialSuccess": {
+                                                "type": "object",
+                                                "properties": {
+                                                    "rejectedSpans": {"type": "string"},
+                                                    "errorMessage": {"type": "string"},
+                                                },
+                                            }
+                                        },
+                                    }
+                                }
+                            },
+                        },
+                        "400": {"description": "undecodable body: a google.rpc.Status"},
+                        "413": {"description": "body over 5 MB (decompressed): a Status"},
+                        "415": _error_response("not application/x-protobuf or application/json"),
+                        **auth_errors,
+                    },
+                }
+            },
         },
     }

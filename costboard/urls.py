@@ -3,6 +3,7 @@ from __future__ import annotations
 from django.contrib import admin
 from django.urls import include, path
 
+import costboard.otlp_api as otlp_api
 from costboard import api, context, metrics, views
 from memory_ui import api as memory_api
 
@@ -35,4 +36,5 @@ urlpatterns = [
     path("api/v1/memory/search", memory_api.search, name="api-memory-search"),
     path("api/v1/memory/feedback", memory_api.feedback, name="api-memory-feedback"),
     path("metrics", metrics.metrics_view, name="metrics"),
+    path("v1/traces", otlp_api.traces, name="otlp-traces"),
 ]

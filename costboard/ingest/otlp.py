@@ -1,0 +1,347 @@
+"""OTLP/HTTP traces (CONTRACT §3 `POST /v1/traces`) → step events. Pure: no I/O.
+
+`otlp_decode` turns a body (protobuf or OTLP JSON) into an `ExportTraceServiceRequest`;
+`otlp_spans` maps its spans to `OtlpSpan`s (a StepEvent without its turn, plus the trace it
+belongs to) and counts the spans that cannot be mapped. The view numbers the turns (one
+trace = one turn of its session) and stores the steps.
+
+OpenTelemetry's GenAI conventions count cached tokens inside `gen_ai.usage.input_tokens`;
+Costboard's (Anthropic's) do not, so cache reads and writes are subtracted.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import zlib
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any
+
+from google.protobuf import json_format
+from google.protobuf.message import DecodeError
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
+from pydantic import ValidationError
+
+from costboard.ingest.schemas import MAX_BODY_BYTES, MAX_TOKENS, StepEvent
+
+PROTOBUF = "application/x-protobuf"
+JSON = "application/json"
+# A span without a model (a tool call, a retrieval) is stored under this model name.
+NO_MODEL = "none"
+
+INPUT_KEYS = ("gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens", "llm.token_count.prompt")
+OUTPUT_KEYS = (
+    "gen_ai.usage.output_tokens",
+    "gen_ai.usage.completion_tokens",
+    "llm.token_count.completion",
+)
+CACHE_READ_KEYS = (
+    "gen_ai.usage.cache_read.input_tokens",
+    "llm.token_count.prompt_details.cache_read",
+)
+CACHE_WRITE_KEYS = (
+    "gen_ai.usage.cache_creation.input_tokens",
+    "llm.token_count.prompt_details.cache_write",
+)
+REASONING_KEYS = (
+    "gen_ai.usage.reasoning.output_tokens",
+    "llm.token_count.completion_details.reasoning",
+)
+MODEL_KEYS = ("gen_ai.response.model", "gen_ai.request.model", "llm.model_name")
+PROVIDER_KEYS = ("gen_ai.provider.name", "gen_ai.system", "llm.provider", "llm.system")
+SESSION_KEYS = ("gen_ai.conversation.id", "session.id")
+STEP_TYPE_KEYS = ("gen_ai.operation.name",)
+
+
+class OtlpError(Exception):
+    """The body as a whole cannot be used: an HTTP status and a message naming the fix."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def otlp_gunzip(body: bytes, *, limit: int = MAX_BODY_BYTES) -> bytes:
+    """A gzip body decompressed, refusing (413) to grow past `limit` bytes."""
+    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    try:
+        data = inflater.decompress(body, limit + 1)
+    except zlib.error as exc:
+        raise OtlpError(400, f"Content-Encoding is gzip but the body is not: {exc}") from None
+    if len(data) > limit:
+        raise OtlpError(413, f"decompressed body is over {limit} bytes (5 MB): export less")
+    if not inflater.eof:
+        raise OtlpError(400, "truncated gzip body: send the whole gzip stream")
+    return data
+
+
+def otlp_decode(body: bytes, content_type: str) -> ExportTraceServiceRequest:
+    """An ExportTraceServiceRequest from a protobuf or OTLP JSON body, or OtlpError(400)."""
+    request = ExportTraceServiceRequest()
+    if content_type == PROTOBUF:
+        try:
+            request.ParseFromString(body)
+        except (DecodeError, ValueError) as exc:
+            raise OtlpError(400, f"undecodable protobuf ExportTraceServiceRequest: {exc}") from None
+        return request
+    try:
+        payload = json.loads(body)
+        if not isinstance(payload, dict):
+            raise ValueError("the body must be a JSON object with resourceSpans")
+        _hex_ids_to_base64(payload)
+        json_format.ParseDict(payload, request, ignore_unknown_fields=True)
+    except (ValueError, UnicodeDecodeError, json_format.ParseError) as exc:
+        raise OtlpError(400, f"undecodable OTLP JSON ExportTraceServiceRequest: {exc}") from None
+    return request
+
+
+_ID_FIELDS = ("traceId", "spanId", "parentSpanId", "trace_id", "span_id", "parent_span_id")
+
+
+def _hex_ids_to_base64(payload: dict[str, Any]) -> None:
+    """OTLP JSON spells trace and span ids in hex, where protobuf's JSON mapping expects
+    base64: convert them in place (ValueError names a bad id)."""
+    for resource_spans in _list(payload, "resourceSpans", "resource_spans"):
+        for scope_spans in _list(resource_spans, "scopeSpans", "scope_spans"):
+            for span in _list(scope_spans, "spans"):
+                for item in [span, *_list(span, "links")]:
+                    if not isinstance(item, dict):
+                        continue
+                    for name in _ID_FIELDS:
+                        value = item.get(name)
+                        if isinstance(value, str) and value:
+                            try:
+                                raw = bytes.fromhex(value)
+                            except ValueError:
+                                raise ValueError(f"{name} {value!r} must be a hex string") from None
+                            item[name] = base64.b64encode(raw).decode()
+
+
+def _list(parent: Any, *names: str) -> list[Any]:
+    if not isinstance(parent, dict):
+        return []
+    for name in names:
+        value = parent.get(name)
+        if isinstance(value, list):
+            return value
+    return []
+
+
+def otlp_response(rejected: int, message: str, content_type: str) -> bytes:
+    """An ExportTraceServiceResponse, partial success filled in when spans were rejected."""
+    response = ExportTraceServiceResponse()
+    if rejected:
+        response.partial_success.rejected_spans = rejected
+        response.partial_success.error_message = message
+    if content_type == PROTOBUF:
+        return response.SerializeToString()
+    return json_format.MessageToJson(response, indent=None).encode()
+
+
+def otlp_status(code: int, message: str, content_type: str) -> bytes:
+    """A google.rpc.Status (code, message) in the request's format, the body OTLP/HTTP asks
+    for with a 400. Encoded by hand: its two scalar fields need no googleapis dependency."""
+    if content_type != PROTOBUF:
+        return json.dumps({"code": code, "message": message}).encode()
+    text = message.encode()
+    return b"\x08" + _varint(code) + b"\x12" + _varint(len(text)) + text
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+@dataclass(frozen=True)
+class OtlpSpan:
+    """A mapped span: its step (turn still unset) and the trace that makes its turn."""
+
+    trace_id: str
+    start_ns: int
+    step: StepEvent
+
+
+@dataclass
+class OtlpMapping:
+    spans: list[OtlpSpan] = field(default_factory=list)
+    rejected: int = 0
+    errors: list[str] = field(default_factory=list)
+
+    def error_message(self) -> str:
+        shown = "; ".join(self.errors[:5])
+        more = len(self.errors) - 5
+        return shown + (f"; and {more} more" if more > 0 else "")
+
+
+class _SpanError(ValueError):
+    pass
+
+
+def otlp_spans(request: ExportTraceServiceRequest) -> OtlpMapping:
+    """Every span of the request as a step, or counted as rejected with its reason. A span
+    without a session id takes the one of another span of its trace in this request."""
+    mapping = OtlpMapping()
+    raw: list[tuple[Span, dict[str, Any], dict[str, Any]]] = []
+    trace_sessions: dict[bytes, str] = {}
+    for resource_spans in request.resource_spans:
+        resource_attrs = _attributes(resource_spans.resource.attributes)
+        for scope_spans in resource_spans.scope_spans:
+            for span in scope_spans.spans:
+                attrs = _attributes(span.attributes)
+                raw.append((span, attrs, resource_attrs))
+                session = _session_of(attrs, resource_attrs)
+                if session and span.trace_id not in trace_sessions:
+                    trace_sessions[span.trace_id] = session
+    for span, attrs, resource_attrs in raw:
+        try:
+            session = _session_of(attrs, resource_attrs) or trace_sessions.get(span.trace_id)
+            mapping.spans.append(_span_step(span, attrs, session))
+        except _SpanError as exc:
+            mapping.rejected += 1
+            mapping.errors.append(f"span {span.span_id.hex() or '?'}: {exc}")
+    return mapping
+
+
+def _session_of(attrs: dict[str, Any], resource_attrs: dict[str, Any]) -> str | None:
+    for source in (attrs, resource_attrs):
+        for key in SESSION_KEYS:
+            value = source.get(key)
+            if value is not None and str(value).strip():
+                return str(value).strip()
+    return None
+
+
+def _span_step(span: Span, attrs: dict[str, Any], session: str | None) -> OtlpSpan:
+    if len(span.trace_id) != 16 or not any(span.trace_id):
+        raise _SpanError("trace_id must be 16 bytes, not all zero")
+    if len(span.span_id) != 8 or not any(span.span_id):
+        raise _SpanError("span_id must be 8 bytes, not all zero")
+    trace_hex, span_hex = span.trace_id.hex(), span.span_id.hex()
+
+    total_input = _tokens(attrs, INPUT_KEYS)
+    output = _tokens(attrs, OUTPUT_KEYS)
+    cache_read = _tokens(attrs, CACHE_READ_KEYS)
+    cache_write = _tokens(attrs, CACHE_WRITE_KEYS)
+    reasoning = _tokens(attrs, REASONING_KEYS)
+    has_usage = any(v is not None for v in (total_input, output, cache_read, cache_write))
+    input_tokens = None
+    if total_input is not None:
+        input_tokens = total_input - (cache_read or 0) - (cache_write or 0)
+        if input_tokens < 0:
+            raise _SpanError(
+                f"gen_ai.usage.input_tokens ({total_input}) must include the cache reads "
+                f"({cache_read or 0}) and cache writes ({cache_write or 0}) it is charged for"
+            )
+
+    if not span.start_time_unix_nano:
+        raise _SpanError("start_time_unix_nano is required")
+    duration_ms: Decimal | None = None
+    if span.end_time_unix_nano:
+        if span.end_time_unix_nano < span.start_time_unix_nano:
+            raise _SpanError("end_time_unix_nano is before start_time_unix_nano")
+        duration_ms = Decimal(span.end_time_unix_nano - span.start_time_unix_nano) / 10**6
+    failed = span.status.code == Status.STATUS_CODE_ERROR
+    error = None
+    if failed:
+        error = span.status.message or _text(attrs, ("error.type",)) or "error"
+
+    step_type = _text(attrs, STEP_TYPE_KEYS) or span.name.strip() or "span"
+    fields: dict[str, Any] = {
+        "event_id": f"otlp:{trace_hex}:{span_hex}",
+        "timestamp": _time(span.start_time_unix_nano),
+        "step_type": step_type[:64],
+        "model": (_text(attrs, MODEL_KEYS) or NO_MODEL)[:200],
+        "session_id": session,
+        "provider": (_text(attrs, PROVIDER_KEYS) or "")[:64] or None,
+        "duration_ms": duration_ms,
+        "success": not failed,
+        "error": error[:20_000] if error else None,
+        "metadata": {
+            "otlp": {
+                "trace_id": trace_hex,
+                "span_id": span_hex,
+                "parent_span_id": span.parent_span_id.hex() or None,
+                "name": span.name[:200],
+            }
+        },
+    }
+    if has_usage:
+        fields.update(
+            input_tokens=input_tokens or 0,
+            output_tokens=output or 0,
+            cache_read_input_tokens=cache_read or 0,
+            cache_creation_input_tokens=cache_write or 0,
+            reasoning_tokens=reasoning or 0,
+        )
+    try:
+        step = StepEvent.model_validate(fields)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        where = ".".join(str(part) for part in first["loc"]) or "span"
+        raise _SpanError(f"{where}: {first['msg']}") from None
+    return OtlpSpan(trace_id=trace_hex, start_ns=span.start_time_unix_nano, step=step)
+
+
+def _time(unix_nano: int) -> datetime:
+    seconds, nanos = divmod(unix_nano, 10**9)
+    return datetime.fromtimestamp(seconds, tz=UTC).replace(microsecond=nanos // 1000)
+
+
+def _attributes(attributes: Any) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for kv in attributes:
+        assert isinstance(kv, KeyValue)
+        values[kv.key] = _value(kv.value)
+    return values
+
+
+def _value(value: AnyValue) -> Any:
+    kind = value.WhichOneof("value")
+    if kind is None or kind in {"array_value", "kvlist_value", "bytes_value"}:
+        return None  # none of the attributes read here are structured
+    return getattr(value, kind)
+
+
+def _text(attrs: dict[str, Any], keys: tuple[str, ...]) -> str | None:
+    for key in keys:
+        value = attrs.get(key)
+        if isinstance(value, str) and value.strip():
+            return value.strip()
+    return None
+
+
+def _tokens(attrs: dict[str, Any], keys: tuple[str, ...]) -> int | None:
+    """The first of `keys` present, as a token count (ints; whole doubles or digit strings,
+    as some exporters send them); _SpanError for anything else."""
+    for key in keys:
+        if key not in attrs or attrs[key] is None:
+            continue
+        value = attrs[key]
+        count: int | None = None
+        if isinstance(value, bool):
+            count = None
+        elif isinstance(value, int):
+            count = value
+        elif isinstance(value, float) and value.is_integer():
+            count = int(value)
+        elif isinstance(value, str) and value.strip().isdigit():
+            count = int(value.strip())
+        if count is None or not 0 <= count <= MAX_TOKENS:
+            raise _SpanError(f"{key} must be a whole number from 0 to 10^12, got {value!r}")
+        return count
+    return None

@@ -1,0 +1,433 @@
+"""POST /v1/traces: OTLP/HTTP from the real OpenTelemetry SDK, protobuf and JSON."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from django.test import Client
+from google.rpc import status_pb2
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.exporter.otlp.proto.http import Compression
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, Tracer, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import Status, StatusCode, set_span_in_context
+
+from costboard.models import DailyRollup, Session, Step
+from tests.conftest import TEST_RATES, Agent, add_price, make_agent, usd
+
+PROTOBUF = "application/x-protobuf"
+T0 = 1_760_000_000_000_000_000  # a fixed start time, in ns since the epoch
+MS = 1_000_000
+
+CHAT = {
+    "gen_ai.operation.name": "chat",
+    "gen_ai.provider.name": "testco",
+    "gen_ai.request.model": "test-sonnet-latest",
+    "gen_ai.response.model": "test-sonnet",
+    "gen_ai.conversation.id": "conv-1",
+    "gen_ai.usage.input_tokens": 1200,
+    "gen_ai.usage.cache_read.input_tokens": 1000,
+    "gen_ai.usage.cache_creation.input_tokens": 100,
+    "gen_ai.usage.output_tokens": 50,
+}
+# 100 input (1200 less the 1000 read and the 100 written), 50 output, 1000 read, 100 written
+CHAT_COST = (
+    usd(100, TEST_RATES["input_mtok"])
+    + usd(50, TEST_RATES["output_mtok"])
+    + usd(1000, TEST_RATES["cache_read_mtok"])
+    + usd(100, TEST_RATES["cache_write_mtok"])
+)
+
+
+def spans_of(build: Callable[[Tracer], None]) -> list[ReadableSpan]:
+    memory = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create({"service.name": "agent"}))
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    build(provider.get_tracer("test"))
+    provider.shutdown()
+    return list(memory.get_finished_spans())
+
+
+def span(
+    tracer: Tracer,
+    name: str,
+    attributes: dict[str, Any],
+    *,
+    start: int = T0,
+    ms: int = 1500,
+    parent: Any = None,
+    error: str | None = None,
+) -> Any:
+    context = set_span_in_context(parent) if parent is not None else None
+    s = tracer.start_span(name, context=context, attributes=attributes, start_time=start)
+    if error is not None:
+        s.set_status(Status(StatusCode.ERROR, error))
+    s.end(end_time=start + ms * MS)
+    return s
+
+
+def chat_trace(tracer: Tracer, *, start: int = T0, **attrs: Any) -> None:
+    """An agent turn: a root span, a chat span with usage and a tool span without."""
+    root = tracer.start_span("invoke_agent", start_time=start)
+    span(tracer, "chat test-sonnet", {**CHAT, **attrs}, start=start, parent=root)
+    span(
+        tracer,
+        "execute_tool search",
+        {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "search"},
+        start=start + 1500 * MS,
+        ms=250,
+        parent=root,
+    )
+    root.end(end_time=start + 2000 * MS)
+
+
+def post_spans(agent: Agent, spans: list[ReadableSpan], **headers: str) -> Any:
+    return agent.client.post(
+        "/v1/traces",
+        encode_spans(spans).SerializeToString(),
+        content_type=PROTOBUF,
+        headers={"Authorization": f"Bearer {agent.key}", **headers},
+    )
+
+
+def parsed(response: Any) -> ExportTraceServiceResponse:
+    assert response.status_code == 200, response.content
+    assert response["Content-Type"] == PROTOBUF
+    message = ExportTraceServiceResponse()
+    message.ParseFromString(response.content)
+    return message
+
+
+@pytest.fixture
+def otel_agent(transactional_db: None) -> Agent:
+    add_price("test-sonnet")
+    return make_agent("otel")
+
+
+@pytest.fixture
+def agent_priced(agent: Agent) -> Agent:
+    add_price("test-sonnet")
+    return agent
+
+
+@pytest.mark.parametrize(
+    ("compression", "auth"),
+    [(Compression.Gzip, "x-costboard-key"), (Compression.NoCompression, "Authorization")],
+)
+def test_the_sdk_exporter_stores_a_turn_with_cache_tokens_counted_once(
+    live_server: Any, otel_agent: Agent, compression: Compression, auth: str
+) -> None:
+    key = otel_agent.key if auth == "x-costboard-key" else f"Bearer {otel_agent.key}"
+    exporter = OTLPSpanExporter(
+        endpoint=live_server.url + "/v1/traces", headers={auth: key}, compression=compression
+    )
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    chat_trace(provider.get_tracer("agent"))
+    assert provider.force_flush()
+    provider.shutdown()
+
+    session = Session.objects.get(project=otel_agent.project, external_id="conv-1")
+    chat = Step.objects.get(session=session, step_type="chat")
+    assert (chat.input_tokens, chat.output_tokens) == (100, 50)
+    assert (chat.cache_read_input_tokens, chat.cache_creation_input_tokens) == (1000, 100)
+    assert (chat.model, chat.provider, chat.duration_ms, chat.success) == (
+        "test-sonnet",
+        "testco",
+        1500,
+        True,
+    )
+    assert chat.cost_usd == CHAT_COST
+    assert session.tokens_used == 150  # cache tokens are not counted as input again
+    assert session.cost_usd == CHAT_COST
+    tool = Step.objects.get(session=session, step_type="execute_tool")
+    assert (tool.input_tokens, tool.output_tokens, tool.duration_ms) == (0, 0, 250)
+    # one trace = one turn: the chat, the tool and the root span
+    assert {s.turn.number for s in Step.objects.filter(session=session)} == {1}
+    assert session.turns.get().step_count == 3
+
+
+def test_the_sdk_exporter_without_a_key_is_refused(live_server: Any, otel_agent: Agent) -> None:
+    exporter = OTLPSpanExporter(endpoint=live_server.url + "/v1/traces", timeout=5)
+    assert exporter.export(spans_of(chat_trace)) == SpanExportResult.FAILURE
+    exporter = OTLPSpanExporter(
+        endpoint=live_server.url + "/v1/traces", headers={"x-costboard-key": otel_agent.key}
+    )
+    assert exporter.export(spans_of(chat_trace)) == SpanExportResult.SUCCESS
+    assert Step.objects.filter(project=otel_agent.project).count() == 3
+
+
+def test_it_answers_401_without_a_key(agent: Agent) -> None:
+    response = Client().post(
+        "/v1/traces", encode_spans(spans_of(chat_trace)).SerializeToString(), PROTOBUF
+    )
+    assert response.status_code == 401
+    assert not Step.objects.exists()
+
+
+def test_a_replayed_export_is_a_duplicate(agent_priced: Agent) -> None:
+    spans = spans_of(chat_trace)
+    assert not parsed(post_spans(agent_priced, spans)).HasField("partial_success")
+    assert not parsed(post_spans(agent_priced, spans)).HasField("partial_success")
+    session = Session.objects.get(external_id="conv-1")
+    assert session.step_count == 3
+    assert session.tokens_used == 150
+    assert session.cost_usd == CHAT_COST
+    assert DailyRollup.objects.get(model="test-sonnet").cost_usd == CHAT_COST
+    assert session.turns.count() == 1
+
+
+def test_a_second_trace_is_turn_2_and_a_late_span_joins_its_trace(agent_priced: Agent) -> None:
+    later = T0 + 60_000 * MS
+    first = spans_of(chat_trace)
+    second = spans_of(lambda tracer: chat_trace(tracer, start=later))
+    post_spans(agent_priced, first[:1])  # the chat span alone, as a batching exporter may
+    post_spans(agent_priced, second)
+    post_spans(agent_priced, first[1:])  # the rest of trace 1 arrives after trace 2
+    turns = {
+        (s.metadata["otlp"]["trace_id"], s.turn.number)
+        for s in Step.objects.filter(session__external_id="conv-1")
+    }
+    trace_1 = format(first[0].context.trace_id, "032x")
+    trace_2 = format(second[0].context.trace_id, "032x")
+    assert turns == {(trace_1, 1), (trace_2, 2)}
+    session = Session.objects.get(external_id="conv-1")
+    assert session.turn_count == 2
+    assert session.tokens_used == 300
+
+
+def test_two_new_traces_in_one_request_are_numbered_by_start(agent_priced: Agent) -> None:
+    late = spans_of(lambda tracer: chat_trace(tracer, start=T0 + 10_000 * MS))
+    early = spans_of(chat_trace)
+    post_spans(agent_priced, late + early)
+    by_trace = {
+        s.metadata["otlp"]["trace_id"]: s.turn.number
+        for s in Step.objects.filter(session__external_id="conv-1")
+    }
+    assert by_trace == {
+        format(early[0].context.trace_id, "032x"): 1,
+        format(late[0].context.trace_id, "032x"): 2,
+    }
+
+
+def test_an_error_span_is_a_failed_step(agent_priced: Agent) -> None:
+    spans = spans_of(lambda tracer: span(tracer, "chat", CHAT, error="rate limited"))
+    parsed(post_spans(agent_priced, spans))
+    step = Step.objects.get()
+    assert (step.success, step.error) == (False, "rate limited")
+    assert Session.objects.get(external_id="conv-1").error_count == 1
+
+
+def test_older_and_openinference_token_attributes_are_read(agent_priced: Agent) -> None:
+    older = {
+        "gen_ai.system": "testco",
+        "gen_ai.request.model": "test-sonnet",
+        "gen_ai.usage.prompt_tokens": 300,
+        "gen_ai.usage.completion_tokens": 20,
+        "session.id": "s-old",
+    }
+    openinference = {
+        "llm.model_name": "test-sonnet",
+        "llm.provider": "testco",
+        "llm.token_count.prompt": 400,
+        "llm.token_count.prompt_details.cache_read": 100,
+        "llm.token_count.completion": 30,
+        "session.id": "s-oi",
+    }
+
+    def build(tracer: Tracer) -> None:
+        span(tracer, "ChatCompletion", older)
+        span(tracer, "llm", openinference)
+
+    parsed(post_spans(agent_priced, spans_of(build)))
+    old = Step.objects.get(session__external_id="s-old")
+    assert (old.step_type, old.provider, old.input_tokens, old.output_tokens) == (
+        "ChatCompletion",
+        "testco",
+        300,
+        20,
+    )
+    assert old.cost_usd == usd(300, TEST_RATES["input_mtok"]) + usd(20, TEST_RATES["output_mtok"])
+    oi = Step.objects.get(session__external_id="s-oi")
+    assert (oi.input_tokens, oi.cache_read_input_tokens, oi.output_tokens) == (300, 100, 30)
+    assert oi.cost_usd == (
+        usd(300, TEST_RATES["input_mtok"])
+        + usd(100, TEST_RATES["cache_read_mtok"])
+        + usd(30, TEST_RATES["output_mtok"])
+    )
+
+
+def test_a_span_without_a_session_goes_to_the_system_session(agent_priced: Agent) -> None:
+    attrs = {k: v for k, v in CHAT.items() if k != "gen_ai.conversation.id"}
+    parsed(post_spans(agent_priced, spans_of(lambda tracer: span(tracer, "chat", attrs))))
+    step = Step.objects.get()
+    assert step.session.external_id == "system"
+    assert step.turn is None
+
+
+def test_a_bad_span_is_rejected_and_the_rest_stored(agent_priced: Agent) -> None:
+    bad = {**CHAT, "gen_ai.usage.cache_read.input_tokens": 5000}  # more than the input
+
+    def build(tracer: Tracer) -> None:
+        span(tracer, "chat", CHAT)
+        span(tracer, "chat", bad)
+
+    response = parsed(post_spans(agent_priced, spans_of(build)))
+    assert response.partial_success.rejected_spans == 1
+    assert "cache reads (5000)" in response.partial_success.error_message
+    assert Step.objects.count() == 1
+    assert Session.objects.get(external_id="conv-1").tokens_used == 150
+
+
+def test_when_every_span_is_bad_it_answers_200_and_stores_nothing(agent: Agent) -> None:
+    bad = {**CHAT, "gen_ai.usage.output_tokens": -1}
+    spans = spans_of(lambda tracer: [span(tracer, "chat", bad) for _ in range(2)])
+    response = parsed(post_spans(agent, spans))
+    assert response.partial_success.rejected_spans == 2
+    assert "gen_ai.usage.output_tokens" in response.partial_success.error_message
+    assert not Step.objects.exists()
+
+
+def test_a_gzip_body_is_decompressed(agent_priced: Agent) -> None:
+    body = gzip.compress(encode_spans(spans_of(chat_trace)).SerializeToString())
+    response = agent_priced.client.post(
+        "/v1/traces",
+        body,
+        content_type=PROTOBUF,
+        headers={"x-costboard-key": agent_priced.key, "Content-Encoding": "gzip"},
+    )
+    parsed(response)
+    assert Step.objects.count() == 3
+
+
+def otlp_json(trace_id: str = "5b8efff798038103d269b633813fc60c", **attrs: Any) -> bytes:
+    attributes = [
+        {"key": k, "value": {"intValue": str(v)} if isinstance(v, int) else {"stringValue": v}}
+        for k, v in {**CHAT, **attrs}.items()
+    ]
+    return json.dumps(
+        {
+            "resourceSpans": [
+                {
+                    "resource": {
+                        "attributes": [{"key": "service.name", "value": {"stringValue": "a"}}]
+                    },
+                    "scopeSpans": [
+                        {
+                            "scope": {"name": "agent"},
+                            "spans": [
+                                {
+                                    "traceId": trace_id,
+                                    "spanId": "eee19b7ec3c1b174",
+                                    "parentSpanId": "",
+                                    "name": "chat test-sonnet",
+                                    "kind": 3,
+                                    "startTimeUnixNano": str(T0),
+                                    "endTimeUnixNano": str(T0 + 800 * MS),
+                                    "attributes": attributes,
+                                    "status": {"code": 0},
+                                    "someFutureField": True,
+                                }
+                            ],
+                        }
+                    ],
+                }
+            ]
+        }
+    ).encode()
+
+
+def test_otlp_json_is_read_and_answered_in_json(agent_priced: Agent) -> None:
+    response = agent_priced.client.post(
+        "/v1/traces",
+        otlp_json(),
+        content_type="application/json",
+        headers={"Authorization": f"Bearer {agent_priced.key}"},
+    )
+    assert response.status_code == 200, response.content
+    assert response["Content-Type"] == "application/json"
+    assert response.json() == {}
+    step = Step.objects.get()
+    assert step.event_id == "otlp:5b8efff798038103d269b633813fc60c:eee19b7ec3c1b174"
+    assert (step.input_tokens, step.cache_read_input_tokens, step.duration_ms) == (100, 1000, 800)
+    assert step.cost_usd == CHAT_COST
+    assert step.turn.number == 1
+
+
+def test_otlp_json_partial_success_is_json(agent: Agent) -> None:
+    response = agent.client.post(
+        "/v1/traces",
+        otlp_json(**{"gen_ai.usage.input_tokens": "many"}),
+        content_type="application/json",
+        headers={"Authorization": f"Bearer {agent.key}"},
+    )
+    assert response.status_code == 200
+    partial = response.json()["partialSuccess"]
+    assert partial["rejectedSpans"] == "1"
+    assert "gen_ai.usage.input_tokens must be a whole number" in partial["errorMessage"]
+
+
+def test_an_undecodable_body_is_400_with_a_status(agent: Agent) -> None:
+    headers = {"Authorization": f"Bearer {agent.key}"}
+    response = agent.client.post("/v1/traces", b"\xff\xff\xff", PROTOBUF, headers=headers)
+    assert response.status_code == 400
+    status = status_pb2.Status()
+    status.ParseFromString(response.content)
+    assert status.code == 3
+    assert "protobuf" in status.message
+
+    response = agent.client.post("/v1/traces", b"{nope", "application/json", headers=headers)
+    assert response.status_code == 400
+    assert response.json()["code"] == 3
+
+    bad_id = otlp_json(trace_id="not-hex")
+    response = agent.client.post("/v1/traces", bad_id, "application/json", headers=headers)
+    assert response.status_code == 400
+    assert "traceId" in response.json()["message"]
+
+
+def test_another_content_type_is_415(agent: Agent) -> None:
+    response = agent.client.post(
+        "/v1/traces", b"x", "text/plain", headers={"Authorization": f"Bearer {agent.key}"}
+    )
+    assert response.status_code == 415
+    assert response.json()["errors"][0]["field"] == "Content-Type"
+
+
+def test_a_body_over_5_mb_once_decompressed_is_413(agent: Agent) -> None:
+    bomb = gzip.compress(b"\0" * (6 * 1024 * 1024))
+    assert len(bomb) < 100_000
+    response = agent.client.post(
+        "/v1/traces",
+        bomb,
+        content_type=PROTOBUF,
+        headers={"Authorization": f"Bearer {agent.key}", "Content-Encoding": "gzip"},
+    )
+    assert response.status_code == 413
+    status = status_pb2.Status()
+    status.ParseFromString(response.content)
+    assert "5 MB" in status.message
+
+
+def test_a_body_over_5_mb_is_413(agent: Agent) -> None:
+    response = agent.client.post(
+        "/v1/traces",
+        b"\0" * (5 * 1024 * 1024 + 1),
+        content_type=PROTOBUF,
+        headers={"Authorization": f"Bearer {agent.key}"},
+    )
+    assert response.status_code == 413
+
+
+def test_durations_are_exact_to_the_millisecond(agent_priced: Agent) -> None:
+    spans = spans_of(lambda tracer: span(tracer, "chat", CHAT, ms=42))
+    parsed(post_spans(agent_priced, spans))
+    assert Step.objects.get().duration_ms == 42
