@@ -83,6 +83,11 @@ def _subtract(total: int, part: int, total_name: str, part_name: str) -> int:
     return total - part
 
 
+def _cache_parts(details: str, written: int) -> str:
+    """What was subtracted from the prompt, as named in an error."""
+    return f"{details}.cached_tokens" + (f" + {details}.cache_write_tokens" if written else "")
+
+
 def normalize_usage(usage: Mapping[str, Any]) -> Tokens:
     """Read a raw usage object; raises UsageError naming the field at fault."""
     if not isinstance(usage, Mapping):
@@ -92,13 +97,19 @@ def normalize_usage(usage: Mapping[str, Any]) -> Tokens:
         prompt = _count(usage, "prompt_tokens")
         prompt_details = _details(usage, "prompt_tokens_details")
         cached = _count(prompt_details, "cached_tokens", "usage.prompt_tokens_details")
+        # newer APIs report cache writes too; like reads, they are part of prompt_tokens
+        written = _count(prompt_details, "cache_write_tokens", "usage.prompt_tokens_details")
         completion_details = _details(usage, "completion_tokens_details")
         return Tokens(
             input_tokens=_subtract(
-                prompt, cached, "prompt_tokens", "prompt_tokens_details.cached_tokens"
+                prompt,
+                cached + written,
+                "prompt_tokens",
+                _cache_parts("prompt_tokens_details", written),
             ),
             output_tokens=_count(usage, "completion_tokens"),
             cache_read_input_tokens=cached,
+            cache_creation_input_tokens=written,
             reasoning_tokens=_count(
                 completion_details, "reasoning_tokens", "usage.completion_tokens_details"
             ),
@@ -129,17 +140,19 @@ def normalize_usage(usage: Mapping[str, Any]) -> Tokens:
         )
         if responses_shape and not anthropic_cache:  # OpenAI Responses
             input_total = _count(usage, "input_tokens")
-            cached = _count(
-                _details(usage, "input_tokens_details"),
-                "cached_tokens",
-                "usage.input_tokens_details",
-            )
+            input_details = _details(usage, "input_tokens_details")
+            cached = _count(input_details, "cached_tokens", "usage.input_tokens_details")
+            written = _count(input_details, "cache_write_tokens", "usage.input_tokens_details")
             return Tokens(
                 input_tokens=_subtract(
-                    input_total, cached, "input_tokens", "input_tokens_details.cached_tokens"
+                    input_total,
+                    cached + written,
+                    "input_tokens",
+                    _cache_parts("input_tokens_details", written),
                 ),
                 output_tokens=_count(usage, "output_tokens"),
                 cache_read_input_tokens=cached,
+                cache_creation_input_tokens=written,
                 reasoning_tokens=_count(
                     _details(usage, "output_tokens_details"),
                     "reasoning_tokens",

@@ -58,6 +58,45 @@ def test_openai_responses_cached_tokens_are_moved_out_of_the_input() -> None:
     )
 
 
+def test_openai_cache_writes_are_moved_out_of_the_prompt_too() -> None:
+    """Newer OpenAI usage reports cache writes beside cache reads, both inside the prompt."""
+    chat = normalize_usage(
+        {
+            "prompt_tokens": 5000,
+            "completion_tokens": 40,
+            "prompt_tokens_details": {"cached_tokens": 3000, "cache_write_tokens": 1500},
+        }
+    )
+    assert (chat.input_tokens, chat.cache_read_input_tokens, chat.cache_creation_input_tokens) == (
+        500,
+        3000,
+        1500,
+    )
+    responses = normalize_usage(
+        {
+            "input_tokens": 5000,
+            "output_tokens": 40,
+            "total_tokens": 5040,
+            "input_tokens_details": {"cached_tokens": 3000, "cache_write_tokens": 1500},
+            "output_tokens_details": {"reasoning_tokens": 0},
+        }
+    )
+    assert (
+        responses.input_tokens,
+        responses.cache_read_input_tokens,
+        responses.cache_creation_input_tokens,
+    ) == (500, 3000, 1500)
+    with pytest.raises(UsageError) as error:
+        normalize_usage(
+            {
+                "prompt_tokens": 100,
+                "completion_tokens": 1,
+                "prompt_tokens_details": {"cached_tokens": 80, "cache_write_tokens": 30},
+            }
+        )
+    assert "cache_write_tokens" in str(error.value)
+
+
 def test_gemini_thoughts_are_billed_as_output() -> None:
     tokens = normalize_usage(
         {

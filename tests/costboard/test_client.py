@@ -1,0 +1,400 @@
+"""The Python client (CONTRACT §5) against a live test server, a closed port and a flaky proxy."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from costboard.client import BudgetExceeded, Costboard
+from costboard.models import Step
+from tests.conftest import Agent, make_agent
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def acme(transactional_db: None) -> Agent:
+    return make_agent("acme")
+
+
+@pytest.fixture
+def cb(live_server: Any, acme: Agent) -> Iterator[Costboard]:
+    client = Costboard(live_server.url, acme.key, flush_interval=60, flush_at=1000)
+    yield client
+    client.close(timeout=5)
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_a_wrapped_call_is_recorded_with_its_duration_and_tokens(
+    cb: Costboard, acme: Agent
+) -> None:
+    with cb.step("s-1", "search", "test-sonnet", turn=1) as s:
+        time.sleep(0.02)
+        s.record({"input_tokens": 120, "output_tokens": 30, "cache_read_input_tokens": 500})
+
+    assert cb.flush(timeout=10)
+    step = Step.objects.get(event_id=s.event_id)
+    assert step.success is True
+    assert step.duration_ms is not None and step.duration_ms >= 20
+    assert (step.input_tokens, step.output_tokens, step.cache_read_input_tokens) == (120, 30, 500)
+    assert step.session.external_id == "s-1"
+    assert step.turn is not None and step.turn.number == 1
+    assert cb.stats.sent == 1 and cb.stats.failed == 0
+    assert cb.known_budget("s-1")["tokens_used"] == 150  # type: ignore[index]
+
+
+def test_an_exception_is_recorded_as_a_failed_step_and_reraised(cb: Costboard) -> None:
+    with pytest.raises(TimeoutError, match="upstream took too long"):  # noqa: SIM117
+        with cb.step("s-err", "response", "test-sonnet") as s:
+            raise TimeoutError("upstream took too long")
+
+    assert cb.flush(timeout=10)
+    step = Step.objects.get(event_id=s.event_id)
+    assert step.success is False
+    assert step.error == "TimeoutError: upstream took too long"
+    assert step.duration_ms is not None
+
+
+def test_a_step_of_an_exhausted_session_is_refused_before_the_call(cb: Costboard) -> None:
+    cb.session("s-cap", token_cap=100, user_id="u-1")
+    with cb.step("s-cap", "search", "test-sonnet") as s:
+        s.record({"input_tokens": 80, "output_tokens": 40})
+    assert cb.flush(timeout=10)
+    assert cb.known_budget("s-cap")["state"] == "exhausted"  # type: ignore[index]
+
+    ran = False
+    with pytest.raises(BudgetExceeded) as refused:  # noqa: SIM117
+        with cb.step("s-cap", "response", "test-sonnet"):
+            ran = True
+    assert ran is False
+    assert refused.value.session_id == "s-cap"
+    assert refused.value.budget["tokens_used"] == 120
+    assert Step.objects.filter(session__external_id="s-cap").count() == 1
+
+    # After the cap is raised, the next ingest response (or cb.budget) lifts the refusal.
+    cb.session("s-cap", token_cap=10_000)
+    assert cb.flush(timeout=10)
+    assert cb.budget("s-cap")["state"] == "ok"  # type: ignore[index]
+    with cb.step("s-cap", "response", "test-sonnet"):
+        ran = True
+    assert ran is True
+
+
+def test_budget_asks_the_server_and_refreshes_the_cache(cb: Costboard, acme: Agent) -> None:
+    acme.events({"type": "session", "session_id": "s-b", "token_cap": 10})
+    acme.events({"step_type": "search", "model": "m", "session_id": "s-b", "input_tokens": 11})
+    assert cb.known_budget("s-b") is None
+
+    budget = cb.budget("s-b")
+
+    assert budget is not None and budget["state"] == "exhausted"
+    assert budget["tokens_used"] == 11
+    with pytest.raises(BudgetExceeded):
+        cb.step("s-b", "search", "m").__enter__()
+    assert cb.budget("no-such-session") is None
+
+
+def test_a_down_server_never_breaks_or_blocks_the_agent() -> None:
+    cb = Costboard(
+        f"http://127.0.0.1:{closed_port()}",
+        "cb_nothing",
+        timeout=0.5,
+        max_retries=1,
+        backoff=0.05,
+        flush_interval=60,
+        flush_at=1000,
+        max_buffer=3,
+    )
+    started = time.monotonic()
+    for i in range(5):
+        with cb.step("s-down", "search", "test-sonnet") as s:
+            s.record({"input_tokens": i, "output_tokens": 1})
+    assert time.monotonic() - started < 0.5  # recording never waits on the network
+    assert cb.stats.dropped == 2  # the bounded buffer kept the newest 3
+
+    started = time.monotonic()
+    assert cb.flush(timeout=3) is False
+    assert time.monotonic() - started < 4
+
+    stats = cb.stats
+    assert stats.sent == 0
+    assert stats.failed + stats.buffered == 3
+    assert stats.retries >= 1
+    assert stats.last_error is not None
+    assert cb.budget("s-down") is None  # no exception either
+    started = time.monotonic()
+    cb.close(timeout=1)
+    assert time.monotonic() - started < 3
+
+
+def test_a_refused_batch_is_counted_failed_and_not_retried(live_server: Any) -> None:
+    cb = Costboard(live_server.url, "cb_wrong_key", flush_interval=60, flush_at=1000)
+    with cb.step("s-401", "search", "test-sonnet"):
+        pass
+    assert cb.flush(timeout=10) is False
+    assert (cb.stats.failed, cb.stats.retries, cb.stats.sent) == (1, 0, 0)
+    assert "401" in (cb.stats.last_error or "")
+    cb.close(timeout=1)
+
+
+def test_an_invalid_event_is_dropped_and_the_rest_of_its_batch_sent(cb: Costboard) -> None:
+    with cb.step("s-422", "search", "test-sonnet") as bad:
+        bad.record({"prompt_tokens": 10, "prompt_tokens_details": {"cached_tokens": 50}})
+    with cb.step("s-422", "search", "test-sonnet") as good:
+        good.record({"input_tokens": 3, "output_tokens": 4})
+
+    assert cb.flush(timeout=10) is False  # one event was refused
+    assert (cb.stats.failed, cb.stats.sent) == (1, 1)
+    assert "cached_tokens" in (cb.stats.last_error or "")
+    assert Step.objects.filter(event_id=good.event_id).exists()
+    assert not Step.objects.filter(event_id=bad.event_id).exists()
+
+
+def test_a_batch_too_large_for_the_server_is_sent_in_halves(cb: Costboard) -> None:
+    message = "x" * 900_000
+    for turn in range(1, 8):  # about 6.3 MB in one POST: over the server's 5 MB
+        cb.turn("s-big", turn, user_message=message)
+
+    assert cb.flush(timeout=30)
+    assert (cb.stats.sent, cb.stats.failed) == (7, 0)
+    assert cb.known_budget("s-big")["turns"] == 7  # type: ignore[index]
+
+
+class _LosesTheFirstResponse(BaseHTTPRequestHandler):
+    """Forwards to the live server; the first answer is replaced by a 503 (a lost response)."""
+
+    upstream = ""
+    posts: list[bytes] = []
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        type(self).posts.append(body)
+        request = urllib.request.Request(
+            self.upstream + self.path,
+            data=body,
+            headers={
+                "Authorization": self.headers["Authorization"],
+                "Content-Type": "application/json",
+            },
+        )
+        with urllib.request.urlopen(request, timeout=10) as response:
+            answer = response.read()
+        status = 503 if len(type(self).posts) == 1 else 200
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(answer)))
+        self.end_headers()
+        self.wfile.write(answer)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def test_a_retry_after_a_lost_response_is_stored_once(live_server: Any, acme: Agent) -> None:
+    handler = type("Handler", (_LosesTheFirstResponse,), {"upstream": live_server.url, "posts": []})
+    proxy = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    try:
+        cb = Costboard(
+            f"http://127.0.0.1:{proxy.server_port}",
+            acme.key,
+            backoff=0.05,
+            flush_interval=60,
+            flush_at=1000,
+        )
+        with cb.step("s-retry", "search", "test-sonnet") as s:
+            s.record({"input_tokens": 7, "output_tokens": 3})
+        assert cb.flush(timeout=10)
+        cb.close(timeout=1)
+    finally:
+        proxy.shutdown()
+        proxy.server_close()
+
+    assert len(handler.posts) == 2
+    assert handler.posts[0] == handler.posts[1]  # the same event_id both times
+    assert Step.objects.filter(event_id=s.event_id).count() == 1
+    stats = cb.stats
+    assert (stats.retries, stats.sent, stats.duplicates, stats.failed) == (1, 1, 1, 0)
+
+
+def test_events_are_sent_in_the_background(live_server: Any, acme: Agent) -> None:
+    cb = Costboard(live_server.url, acme.key, flush_interval=60, flush_at=3, batch_size=2)
+    for turn in (1, 2, 3):
+        cb.turn("s-bg", turn, user_message=f"question {turn}")
+    deadline = time.monotonic() + 10
+    while cb.stats.sent < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert cb.stats.sent == 3  # two POSTs of at most 2, no flush() called
+    assert cb.known_budget("s-bg")["turns"] == 3  # type: ignore[index]
+    cb.close(timeout=1)
+
+
+def _anthropic_message(**usage: Any) -> Any:
+    from anthropic.types import Message, Usage
+
+    return Message(
+        id="msg_1",
+        type="message",
+        role="assistant",
+        content=[],
+        model="claude-sonnet-4-5-20250929",
+        stop_reason="end_turn",
+        stop_sequence=None,
+        usage=Usage(**usage),
+    )
+
+
+def _openai_chat(**usage: Any) -> Any:
+    from openai.types.chat import ChatCompletion
+    from openai.types.completion_usage import CompletionUsage
+
+    return ChatCompletion(
+        id="chatcmpl-1",
+        object="chat.completion",
+        created=0,
+        model="gpt-4o-2024-08-06",
+        choices=[],
+        usage=CompletionUsage(**usage),
+    )
+
+
+def _openai_response(**usage: Any) -> Any:
+    from openai.types.responses import Response, ResponseUsage
+
+    return Response(
+        id="resp_1",
+        object="response",
+        created_at=0,
+        model="gpt-4.1-2025-04-14",
+        output=[],
+        parallel_tool_calls=False,
+        tool_choice="auto",
+        tools=[],
+        usage=ResponseUsage(**usage),
+    )
+
+
+def test_sdk_responses_are_recorded_with_the_normalized_tokens(cb: Costboard) -> None:
+    message = _anthropic_message(
+        input_tokens=100,
+        output_tokens=20,
+        cache_read_input_tokens=300,
+        cache_creation_input_tokens=40,
+    )
+    chat = _openai_chat(
+        prompt_tokens=1000,
+        completion_tokens=50,
+        total_tokens=1050,
+        prompt_tokens_details={"cached_tokens": 600},
+    )
+    response = _openai_response(
+        input_tokens=500,
+        input_tokens_details={"cached_tokens": 200, "cache_write_tokens": 50},
+        output_tokens=70,
+        output_tokens_details={"reasoning_tokens": 30},
+        total_tokens=570,
+    )
+    recorded = []
+    for sdk_object in (message, chat, response, message.model_dump(), chat.model_dump()):
+        with cb.step("s-sdk", "response", None) as s:
+            assert s.record(sdk_object) is sdk_object
+        recorded.append(s.event_id)
+    assert cb.flush(timeout=10)
+
+    def stored(event_id: str) -> tuple[Any, ...]:
+        step = Step.objects.get(event_id=event_id)
+        return (
+            step.model,
+            step.provider,
+            step.input_tokens,
+            step.output_tokens,
+            step.cache_read_input_tokens,
+            step.cache_creation_input_tokens,
+            step.reasoning_tokens,
+        )
+
+    anthropic_row = ("claude-sonnet-4-5-20250929", "anthropic", 100, 20, 300, 40, 0)
+    chat_row = ("gpt-4o-2024-08-06", "openai", 400, 50, 600, 0, 0)
+    assert stored(recorded[0]) == anthropic_row
+    assert stored(recorded[1]) == chat_row
+    # reads and writes both come out of the 500 input tokens
+    assert stored(recorded[2]) == ("gpt-4.1-2025-04-14", "openai", 250, 70, 200, 50, 30)
+    assert stored(recorded[3]) == anthropic_row
+    assert stored(recorded[4]) == chat_row
+
+
+def test_a_given_model_wins_and_two_records_are_summed(cb: Costboard) -> None:
+    with cb.step("s-sum", "agent-loop", "claude-sonnet-4-5") as s:
+        s.record(_anthropic_message(input_tokens=10, output_tokens=1))
+        s.record(_anthropic_message(input_tokens=5, output_tokens=2, cache_read_input_tokens=9))
+        s.record(None)  # a streamed response without usage: ignored
+    assert cb.flush(timeout=10)
+    step = Step.objects.get(event_id=s.event_id)
+    assert step.model == "claude-sonnet-4-5"
+    assert (step.input_tokens, step.output_tokens, step.cache_read_input_tokens) == (15, 3, 9)
+
+
+def _clean_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    env["PYTHONPATH"] = str(ROOT)
+    return env
+
+
+def test_the_buffer_is_flushed_at_exit(live_server: Any, acme: Agent) -> None:
+    script = textwrap.dedent(
+        f"""
+        from costboard.client import Costboard
+        cb = Costboard({live_server.url!r}, {acme.key!r}, flush_interval=60, flush_at=1000)
+        with cb.step("s-exit", "search", "test-sonnet") as s:
+            s.record({{"input_tokens": 11, "output_tokens": 4}})
+        print(s.event_id)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        env=_clean_env(),
+        cwd="/",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    step = Step.objects.get(event_id=done.stdout.strip())
+    assert (step.input_tokens, step.output_tokens) == (11, 4)
+
+
+def test_the_client_imports_without_django() -> None:
+    script = (
+        "import json, sys; from costboard.client import Costboard, BudgetExceeded; "
+        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] == 'django')))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        env=_clean_env(),
+        cwd="/",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == []
