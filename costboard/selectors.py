@@ -329,11 +329,18 @@ class UnpricedModel:
 
 
 def models_unpriced(*, project_ids: list[int]) -> list[UnpricedModel]:
-    """Models with steps no price covers (from the rollups' unpriced call counts)."""
+    """Models with steps no price covers (from the rollups' unpriced call counts). Models
+    whose calls carried no tokens at all (an OTLP tool or retrieval span, model "none") are
+    left out: with no tokens there is nothing a price would change."""
     rows = (
         DailyRollup.objects.filter(project_id__in=project_ids, unpriced_calls__gt=0)
         .values("model")
-        .annotate(calls=Sum("unpriced_calls"), tokens=Sum("input_tokens") + Sum("output_tokens"))
+        .annotate(
+            calls=Sum("unpriced_calls"),
+            tokens=Sum("input_tokens") + Sum("output_tokens"),
+            cached=Sum("cache_read_input_tokens") + Sum("cache_creation_input_tokens"),
+        )
+        .filter(Q(tokens__gt=0) | Q(cached__gt=0))
         .order_by("-calls")
     )
     return [UnpricedModel(r["model"], r["calls"], r["tokens"] or 0) for r in rows]

@@ -68,6 +68,20 @@ def test_overview_hides_unpriced_models_from_non_staff(agent: Agent) -> None:
     assert b"mystery-llm" not in client.get("/").content
 
 
+def test_unpriced_models_leave_out_calls_without_tokens(agent: Agent, staff: Client) -> None:
+    """A tool span (OTLP: no model, no usage) is an unpriced call of nothing: not listed."""
+    from costboard.selectors import models_unpriced
+
+    agent.events(
+        {"session_id": "s", "step_type": "tool", "model": "none", "duration_ms": 250},
+        {"session_id": "s", "step_type": "x", "model": "mystery-llm", "input_tokens": 10},
+        {"session_id": "s", "step_type": "x", "model": "cache-only", "cache_read_input_tokens": 5},
+    )
+    listed = models_unpriced(project_ids=[agent.project.pk])
+    assert sorted((m.model, m.calls) for m in listed) == [("cache-only", 1), ("mystery-llm", 1)]
+    assert "none" not in [m.model for m in listed]
+
+
 def test_admin_lists_and_searches_prices(staff: Client) -> None:
     add_price("test-sonnet")
     response = staff.get("/admin/costboard/modelprice/?q=sonnet")
