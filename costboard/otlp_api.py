@@ -12,11 +12,11 @@ from operator import or_
 
 from django.db import transaction
 from django.db.models import Max, Q
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
-from costboard.api import api_key_required
+from costboard.api import _errors, api_key_required
 from costboard.ingest.otlp import (
     JSON,
     PROTOBUF,
@@ -52,34 +52,15 @@ def traces(request: HttpRequest) -> HttpResponse:
     project: Project = request.project  # type: ignore[attr-defined]
     content_type = request.content_type or ""
     if content_type not in (PROTOBUF, JSON):
-        return JsonResponse(
-            {
-                "errors": [
-                    {
-                        "index": None,
-                        "field": "Content-Type",
-                        "message": f"unsupported {content_type!r}: send {PROTOBUF} or {JSON}",
-                    }
-                ]
-            },
-            status=415,
-        )
+        message = f"unsupported {content_type!r}: send {PROTOBUF} or {JSON}"
+        return _errors(415, "Content-Type", message)
     encoding = request.headers.get("Content-Encoding", "").strip().lower()
     if encoding not in ("", "identity", "gzip"):
-        return JsonResponse(
-            {
-                "errors": [
-                    {
-                        "index": None,
-                        "field": "Content-Encoding",
-                        "message": f"unsupported {encoding!r}: send gzip or no encoding",
-                    }
-                ]
-            },
-            status=415,
-        )
+        message = f"unsupported {encoding!r}: send gzip or no encoding"
+        return _errors(415, "Content-Encoding", message)
     length = request.META.get("CONTENT_LENGTH") or "0"
     if length.isdigit() and int(length) > MAX_BODY_BYTES:
+        ingest_tally(project.pk, refused=1)  # as the events API counts a refused body
         return _status_response(
             413, f"body is {length} bytes; at most {MAX_BODY_BYTES} (5 MB)", content_type
         )
@@ -87,6 +68,7 @@ def traces(request: HttpRequest) -> HttpResponse:
         body = otlp_gunzip(request.body) if encoding == "gzip" else request.body
         export = otlp_decode(body, content_type)
     except OtlpError as exc:
+        ingest_tally(project.pk, refused=1)
         return _status_response(exc.status, exc.message, content_type)
 
     mapping = otlp_spans(export)

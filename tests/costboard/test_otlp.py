@@ -20,7 +20,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Status, StatusCode, set_span_in_context
 
-from costboard.models import DailyRollup, Session, Step
+from costboard.models import DailyRollup, IngestTally, Session, Step
 from tests.conftest import TEST_RATES, Agent, add_price, make_agent, usd
 
 PROTOBUF = "application/x-protobuf"
@@ -392,6 +392,8 @@ def test_an_undecodable_body_is_400_with_a_status(agent: Agent) -> None:
     response = agent.client.post("/v1/traces", bad_id, "application/json", headers=headers)
     assert response.status_code == 400
     assert "traceId" in response.json()["message"]
+    # each refused body counts once in /metrics' refused events, as on the events API
+    assert IngestTally.objects.get(project=agent.project).refused == 3
 
 
 def test_another_content_type_is_415(agent: Agent) -> None:
@@ -425,6 +427,7 @@ def test_a_body_over_5_mb_is_413(agent: Agent) -> None:
         headers={"Authorization": f"Bearer {agent.key}"},
     )
     assert response.status_code == 413
+    assert IngestTally.objects.get(project=agent.project).refused == 1
 
 
 def test_durations_are_exact_to_the_millisecond(agent_priced: Agent) -> None:
