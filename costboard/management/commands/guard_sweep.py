@@ -27,12 +27,12 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, every: int, **options: Any) -> None:
-        last_retention = 0.0
+        last_retention: float | None = None  # monotonic time of the last run (None: never)
         while True:
             result = runaway_sweep()
             flagged = ", ".join(f"{n} by {rule}" for rule, n in result.flagged.items())
             line = f"checked {result.sessions_checked} active sessions; flagged {flagged or 0}"
-            if time.monotonic() - last_retention >= RETENTION_EVERY_S or not every:
+            if last_retention is None or time.monotonic() - last_retention >= RETENTION_EVERY_S:
                 kept = retention_sweep()
                 last_retention = time.monotonic()
                 memories = lifecycle_run()
