@@ -75,7 +75,7 @@ def session_caps(session: Session, project: Project | None = None) -> Caps:
         project=project or session.project,
         token_cap=session.token_cap,
         cost_cap_usd=session.cost_cap_usd,
-        system=session.external_id == SYSTEM_SESSION_ID,
+        system=session.is_system,
     )
 
 

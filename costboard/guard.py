@@ -156,7 +156,7 @@ def _session_rules(
     now: datetime,
 ) -> tuple[str, str, dict[str, Any]] | None:
     """The first window rule the session breaks: (rule, reason, evidence), or None."""
-    system = session.external_id == SYSTEM_SESSION_ID
+    system = session.is_system
     per_minute = Decimal(tokens) / window
     factor = project.runaway_burn_factor
     if factor and not system and per_minute >= project.runaway_burn_floor:
