@@ -11,8 +11,8 @@ from django.http import HttpRequest
 from django.utils import timezone
 
 from costboard import tasks
-from costboard.alerts import alert_deliver
-from costboard.budgets import session_caps
+from costboard.budgets.alerts import alert_deliver
+from costboard.budgets.caps import session_caps
 from costboard.models import (
     ALERT_KINDS,
     AlertDelivery,
@@ -27,7 +27,7 @@ from costboard.models import (
     Turn,
     WebhookEndpoint,
 )
-from costboard.repricing import PriceMatch
+from costboard.pricing.repricing import PriceMatch
 
 CAP_FIELDS = (
     "token_cap",
@@ -368,7 +368,7 @@ class SessionAdmin(admin.ModelAdmin):
         old_caps = session_caps(old)
         super().save_model(request, obj, form, change)
         if {"token_cap", "cost_cap_usd"} & set(form.changed_data):
-            from costboard.budgets import session_recheck
+            from costboard.budgets.caps import session_recheck
 
             session_recheck(obj.pk, now=timezone.now(), old_caps=old_caps)
 

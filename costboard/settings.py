@@ -6,6 +6,7 @@ start-up with a message naming the variable.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import secrets
 import warnings
@@ -59,6 +60,10 @@ INSTALLED_APPS = [
     "costboard",
     "memory_ui",
 ]
+# The demo data and the benchmarks (seed_demo, bench_*): a dev-only app beside the checkout,
+# left out of the installed distribution, so a production install runs without it.
+if importlib.util.find_spec("devtools") is not None:
+    INSTALLED_APPS.append("devtools")
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",

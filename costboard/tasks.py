@@ -9,11 +9,12 @@ from typing import Any
 from celery import shared_task
 from django.utils import timezone
 
-from costboard import guard, retention
-from costboard.alerts import alert_deliver, alerts_dispatch  # noqa: F401  (registered with the worker)
-from costboard.budgets import caps_for, session_recheck
+from costboard.budgets import retention
+from costboard.budgets import sweep as guard
+from costboard.budgets.alerts import alert_deliver, alerts_dispatch  # noqa: F401  (registered with the worker)
+from costboard.budgets.caps import caps_for, session_recheck
 from costboard.models import SYSTEM_SESSION_ID, Project, Session
-from costboard.repricing import PriceMatch, models_affected, steps_reprice
+from costboard.pricing.repricing import PriceMatch, models_affected, steps_reprice
 
 log = logging.getLogger(__name__)
 

@@ -3,8 +3,10 @@ from __future__ import annotations
 from django.contrib import admin
 from django.urls import include, path
 
-import costboard.otlp_api as otlp_api
-from costboard import api, context, metrics, views
+from costboard.api import context, metrics
+from costboard.api import events as api
+from costboard.api import otlp as otlp_api
+from costboard.dashboards import views
 from memory_ui import api as memory_api
 
 urlpatterns = [

@@ -10,7 +10,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 
-from costboard.api import _errors, api_key_required
+from costboard.api.events import _errors, api_key_required
 from costboard.models import Project, Session
 from memory_ui import ranking, services
 from memory_ui.models import Memory

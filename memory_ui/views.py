@@ -20,9 +20,9 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods, require_POST
 
+from costboard.dashboards.scope import Scope, scope_for
+from costboard.dashboards.views import HtmxHttpRequest
 from costboard.models import Project
-from costboard.scope import Scope, scope_for
-from costboard.views import HtmxHttpRequest
 from memory_ui import selectors, services
 from memory_ui.forms import MemoryEditForm
 from memory_ui.models import Memory, MemoryEvent

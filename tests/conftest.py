@@ -22,7 +22,7 @@ from django.test import Client
 
 from costboard.celery import app as celery_app
 from costboard.models import ApiKey, ModelPrice, Project
-from costboard.pricing import forget_rate_table
+from costboard.pricing.rates import forget_rate_table
 
 
 @pytest.fixture(autouse=True)

@@ -39,8 +39,8 @@ from django.db import connection, transaction
 from django.db.models import Field
 from django.utils import timezone
 
-from costboard.alerts import announce
-from costboard.budgets import (
+from costboard.budgets.alerts import announce
+from costboard.budgets.caps import (
     SessionBudget,
     budget_decide,
     budget_event,
@@ -50,9 +50,9 @@ from costboard.budgets import (
     runaway_stopped,
     session_budget,
 )
+from costboard.ingest.latency import latency_bucket
 from costboard.ingest.schemas import Event, SessionEvent, StepEvent, TurnEvent
 from costboard.ingest.turn_rules import RunawayFlag, TurnStreaks, step_signature, turn_check
-from costboard.latency import latency_bucket
 from costboard.models import (
     SYSTEM_SESSION_ID,
     BudgetEvent,
@@ -65,7 +65,7 @@ from costboard.models import (
     Step,
     Turn,
 )
-from costboard.pricing import RateTable, pico_usd, rate_table
+from costboard.pricing.rates import RateTable, pico_usd, rate_table
 from memory_ui.tasks import memory_detect
 
 ZERO = Decimal(0)

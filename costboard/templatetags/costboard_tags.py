@@ -9,8 +9,8 @@ from django.http import QueryDict
 from django.utils.html import format_html
 from django.utils.safestring import mark_safe
 
+from costboard.dashboards.selectors import CapUse
 from costboard.models import BudgetEvent
-from costboard.selectors import CapUse
 
 register = template.Library()
 

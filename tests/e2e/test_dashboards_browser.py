@@ -12,7 +12,7 @@ from django.contrib.auth import get_user_model
 from costboard.models import Session
 from costboard.templatetags.costboard_tags import usd
 from tests.conftest import add_price, make_agent
-from tests.costboard.test_dashboards import traffic
+from tests.costboard.dashboards.test_dashboards import traffic
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 

@@ -12,7 +12,7 @@ from django.contrib.auth import get_user_model
 
 from costboard.models import BudgetEvent, Session
 from tests.conftest import make_agent
-from tests.costboard.test_dashboards import capped
+from tests.costboard.dashboards.test_dashboards import capped
 from tests.e2e.test_dashboards_browser import log_in
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]

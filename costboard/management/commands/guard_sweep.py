@@ -6,8 +6,8 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandParser
 from django.db import close_old_connections
 
-from costboard.guard import runaway_sweep
-from costboard.retention import retention_sweep
+from costboard.budgets.retention import retention_sweep
+from costboard.budgets.sweep import runaway_sweep
 from memory_ui.lifecycle import lifecycle_run
 
 RETENTION_EVERY_S = 3600

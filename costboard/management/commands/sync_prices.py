@@ -7,7 +7,7 @@ from django.core.management.base import BaseCommand
 from django.db import transaction
 
 from costboard import tasks
-from costboard.price_sync import prices_sync
+from costboard.pricing.sync import prices_sync
 
 
 class Command(BaseCommand):

@@ -1,0 +1,168 @@
+"""OTLP/HTTP traces (CONTRACT §3 `POST /v1/traces`): spans → steps, one trace = one turn.
+
+Protobuf or OTLP JSON, optionally gzip; the answer is an ExportTraceServiceResponse in the
+request's format, spans that cannot be mapped reported as `partial_success.rejected_spans`.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from functools import reduce
+from operator import or_
+
+from django.db import transaction
+from django.db.models import Max, Q
+from django.http import HttpRequest, HttpResponse
+from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_POST
+
+from costboard.api.events import _errors, api_key_required
+from costboard.api.metrics import ingest_tally
+from costboard.ingest.otlp import (
+    JSON,
+    PROTOBUF,
+    OtlpError,
+    OtlpSpan,
+    otlp_decode,
+    otlp_gunzip,
+    otlp_response,
+    otlp_spans,
+    otlp_status,
+)
+from costboard.ingest.schemas import MAX_BODY_BYTES, MAX_EVENTS, Event, StepEvent
+from costboard.ingest.service import events_ingest
+from costboard.models import Project, Session, Step, Turn
+
+# google.rpc.Code values for the Status body of an error response.
+INVALID_ARGUMENT = 3
+RESOURCE_EXHAUSTED = 8
+
+
+def _status_response(status: int, message: str, content_type: str) -> HttpResponse:
+    code = INVALID_ARGUMENT if status == 400 else RESOURCE_EXHAUSTED
+    return HttpResponse(
+        otlp_status(code, message, content_type), status=status, content_type=content_type
+    )
+
+
+@csrf_exempt
+@require_POST
+@api_key_required
+def traces(request: HttpRequest) -> HttpResponse:
+    project: Project = request.project  # type: ignore[attr-defined]
+    content_type = request.content_type or ""
+    if content_type not in (PROTOBUF, JSON):
+        message = f"unsupported {content_type!r}: send {PROTOBUF} or {JSON}"
+        return _errors(415, "Content-Type", message)
+    encoding = request.headers.get("Content-Encoding", "").strip().lower()
+    if encoding not in ("", "identity", "gzip"):
+        message = f"unsupported {encoding!r}: send gzip or no encoding"
+        return _errors(415, "Content-Encoding", message)
+    length = request.META.get("CONTENT_LENGTH") or "0"
+    if length.isdigit() and int(length) > MAX_BODY_BYTES:
+        ingest_tally(project.pk, refused=1)  # as the events API counts a refused body
+        return _status_response(
+            413, f"body is {length} bytes; at most {MAX_BODY_BYTES} (5 MB)", content_type
+        )
+    try:
+        body = otlp_gunzip(request.body) if encoding == "gzip" else request.body
+        export = otlp_decode(body, content_type)
+    except OtlpError as exc:
+        ingest_tally(project.pk, refused=1)
+        return _status_response(exc.status, exc.message, content_type)
+
+    mapping = otlp_spans(export)
+    accepted = duplicates = 0
+    if mapping.spans:
+        steps: list[Event] = list(_with_turns(project, mapping.spans))
+        # One request is stored all or nothing, in batches of the events API's size.
+        with transaction.atomic():
+            for start in range(0, len(steps), MAX_EVENTS):
+                result = events_ingest(project=project, events=steps[start : start + MAX_EVENTS])
+                accepted += result.accepted
+                duplicates += result.duplicates
+    ingest_tally(project.pk, accepted=accepted, duplicates=duplicates, refused=mapping.rejected)
+    return HttpResponse(
+        otlp_response(mapping.rejected, mapping.error_message(), content_type),
+        content_type=content_type,
+    )
+
+
+def _with_turns(project: Project, spans: list[OtlpSpan]) -> list[StepEvent]:
+    """The steps, each numbered with its trace's turn: the turn an earlier export of the same
+    trace got (found by its steps' event_ids, `otlp:<trace>:…`), else the session's next
+    turns, in order of the traces' first span. A span without a session id joins the session
+    of its trace's earlier steps (exporters send a trace's spans as they end, and tool spans
+    rarely carry the conversation id), else the `system` session, without a turn.
+    Replay-safe; two exporters racing on one new trace of a session can at worst split it
+    into two turns."""
+    known: dict[tuple[str, str], int] = {}
+    home: dict[str, str] = {}  # trace → session, for spans without one
+    orphans = {span.trace_id for span in spans if span.step.session_id is None}
+    if orphans:
+        earlier = (
+            Step.objects.filter(_traces_q(orphans), project=project, turn__isnull=False)
+            .values_list("event_id", "session__external_id", "turn__number")
+            .order_by("id")
+        )
+        for event_id, home_session, number in earlier:
+            trace = (event_id or "").split(":")[1]
+            home.setdefault(trace, home_session)
+            known.setdefault((home_session, trace), number)
+
+    sessions = [span.step.session_id or home.get(span.trace_id) for span in spans]
+    first_start: dict[tuple[str, str], int] = {}
+    for span, span_session in zip(spans, sessions, strict=True):
+        if span_session is not None:
+            key = (span_session, span.trace_id)
+            first_start[key] = min(first_start.get(key, span.start_ns), span.start_ns)
+    if not first_start:
+        return [span.step for span in spans]
+
+    session_pks = Session.objects.filter(
+        project=project, external_id__in=sorted(home.values()) + sorted({s for s, _ in first_start})
+    )
+    unknown = [key for key in first_start if key not in known]
+    if unknown:
+        seen = reduce(
+            or_,
+            (
+                Q(session__external_id=session, event_id__startswith=f"otlp:{trace}:")
+                for session, trace in unknown
+            ),
+        ) & Q(event_id__startswith="otlp:")
+        prior = (
+            Step.objects.filter(seen, session__in=session_pks, turn__isnull=False)
+            .values_list("session__external_id", "event_id", "turn__number")
+            .order_by("id")
+        )
+        for step_session, step_event_id, number in prior:
+            known.setdefault((step_session, (step_event_id or "").split(":")[1]), number)
+
+    top: dict[str, int] = defaultdict(int)
+    for row in (
+        Turn.objects.filter(project=project, session__in=session_pks)
+        .values("session__external_id")
+        .annotate(top=Max("number"))
+    ):
+        top[row["session__external_id"]] = row["top"] or 0
+    for (session, trace), _ in sorted(first_start.items(), key=lambda item: (item[1], item[0])):
+        if (session, trace) not in known:
+            top[session] += 1
+            known[(session, trace)] = top[session]
+
+    return [
+        span.step
+        if span_session is None
+        else span.step.model_copy(
+            update={"session_id": span_session, "turn": known[(span_session, span.trace_id)]}
+        )
+        for span, span_session in zip(spans, sessions, strict=True)
+    ]
+
+
+def _traces_q(traces: set[str]) -> Q:
+    """Steps of these traces. The bare `otlp:` prefix repeats the partial index's predicate
+    (step_otlp_event, migration 0009), so PostgreSQL can prove the index applies."""
+    of_traces = reduce(or_, (Q(event_id__startswith=f"otlp:{t}:") for t in sorted(traces)))
+    return Q(event_id__startswith="otlp:") & of_traces

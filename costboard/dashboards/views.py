@@ -1,0 +1,634 @@
+"""Server-rendered pages (CONTRACT §6): login required, scoped to the projects a user may see,
+filters in the URL, htmx swapping only the part that changes."""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import date, timedelta
+from decimal import ROUND_CEILING, Decimal
+from typing import Any
+
+from django import forms
+from django.contrib.auth.decorators import login_required
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser, PermissionsMixin
+from django.core.exceptions import PermissionDenied
+from django.core.paginator import Paginator
+from django.db import transaction
+from django.db.models import QuerySet
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseRedirect,
+    QueryDict,
+    StreamingHttpResponse,
+)
+from django.shortcuts import render
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.dateparse import parse_date
+from django.views.decorators.http import require_POST
+from django_htmx.middleware import HtmxDetails
+
+from costboard.budgets.caps import Caps, caps_for, session_caps, session_recheck
+from costboard.dashboards import charts, selectors
+from costboard.dashboards.scope import Scope, scope_for
+from costboard.models import SYSTEM_SESSION_ID, Project, Session, usd
+
+PAGE_SIZE = 50
+
+
+class HtmxHttpRequest(HttpRequest):
+    """A request through django-htmx's middleware (as its docs type it)."""
+
+    htmx: HtmxDetails
+
+
+def _figures(**figures: dict[str, Any]) -> dict[str, Any]:
+    """The page's figures, embedded with `json_script` and drawn by static/costboard/charts.js."""
+    return figures
+
+
+def _date(params: QueryDict, name: str) -> date | None:
+    value = params.get(name, "")
+    try:
+        return parse_date(value) if value else None
+    except ValueError:
+        return None
+
+
+@login_required
+def overview(request: HttpRequest) -> HttpResponse:
+    scope = scope_for(request)
+    ids = scope.project_ids
+    today = timezone.now().date()
+    since = today - timedelta(days=29)
+    breakdown = selectors.usage_breakdown(project_ids=ids, since=since, until=today)
+    flagged, flagged_total = selectors.sessions_flagged(project_ids=ids)
+    context = {
+        "scope": scope,
+        "spend": selectors.spend_by_period(project_ids=ids, today=today),
+        "breakdown": breakdown,
+        "costliest": selectors.sessions_costliest(
+            project_ids=ids, since=timezone.now() - timedelta(days=30)
+        ),
+        "flagged": flagged,
+        "flagged_total": flagged_total,
+        "unpriced": (selectors.models_unpriced(project_ids=ids) if request.user.is_staff else []),
+        "figures": _figures(
+            daily=charts.daily_cost_by_model(breakdown),
+            step_types=charts.cost_by_step_type(breakdown),
+            kinds=charts.tokens_by_kind(breakdown),
+        ),
+    }
+    return render(request, "costboard/overview.html", context)
+
+
+def _session_filters(params: QueryDict) -> selectors.SessionFilters:
+    sort = params.get("sort", "-last_active")
+    if sort.lstrip("-") not in selectors.SESSION_SORTS:
+        sort = "-last_active"
+    state = params.get("state", "")
+    return selectors.SessionFilters(
+        state=state if state in selectors.STATE_FILTERS else "",
+        model=params.get("model", "").strip(),
+        user=params.get("user", "").strip(),
+        q=params.get("q", "").strip(),
+        since=_date(params, "since"),
+        until=_date(params, "until"),
+        sort=sort,
+    )
+
+
+@login_required
+def sessions_list(request: HtmxHttpRequest) -> HttpResponse:
+    scope = scope_for(request)
+    filters = _session_filters(request.GET)
+    sessions = selectors.sessions_filtered(project_ids=scope.project_ids, filters=filters)
+    page = Paginator(sessions, PAGE_SIZE).get_page(request.GET.get("page"))
+    mix = selectors.model_mix(session_ids=[s.pk for s in page])
+    rows = [(s, session_caps(s), mix.get(s.pk, [])) for s in page]
+    context = {
+        "scope": scope,
+        "filters": filters,
+        "page": page,
+        "rows": rows,
+        "states": list(selectors.STATE_FILTERS),
+        "live": request.GET.get("live") == "1",
+    }
+    template = "costboard/sessions.html"
+    if request.htmx:
+        template += "#table"
+    else:
+        context["models"] = selectors.models_seen(project_ids=scope.project_ids)
+    return render(request, template, context)
+
+
+CSV_COLUMNS = [
+    "project",
+    "session_id",
+    "user_id",
+    "state",
+    "runaway",
+    "tokens_used",
+    "token_cap",
+    "cost_usd",
+    "cost_cap_usd",
+    "input_tokens",
+    "output_tokens",
+    "cache_read_input_tokens",
+    "cache_creation_input_tokens",
+    "turns",
+    "steps",
+    "errors",
+    "started_at",
+    "last_active_at",
+    "ended_at",
+]
+
+
+# Read as tuples, not Session instances: building models (and decoding their JSON metadata)
+# was half the time of a large export.
+CSV_FIELDS = (
+    "project_id",
+    "external_id",
+    "user_id",
+    "state",
+    "runaway_at",
+    "input_tokens",
+    "output_tokens",
+    "token_cap",
+    "cost_usd",
+    "cost_cap_usd",
+    "cache_read_input_tokens",
+    "cache_creation_input_tokens",
+    "turn_count",
+    "step_count",
+    "error_count",
+    "started_at",
+    "last_active_at",
+    "ended_at",
+)
+CSV_CHUNK_ROWS = 500  # rows per chunk sent: one chunk per row costs more than the rows
+
+
+def _csv_rows(sessions: QuerySet[Session], projects: dict[int, Project]) -> Iterator[str]:
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow(CSV_COLUMNS)
+    rows = sessions.values_list(*CSV_FIELDS).iterator(chunk_size=2000)
+    for count, row in enumerate(rows, start=1):
+        (
+            project_id,
+            external_id,
+            user_id,
+            state,
+            runaway_at,
+            input_tokens,
+            output_tokens,
+            token_cap,
+            cost_usd,
+            cost_cap_usd,
+            cache_read,
+            cache_write,
+            turns,
+            steps,
+            errors,
+            started_at,
+            last_active_at,
+            ended_at,
+        ) = row
+        project = projects[project_id]
+        caps = caps_for(
+            project=project,
+            token_cap=token_cap,
+            cost_cap_usd=cost_cap_usd,
+            system=external_id == SYSTEM_SESSION_ID,
+        )
+        writer.writerow(
+            [
+                project.slug,
+                external_id,
+                user_id,
+                state,
+                runaway_at is not None,
+                input_tokens + output_tokens,
+                caps.token_cap,
+                usd(cost_usd),
+                usd(caps.cost_cap_usd),
+                input_tokens,
+                output_tokens,
+                cache_read,
+                cache_write,
+                turns,
+                steps,
+                errors,
+                started_at.isoformat(),
+                last_active_at.isoformat(),
+                ended_at.isoformat() if ended_at else "",
+            ]
+        )
+        if count % CSV_CHUNK_ROWS == 0:
+            yield buffer.getvalue()
+            buffer.seek(0)
+            buffer.truncate()
+    yield buffer.getvalue()
+
+
+@login_required
+def sessions_csv(request: HttpRequest) -> StreamingHttpResponse:
+    scope = scope_for(request)
+    sessions = selectors.sessions_filtered(
+        project_ids=scope.project_ids, filters=_session_filters(request.GET)
+    )
+    projects = {p.pk: p for p in scope.projects}
+    response = StreamingHttpResponse(_csv_rows(sessions, projects), content_type="text/csv")
+    stamp = timezone.now().strftime("%Y%m%d-%H%M")
+    response["Content-Disposition"] = f'attachment; filename="sessions-{stamp}.csv"'
+    return response
+
+
+def _session_in_scope(scope: Scope, pk: int) -> Session:
+    session = (
+        Session.objects.select_related("project", "parent")
+        .filter(pk=pk, project_id__in=scope.project_ids)
+        .first()
+    )
+    if session is None:
+        raise Http404("no such session")
+    return session
+
+
+@login_required
+def session_page(request: HttpRequest, pk: int) -> HttpResponse:
+    scope = scope_for(request)
+    return _session_render(request, scope, _session_in_scope(scope, pk))
+
+
+def _session_render(
+    request: HttpRequest,
+    scope: Scope,
+    session: Session,
+    *,
+    form: RaiseCapForm | None = None,
+    status: int = 200,
+) -> HttpResponse:
+    caps = session_caps(session)
+    detail = selectors.session_detail(session=session)
+    context = {
+        "scope": scope,
+        "session": session,
+        "caps": caps,
+        "detail": detail,
+        "events": detail.events,
+        "flag": _flag_row(session, caps, user=request.user, form=form),
+        "figures": _figures(
+            tokens_gauge=charts.gauge(
+                title="tokens",
+                value=session.tokens_used,
+                cap=caps.token_cap,
+                warn_at=caps.warn_at_pct,
+                usd=False,
+            ),
+            cost_gauge=charts.gauge(
+                title="USD",
+                value=session.cost_usd,
+                cap=caps.cost_cap_usd,
+                warn_at=caps.warn_at_pct,
+                usd=True,
+            ),
+            cumulative=charts.cumulative_tokens(
+                detail.cumulative, cap=caps.token_cap, warn_at=caps.warn_at_pct
+            ),
+            per_turn=charts.cost_per_turn(detail.cost_by_turn),
+        ),
+    }
+    return render(request, "costboard/session.html", context, status=status)
+
+
+@login_required
+def steps_page(request: HtmxHttpRequest) -> HttpResponse:
+    scope = scope_for(request)
+    today = timezone.now().date()
+    since = _date(request.GET, "since") or today - timedelta(days=29)
+    until = _date(request.GET, "until") or today
+    model = request.GET.get("model", "").strip()
+    step_type = request.GET.get("step_type", "").strip()
+    ids = scope.project_ids
+    rows = selectors.steps_by_type_and_model(
+        project_ids=ids, since=since, until=until, model=model, step_type=step_type
+    )
+    latency = selectors.latency_by_step_type(
+        project_ids=ids, since=since, until=until, step_type=step_type
+    )
+    turn_costs = selectors.turn_cost_distribution(project_ids=ids, since=since, until=until)
+    by_type: dict[str, list[int]] = {}
+    for row in rows:
+        calls_errors = by_type.setdefault(row.step_type, [0, 0])
+        calls_errors[0] += row.calls
+        calls_errors[1] += row.errors
+    context = {
+        "scope": scope,
+        "rows": rows,
+        "latency": latency,
+        "error_rates": [
+            (name, calls, errors, errors / calls if calls else 0.0)
+            for name, (calls, errors) in sorted(by_type.items())
+        ],
+        "since": since,
+        "until": until,
+        "model": model,
+        "step_type": step_type,
+        "models": selectors.models_seen(project_ids=ids),
+        "figures": _figures(
+            latency=charts.latency(latency), turn_costs=charts.turn_cost_histogram(turn_costs)
+        ),
+    }
+    template = "costboard/steps.html"
+    if request.htmx:
+        template += "#results"
+    return render(request, template, context)
+
+
+# --- flagged sessions -----------------------------------------------------------------------
+
+
+def can_act_on_sessions(user: AbstractBaseUser | AnonymousUser) -> bool:
+    """Raising caps and acknowledging: staff, or whoever may change sessions in the admin."""
+    if getattr(user, "is_staff", False):
+        return True
+    return isinstance(user, PermissionsMixin) and user.has_perm("costboard.change_session")
+
+
+MAX_TOKEN_CAP = 2**63 - 1  # a bigint
+
+
+class RaiseCapForm(forms.Form):
+    """New caps for one session: each optional (blank keeps it), each above the current one."""
+
+    token_cap = forms.IntegerField(
+        required=False,
+        min_value=1,
+        max_value=MAX_TOKEN_CAP,
+        error_messages={
+            "invalid": "Token cap: enter a whole number of tokens, e.g. 200000.",
+            "min_value": "Token cap: must be a positive whole number of tokens.",
+            "max_value": "Token cap: too large.",
+        },
+    )
+    cost_cap_usd = forms.DecimalField(
+        required=False,
+        max_digits=14,
+        decimal_places=4,
+        error_messages={
+            "invalid": "USD cap: enter an amount in dollars, e.g. 10.00.",
+            "max_decimal_places": "USD cap: at most 4 decimal places.",
+            "max_digits": "USD cap: too large.",
+            "max_whole_digits": "USD cap: too large.",
+        },
+    )
+
+    def __init__(self, *args: Any, caps: Caps, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.caps = caps
+        if self.is_bound:  # "200,000" and "$10" mean what they say
+            data = {key: self.data.get(key) for key in self.data}
+            for name, junk in (("token_cap", ",_ "), ("cost_cap_usd", ",_ $")):
+                value = str(data.get(name) or "")
+                data[name] = value.translate(str.maketrans("", "", junk))
+            self.data = data
+
+    def clean_token_cap(self) -> int | None:
+        value: int | None = self.cleaned_data["token_cap"]
+        if value is not None and value <= self.caps.token_cap:
+            raise forms.ValidationError(
+                f"Token cap: must be higher than the current cap of {self.caps.token_cap:,} "
+                "(this raises it; lower caps in the admin)."
+            )
+        return value
+
+    def clean_cost_cap_usd(self) -> Decimal | None:
+        value: Decimal | None = self.cleaned_data["cost_cap_usd"]
+        if value is None:
+            return None
+        if value <= 0:
+            raise forms.ValidationError("USD cap: must be more than $0.")
+        if value <= self.caps.cost_cap_usd:
+            raise forms.ValidationError(
+                f"USD cap: must be higher than the current cap of ${self.caps.cost_cap_usd:,.2f} "
+                "(this raises it; lower caps in the admin)."
+            )
+        return value
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
+        fields_ok = not self.errors
+        if fields_ok and cleaned.get("token_cap") is None and cleaned.get("cost_cap_usd") is None:
+            raise forms.ValidationError("Give a new token cap, a new USD cap, or both.")
+        return cleaned
+
+
+def _round_up(value: Decimal) -> Decimal:
+    """Up to two significant digits: 182,400 → 190,000; 10.04 → 11."""
+    if value <= 0:
+        return value
+    step = Decimal(1).scaleb(value.adjusted() - 1)
+    return (value / step).to_integral_value(rounding=ROUND_CEILING) * step
+
+
+def suggested_caps(session: Session, caps: Caps) -> dict[str, object]:
+    """The raise form's prefill: for each cap behind the flag (both when it is a runaway's),
+    double the cap, or double the use when that is more, rounded up; the other left blank."""
+    behind = selectors.session_cap_reasons(session, caps) or selectors.session_cap_uses(
+        session, caps
+    )
+    names = {use.name for use in behind}
+    initial: dict[str, object] = {}
+    if "tokens" in names:
+        tokens = max(2 * caps.token_cap, 2 * session.tokens_used, 1)
+        initial["token_cap"] = int(_round_up(Decimal(tokens)))
+    if "USD" in names:
+        dollars = max(2 * caps.cost_cap_usd, 2 * session.cost_usd, Decimal("0.01"))
+        initial["cost_cap_usd"] = _round_up(dollars).quantize(
+            Decimal("0.01"), rounding=ROUND_CEILING
+        )
+    return initial
+
+
+@dataclass(frozen=True)
+class FlagRow:
+    """A flagged session as its row (and the session page's banner) shows it."""
+
+    session: Session
+    caps: Caps
+    reasons: list[selectors.CapUse]
+    uses: list[selectors.CapUse]
+    form: RaiseCapForm
+    can_act: bool
+
+    @property
+    def resolved(self) -> bool:
+        return self.session.state == Session.State.OK and not self.session.runaway
+
+    @property
+    def held(self) -> bool:
+        """Exhausted by a runaway, not by a cap: acknowledging lets it go on."""
+        return self.session.state == Session.State.EXHAUSTED and not self.reasons
+
+
+def _flag_row(
+    session: Session,
+    caps: Caps,
+    *,
+    user: AbstractBaseUser | AnonymousUser,
+    can_act: bool | None = None,
+    form: RaiseCapForm | None = None,
+) -> FlagRow:
+    return FlagRow(
+        session=session,
+        caps=caps,
+        reasons=selectors.session_cap_reasons(session, caps),
+        uses=selectors.session_cap_uses(session, caps),
+        form=form or RaiseCapForm(caps=caps, initial=suggested_caps(session, caps)),
+        can_act=can_act_on_sessions(user) if can_act is None else can_act,
+    )
+
+
+@login_required
+def flagged_page(request: HtmxHttpRequest) -> HttpResponse:
+    return _flagged_render(request, scope_for(request))
+
+
+def _flagged_render(
+    request: HtmxHttpRequest,
+    scope: Scope,
+    *,
+    form: RaiseCapForm | None = None,
+    form_session: int | None = None,
+    status: int = 200,
+) -> HttpResponse:
+    acknowledged = request.GET.get("acknowledged") == "1"
+    kind = request.GET.get("kind", "")
+    if kind not in selectors.FLAG_KINDS:
+        kind = ""
+    ids = scope.project_ids
+    sessions = selectors.sessions_flagged_list(
+        project_ids=ids, kind=kind, acknowledged=acknowledged
+    )
+    page = Paginator(sessions, PAGE_SIZE).get_page(request.GET.get("page"))
+    can_act = can_act_on_sessions(request.user)
+    rows = [
+        _flag_row(
+            s,
+            session_caps(s),
+            user=request.user,
+            can_act=can_act,
+            form=form if s.pk == form_session else None,
+        )
+        for s in page
+    ]
+    counts = selectors.sessions_flagged_counts(project_ids=ids, acknowledged=acknowledged)
+    context = {
+        "scope": scope,
+        "page": page,
+        "rows": rows,
+        "counts": counts,
+        "kinds": [
+            ("runaway", "Runaway", counts.runaway),
+            ("exhausted", "Exhausted", counts.exhausted),
+            ("warning", "Near cap", counts.warning),
+        ],
+        "kind": kind,
+        "acknowledged": acknowledged,
+        "can_act": can_act,
+    }
+    template = "costboard/flagged.html"
+    if request.htmx and request.method == "GET":
+        template += "#list"
+    return render(request, template, context, status=status)
+
+
+def _acting_on(request: HttpRequest, pk: int) -> tuple[Scope, Session]:
+    """The session an action is for: 403 without the right to act, 404 outside the scope."""
+    if not can_act_on_sessions(request.user):
+        raise PermissionDenied("Raising caps and acknowledging need the change session right.")
+    scope = scope_for(request)
+    return scope, _session_in_scope(scope, pk)
+
+
+def _acted(
+    request: HtmxHttpRequest,
+    scope: Scope,
+    pk: int,
+    *,
+    form: RaiseCapForm | None = None,
+) -> HttpResponse:
+    """After an action: its row (or the session page's banner) for htmx, a redirect back for a
+    plain form; with the form's errors (422) when it was refused."""
+    session = _session_in_scope(scope, pk)
+    on_session_page = request.POST.get("render") == "banner"
+    status = 422 if form is not None else 200
+    if request.htmx:
+        caps = session_caps(session)
+        row = _flag_row(session, caps, user=request.user, form=form)
+        if on_session_page:
+            context = {
+                "scope": scope,
+                "session": session,
+                "caps": caps,
+                "flag": row,
+                "events": selectors.session_budget_events(session=session),
+            }
+            return render(request, "costboard/_session_flag.html", context, status=status)
+        context = {"scope": scope, "row": row}
+        return render(request, "costboard/_flagged_row.html", context, status=status)
+    if form is not None:
+        if on_session_page:
+            return _session_render(request, scope, session, form=form, status=422)
+        return _flagged_render(request, scope, form=form, form_session=pk, status=422)
+    back = reverse("session", args=[pk]) if on_session_page else reverse("flagged")
+    query = request.GET.urlencode()
+    return HttpResponseRedirect(f"{back}?{query}" if query else back, status=303)
+
+
+@login_required
+@require_POST
+def flagged_raise_cap(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    """Raise a session's token and/or USD cap: its state is recomputed and a cap_changed
+    event recorded."""
+    scope, session = _acting_on(request, pk)
+    with transaction.atomic():
+        locked = (
+            Session.objects.select_for_update(of=("self",)).select_related("project").get(pk=pk)
+        )
+        old_caps = session_caps(locked)  # read under the lock: "higher" than what is saved
+        form = RaiseCapForm(request.POST, caps=old_caps)
+        if form.is_valid():
+            changed = []
+            if form.cleaned_data["token_cap"] is not None:
+                locked.token_cap = form.cleaned_data["token_cap"]
+                changed.append("token_cap")
+            if form.cleaned_data["cost_cap_usd"] is not None:
+                locked.cost_cap_usd = form.cleaned_data["cost_cap_usd"]
+                changed.append("cost_cap_usd")
+            locked.save(update_fields=changed)
+            session_recheck(locked.pk, now=timezone.now(), old_caps=old_caps)
+    return _acted(request, scope, session.pk, form=None if form.is_valid() else form)
+
+
+@login_required
+@require_POST
+def flagged_acknowledge(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    """A person saw the session's flags: it leaves the default list until flagged again (and
+    a runaway held at exhausted may go on)."""
+    scope, session = _acting_on(request, pk)
+    now = timezone.now()
+    with transaction.atomic():
+        Session.objects.filter(pk=session.pk).update(
+            acknowledged_at=now, acknowledged_by=request.user.get_username()[:150]
+        )
+        session_recheck(session.pk, now=now)
+    return _acted(request, scope, session.pk)

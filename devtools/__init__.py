@@ -1,0 +1,1 @@
+"""Dev-only: demo data and the benchmarks. Not part of the installed distribution."""

@@ -1,0 +1,1467 @@
+"""Demo traffic for `seed_demo`: several projects' agent sessions over the last 30 days, stored
+through the real ingest service, so every rollup, budget state and crossing is what real
+traffic would give.
+
+- Each project has a theme (a support bot, a research agent, a code reviewer): what its users
+  ask, which model each pipeline step runs on, what memories its agent proposes.
+- Sessions are scheduled over the window first (every day gets some once there are enough;
+  more on weekdays and in business hours, growing towards today), then written one at a time,
+  each from its own random stream. The same seed and options give the same sessions, turns,
+  steps and event_ids, so a second run stores nothing new: replays count as duplicates.
+- The newest sessions of each project include one near its cap, one exhausted (by a token or
+  a USD cap sent in its session event) and one stuck in a retry loop, flagged as runaway.
+- Events go to `events_ingest` in batches of up to 1000 per project; only the schedule is
+  held in memory, so a million steps (`--steps`) fit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+from decimal import ROUND_CEILING, ROUND_DOWN, Decimal
+from enum import StrEnum
+from typing import Any
+
+from django.db.models import Sum
+from django.utils import timezone
+
+from costboard.budgets.caps import caps_for
+from costboard.ingest.schemas import MAX_EVENTS, Event, SessionEvent, StepEvent, TurnEvent
+from costboard.ingest.service import events_ingest
+from costboard.models import (
+    SYSTEM_SESSION_ID,
+    BudgetEvent,
+    ModelPrice,
+    Project,
+    Session,
+    Turn,
+)
+from costboard.pricing.rates import RateTable, rate_table
+from costboard.pricing.sync import prices_sync
+from memory_ui.models import Memory, MemoryEvent
+from memory_ui.text import fingerprint
+
+DEFAULT_SESSIONS = 300
+DEFAULT_DAYS = 30
+DEFAULT_SEED = 42
+DEFAULT_PROJECTS = 3
+# Enough sessions per project for its near-cap, exhausted and runaway examples and some more.
+MIN_SESSIONS_PER_PROJECT = 8
+
+DAY = timedelta(days=1)
+GROWTH = 0.6  # the newest day gets 1.6 times the traffic of the oldest
+WEEKEND_SHARE = 0.45  # a weekend day gets this share of a weekday's traffic
+FAILURE_RATE = 0.02  # a call fails (and is retried) this often
+RETRY_LOOP_ATTEMPTS = (42, 60)
+CANARY_EVERY = 11  # every 11th session of a theme with a canary model routes intents to it
+SYSTEM_STEP_RATE = 0.1  # background (session-less) steps per session
+SYSTEM_BUDGET = {"token_cap": 10**10, "cost_cap_usd": "100000"}
+TURN_WEIGHTS = (8, 14, 16, 14, 11, 9, 7, 6, 5, 4, 3, 3)  # 1 to 12 turns, mostly 2 to 5
+EXHAUSTED_AT = Decimal("0.95")  # an exhausted example's cap: the session crosses it at the end
+CENTS = Decimal("0.01")
+CAP_QUANTUM = Decimal("0.0001")
+
+
+# --- models and themes ----------------------------------------------------------------------
+
+
+class Shape(StrEnum):
+    """How a provider reports a call's tokens (CONTRACT §4)."""
+
+    FIELDS = "fields"  # the token fields themselves, Anthropic semantics
+    OPENAI = "openai"  # an OpenAI Chat Completions usage object
+    GEMINI = "gemini"  # a Gemini usageMetadata object
+
+
+@dataclass(frozen=True, slots=True)
+class Llm:
+    model: str
+    provider: str
+    shape: Shape
+    ms_per_output_token: int
+    reasoning: bool = False
+
+
+HAIKU = Llm("claude-haiku-4-5", "anthropic", Shape.FIELDS, 7)
+SONNET = Llm("claude-sonnet-4-5", "anthropic", Shape.FIELDS, 20)
+GPT_4O_MINI = Llm("gpt-4o-mini", "openai", Shape.OPENAI, 8)
+GPT_4O = Llm("gpt-4o", "openai", Shape.OPENAI, 16)
+O3 = Llm("o3", "openai", Shape.OPENAI, 12, reasoning=True)
+GEMINI_PRO = Llm("gemini-2.5-pro", "google", Shape.GEMINI, 11, reasoning=True)
+EMBEDDING = Llm("text-embedding-3-small", "openai", Shape.OPENAI, 0)
+# Not in the rate table: stored unpriced and listed for admins.
+ACME_FINETUNE = Llm("acme-finetune-v2", "acme", Shape.FIELDS, 5)
+
+
+@dataclass(frozen=True, slots=True)
+class RetryLoop:
+    """How a theme's agent gets stuck: one step retried with the same failing arguments."""
+
+    step_type: str
+    llm: Llm
+    error: str
+    apology: str
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryIdea:
+    type: str
+    content: str
+    approved: bool = False
+
+
+@dataclass(frozen=True)
+class Theme:
+    slug: str
+    name: str
+    weight: float  # share of the traffic
+    session_prefix: str
+    user_prefix: str
+    system_prompt_tokens: int
+    routers: tuple[tuple[Llm, int], ...]  # intent, filter and compress, weighted
+    responders: tuple[tuple[Llm, int], ...]
+    filter_rate: float
+    search_rate: float
+    retrieved_tokens: tuple[int, int]
+    output_tokens: tuple[int, int]
+    compress_over: int  # history tokens past which a long session is compressed
+    openers: tuple[str, ...]
+    follow_ups: tuple[str, ...]
+    answers: tuple[str, ...]
+    queries: tuple[str, ...]
+    focuses: tuple[str, ...]
+    selection_key: str
+    vocab: Mapping[str, tuple[str, ...]]
+    channels: tuple[str, ...]
+    retry_loop: RetryLoop
+    memories: tuple[MemoryIdea, ...]
+    canary: Llm | None = None
+    token_cap: int | None = None  # the project's per-session caps (None: the defaults)
+    cost_cap_usd: Decimal | None = None
+
+
+SUPPORT_BOT = Theme(
+    slug="support-bot",
+    name="Support Bot",
+    weight=1.0,
+    session_prefix="chat",
+    user_prefix="cust-",
+    system_prompt_tokens=3400,
+    routers=((HAIKU, 7), (GPT_4O_MINI, 3)),
+    responders=((SONNET, 65), (GPT_4O, 35)),
+    filter_rate=0.55,
+    search_rate=0.7,
+    retrieved_tokens=(600, 2600),
+    output_tokens=(80, 480),
+    compress_over=14_000,
+    openers=(
+        "Where is my order {order}? It was supposed to arrive {day}.",
+        "I'd like to return the {product} I bought last month.",
+        "Can I change the delivery address on order {order}?",
+        "My {product} arrived with a cracked case. What are my options?",
+        "Do you have the {product} in {color}?",
+        "I was charged twice for order {order}, please fix this.",
+        "How do I factory-reset the {product}?",
+        "Does the {product} work with {other}?",
+    ),
+    follow_ups=(
+        "Can you email me a return label?",
+        "How long until the refund shows up on my card?",
+        "Could I get store credit instead?",
+        "It still doesn't work after the reset.",
+        "Please escalate this to a human agent.",
+        "While you're at it, can you check order {order} too?",
+        "What's the cheapest way to ship it back?",
+        "OK, thanks. Will I get a confirmation email?",
+    ),
+    answers=(
+        "Order {order} is with {carrier} and due tomorrow; I've emailed you the tracking link.",
+        "I've opened a return for the {product}. A prepaid {carrier} label is on its way to you.",
+        "Refunds reach your card 3–5 business days after the item is scanned at our warehouse.",
+        "Sorry about that! I've arranged a free replacement {product}; it ships today.",
+        "The {product} is in stock in {color}. Shall I add it to your cart?",
+        "I found the duplicate charge on order {order} and reversed it; allow 2–3 days.",
+        "Hold the power button for 10 seconds, then choose Reset in the app.",
+        "Yes, the {product} works with {other} out of the box; setup takes two minutes.",
+    ),
+    queries=(
+        "{product} return policy",
+        "order {order} tracking",
+        "{product} {other} compatibility",
+        "refund timeline card payments",
+        "{product} factory reset",
+    ),
+    focuses=(
+        "order_status",
+        "returns",
+        "billing",
+        "troubleshooting",
+        "product_question",
+        "delivery_change",
+    ),
+    selection_key="order",
+    vocab={
+        "order": ("#48213", "#48877", "#49102", "#49356", "#50018", "#50244", "#50991"),
+        "product": (
+            "Aero 14 laptop",
+            "Pulse wireless earbuds",
+            "Halo smart speaker",
+            "Terra standing desk",
+            "Nimbus air purifier",
+            "Volt USB-C dock",
+            "Orbit 4K monitor",
+        ),
+        "other": ("macOS Sonoma", "Windows 11", "a Thunderbolt 3 port", "Alexa", "an iPhone 15"),
+        "color": ("graphite", "silver", "sage green", "midnight blue"),
+        "day": ("on Tuesday", "yesterday", "last Friday", "two days ago"),
+        "carrier": ("DHL", "UPS", "DPD", "Royal Mail"),
+    },
+    channels=("web", "app", "email"),
+    retry_loop=RetryLoop(
+        step_type="filter",
+        llm=HAIKU,
+        error="tool_use failed: lookup_order returned 502 Bad Gateway; retrying",
+        apology="Sorry, I can't reach our order system right now. Please try again shortly.",
+    ),
+    memories=(
+        MemoryIdea("user", "prefers concise answers, no more than three points", approved=True),
+        MemoryIdea("user", "wants order updates by email, not SMS"),
+        MemoryIdea("user", "is a business customer; invoices need their VAT number"),
+        MemoryIdea("user", "writes in German now and then; answer in the language they use"),
+        MemoryIdea(
+            "feedback",
+            "don't offer store credit before checking the 30-day refund window",
+            approved=True,
+        ),
+        MemoryIdea("feedback", "ask for the order number before looking anything up"),
+        MemoryIdea("feedback", "never promise a delivery date the carrier hasn't confirmed"),
+        MemoryIdea("feedback", "apologise once per reply at most"),
+        MemoryIdea(
+            "project",
+            "refund window is 30 days from delivery, 14 days for opened electronics",
+            approved=True,
+        ),
+        MemoryIdea("project", "replacements for damaged items ship without waiting for the return"),
+        MemoryIdea("project", "refunds over $500 need a human to approve them"),
+        MemoryIdea("project", "the Terra standing desk ships from a separate warehouse, 5–7 days"),
+        MemoryIdea("reference", "return label flow: Ops wiki > Returns > Labels", approved=True),
+        MemoryIdea("reference", "DHL and UPS tracking links are on the order page; DPD by email"),
+        MemoryIdea("reference", "price-match policy: northwind.example/help/price-match"),
+        MemoryIdea("reference", "escalations go to the #support-tier2 Slack channel"),
+    ),
+    canary=ACME_FINETUNE,
+)
+
+RESEARCH_AGENT = Theme(
+    slug="research-agent",
+    name="Research Agent",
+    weight=0.7,
+    session_prefix="rs",
+    user_prefix="researcher-",
+    system_prompt_tokens=5200,
+    routers=((HAIKU, 5), (GPT_4O_MINI, 5)),
+    responders=((SONNET, 50), (GEMINI_PRO, 30), (O3, 20)),
+    filter_rate=0.7,
+    search_rate=0.9,
+    retrieved_tokens=(2000, 8000),
+    output_tokens=(350, 1600),
+    compress_over=24_000,
+    openers=(
+        "Summarise recent work on {topic}.",
+        "Find papers comparing {method_a} and {method_b} on {task}.",
+        "What are the open problems in {topic}?",
+        "Build a reading list on {topic} for a new team member.",
+        "Which benchmarks are used to evaluate {task}, and how saturated are they?",
+        "Is there evidence that {method_a} beats {method_b} for {task}?",
+    ),
+    follow_ups=(
+        "Only keep results published after {year}.",
+        "Which of these have code and weights available?",
+        "Put the evaluation setups side by side in a table.",
+        "Drop the survey papers and keep primary results.",
+        "Give me BibTeX for the top three.",
+        "How strong is the evidence, honestly?",
+        "What would a cheap replication look like?",
+    ),
+    answers=(
+        "I found {n} relevant papers; the strongest evidence is {paper}, with gains on {task}.",
+        "Mixed results: {method_a} wins in-domain, {method_b} is more robust out of domain.",
+        "Three open problems stand out in {topic}: eval leakage, cost at long context, baselines.",
+        "Here is a 10-item reading list on {topic}, from background to current work.",
+        "{n} of the papers release code and 5 release weights; links are in the table.",
+        "The evidence is moderate: most gains are single runs without variance estimates.",
+    ),
+    queries=(
+        "{topic} survey {year}",
+        "{method_a} vs {method_b} {task}",
+        "{task} benchmark leaderboard",
+        "{topic} open problems",
+    ),
+    focuses=("literature_search", "comparison", "reading_list", "benchmarks", "evidence_review"),
+    selection_key="arxiv",
+    vocab={
+        "topic": (
+            "retrieval-augmented generation",
+            "speculative decoding",
+            "long-context evaluation",
+            "mixture-of-experts routing",
+            "LLM-as-a-judge reliability",
+            "KV-cache compression",
+        ),
+        "method_a": ("dense retrieval", "LoRA", "DPO", "RAG"),
+        "method_b": ("BM25", "full fine-tuning", "PPO", "long-context prompting"),
+        "task": ("multi-hop QA", "code generation", "legal summarisation", "tabular reasoning"),
+        "paper": (
+            "Lewis et al. (2020)",
+            "Liu et al. (2024), 'Lost in the Middle'",
+            "Leviathan et al. (2023)",
+            "Gao et al. (2024)",
+        ),
+        "n": ("9", "12", "17", "23", "31"),
+        "year": ("2023", "2024"),
+        "arxiv": (
+            "arXiv:2005.11401",
+            "arXiv:2307.03172",
+            "arXiv:2211.17192",
+            "arXiv:2401.18059",
+            "arXiv:2403.05530",
+            "arXiv:2310.11511",
+        ),
+    },
+    channels=("web", "slack"),
+    retry_loop=RetryLoop(
+        step_type="filter",
+        llm=HAIKU,
+        error="ValidationError: rank_papers.year_from must be an integer, got '2023+'",
+        apology="I couldn't rank the papers: the ranking tool kept rejecting my request.",
+    ),
+    memories=(
+        MemoryIdea("user", "wants citations in APA style with DOIs", approved=True),
+        MemoryIdea("user", "reads summaries on mobile; keep tables under five columns"),
+        MemoryIdea("user", "is an ML engineer: skip transformer basics"),
+        MemoryIdea("user", "prefers primary sources over blog posts"),
+        MemoryIdea(
+            "feedback", "always state sample sizes and whether results are single-run", True
+        ),
+        MemoryIdea("feedback", "don't count workshop papers as peer-reviewed evidence"),
+        MemoryIdea("feedback", "flag preprints that were later retracted or revised"),
+        MemoryIdea("feedback", "link the code repository when a paper has one"),
+        MemoryIdea("project", "the team's focus this quarter is long-context evaluation", True),
+        MemoryIdea("project", "reading lists go to the shared Zotero group LLM-Eval"),
+        MemoryIdea("project", "internal benchmark results live in the eval-results bucket"),
+        MemoryIdea("project", "compare against the 2024 baseline set unless told otherwise"),
+        MemoryIdea(
+            "reference", "arXiv listing API allows one request every 3 seconds", approved=True
+        ),
+        MemoryIdea("reference", "Semantic Scholar API key: team vault, entry research-agent"),
+        MemoryIdea("reference", "benchmark definitions: wiki > Evaluation > Benchmarks"),
+        MemoryIdea("reference", "paper PDFs are cached in s3://research-cache/papers for 30 days"),
+    ),
+    token_cap=250_000,
+    cost_cap_usd=Decimal("10.00"),
+)
+
+CODE_REVIEW = Theme(
+    slug="code-review",
+    name="Code Review",
+    weight=0.8,
+    session_prefix="cr",
+    user_prefix="dev-",
+    system_prompt_tokens=4100,
+    routers=((GPT_4O_MINI, 7), (HAIKU, 3)),
+    responders=((GPT_4O, 45), (SONNET, 35), (O3, 20)),
+    filter_rate=0.4,
+    search_rate=0.5,
+    retrieved_tokens=(1500, 6000),
+    output_tokens=(200, 1200),
+    compress_over=18_000,
+    openers=(
+        "Review PR #{pr} in {repo}: {title}.",
+        "Is the migration in PR #{pr} safe to run on a 40M-row table?",
+        "Check PR #{pr} for security issues before I merge.",
+        "What changed in {file} in PR #{pr}, in plain words?",
+        "Does PR #{pr} need more tests?",
+    ),
+    follow_ups=(
+        "Can you suggest a test for that edge case?",
+        "I pushed a fix, please re-review.",
+        "Is the N+1 query gone now?",
+        "What about thread safety in {file}?",
+        "Write the review comment for me, polite but firm.",
+        "Anything blocking, or just nits?",
+    ),
+    answers=(
+        "Two blocking issues: {issue} in {file}, and the retry loop has no upper bound.",
+        "Looks good to merge. One nit in {file}: the log line includes the full payload.",
+        "The migration locks the table; create the index CONCURRENTLY in its own migration.",
+        "Found {issue} in {file}; a suggested fix and a regression test are in the comment.",
+        "Coverage is thin around the error path of {file}; add two tests before merging.",
+    ),
+    queries=("{repo} {file} history", "PR #{pr} diff", "{issue} {file}", "{title} design doc"),
+    focuses=("review", "migration_safety", "security", "tests", "explain_diff"),
+    selection_key="file",
+    vocab={
+        "pr": ("1842", "1857", "1863", "1871", "1880", "1894"),
+        "repo": ("acme/billing-service", "acme/web-app", "acme/infra", "acme/mobile-api"),
+        "title": (
+            "Add retry to payment webhooks",
+            "Move sessions to Redis",
+            "Paginate the orders endpoint",
+            "Upgrade Django to 5.2",
+            "Rate-limit the login form",
+        ),
+        "file": (
+            "billing/webhooks.py",
+            "orders/views.py",
+            "settings/base.py",
+            "orders/migrations/0042_order_index.py",
+            "auth/throttle.py",
+        ),
+        "issue": (
+            "an N+1 query",
+            "a missing index",
+            "an unhandled timeout",
+            "a race on the retry counter",
+            "a secret in the diff",
+        ),
+    },
+    channels=("github", "cli"),
+    retry_loop=RetryLoop(
+        step_type="search",
+        llm=GPT_4O_MINI,
+        error="ToolError: fetch_diff returned 413 'diff too large'; retrying with same arguments",
+        apology="The diff is too large for me to fetch; please split the PR or point me at files.",
+    ),
+    memories=(
+        MemoryIdea("user", "wants comments grouped by severity: blocking, should-fix, nit", True),
+        MemoryIdea("user", "prefers suggestions as code blocks they can paste"),
+        MemoryIdea("user", "works mostly on billing-service and knows it well"),
+        MemoryIdea("user", "keep Friday reviews brief: merge freeze starts at 15:00"),
+        MemoryIdea("feedback", "don't flag formatting; ruff runs in CI", approved=True),
+        MemoryIdea("feedback", "call out a missing migration for every model change"),
+        MemoryIdea("feedback", "stop suggesting type hints on test functions"),
+        MemoryIdea("feedback", "mention the ticket number from the branch name in summaries"),
+        MemoryIdea("project", "migrations on tables over 1M rows must use CONCURRENTLY", True),
+        MemoryIdea("project", "billing-service needs two approvals, one from the payments team"),
+        MemoryIdea("project", "every external call needs a timeout and a retry cap"),
+        MemoryIdea("project", "feature flags live in settings/flags.py, never in env vars"),
+        MemoryIdea("reference", "style guide: wiki > Engineering > Python style", approved=True),
+        MemoryIdea("reference", "billing on-call runbook: wiki > Payments > Runbook"),
+        MemoryIdea("reference", "CI logs are kept 14 days at ci.acme.internal"),
+        MemoryIdea("reference", "architecture decision records live in docs/adr/"),
+    ),
+    token_cap=200_000,  # reviews read whole diffs
+)
+
+THEMES = (SUPPORT_BOT, RESEARCH_AGENT, CODE_REVIEW)
+
+TRANSIENT_ERRORS = {
+    "anthropic": ("overloaded_error: Overloaded", "rate_limit_error: request rate limit exceeded"),
+    "openai": (
+        "RateLimitError: Error code: 429 - Rate limit reached for requests",
+        "APITimeoutError: Request timed out.",
+    ),
+    "google": ("503 UNAVAILABLE: The model is overloaded. Please try again later.",),
+    "acme": ("502 Bad Gateway: upstream inference server unavailable",),
+}
+
+
+# --- the result -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class DemoResult:
+    projects: tuple[str, ...]
+    sessions: int
+    turns: int
+    steps: int  # step events sent (stored, or duplicates of stored ones)
+    events: int  # all events sent
+    accepted: int
+    duplicates: int
+    cost_usd: Decimal  # what the demo projects' sessions cost in all
+    memories_created: int
+    runaways_flagged: int
+    seconds: float
+
+    @property
+    def steps_per_second(self) -> float:
+        return self.steps / self.seconds if self.seconds else 0.0
+
+
+@dataclass(slots=True)
+class _Tally:
+    sessions: int = 0
+    turns: int = 0
+    steps: int = 0
+    events: int = 0
+    accepted: int = 0
+    duplicates: int = 0
+    runaways_flagged: int = 0
+
+
+Progress = Callable[[str], None]
+
+
+def demo_seed(
+    *,
+    sessions: int | None = None,
+    steps: int | None = None,
+    days: int = DEFAULT_DAYS,
+    seed: int = DEFAULT_SEED,
+    projects: int = DEFAULT_PROJECTS,
+    now: datetime | None = None,
+    progress: Progress | None = None,
+) -> DemoResult:
+    """Write demo traffic: `sessions` sessions in all (default 300), or as many as make about
+    `steps` steps; over the `days` before `now`; in `projects` projects."""
+    _options_check(sessions=sessions, steps=steps, days=days, projects=projects)
+    say = progress or _silent
+    _prices_ensure(say)
+    clock = time.monotonic()
+    themes = _themes(projects)
+    total = _session_total(sessions=sessions, steps=steps, themes=themes, seed=seed)
+    if sessions is not None and total > sessions:
+        say(f"{total} sessions, not {sessions}: {MIN_SESSIONS_PER_PROJECT} a project at least")
+    now = now or timezone.now()
+    window = _Window(end=_hour_start(now), days=days)
+    slots, per_project = _schedule(total=total, window=window, themes=themes, seed=seed)
+    table = rate_table()
+    tally = _Tally()
+    feeds = []
+    for theme in themes:
+        project = _project_for(theme)
+        feed = _ProjectFeed(project=project, tally=tally, now=now)
+        feed.add([_system_budget_event(project.slug, seed, window.start)])
+        feeds.append(feed)
+    say(
+        f"seeding {total} sessions in {len(themes)} projects over {days} days "
+        f"(seed {seed}), in batches of up to {MAX_EVENTS} events"
+    )
+
+    every = max(1, total // 10)
+    for done, slot in enumerate(slots, start=1):
+        _session_send(
+            slot,
+            themes=themes,
+            feeds=feeds,
+            per_project=per_project,
+            seed=seed,
+            window=window,
+            table=table,
+        )
+        if done % every == 0 and done < total:
+            say(_progress_line(done, total, tally, time.monotonic() - clock))
+    for feed in feeds:
+        feed.close()
+    say(_progress_line(total, total, tally, time.monotonic() - clock))
+
+    memories = sum(
+        _memories_seed(feed.project, theme, seed) for feed, theme in zip(feeds, themes, strict=True)
+    )
+    cost = Session.objects.filter(project__in=[f.project for f in feeds]).aggregate(
+        total=Sum("cost_usd")
+    )["total"]
+    return DemoResult(
+        projects=tuple(f.project.slug for f in feeds),
+        sessions=tally.sessions,
+        turns=tally.turns,
+        steps=tally.steps,
+        events=tally.events,
+        accepted=tally.accepted,
+        duplicates=tally.duplicates,
+        cost_usd=cost or Decimal(0),
+        memories_created=memories,
+        runaways_flagged=tally.runaways_flagged,
+        seconds=time.monotonic() - clock,
+    )
+
+
+def _silent(line: str) -> None:
+    return None
+
+
+def _hour_start(moment: datetime) -> datetime:
+    """The window ends at the start of the hour, so two runs within an hour send the very same
+    events (timestamps included)."""
+    return moment.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+
+
+def _session_send(
+    slot: _Slot,
+    *,
+    themes: list[Theme],
+    feeds: list[_ProjectFeed],
+    per_project: list[int],
+    seed: int,
+    window: _Window,
+    table: RateTable,
+) -> None:
+    """Write the session of one slot and hand its events to its project's feed."""
+    feed = feeds[slot.project]
+    writer = _SessionWriter(
+        theme=themes[slot.project],
+        seed=seed,
+        index=slot.index,
+        count=per_project[slot.project],
+        exhaust_by_cost=slot.project % 2 == 1,
+    )
+    draft = writer.compose()
+    latest = window.end - timedelta(milliseconds=draft.duration_ms + 60_000)
+    events = _session_events(draft, start=min(slot.at, latest), table=table, project=feed.project)
+    feed.add(events)
+    feed.tally.sessions += 1
+    feed.tally.turns += draft.turns
+    feed.tally.steps += draft.steps
+
+
+def _options_check(*, sessions: int | None, steps: int | None, days: int, projects: int) -> None:
+    if sessions is not None and steps is not None:
+        raise ValueError("give the number of sessions or of steps, not both")
+    for name, value in (("sessions", sessions), ("steps", steps), ("days", days)):
+        if value is not None and value < 1:
+            raise ValueError(f"{name} must be at least 1, got {value}")
+    if projects < 1:
+        raise ValueError(f"projects must be at least 1, got {projects}")
+
+
+def _progress_line(done: int, total: int, tally: _Tally, seconds: float) -> str:
+    rate = tally.events / seconds if seconds else 0.0
+    return (
+        f"  {round(done * 100 / total):3d}%  {done:,}/{total:,} sessions, {tally.steps:,} steps, "
+        f"{tally.accepted:,} events stored, {tally.duplicates:,} duplicates, "
+        f"{rate:,.0f} events/s"
+    )
+
+
+def _prices_ensure(say: Progress) -> None:
+    """Steps are priced at ingest, so the rate table must not be empty."""
+    if not ModelPrice.objects.exists():
+        result = prices_sync()
+        say(f"the rate table was empty: loaded {result.created} prices from genai-prices")
+
+
+# --- projects -------------------------------------------------------------------------------
+
+
+def _themes(count: int) -> list[Theme]:
+    """`count` themes: the built-in ones, then again as support-bot-2, research-agent-2, …"""
+    themes = []
+    for n in range(count):
+        base = THEMES[n % len(THEMES)]
+        round_ = n // len(THEMES) + 1
+        if round_ == 1:
+            themes.append(base)
+        else:
+            themes.append(_theme_copy(base, round_))
+    return themes
+
+
+def _theme_copy(base: Theme, round_: int) -> Theme:
+    return replace(base, slug=f"{base.slug}-{round_}", name=f"{base.name} {round_}")
+
+
+def _project_for(theme: Theme) -> Project:
+    project, _ = Project.objects.get_or_create(
+        slug=theme.slug,
+        defaults={
+            "name": theme.name,
+            "token_cap": theme.token_cap,
+            "cost_cap_usd": theme.cost_cap_usd,
+        },
+    )
+    return project
+
+
+def _system_budget_event(slug: str, seed: int, at: datetime) -> Event:
+    """Background jobs report without a session (CONTRACT §3: the `system` session); a month
+    of them would run through a chat session's default cap, so they get a budget of their
+    own."""
+    return SessionEvent.model_validate(
+        {
+            "type": "session",
+            "event_id": f"demo-{seed}-{slug}-system-budget",
+            "session_id": SYSTEM_SESSION_ID,
+            "timestamp": at,
+            "metadata": {"purpose": "background jobs: re-indexing, nightly digests"},
+            **SYSTEM_BUDGET,
+        }
+    )
+
+
+# --- when sessions happen -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Window:
+    end: datetime  # the start of the current hour: nothing is later
+    days: int
+
+    @property
+    def start(self) -> datetime:
+        """Midnight of the first day (the last day is today)."""
+        midnight = self.end.replace(hour=0)
+        return midnight - (self.days - 1) * DAY
+
+    def day_start(self, day: int) -> datetime:
+        return self.start + day * DAY
+
+
+@dataclass(frozen=True, slots=True)
+class _Slot:
+    at: datetime
+    project: int
+    index: int  # the session's number within its project, oldest first
+
+
+def _schedule(
+    *, total: int, window: _Window, themes: list[Theme], seed: int
+) -> tuple[list[_Slot], list[int]]:
+    """When each session starts and in which project: all days covered once there are as many
+    sessions as days, weekdays and business hours busier, more traffic towards today."""
+    rng = random.Random(f"schedule:{seed}")
+    times: list[datetime] = []
+    for day, count in enumerate(_sessions_per_day(total, window)):
+        day_start = window.day_start(day)
+        span = min(DAY, window.end - day_start)
+        times.extend(day_start + span * _time_of_day(rng) for _ in range(count))
+    times.sort()
+    per_project = [0] * len(themes)
+    slots = []
+    for at, project in zip(times, _projects_in_turn(themes, total), strict=True):
+        slots.append(_Slot(at=at, project=project, index=per_project[project]))
+        per_project[project] += 1
+    return slots, per_project
+
+
+def _sessions_per_day(total: int, window: _Window) -> list[int]:
+    weights = []
+    for day in range(window.days):
+        growth = 1 + GROWTH * day / max(1, window.days - 1)
+        weekend = window.day_start(day).weekday() >= 5
+        weights.append(growth * (WEEKEND_SHARE if weekend else 1.0))
+    floor = 1 if total >= window.days else 0
+    counts = [floor] * window.days
+    rest = total - floor * window.days
+    quotas = [rest * w / sum(weights) for w in weights]
+    for day, quota in enumerate(quotas):
+        counts[day] += int(quota)
+    # largest remainders first, the newest day winning a tie
+    leftover = total - sum(counts)
+    by_remainder = sorted(
+        range(window.days), key=lambda d: (quotas[d] - int(quotas[d]), d), reverse=True
+    )
+    for day in by_remainder[:leftover]:
+        counts[day] += 1
+    return counts
+
+
+def _time_of_day(rng: random.Random) -> float:
+    """A fraction of the day: mostly business hours (UTC), some at any time."""
+    if rng.random() < 0.8:
+        hour = min(max(rng.gauss(14.5, 3.2), 0.0), 23.99)
+    else:
+        hour = rng.uniform(0.0, 24.0)
+    return hour / 24
+
+
+def _projects_in_turn(themes: list[Theme], total: int) -> list[int]:
+    """Smooth weighted round robin: each project gets its share, spread evenly over time."""
+    weights = [theme.weight for theme in themes]
+    credit = [0.0] * len(themes)
+    order = []
+    for _ in range(total):
+        for n, weight in enumerate(weights):
+            credit[n] += weight
+        chosen = max(range(len(themes)), key=lambda n: (credit[n], -n))
+        credit[chosen] -= sum(weights)
+        order.append(chosen)
+    return order
+
+
+def _session_total(
+    *, sessions: int | None, steps: int | None, themes: list[Theme], seed: int
+) -> int:
+    minimum = MIN_SESSIONS_PER_PROJECT * len(themes)
+    if steps is not None:
+        return max(minimum, round(steps / _steps_per_session(themes, seed)))
+    return max(minimum, sessions if sessions is not None else DEFAULT_SESSIONS)
+
+
+def _steps_per_session(themes: list[Theme], seed: int, sample: int = 200) -> float:
+    """The mean number of steps a session has, from a sample written but not stored."""
+    steps = 0
+    for theme in themes:
+        for index in range(sample):
+            writer = _SessionWriter(
+                theme=theme, seed=seed, index=index, count=10**9, exhaust_by_cost=False
+            )
+            steps += writer.compose().steps
+    return steps / (sample * len(themes))
+
+
+# --- one session ----------------------------------------------------------------------------
+
+
+class Kind(StrEnum):
+    NORMAL = "normal"
+    NEAR_CAP = "near-cap"
+    EXHAUSTED = "exhausted"
+    RUNAWAY = "runaway"
+
+
+# The newest sessions of a project, counted from its last: the examples people look for.
+KIND_FROM_END = {1: Kind.NEAR_CAP, 2: Kind.EXHAUSTED, 3: Kind.RUNAWAY}
+
+
+@dataclass(slots=True)
+class _Draft:
+    """One session's events before it is placed in time: (ms after its start, raw event)."""
+
+    external_id: str
+    kind: Kind
+    exhaust_by_cost: bool
+    ended: bool
+    events: list[tuple[int, dict[str, Any]]]
+    opening: dict[str, Any]  # the session event; caps are added once its usage is known
+    duration_ms: int
+    turns: int
+    steps: int
+
+
+class _Slots(dict[str, str]):
+    """Template values for one session, each drawn once: a conversation keeps talking about
+    the same order, paper or pull request."""
+
+    def __init__(self, vocab: Mapping[str, tuple[str, ...]], rng: random.Random) -> None:
+        super().__init__()
+        self._vocab = vocab
+        self._rng = rng
+
+    def __missing__(self, key: str) -> str:
+        value = self._rng.choice(self._vocab[key])
+        self[key] = value
+        return value
+
+
+def _digest(*parts: object) -> str:
+    return hashlib.blake2s(":".join(map(str, parts)).encode(), digest_size=5).hexdigest()
+
+
+def session_external_id(theme: Theme, seed: int, index: int) -> str:
+    return f"{theme.session_prefix}-{_digest(seed, theme.slug, index)}"
+
+
+def _user_id(theme: Theme, seed: int, index: int, count: int) -> str:
+    pool = max(12, min(count, 10**6) // 5)
+    return f"{theme.user_prefix}{1000 + int(_digest(seed, theme.slug, 'user', index), 16) % pool}"
+
+
+def _weighted(rng: random.Random, choices: tuple[tuple[Llm, int], ...]) -> Llm:
+    return rng.choices([llm for llm, _ in choices], weights=[w for _, w in choices])[0]
+
+
+class _SessionWriter:
+    """Writes one session: its turns, and per turn a pipeline of LLM calls (intent, filter,
+    search, response; compress when the history grows long), with realistic token counts,
+    prompt caching, durations and the occasional failed call."""
+
+    def __init__(
+        self, *, theme: Theme, seed: int, index: int, count: int, exhaust_by_cost: bool
+    ) -> None:
+        self.theme = theme
+        self.seed = seed
+        self.index = index
+        self.count = count
+        self.exhaust_by_cost = exhaust_by_cost
+        self.rng = random.Random(f"session:{seed}:{theme.slug}:{index}")
+        self.external_id = session_external_id(theme, seed, index)
+        self.kind = KIND_FROM_END.get(count - 1 - index, Kind.NORMAL)
+        self.slots = _Slots(theme.vocab, self.rng)
+        self.router = _weighted(self.rng, theme.routers)
+        self.responder = _weighted(self.rng, theme.responders)
+        canary = theme.canary if index % CANARY_EVERY == 3 else None
+        self.intent_llm = canary or self.router
+        self.events: list[tuple[int, dict[str, Any]]] = []
+        self.clock = 0  # ms since the session started
+        self.step_no = 0
+        self.steps = 0
+        self.history = 0  # tokens of the conversation so far (besides the system prompt)
+        self.cached = 0  # tokens of the prompt prefix the responder's provider has cached
+        self.last_query = ""
+
+    # the session
+
+    def compose(self) -> _Draft:
+        turns = self._turn_count()
+        for number in range(1, turns + 1):
+            if number > 1:
+                self.clock += int(min(max(self.rng.lognormvariate(3.6, 0.9), 5), 900) * 1000)
+            stuck = self.kind is Kind.RUNAWAY and number == turns
+            self._turn(number, stuck=stuck)
+        ended = self._ends()
+        self._system_step()
+        return _Draft(
+            external_id=self.external_id,
+            kind=self.kind,
+            exhaust_by_cost=self.exhaust_by_cost,
+            ended=ended,
+            events=self.events,
+            opening=self._opening(),
+            duration_ms=self.clock,
+            turns=turns,
+            steps=self.steps,
+        )
+
+    def _turn_count(self) -> int:
+        if self.kind in (Kind.NEAR_CAP, Kind.EXHAUSTED):
+            return self.rng.randint(9, 12)
+        if self.kind is Kind.RUNAWAY:
+            return self.rng.randint(2, 5)
+        return self.rng.choices(range(1, 13), weights=TURN_WEIGHTS)[0]
+
+    def _ends(self) -> bool:
+        """The examples and the newest sessions are still open; a few clients never say."""
+        abandoned = self.rng.random() < 0.04
+        newest = self.count - 1 - self.index < max(1, self.count * 3 // 100)
+        return self.kind is Kind.NORMAL and not newest and not abandoned
+
+    def _opening(self) -> dict[str, Any]:
+        event: dict[str, Any] = {
+            "type": "session",
+            "event_id": self._event_id("open"),
+            "session_id": self.external_id,
+            "user_id": _user_id(self.theme, self.seed, self.index, self.count),
+        }
+        rng = self.rng
+        if rng.random() < 0.5:
+            event["metadata"] = {
+                "channel": rng.choice(self.theme.channels),
+                "app_version": f"2.{rng.randint(3, 9)}.{rng.randint(0, 4)}",
+                "locale": rng.choice(("en-GB", "en-US", "de-DE", "fr-FR")),
+            }
+        if self.kind is not Kind.NORMAL:
+            event["metadata"] = {**event.get("metadata", {}), "scenario": self.kind.value}
+        elif rng.random() < 0.08:
+            event["token_cap"] = rng.choice((150_000, 200_000, 400_000))
+        elif rng.random() < 0.05:
+            event["cost_cap_usd"] = rng.choice(("2.50", "10.00"))
+        if self.kind is Kind.NORMAL and self.index > 0 and rng.random() < 0.04:
+            parent = self.index - rng.randint(1, min(self.index, 6))
+            event["parent_session_id"] = session_external_id(self.theme, self.seed, parent)
+            event["user_id"] = _user_id(self.theme, self.seed, parent, self.count)
+        return event
+
+    # a turn
+
+    def _turn(self, number: int, *, stuck: bool) -> None:
+        rng, theme = self.rng, self.theme
+        searches = rng.random() < theme.search_rate
+        filters = rng.random() < theme.filter_rate
+        if searches:
+            self.last_query = rng.choice(theme.queries).format_map(self.slots)
+        asked = rng.choice(theme.openers if number == 1 else theme.follow_ups)
+        answer = theme.retry_loop.apology if stuck else rng.choice(theme.answers)
+        subject = self.slots[theme.selection_key]  # what this conversation is about
+        others = [v for v in theme.vocab[theme.selection_key] if v != subject]
+        selections = [subject, *rng.sample(others, k=rng.randint(0, 2))]
+        self.events.append(
+            (
+                self.clock,
+                {
+                    "type": "turn",
+                    "event_id": self._event_id(f"t{number}"),
+                    "session_id": self.external_id,
+                    "turn": number,
+                    "user_message": asked.format_map(self.slots),
+                    "assistant_response": answer.format_map(self.slots),
+                    "context": {
+                        "focus": rng.choice(theme.focuses),
+                        "selections": selections,
+                        "last_query": self.last_query or None,
+                    },
+                },
+            )
+        )
+        user_tokens = rng.randint(15, 160)
+        self._intent(number, user_tokens)
+        if stuck:
+            self._retry_loop(number)
+            return
+        if filters:
+            self._filter(number)
+        retrieved = 0
+        if searches:
+            self._search(number)
+            retrieved = rng.randint(*theme.retrieved_tokens)
+        if number >= 6 and self.history > theme.compress_over:
+            self._compress(number)
+        output = self._respond(number, fresh=user_tokens + retrieved)
+        self.history += user_tokens + retrieved + output
+
+    def _intent(self, turn: int, user_tokens: int) -> None:
+        rng = self.rng
+        fresh = rng.randint(180, 600) + user_tokens
+        output = rng.randint(4, 28)
+        llm = self.intent_llm
+        metadata = {"canary": True} if llm is not self.router else None
+        self._call(
+            "intent",
+            llm,
+            turn,
+            fresh=fresh,
+            output=output,
+            duration_ms=rng.randint(180, 650) + output * llm.ms_per_output_token,
+            metadata=metadata,
+        )
+
+    def _filter(self, turn: int) -> None:
+        rng = self.rng
+        output = rng.randint(30, 200)
+        self._call(
+            "filter",
+            self.router,
+            turn,
+            fresh=rng.randint(600, 2400),
+            output=output,
+            duration_ms=rng.randint(250, 700) + output * self.router.ms_per_output_token,
+        )
+
+    def _search(self, turn: int) -> None:
+        rng = self.rng
+        self._call(
+            "search",
+            EMBEDDING,
+            turn,
+            fresh=rng.randint(8, 90),
+            output=0,
+            duration_ms=rng.randint(40, 260),
+            metadata={"index": f"{self.theme.slug}-docs", "results": rng.randint(3, 20)},
+        )
+
+    def _compress(self, turn: int) -> None:
+        rng = self.rng
+        output = rng.randint(400, 1100)
+        self._call(
+            "compress",
+            self.router,
+            turn,
+            fresh=self.history + rng.randint(300, 600),
+            output=output,
+            duration_ms=rng.randint(500, 1200) + output * self.router.ms_per_output_token,
+        )
+        self.history = output  # the summary replaces the conversation
+        self.cached = 0
+
+    def _respond(self, turn: int, *, fresh: int) -> int:
+        """The answer: the prompt is the system prompt, the history and what is new this turn;
+        what the provider has cached of it is read from the cache. Returns the output."""
+        rng, llm = self.rng, self.responder
+        prefix = self.theme.system_prompt_tokens + self.history
+        reasoning = rng.randint(300, 6000) if llm.reasoning else 0
+        output = rng.randint(*self.theme.output_tokens) + reasoning
+        cached, written = self._cache_use(prefix)
+        duration = rng.randint(300, 900) + output * llm.ms_per_output_token + fresh // 40
+        self._call(
+            "response",
+            llm,
+            turn,
+            fresh=fresh + prefix - cached - written,
+            output=output,
+            cached=cached,
+            written=written,
+            reasoning=reasoning,
+            duration_ms=duration,
+        )
+        return output - reasoning
+
+    def _cache_use(self, prefix: int) -> tuple[int, int]:
+        """(read from cache, written to cache) of a prompt prefix; updates what is cached.
+
+        Anthropic caches explicitly up to a breakpoint after the history: what was cached is
+        read, the rest of the prefix written. OpenAI and Gemini cache implicitly, in blocks,
+        what an earlier call sent; they charge no writes."""
+        rng, llm = self.rng, self.responder
+        system = self.theme.system_prompt_tokens
+        if llm.shape is Shape.FIELDS:
+            if not self.cached and rng.random() < 0.6:
+                self.cached = system  # warm: another session used the same system prompt
+            read = min(self.cached, prefix)
+            self.cached = prefix
+            return read, prefix - read
+        block = 128 if llm.shape is Shape.OPENAI else 256
+        seen = self.cached
+        self.cached = prefix
+        read = (min(seen, prefix) // block) * block if seen >= 1024 else 0
+        return read, 0
+
+    def _retry_loop(self, turn: int) -> None:
+        """The same step failing again and again with the same arguments: a runaway."""
+        rng, loop = self.rng, self.theme.retry_loop
+        attempts = rng.randint(*RETRY_LOOP_ATTEMPTS)
+        for attempt in range(1, attempts + 1):
+            output = rng.randint(40, 120)
+            self._step(
+                loop.step_type,
+                loop.llm,
+                turn,
+                fresh=rng.randint(900, 1400),
+                output=output,
+                duration_ms=rng.randint(300, 900),
+                success=False,
+                error=loop.error,
+                metadata={"attempt": attempt},
+            )
+            self.clock += rng.randint(200, 1500)  # a fixed, short back-off
+
+    def _system_step(self) -> None:
+        """Now and then a background job reports usage without a session."""
+        rng = self.rng
+        if rng.random() >= SYSTEM_STEP_RATE:
+            return
+        at = rng.randint(0, max(self.clock, 1))
+        if rng.random() < 0.6:
+            step_type, llm, fresh, output = "search", EMBEDDING, rng.randint(2000, 30000), 0
+            job = "reindex"
+        else:
+            step_type, llm = "compress", self.router
+            fresh, output, job = rng.randint(3000, 12000), rng.randint(300, 900), "nightly_digest"
+        event = {
+            "type": "step",
+            "event_id": f"demo-{self.seed}-{self.theme.slug}-system-{self.index}",
+            "step_type": step_type,
+            "model": llm.model,
+            "provider": llm.provider,
+            "duration_ms": rng.randint(200, 4000),
+            "metadata": {"job": job},
+            **_usage_fields(llm, fresh=fresh, output=output),
+        }
+        self.events.append((at, event))
+        self.steps += 1
+
+    # calls
+
+    def _call(
+        self,
+        step_type: str,
+        llm: Llm,
+        turn: int,
+        *,
+        fresh: int,
+        output: int,
+        duration_ms: int,
+        cached: int = 0,
+        written: int = 0,
+        reasoning: int = 0,
+        metadata: dict[str, Any] | None = None,
+    ) -> None:
+        """One LLM call; about one in fifty fails first (nothing billed) and is retried."""
+        rng = self.rng
+        if rng.random() < FAILURE_RATE:
+            error = rng.choice(TRANSIENT_ERRORS[llm.provider])
+            timed_out = "timed out" in error
+            self._step(
+                step_type,
+                llm,
+                turn,
+                fresh=0,
+                output=0,
+                duration_ms=rng.randint(30_000, 60_000) if timed_out else rng.randint(80, 900),
+                success=False,
+                error=error,
+                metadata={**(metadata or {}), "attempt": 1},
+            )
+            self.clock += rng.randint(500, 4000)
+            metadata = {**(metadata or {}), "attempt": 2}
+        self._step(
+            step_type,
+            llm,
+            turn,
+            fresh=fresh,
+            output=output,
+            cached=cached,
+            written=written,
+            reasoning=reasoning,
+            duration_ms=duration_ms,
+            metadata=metadata,
+        )
+
+    def _step(
+        self,
+        step_type: str,
+        llm: Llm,
+        turn: int,
+        *,
+        fresh: int,
+        output: int,
+        duration_ms: int,
+        cached: int = 0,
+        written: int = 0,
+        reasoning: int = 0,
+        success: bool = True,
+        error: str | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> None:
+        self.step_no += 1
+        event: dict[str, Any] = {
+            "type": "step",
+            "event_id": self._event_id(f"t{turn}-s{self.step_no}"),
+            "session_id": self.external_id,
+            "turn": turn,
+            "step_type": step_type,
+            "model": llm.model,
+            "provider": llm.provider,
+            "duration_ms": duration_ms,
+            **_usage_fields(
+                llm,
+                fresh=fresh,
+                output=output,
+                cached=cached,
+                written=written,
+                reasoning=reasoning,
+            ),
+        }
+        if not success:
+            event["success"] = False
+            event["error"] = error
+        if metadata:
+            event["metadata"] = metadata
+        self.events.append((self.clock, event))
+        self.clock += duration_ms + self.rng.randint(5, 80)
+        self.steps += 1
+
+    def _event_id(self, suffix: str) -> str:
+        return f"demo-{self.seed}-{self.external_id}-{suffix}"
+
+
+def _usage_fields(
+    llm: Llm,
+    *,
+    fresh: int,
+    output: int,
+    cached: int = 0,
+    written: int = 0,
+    reasoning: int = 0,
+) -> dict[str, Any]:
+    """A call's tokens as its provider reports them. `fresh` is the uncached input, `output`
+    includes `reasoning`."""
+    if llm.shape is Shape.OPENAI:
+        usage: dict[str, Any] = {
+            "prompt_tokens": fresh + cached,
+            "completion_tokens": output,
+            "total_tokens": fresh + cached + output,
+        }
+        if cached:
+            usage["prompt_tokens_details"] = {"cached_tokens": cached}
+        if reasoning:
+            usage["completion_tokens_details"] = {"reasoning_tokens": reasoning}
+        return {"usage": usage}
+    if llm.shape is Shape.GEMINI:
+        usage = {
+            "promptTokenCount": fresh + cached,
+            "candidatesTokenCount": output - reasoning,
+            "totalTokenCount": fresh + cached + output,
+        }
+        if cached:
+            usage["cachedContentTokenCount"] = cached
+        if reasoning:
+            usage["thoughtsTokenCount"] = reasoning
+        return {"usage": usage}
+    fields = {"input_tokens": fresh, "output_tokens": output}
+    if cached:
+        fields["cache_read_input_tokens"] = cached
+    if written:
+        fields["cache_creation_input_tokens"] = written
+    if reasoning:
+        fields["reasoning_tokens"] = reasoning
+    return fields
+
+
+# --- placing a session in time and sending it -----------------------------------------------
+
+_EVENT_MODELS: dict[str, type[SessionEvent] | type[TurnEvent] | type[StepEvent]] = {
+    "session": SessionEvent,
+    "turn": TurnEvent,
+    "step": StepEvent,
+}
+
+
+def _session_events(
+    draft: _Draft, *, start: datetime, table: RateTable, project: Project
+) -> list[Event]:
+    """The session's validated events, timed from `start`; caps for the budget examples. (A
+    retry loop is flagged as runaway by ingest's own rules as it is stored.)"""
+    body: list[Event] = []
+    for offset, raw in draft.events:
+        raw["timestamp"] = start + timedelta(milliseconds=offset)
+        body.append(_EVENT_MODELS[raw["type"]].model_validate(raw))
+    opening = {**draft.opening, "timestamp": start}
+    if draft.kind in (Kind.NEAR_CAP, Kind.EXHAUSTED):
+        steps = [e for e in body if isinstance(e, StepEvent) and e.session_id is not None]
+        opening.update(_example_caps(draft, steps, table, project))
+    events: list[Event] = [SessionEvent.model_validate(opening), *body]
+    end = start + timedelta(milliseconds=draft.duration_ms + 1000)
+    if draft.ended:
+        events.append(
+            SessionEvent.model_validate(
+                {
+                    "type": "session",
+                    "event_id": f"{opening['event_id'].removesuffix('-open')}-end",
+                    "session_id": draft.external_id,
+                    "ended": True,
+                    "timestamp": end,
+                }
+            )
+        )
+    return events
+
+
+def _example_caps(
+    draft: _Draft, steps: list[StepEvent], table: RateTable, project: Project
+) -> dict[str, Any]:
+    """Caps that put a budget example where it belongs once its steps are in: near-cap midway
+    between the soft warning and the cap, exhausted at its last turn (by tokens, or in every
+    other project by USD). Priced exactly as ingest will price them."""
+    tokens, cost = _usage_of(steps, table)
+    roomy_cost_cap = max(Decimal("1.00"), (cost * 3).quantize(CENTS, rounding=ROUND_CEILING))
+    if draft.kind is Kind.NEAR_CAP:
+        warn = caps_for(project=project, token_cap=None, cost_cap_usd=None).warn_at_pct
+        midway = (1 + warn) / 2
+        token_cap = int((Decimal(tokens) / midway).to_integral_value(rounding=ROUND_CEILING))
+        return {"token_cap": max(token_cap, tokens + 1), "cost_cap_usd": roomy_cost_cap}
+    cost_cap = (cost * EXHAUSTED_AT).quantize(CAP_QUANTUM, rounding=ROUND_DOWN)
+    if draft.exhaust_by_cost and cost_cap > 0:
+        return {"token_cap": tokens * 3 + 1000, "cost_cap_usd": cost_cap}
+    token_cap = max(1, int(tokens * EXHAUSTED_AT))
+    return {"token_cap": token_cap, "cost_cap_usd": roomy_cost_cap}
+
+
+def _usage_of(steps: list[StepEvent], table: RateTable) -> tuple[int, Decimal]:
+    """tokens_used and USD of these steps."""
+    tokens, cost = 0, Decimal(0)
+    for step in steps:
+        t = step.tokens()
+        tokens += t.input_tokens + t.output_tokens
+        cost += table.price(
+            model=step.model,
+            provider=step.provider or "",
+            when=step.timestamp or timezone.now(),
+            input_tokens=t.input_tokens,
+            output_tokens=t.output_tokens,
+            cache_read_input_tokens=t.cache_read_input_tokens,
+            cache_creation_input_tokens=t.cache_creation_input_tokens,
+            cache_creation_1h_input_tokens=t.cache_creation_1h_input_tokens,
+        ).total
+    return tokens, cost
+
+
+@dataclass
+class _ProjectFeed:
+    """A project's events on their way to ingest, in batches of up to MAX_EVENTS."""
+
+    project: Project
+    tally: _Tally
+    now: datetime
+    pending: list[Event] = field(default_factory=list)
+    added: int = 0
+    stored: int = 0
+
+    def add(self, events: list[Event]) -> None:
+        self.pending.extend(events)
+        self.added += len(events)
+        while len(self.pending) >= MAX_EVENTS:
+            self._ingest(self.pending[:MAX_EVENTS])
+            del self.pending[:MAX_EVENTS]
+
+    def close(self) -> None:
+        if self.pending:
+            self._ingest(self.pending)
+            self.pending = []
+
+    def _ingest(self, batch: list[Event]) -> None:
+        result = events_ingest(project=self.project, events=batch, now=self.now)
+        self.stored += len(batch)
+        self.tally.events += len(batch)
+        self.tally.accepted += result.accepted
+        self.tally.duplicates += result.duplicates
+        self.tally.runaways_flagged += sum(
+            event.kind == BudgetEvent.Kind.RUNAWAY for event in result.budget_events
+        )
+
+
+# --- memories -------------------------------------------------------------------------------
+
+MEMORY_SOURCES = {
+    Memory.Type.USER: Memory.Source.USER_STATED,
+    Memory.Type.FEEDBACK: Memory.Source.USER_STATED,
+    Memory.Type.PROJECT: Memory.Source.AGENT_INFERRED,
+    Memory.Type.REFERENCE: Memory.Source.TOOL_OUTPUT,
+}
+
+
+def _memories_seed(project: Project, theme: Theme, seed: int) -> int:
+    """The memories the project's agent proposed in recent turns: most pending review, a few
+    approved. One already there (same content) is not added again."""
+    existing = set(Memory.objects.filter(project=project).values_list("content", flat=True))
+    turns = list(
+        Turn.objects.filter(project=project)
+        .exclude(session__external_id=SYSTEM_SESSION_ID)
+        .select_related("session")
+        .order_by("-started_at", "-id")[:64]
+    )
+    rng = random.Random(f"memories:{seed}:{project.slug}")
+    now = timezone.now()
+    rows = []
+    for position, idea in enumerate(theme.memories):
+        importance = Decimal(rng.randint(300, 950)) / 1000
+        if idea.content in existing:
+            continue
+        turn = turns[(position * 7) % len(turns)] if turns else None
+        created = turn.started_at + timedelta(seconds=5) if turn else now
+        user_id = turn.session.user_id if turn else ""
+        rows.append(
+            Memory(
+                project=project,
+                type=idea.type,
+                content=idea.content,
+                scope=f"user:{user_id}" if idea.type == "user" and user_id else "project",
+                status=Memory.Status.APPROVED if idea.approved else Memory.Status.PENDING,
+                importance=importance,
+                source=MEMORY_SOURCES[Memory.Type(idea.type)],
+                tags=["demo", idea.type],
+                ttl_days=90 if idea.type == "reference" else None,
+                session=turn.session if turn else None,
+                turn=turn,
+                created_at=created,
+                updated_at=created,
+                decided_at=min(created + timedelta(hours=3), now) if idea.approved else None,
+                expires_at=(
+                    min(created + timedelta(hours=3), now) + timedelta(days=90)
+                    if idea.approved and idea.type == "reference"
+                    else None
+                ),
+                fingerprint=fingerprint(idea.content),
+                proposed_by="detector",
+            )
+        )
+    Memory.objects.bulk_create(rows)
+    history = [
+        MemoryEvent(
+            memory=m, action=MemoryEvent.Action.PROPOSED, actor_name="detector", at=m.created_at
+        )
+        for m in rows
+    ] + [
+        MemoryEvent(
+            memory=m,
+            action=MemoryEvent.Action.APPROVED,
+            actor_name="demo reviewer",
+            at=m.decided_at,
+        )
+        for m in rows
+        if m.decided_at is not None
+    ]
+    MemoryEvent.objects.bulk_create(history)
+    return len(rows)

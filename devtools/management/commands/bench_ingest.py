@@ -1,0 +1,75 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from devtools.ingest_bench import (
+    COPY_TABLES,
+    BenchOptions,
+    bench_run,
+    report_lines,
+    require_postgres,
+)
+
+
+class Command(BaseCommand):
+    help = (
+        "Benchmark ingest: concurrent clients post batches of step events to a real gunicorn "
+        "on PostgreSQL; checks the stored totals and compares with a raw COPY of the same rows."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--events", type=int, default=200_000, help="events timed")
+        parser.add_argument("--batch", type=int, default=500, help="events per request")
+        parser.add_argument("--clients", type=int, default=4, help="concurrent HTTP clients")
+        parser.add_argument("--workers", type=int, default=2, help="gunicorn workers")
+        parser.add_argument("--threads", type=int, default=1, help="threads per gunicorn worker")
+        parser.add_argument(
+            "--warmup", type=int, default=2, help="untimed batches per client first"
+        )
+        parser.add_argument(
+            "--copy-table",
+            choices=sorted(COPY_TABLES),
+            default="logged",
+            help="the bare table of the COPY baseline: logged (WAL, like the step table; the "
+            "default), unlogged or temp (neither writes WAL: a faster baseline)",
+        )
+        parser.add_argument(
+            "--keep", action="store_true", help="keep the bench project instead of deleting it"
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        try:
+            require_postgres()
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
+        bench = BenchOptions(
+            events=options["events"],
+            batch=options["batch"],
+            clients=options["clients"],
+            workers=options["workers"],
+            threads=options["threads"],
+            warmup=options["warmup"],
+            keep=options["keep"],
+            copy_table=options["copy_table"],
+        )
+        self._check(bench)
+        try:
+            result = bench_run(bench, say=lambda line: self.stderr.write(line))
+        except RuntimeError as exc:
+            raise CommandError(str(exc)) from None
+        for line in report_lines(result):
+            self.stdout.write(line)
+        if not result.ok:
+            raise CommandError("the benchmark failed: see FAILED / MISMATCH above")
+
+    @staticmethod
+    def _check(bench: BenchOptions) -> None:
+        if not 1 <= bench.batch <= 1000:
+            raise CommandError("--batch must be 1 to 1000 (the API's limit per request)")
+        for name in ("events", "clients", "workers", "threads"):
+            if getattr(bench, name) < 1:
+                raise CommandError(f"--{name} must be at least 1")
+        if bench.warmup < 0:
+            raise CommandError("--warmup must be 0 or more")

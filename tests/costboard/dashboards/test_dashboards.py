@@ -1,0 +1,474 @@
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+from datetime import timedelta
+from decimal import Decimal
+from typing import Any
+
+import plotly.graph_objects as go
+import pytest
+from django.contrib.auth import get_user_model
+from django.test import Client
+from django.utils import timezone
+
+from costboard.budgets.caps import session_flag_runaway
+from costboard.models import DailyRollup, Membership, Session, Step
+from tests.conftest import Agent, add_price, make_agent
+
+pytestmark = pytest.mark.django_db
+
+
+def member_of(*agents: Agent) -> Client:
+    user = get_user_model().objects.create_user(f"user{Membership.objects.count()}", "", "pw")
+    for agent in agents:
+        Membership.objects.create(user=user, project=agent.project)
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def ago(**delta: float) -> str:
+    return (timezone.now() - timedelta(**delta)).isoformat()
+
+
+def traffic(agent: Agent, sessions: int = 3, turns: int = 2, prefix: str = "s") -> None:
+    """`sessions` sessions of `turns` turns, each turn an intent and a response step."""
+    events: list[dict[str, Any]] = []
+    for s in range(sessions):
+        sid = f"{prefix}{s}"
+        at = ago(minutes=10 * (s + 1))
+        events.append(
+            {"type": "session", "session_id": sid, "user_id": f"u{s % 2}", "timestamp": at}
+        )
+        for t in range(1, turns + 1):
+            events.append(
+                {
+                    "type": "turn",
+                    "session_id": sid,
+                    "turn": t,
+                    "timestamp": at,
+                    "user_message": f"question {t}",
+                    "context": {"focus": f"f{t}"},
+                }
+            )
+            events.append(
+                {
+                    "session_id": sid,
+                    "turn": t,
+                    "step_type": "intent",
+                    "model": "test-haiku",
+                    "input_tokens": 100 * (s + 1),
+                    "output_tokens": 10,
+                    "duration_ms": 200 + s,
+                    "timestamp": at,
+                }
+            )
+            events.append(
+                {
+                    "session_id": sid,
+                    "turn": t,
+                    "step_type": "response",
+                    "model": "test-sonnet",
+                    "input_tokens": 1000 * (s + 1),
+                    "output_tokens": 300,
+                    "cache_read_input_tokens": 5000,
+                    "duration_ms": 3000 + 100 * s,
+                    "success": s != 1,
+                    "timestamp": at,
+                }
+            )
+    agent.events(*events)
+
+
+@pytest.fixture
+def priced(db: None) -> None:
+    add_price("test-sonnet")
+    add_price(
+        "test-haiku",
+        input_mtok=Decimal(1),
+        output_mtok=Decimal(5),
+        cache_read_mtok=Decimal("0.1"),
+        cache_write_mtok=Decimal("1.25"),
+    )
+
+
+def figures(response: Any) -> dict[str, Any]:
+    found = re.search(
+        r'<script id="figures" type="application/json">(.*?)</script>',
+        response.content.decode(),
+        re.S,
+    )
+    assert found is not None
+    return json.loads(found.group(1))
+
+
+def assert_valid_figures(response: Any, names: set[str]) -> None:
+    figs = figures(response)
+    assert set(figs) == names
+    for fig in figs.values():
+        go.Figure(fig)  # raises on anything Plotly would not draw
+
+
+@pytest.mark.parametrize("path", ["/", "/sessions/", "/steps/", "/sessions/export.csv"])
+def test_pages_need_a_login(client: Client, path: str) -> None:
+    response = client.get(path)
+    assert response.status_code == 302
+    assert response["Location"].startswith("/accounts/login/")
+
+
+def test_overview_numbers_equal_the_sums_of_steps(
+    staff: Client, agent: Agent, priced: None
+) -> None:
+    traffic(agent)
+    response = staff.get("/")
+    assert response.status_code == 200
+    steps = list(Step.objects.all())
+    total = sum((s.cost_usd for s in steps), Decimal(0))
+    html = response.content.decode()
+    today = re.search(r'data-spend="Today">([^<]+)<', html)
+    assert today is not None
+    assert today.group(1) == f"${total.quantize(Decimal('0.01'))}"
+    figs = figures(response)
+    drawn = sum(sum(trace["y"]) for trace in figs["daily"]["data"])
+    assert round(drawn, 9) == round(float(total), 9)
+    kinds = dict(zip(figs["kinds"]["data"][0]["x"], figs["kinds"]["data"][0]["y"], strict=True))
+    assert kinds == {
+        "input": sum(s.input_tokens for s in steps),
+        "output": sum(s.output_tokens for s in steps),
+        "cache read": sum(s.cache_read_input_tokens for s in steps),
+        "cache write": sum(s.cache_creation_input_tokens for s in steps),
+    }
+    # cache reads at $0.30/M instead of $3/M: 6 response steps × 5000 tokens saved $2.70/M
+    savings = re.search(r"data-savings>([^<]+)<", html)
+    assert savings is not None
+    assert savings.group(1) == "$0.08"
+    assert_valid_figures(response, {"daily", "step_types", "kinds"})
+
+
+def test_overview_flags_sessions_and_links_to_them(
+    staff: Client, agent: Agent, priced: None
+) -> None:
+    agent.events(
+        {"type": "session", "session_id": "near", "token_cap": 1000},
+        {"session_id": "near", "step_type": "x", "model": "test-haiku", "input_tokens": 850},
+        {"type": "session", "session_id": "over", "token_cap": 1000},
+        {"session_id": "over", "step_type": "x", "model": "test-haiku", "input_tokens": 1000},
+        {"session_id": "calm", "step_type": "x", "model": "test-haiku", "input_tokens": 10},
+        {"session_id": "loop", "step_type": "x", "model": "test-haiku", "input_tokens": 10},
+    )
+    loop = Session.objects.get(external_id="loop")
+    session_flag_runaway(loop.pk, rule="retry_loop", evidence={}, at=timezone.now())
+    html = staff.get("/").content.decode()
+    panel = html[html.index('id="flagged"') : html.index("Daily cost by model")]
+    for name in ("near", "over", "loop"):
+        pk = Session.objects.get(external_id=name).pk
+        assert f'href="/sessions/{pk}/"' in panel
+    assert "calm" not in panel
+    assert panel.index("loop") < panel.index("over") < panel.index("near")
+
+
+def test_sessions_list_filters_sorts_and_pages(staff: Client, agent: Agent, priced: None) -> None:
+    traffic(agent, sessions=3)
+    page = staff.get("/sessions/").content.decode()
+    assert [m for m in re.findall(r'data-session="([^"]+)"', page)] == ["s0", "s1", "s2"]
+    by_cost = staff.get("/sessions/?sort=-cost").content.decode()
+    assert re.findall(r'data-session="(s\d)"', by_cost) == ["s2", "s1", "s0"]
+    ascending = staff.get("/sessions/?sort=cost").content.decode()
+    assert re.findall(r'data-session="(s\d)"', ascending) == ["s0", "s1", "s2"]
+    by_user = staff.get("/sessions/?user=u1").content.decode()
+    assert re.findall(r'data-session="(s\d)"', by_user) == ["s1"]
+    by_id = staff.get("/sessions/?q=2").content.decode()
+    assert re.findall(r'data-session="(s\d)"', by_id) == ["s2"]
+    tomorrow = (timezone.now() + timedelta(days=1)).date().isoformat()
+    none = staff.get(f"/sessions/?since={tomorrow}").content.decode()
+    assert re.findall(r'data-session="(s\d)"', none) == []
+    assert "No session matches" in none
+
+
+def test_sessions_list_filters_by_state(staff: Client, agent: Agent, priced: None) -> None:
+    agent.events(
+        {"type": "session", "session_id": "over", "token_cap": 100},
+        {"session_id": "over", "step_type": "x", "model": "test-haiku", "input_tokens": 150},
+        {"session_id": "fine", "step_type": "x", "model": "test-haiku", "input_tokens": 1},
+    )
+    exhausted = staff.get("/sessions/?state=exhausted").content.decode()
+    assert re.findall(r'data-session="([^"]+)"', exhausted) == ["over"]
+    ok = staff.get("/sessions/?state=ok").content.decode()
+    assert re.findall(r'data-session="([^"]+)"', ok) == ["fine"]
+
+
+def test_sessions_list_pages_by_fifty(staff: Client, agent: Agent) -> None:
+    agent.events(
+        *[
+            {"session_id": f"p{i:03d}", "step_type": "x", "model": "m", "timestamp": ago(minutes=i)}
+            for i in range(120)
+        ]
+    )
+    first = staff.get("/sessions/").content.decode()
+    third = staff.get("/sessions/?page=3").content.decode()
+    assert len(re.findall(r'data-session="p', first)) == 50
+    assert re.findall(r'data-session="(p\d+)"', third) == [f"p{i:03d}" for i in range(100, 120)]
+    assert "page 3 of 3" in third
+
+
+def test_the_htmx_fragment_is_only_the_table(staff: Client, agent: Agent, priced: None) -> None:
+    traffic(agent)
+    response = staff.get("/sessions/?user=u0&sort=-cost", headers={"HX-Request": "true"})
+    body = response.content.decode()
+    assert body.lstrip().startswith('<div id="table"')
+    assert "<html" not in body and "<form" not in body
+    assert re.findall(r'data-session="(s\d)"', body) == ["s2", "s0"]
+    # sort and page links keep the filters
+    assert "user=u0" in body
+
+
+def test_live_refresh_polls_the_table(staff: Client, agent: Agent) -> None:
+    body = staff.get("/sessions/?live=1", headers={"HX-Request": "true"}).content.decode()
+    assert 'hx-trigger="every 10s"' in body
+
+
+def test_csv_export_of_the_filtered_list(staff: Client, agent: Agent, priced: None) -> None:
+    traffic(agent)
+    response = staff.get("/sessions/export.csv?user=u0")
+    assert response["Content-Type"] == "text/csv"
+    rows = list(csv.DictReader(io.StringIO(b"".join(response.streaming_content).decode())))
+    assert [r["session_id"] for r in rows] == ["s0", "s2"]
+    s2 = Session.objects.get(external_id="s2")
+    row = rows[1]
+    assert Decimal(row["cost_usd"]) == s2.cost_usd
+    assert int(row["tokens_used"]) == s2.tokens_used
+    assert (row["turns"], row["steps"], row["project"]) == ("2", "4", "acme")
+
+
+def test_a_member_sees_only_their_projects(agent: Agent, priced: None) -> None:
+    other = make_agent("other")
+    traffic(agent, prefix="mine")
+    traffic(other, prefix="theirs")
+    client = member_of(agent)
+    listing = client.get("/sessions/").content.decode()
+    assert "mine0" in listing and "theirs0" not in listing
+    theirs = Session.objects.get(project=other.project, external_id="theirs0")
+    assert client.get(f"/sessions/{theirs.pk}/").status_code == 404
+    assert client.get("/sessions/?project=other").status_code == 404
+    assert client.get("/?project=other").status_code == 404
+    exported = b"".join(client.get("/sessions/export.csv").streaming_content).decode()
+    assert "theirs" not in exported
+    overview = client.get("/").content.decode()
+    assert "theirs0" not in overview
+    assert '<option value="other"' not in overview
+
+
+def test_the_project_switcher_scopes_pages_and_links(
+    staff: Client, agent: Agent, priced: None
+) -> None:
+    other = make_agent("other")
+    traffic(agent, prefix="mine")
+    traffic(other, prefix="theirs")
+    page = staff.get("/sessions/?project=other").content.decode()
+    assert "theirs0" in page and "mine0" not in page
+    assert 'href="/steps/?project=other"' in page
+    assert 'href="/?project=other"' in page
+    assert '<option value="other" selected>' in page
+    session = Session.objects.get(external_id="theirs0")
+    assert f'href="/sessions/{session.pk}/?project=other"' in page
+
+
+def test_session_page_shows_totals_turns_steps_and_events(
+    staff: Client, agent: Agent, priced: None
+) -> None:
+    traffic(agent, sessions=2)
+    agent.events({"type": "session", "session_id": "s0-fork", "parent_session_id": "s0"})
+    session = Session.objects.get(external_id="s0")
+    response = staff.get(f"/sessions/{session.pk}/")
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert f'data-total="tokens">{session.tokens_used}<' in html
+    assert "question 1" in html and "question 2" in html
+    assert "s0-fork" in html
+    assert html.count('<article class="card turn"') == 2
+    assert_valid_figures(response, {"tokens_gauge", "cost_gauge", "cumulative", "per_turn"})
+    figs = figures(response)
+    assert figs["cumulative"]["data"][0]["y"][-1] == session.tokens_used
+    per_turn = {t["name"]: t["y"] for t in figs["per_turn"]["data"]}
+    steps = Step.objects.filter(session=session)
+    assert sum(per_turn["response"]) == pytest.approx(
+        float(sum(s.cost_usd for s in steps if s.step_type == "response"))
+    )
+
+
+def test_steps_page_table_equals_the_steps(staff: Client, agent: Agent, priced: None) -> None:
+    traffic(agent)
+    response = staff.get("/steps/")
+    assert response.status_code == 200
+    html = response.content.decode()
+    steps = list(Step.objects.all())
+    response_cost = sum((s.cost_usd for s in steps if s.step_type == "response"), Decimal(0))
+    assert f"${response_cost.quantize(Decimal('0.01'))}" in html
+    assert_valid_figures(response, {"latency", "turn_costs"})
+    turn_counts = figures(response)["turn_costs"]["data"][0]["y"]
+    assert sum(turn_counts) == 6
+    fragment = staff.get("/steps/?model=test-haiku", headers={"HX-Request": "true"})
+    body = fragment.content.decode()
+    assert body.lstrip().startswith('<div id="results"')
+    assert "test-sonnet" not in body.split("Latency by step type")[0]
+
+
+def test_query_counts_do_not_grow_with_the_data(
+    staff: Client, agent: Agent, priced: None, django_assert_max_num_queries: Any
+) -> None:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    traffic(agent, sessions=2, turns=1, prefix="a")
+    session = Session.objects.get(external_id="a0")
+    htmx = {"HX-Request": "true"}
+    pages: list[tuple[str, dict[str, str]]] = [
+        ("/", {}),
+        (f"/?project={agent.project.slug}", {}),
+        ("/sessions/", {}),
+        ("/sessions/?sort=-cost&state=ok", {}),
+        ("/sessions/?model=test-haiku&page=2", {}),
+        ("/sessions/?state=ok&sort=-tokens", htmx),
+        ("/sessions/export.csv?state=ok", {}),
+        (f"/sessions/{session.pk}/", {}),
+        ("/steps/", {}),
+        ("/steps/?model=test-haiku", htmx),
+    ]
+
+    def get(path: str, headers: dict[str, str]) -> None:
+        response = staff.get(path, headers=headers)
+        assert response.status_code == 200, path
+        if response.streaming:
+            b"".join(response.streaming_content)  # the CSV's queries run as it streams
+
+    counts = {}
+    for path, headers in pages:
+        with CaptureQueriesContext(connection) as queries:
+            get(path, headers)
+        counts[path] = len(queries)
+    traffic(agent, sessions=30, turns=4, prefix="b")
+    traffic(agent, sessions=1, turns=20, prefix="a")  # a0 gets 20 turns
+    for path, headers in pages:
+        with django_assert_max_num_queries(counts[path]):
+            get(path, headers)
+    assert max(counts.values()) <= 14
+    assert DailyRollup.objects.count() >= 2
+
+
+def test_a_huge_session_page_shows_its_latest_steps_and_bucketed_tokens(
+    staff: Client, agent: Agent, priced: None, monkeypatch: Any
+) -> None:
+    from costboard.dashboards import selectors
+
+    monkeypatch.setattr(selectors, "MAX_LOOSE_STEPS_SHOWN", 3)
+    monkeypatch.setattr(selectors, "MAX_POINTS", 5)
+    start = timezone.now().replace(minute=0, second=0, microsecond=0) - timedelta(hours=5)
+    steps = [
+        {
+            "event_id": f"loose-{i}",
+            "session_id": "busy",
+            "step_type": "filter",
+            "model": "test-haiku",
+            "input_tokens": 10 * (i + 1),
+            "output_tokens": 1,
+            "timestamp": (start + timedelta(minutes=50 * i)).isoformat(),
+        }
+        for i in range(6)
+    ]
+    agent.events(*steps)
+    session = Session.objects.get(external_id="busy")
+    page = staff.get(f"/sessions/{session.pk}/")
+    body = page.content.decode()
+    assert page.status_code == 200 and "the latest 3" in body
+    detail = selectors.session_detail(session=session)
+    assert [s.event_id for s in detail.loose_steps] == ["loose-3", "loose-4", "loose-5"]
+    assert detail.loose_more
+    # 6 steps over 250 minutes, more than MAX_POINTS: summed per hour, in SQL.
+    hourly: dict[Any, int] = {}
+    for i, step in enumerate(steps):
+        at = start + timedelta(minutes=50 * i)
+        hour = at.replace(minute=0)
+        hourly[hour] = hourly.get(hour, 0) + step["input_tokens"] + step["output_tokens"]
+    running, expected = 0, []
+    for hour in sorted(hourly):
+        running += hourly[hour]
+        expected.append((hour, running))
+    assert detail.cumulative == expected
+    assert detail.cumulative[-1][1] == session.tokens_used
+
+
+def system_steps(agent: Agent, count: int, prefix: str) -> None:
+    """`count` steps without a session: they gather in the project's `system` session, outside
+    any turn (the session page's loose steps)."""
+    agent.events(
+        *[
+            {
+                "event_id": f"{prefix}-{i}",
+                "step_type": "embed",
+                "model": "test-haiku",
+                "input_tokens": 50,
+                "timestamp": ago(minutes=7 * i),
+            }
+            for i in range(count)
+        ]
+    )
+
+
+def capped(agent: Agent, session_id: str, state: str) -> None:
+    """A session past 80 % of its token cap (`warning`) or at it (`exhausted`)."""
+    tokens = 850 if state == "warning" else 1000
+    answer = agent.events(
+        {"type": "session", "session_id": session_id, "token_cap": 1000},
+        {"session_id": session_id, "step_type": "x", "model": "test-haiku", "input_tokens": tokens},
+    )
+    assert answer["sessions"][session_id]["state"] == state
+
+
+def test_every_benchmarked_page_runs_a_bounded_number_of_queries(
+    staff: Client,
+    agent: Agent,
+    priced: None,
+    monkeypatch: Any,
+    django_assert_max_num_queries: Any,
+) -> None:
+    """The pages bench_pages times, as it picks them (the biggest session, a typical one, the
+    most used model, the last page…), run no more queries on ten times the data."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from costboard.dashboards import selectors
+    from devtools.page_bench import page_cases
+
+    monkeypatch.setattr(selectors, "MAX_POINTS", 5)  # the system session's chart: per hour
+    traffic(agent, sessions=3, turns=1, prefix="a")
+    system_steps(agent, 4, "sys")
+    capped(agent, "w0", "warning")
+    capped(agent, "x0", "exhausted")
+    cases = page_cases()
+    assert "/sessions/export.csv?state=warning" in [c.path for c in cases]
+
+    def get(path: str, htmx: bool) -> None:
+        response = staff.get(path, headers={"HX-Request": "true"} if htmx else {})
+        assert response.status_code == 200, path
+        if response.streaming:
+            b"".join(response.streaming_content)  # the CSV's queries run as it streams
+
+    counts = {}
+    for case in cases:
+        with CaptureQueriesContext(connection) as queries:
+            get(case.path, case.htmx)
+        counts[case.path] = len(queries)
+    traffic(agent, sessions=40, turns=3, prefix="b")
+    traffic(agent, sessions=3, turns=12, prefix="a")  # the first sessions get 12 turns
+    system_steps(agent, 40, "sys-more")
+    for i in range(1, 4):
+        capped(agent, f"w{i}", "warning")
+        capped(agent, f"x{i}", "exhausted")
+    assert Session.objects.count() == 52 and Step.objects.filter(turn=None).count() >= 44
+    for case in cases:
+        with django_assert_max_num_queries(counts[case.path], info=case.path):
+            get(case.path, case.htmx)
+    assert max(counts.values()) <= 14

@@ -1,0 +1,226 @@
+from __future__ import annotations
+
+import time
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from django.test import Client
+
+from costboard import tasks
+from costboard.models import DailyRollup, ModelPrice, Session, SessionModelUsage, Step, Turn
+from costboard.pricing.repricing import PriceMatch, models_affected, steps_reprice
+from tests.conftest import Agent, add_price, make_agent, usd
+
+
+def traffic(agent: Agent) -> None:
+    agent.events(
+        {
+            "session_id": "s1",
+            "turn": 1,
+            "step_type": "response",
+            "model": "test-sonnet",
+            "input_tokens": 1000,
+            "output_tokens": 100,
+            "cache_read_input_tokens": 10_000,
+        },
+        {
+            "session_id": "s1",
+            "turn": 2,
+            "step_type": "intent",
+            "model": "house-llm",
+            "input_tokens": 2000,
+            "output_tokens": 200,
+        },
+        {
+            "session_id": "s2",
+            "step_type": "response",
+            "model": "test-sonnet",
+            "input_tokens": 3000,
+            "output_tokens": 300,
+        },
+    )
+
+
+def assert_rollups_match_steps() -> None:
+    for session in Session.objects.all():
+        steps = Step.objects.filter(session=session)
+        assert session.cost_usd == sum((s.cost_usd for s in steps), Decimal(0))
+    for turn in Turn.objects.all():
+        assert turn.cost_usd == sum((s.cost_usd for s in turn.steps.all()), Decimal(0))
+    for rollup in DailyRollup.objects.all():
+        steps = [
+            s
+            for s in Step.objects.filter(model=rollup.model, step_type=rollup.step_type)
+            if s.timestamp.date() == rollup.day
+        ]
+        assert rollup.cost_usd == sum((s.cost_usd for s in steps), Decimal(0))
+        assert rollup.unpriced_calls == sum(s.price_id is None for s in steps)
+    for usage in SessionModelUsage.objects.all():
+        steps = list(Step.objects.filter(session_id=usage.session_id, model=usage.model))
+        assert usage.calls == len(steps) > 0
+        assert usage.cost_usd == sum((s.cost_usd for s in steps), Decimal(0))
+
+
+@pytest.mark.django_db
+def test_editing_a_price_in_the_admin_reprices_its_steps(
+    staff: Client, agent: Agent, django_capture_on_commit_callbacks: Any
+) -> None:
+    price = add_price("test-sonnet")
+    traffic(agent)
+    with django_capture_on_commit_callbacks(execute=True) as queued:
+        response = staff.post(
+            f"/admin/costboard/modelprice/{price.pk}/change/",
+            {
+                "provider": "testco",
+                "model": "test-sonnet",
+                "model_regex": "",
+                "input_mtok": "4",
+                "output_mtok": "15",
+                "cache_read_mtok": "0.4",
+                "cache_write_mtok": "3.75",
+                "cache_write_1h_mtok": "6",
+                "tiers": "[]",
+                "context_window": "",
+                "effective_from_0": "2000-01-01",
+                "effective_from_1": "00:00:00",
+                "source": "manual",
+                "external_id": "",
+            },
+        )
+    assert response.status_code == 302, response.content.decode()[:3000]
+    assert len(queued) == 1  # one repricing, after the edit commits
+    price.refresh_from_db()
+    assert price.edited_by_admin
+    s1 = Session.objects.get(external_id="s1")
+    assert s1.cost_usd == usd(1000, Decimal(4)) + usd(100, Decimal(15)) + usd(
+        10_000, Decimal("0.4")
+    )
+    s2 = Session.objects.get(external_id="s2")
+    assert s2.cost_usd == usd(3000, Decimal(4)) + usd(300, Decimal(15))
+    assert_rollups_match_steps()
+
+
+@pytest.mark.django_db
+def test_adding_a_price_prices_the_unpriced_steps(
+    staff: Client, agent: Agent, django_capture_on_commit_callbacks: Any
+) -> None:
+    add_price("test-sonnet")
+    traffic(agent)
+    assert DailyRollup.objects.get(model="house-llm").unpriced_calls == 1
+    with django_capture_on_commit_callbacks(execute=True):
+        response = staff.post(
+            "/admin/costboard/modelprice/add/",
+            {
+                "provider": "",
+                "model": "house-llm",
+                "model_regex": "",
+                "input_mtok": "1",
+                "output_mtok": "2",
+                "cache_read_mtok": "",
+                "cache_write_mtok": "",
+                "cache_write_1h_mtok": "",
+                "tiers": "[]",
+                "context_window": "",
+                "effective_from_0": "2000-01-01",
+                "effective_from_1": "00:00:00",
+                "source": "manual",
+                "external_id": "",
+            },
+        )
+    assert response.status_code == 302, response.content.decode()[:3000]
+    step = Step.objects.get(model="house-llm")
+    assert step.price_id is not None
+    assert step.cost_usd == usd(2000, Decimal(1)) + usd(200, Decimal(2))
+    assert DailyRollup.objects.get(model="house-llm").unpriced_calls == 0
+    assert_rollups_match_steps()
+
+
+@pytest.mark.django_db
+def test_deleting_a_price_leaves_its_steps_unpriced(
+    staff: Client, agent: Agent, django_capture_on_commit_callbacks: Any
+) -> None:
+    price = add_price("test-sonnet")
+    traffic(agent)
+    with django_capture_on_commit_callbacks(execute=True):
+        response = staff.post(f"/admin/costboard/modelprice/{price.pk}/delete/", {"post": "yes"})
+    assert response.status_code == 302
+    assert set(Step.objects.filter(model="test-sonnet").values_list("cost_usd", flat=True)) == {
+        Decimal(0)
+    }
+    assert Session.objects.get(external_id="s2").cost_usd == 0
+    assert_rollups_match_steps()
+
+
+@pytest.mark.django_db
+def test_the_admin_refuses_a_bad_regex(staff: Client) -> None:
+    response = staff.post(
+        "/admin/costboard/modelprice/add/",
+        {
+            "provider": "",
+            "model": "x",
+            "model_regex": "gpt-(4",
+            "input_mtok": "1",
+            "output_mtok": "1",
+            "tiers": "[]",
+            "effective_from_0": "2000-01-01",
+            "effective_from_1": "00:00:00",
+            "source": "manual",
+        },
+    )
+    assert response.status_code == 200
+    assert b"not a valid regular expression" in response.content
+    assert not ModelPrice.objects.filter(model="x").exists()
+
+
+@pytest.mark.django_db
+def test_repricing_crosses_a_budget_the_new_price_reaches(agent: Agent) -> None:
+    price = add_price("test-sonnet", input_mtok=Decimal("1"))
+    agent.events(
+        {"type": "session", "session_id": "s1", "cost_cap_usd": "1.00", "token_cap": 10**7},
+        {"session_id": "s1", "step_type": "x", "model": "test-sonnet", "input_tokens": 500_000},
+    )
+    assert Session.objects.get(external_id="s1").state == "ok"
+    ModelPrice.objects.filter(pk=price.pk).update(input_mtok=Decimal(2))
+    result = steps_reprice(models=["test-sonnet"])
+    assert (result.steps_changed, result.cost_delta) == (1, Decimal("0.5"))
+    session = Session.objects.get(external_id="s1")
+    assert (session.cost_usd, session.state) == (Decimal(1), "exhausted")
+    assert session.exhausted_at is not None
+
+
+@pytest.mark.django_db
+def test_repricing_twice_changes_nothing_the_second_time(agent: Agent) -> None:
+    add_price("test-sonnet")
+    traffic(agent)
+    ModelPrice.objects.filter(model="test-sonnet").update(output_mtok=Decimal(30))
+    assert steps_reprice(models=["test-sonnet"]).steps_changed == 2
+    assert steps_reprice(models=["test-sonnet"]).steps_changed == 0
+    assert_rollups_match_steps()
+
+
+@pytest.mark.django_db
+def test_a_price_match_covers_aliases_of_step_models(agent: Agent) -> None:
+    agent.events(
+        {"step_type": "x", "model": "testco/test-sonnet-20260101"},
+        {"step_type": "x", "model": "other-model"},
+        {"step_type": "x", "model": "house-v2"},
+    )
+    assert models_affected([PriceMatch("test-sonnet")]) == ["testco/test-sonnet-20260101"]
+    assert models_affected([PriceMatch("house", r"^house-v\d$")]) == ["house-v2"]
+
+
+def test_a_worker_reprices_through_the_broker(celery_worker: str) -> None:
+    agent = make_agent("worker")
+    price = add_price("test-sonnet")
+    traffic(agent)
+    ModelPrice.objects.filter(pk=price.pk).update(input_mtok=Decimal(6))
+    tasks.prices_reprice.delay([PriceMatch("test-sonnet").as_dict()])
+    expected = usd(3000, Decimal(6)) + usd(300, Decimal(15))
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if Session.objects.get(external_id="s2").cost_usd == expected:
+            break
+        time.sleep(0.1)
+    assert Session.objects.get(external_id="s2").cost_usd == expected
+    assert_rollups_match_steps()

@@ -1,0 +1,90 @@
+"""bench_pages on a small data set: a line per page with its times, queries and size."""
+
+from __future__ import annotations
+
+import re
+from io import StringIO
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from devtools.page_bench import page_cases
+from memory_ui import services
+from tests.conftest import Agent
+from tests.costboard.dashboards.test_dashboards import priced, traffic  # noqa: F401 (fixture)
+
+pytestmark = pytest.mark.django_db
+
+ROW = re.compile(
+    r"^(?P<name>.+?)\s+(?P<p50>\d+\.\d)\s+(?P<p95>\d+\.\d)\s+(?P<max>\d+\.\d)\s+"
+    r"(?P<queries>\d+)\s+(?P<kb>\d+\.\d)\s+(?P<path>/\S*)(?P<flag>.*)$"
+)
+
+
+def test_bench_pages_times_every_page_and_fragment(agent: Agent, priced: None) -> None:  # noqa: F811
+    traffic(agent, sessions=4, turns=3)
+    kept = services.candidate_propose(project=agent.project, type="user", content="Likes tea")
+    assert kept is not None
+    services.memory_approve(kept, by=None)
+    services.candidate_propose(project=agent.project, type="project", content="Deploy on Fridays")
+    out = StringIO()
+    call_command("bench_pages", runs=3, warmup=0, stdout=out, stderr=StringIO())
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("data: 24 steps, 4 sessions, 12 turns in 1 projects")
+    rows = [m for line in lines if (m := ROW.match(line))]
+    cases = page_cases()
+    assert [m["path"] for m in rows] == [c.path for c in cases]
+    assert {m["name"] for m in rows} >= {
+        "overview, all projects",
+        "overview, one project",
+        "sessions",
+        "sessions, state=exhausted",
+        "sessions, by model",
+        "sessions, sorted by cost",
+        "sessions, page 100",
+        "sessions, last page",
+        "sessions table (htmx)",
+        "sessions CSV, warning",
+        "session, most steps",
+        "session, typical",
+        "flagged",
+        "flagged, one project",
+        "flagged list, exhausted (htmx)",
+        "steps",
+        "steps, one type",
+        "steps results (htmx)",
+        "memory review",
+        "memory review list, one type (htmx)",
+        "memory browser",
+        "memory browser, search",
+        "memory metrics",
+    }
+    assert "/memory/review/" in [m["path"] for m in rows]
+    assert "/sessions/?model=test-" in "".join(m["path"] for m in rows)
+    for m in rows:
+        assert 0 < float(m["p50"]) <= float(m["p95"]) <= float(m["max"])
+        assert 1 <= int(m["queries"]) <= 14, m.group(0)
+        assert float(m["kb"]) > 0
+        assert "HTTP" not in m["flag"]
+    assert lines[-1].startswith(f"{len(cases)} of {len(cases)} pages under 300 ms p95")
+
+
+def test_bench_pages_flags_a_page_over_the_target(agent: Agent, priced: None) -> None:  # noqa: F811
+    traffic(agent, sessions=1, turns=1)
+    out = StringIO()
+    with pytest.raises(CommandError, match="pages missed the target"):
+        call_command(
+            "bench_pages",
+            runs=1,
+            warmup=0,
+            target_ms=0.001,
+            strict=True,
+            stdout=out,
+            stderr=StringIO(),
+        )
+    assert out.getvalue().count("OVER 0 ms") == len(page_cases())
+
+
+def test_bench_pages_asks_for_data_on_an_empty_database() -> None:
+    with pytest.raises(CommandError, match="seed_demo --steps 1000000"):
+        call_command("bench_pages", stdout=StringIO())
