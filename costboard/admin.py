@@ -5,14 +5,14 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
-from django.db import transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
 
-from costboard import tasks
-from costboard.budgets.alerts import alert_deliver
-from costboard.budgets.caps import session_caps
+from costboard.api.keys import api_keys_revoke
+from costboard.budgets import services as budget_services
+from costboard.budgets.alerts import alert_deliveries_retry
+from costboard.budgets.services import PROJECT_CAP_FIELDS as CAP_FIELDS
 from costboard.models import (
     ALERT_KINDS,
     AlertDelivery,
@@ -27,15 +27,8 @@ from costboard.models import (
     Turn,
     WebhookEndpoint,
 )
-from costboard.pricing.repricing import PriceMatch
+from costboard.pricing import services as pricing_services
 
-CAP_FIELDS = (
-    "token_cap",
-    "cost_cap_usd",
-    "warn_at_pct",
-    "system_token_cap",
-    "system_cost_cap_usd",
-)
 RATE_FIELDS = (
     "input_mtok",
     "output_mtok",
@@ -106,27 +99,14 @@ class ModelPriceAdmin(admin.ModelAdmin):
         return {"source": ModelPrice.Source.MANUAL, **super().get_changeform_initial_data(request)}
 
     def save_model(self, request: HttpRequest, obj: ModelPrice, form: Any, change: bool) -> None:
-        before = None
-        if change and obj.pk:
-            old = ModelPrice.objects.get(pk=obj.pk)
-            before = PriceMatch(model=old.model, regex=old.model_regex)
-            obj.edited_by_admin = True
-        super().save_model(request, obj, form, change)
-        matches = [PriceMatch(model=obj.model, regex=obj.model_regex)]
-        if before is not None and before not in matches:
-            matches.append(before)
-        transaction.on_commit(lambda: tasks.prices_reprice.delay([m.as_dict() for m in matches]))
+        pricing_services.price_save(price=obj, by_admin=change)
         messages.info(request, "Steps covered by this price are being repriced.")
 
     def delete_model(self, request: HttpRequest, obj: ModelPrice) -> None:
-        match = PriceMatch(model=obj.model, regex=obj.model_regex)
-        super().delete_model(request, obj)
-        transaction.on_commit(lambda: tasks.prices_reprice.delay([match.as_dict()]))
+        pricing_services.prices_delete(prices=[obj])
 
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet[ModelPrice]) -> None:
-        matches = [PriceMatch(model=p.model, regex=p.model_regex).as_dict() for p in queryset]
-        super().delete_queryset(request, queryset)
-        transaction.on_commit(lambda: tasks.prices_reprice.delay(matches))
+        pricing_services.prices_delete(prices=queryset)
 
 
 class ApiKeyInline(admin.TabularInline):
@@ -248,14 +228,15 @@ class ProjectAdmin(admin.ModelAdmin):
     ]
 
     def save_model(self, request: HttpRequest, obj: Project, form: Any, change: bool) -> None:
-        old = Project.objects.filter(pk=obj.pk).values(*CAP_FIELDS).first() if change else None
+        caps = {name: getattr(obj, name) for name in CAP_FIELDS if name in form.changed_data}
+        if not change:
+            super().save_model(request, obj, form, change)
+            return
+        # the caps through their service (old ones read under the project's lock, sessions
+        # rechecked after commit); the other fields as the admin saves them
+        budget_services.project_caps_set(project=obj, changes=caps)
         super().save_model(request, obj, form, change)
-        if old is not None and set(CAP_FIELDS) & set(form.changed_data):
-            before = {
-                k: (None if v is None else v if k.endswith("token_cap") else str(v))
-                for k, v in old.items()
-            }
-            transaction.on_commit(lambda: tasks.project_budgets_recheck.delay(obj.pk, before))
+        if caps:
             messages.info(request, "Session budgets of this project are being rechecked.")
 
 
@@ -298,7 +279,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
 
     @admin.action(description="Revoke selected keys")
     def revoke(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
-        n = queryset.filter(revoked_at__isnull=True).update(revoked_at=timezone.now())
+        n = api_keys_revoke(key_ids=list(queryset.values_list("pk", flat=True)), at=timezone.now())
         messages.success(request, f"Revoked {n} key(s).")
 
 
@@ -364,13 +345,14 @@ class SessionAdmin(admin.ModelAdmin):
         return False  # sessions come from agents
 
     def save_model(self, request: HttpRequest, obj: Session, form: Any, change: bool) -> None:
-        old = Session.objects.select_related("project").get(pk=obj.pk)
-        old_caps = session_caps(old)
-        super().save_model(request, obj, form, change)
-        if {"token_cap", "cost_cap_usd"} & set(form.changed_data):
-            from costboard.budgets.caps import session_recheck
-
-            session_recheck(obj.pk, now=timezone.now(), old_caps=old_caps)
+        # only the caps are editable here: set under the session's lock, state decided again
+        changed = set(form.changed_data)
+        budget_services.session_caps_set(
+            session_id=obj.pk,
+            at=timezone.now(),
+            token_cap=obj.token_cap if "token_cap" in changed else budget_services.KEEP,
+            cost_cap_usd=obj.cost_cap_usd if "cost_cap_usd" in changed else budget_services.KEEP,
+        )
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -482,18 +464,8 @@ class AlertDeliveryAdmin(ReadOnlyAdmin):
 
     @admin.action(description="Retry selected deliveries", permissions=["retry"])
     def retry_deliveries(self, request: HttpRequest, queryset: QuerySet[AlertDelivery]) -> None:
-        failed = list(
-            queryset.filter(status=AlertDelivery.Status.FAILED).values_list("pk", flat=True)
-        )
-        AlertDelivery.objects.filter(pk__in=failed, status=AlertDelivery.Status.FAILED).update(
-            status=AlertDelivery.Status.PENDING
-        )
-
-        def enqueue() -> None:
-            for delivery_id in failed:
-                alert_deliver.delay(delivery_id)
-
-        transaction.on_commit(enqueue)
-        skipped = queryset.count() - len(failed)
+        chosen = list(queryset.values_list("pk", flat=True))
+        queued = alert_deliveries_retry(delivery_ids=chosen)
+        skipped = len(chosen) - queued
         note = f"; {skipped} not failed, left as they are" if skipped else ""
-        messages.success(request, f"Queued {len(failed)} delivery(ies) again{note}.")
+        messages.success(request, f"Queued {queued} delivery(ies) again{note}.")

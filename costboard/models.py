@@ -652,6 +652,23 @@ class IngestTally(models.Model):
         return f"{self.project_id} {self.day}"
 
 
+class EnvironmentCaps(models.Model):
+    """The environment's default caps (COSTBOARD_SESSION_TOKEN_CAP, …) as the sessions were
+    last decided with: one row. The sweep compares it with the settings, so a restart with new
+    defaults decides again the sessions that inherit them."""
+
+    token_cap = models.PositiveBigIntegerField()
+    cost_cap_usd = models.DecimalField(max_digits=14, decimal_places=4)
+    warn_at_pct = models.DecimalField(max_digits=4, decimal_places=3)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        verbose_name_plural = "environment caps"
+
+    def __str__(self) -> str:
+        return f"{self.token_cap} tokens, ${self.cost_cap_usd}, warn at {self.warn_at_pct}"
+
+
 ALERT_KINDS = ["soft_warned", "exhausted", "runaway"]
 
 

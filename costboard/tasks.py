@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import logging
-from decimal import Decimal
 from typing import Any
 
 from celery import shared_task
 from django.utils import timezone
 
-from costboard.budgets import retention
+from costboard.budgets import retention, services
 from costboard.budgets import sweep as guard
-from costboard.budgets.alerts import alert_deliver, alerts_dispatch  # noqa: F401  (registered with the worker)
-from costboard.budgets.caps import caps_for, session_recheck
-from costboard.models import SYSTEM_SESSION_ID, Project, Session
+from costboard.budgets.alerts import (  # noqa: F401  (registered with the worker)
+    alert_deliver,
+    alerts_dispatch,
+)
 from costboard.pricing.repricing import PriceMatch, models_affected, steps_reprice
 
 log = logging.getLogger(__name__)
@@ -36,30 +36,9 @@ def prices_reprice(matches: list[dict[str, str]]) -> int:
 
 @shared_task(soft_time_limit=1800, time_limit=1900, acks_late=True)
 def project_budgets_recheck(project_id: int, old: dict[str, Any]) -> int:
-    """After a project's caps change: recompute the state of each session using them."""
-    project = Project.objects.filter(pk=project_id).first()
-    if project is None:
-        return 0
-    old_project = Project(
-        token_cap=old.get("token_cap"), system_token_cap=old.get("system_token_cap")
-    )
-    for name in ("cost_cap_usd", "system_cost_cap_usd", "warn_at_pct"):
-        if old.get(name) is not None:
-            setattr(old_project, name, Decimal(old[name]))
-    now = timezone.now()
-    changed = 0
-    sessions = Session.objects.filter(project=project).values_list(
-        "pk", "external_id", "token_cap", "cost_cap_usd"
-    )
-    for session_id, external_id, token_cap, cost_cap in sessions.iterator(chunk_size=2000):
-        caps = {"token_cap": token_cap, "cost_cap_usd": cost_cap}
-        system = external_id == SYSTEM_SESSION_ID
-        old_caps = caps_for(project=old_project, system=system, **caps)
-        new_caps = caps_for(project=project, system=system, **caps)
-        if old_caps != new_caps:
-            session_recheck(session_id, now=now, old_caps=old_caps)
-            changed += 1
-    return changed
+    """After a project's caps changed from `old`: decide again each affected session's state
+    (budgets.services.project_caps_set enqueues it by name)."""
+    return services.project_budgets_recheck(project_id=project_id, old=old, at=timezone.now())
 
 
 @shared_task(soft_time_limit=50, time_limit=55, acks_late=True)

@@ -8,6 +8,11 @@ class MemoryUiConfig(AppConfig):
     verbose_name = "Memory"
 
     def ready(self) -> None:
-        # Register the lifecycle's Celery tasks with the worker (autodiscovery finds only
-        # memory_ui.tasks); beat names them in CELERY_BEAT_SCHEDULE.
-        from memory_ui import lifecycle  # noqa: F401
+        from costboard.hooks import after_ingest_register, hourly_register
+
+        # Importing lifecycle registers its Celery tasks with the worker (autodiscovery finds
+        # only memory_ui.tasks); beat names them in CELERY_BEAT_SCHEDULE.
+        from memory_ui.hooks import memory_detect_after_ingest, memory_lifecycle_hourly
+
+        after_ingest_register(memory_detect_after_ingest)
+        hourly_register(memory_lifecycle_hourly)

@@ -503,3 +503,24 @@ def _email_send(delivery: AlertDelivery) -> Attempt:
     except Exception as exc:  # SMTP errors come in many types; each is retried
         return Attempt(ok=False, error=_describe(exc))
     return Attempt(ok=True)
+
+
+def alert_deliveries_retry(*, delivery_ids: list[int]) -> int:
+    """Send failed deliveries again (the admin's retry action): each back to pending with its
+    attempts kept, queued once the transaction commits. Others are left as they are. Returns
+    how many were queued."""
+    with transaction.atomic():
+        failed = list(
+            AlertDelivery.objects.select_for_update()
+            .filter(pk__in=delivery_ids, status=AlertDelivery.Status.FAILED)
+            .order_by("pk")
+            .values_list("pk", flat=True)
+        )
+        AlertDelivery.objects.filter(pk__in=failed).update(status=AlertDelivery.Status.PENDING)
+
+        def enqueue() -> None:
+            for delivery_id in failed:
+                alert_deliver.delay(delivery_id)
+
+        transaction.on_commit(enqueue)
+    return len(failed)

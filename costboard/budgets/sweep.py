@@ -7,8 +7,8 @@
 - a long session: still active H hours after it started.
 
 The per-turn rules (retry loops, overlong turns) run inside ingest: ingest/turn_rules.py.
-Only open sessions active within the window are read, and a session is flagged with a
-conditional UPDATE (`session_flag_runaway`), so two sweeps at once flag it once.
+Only open sessions active within the window are read, and a session is flagged under its
+row lock (`session_flag_runaway`), so two sweeps at once flag it once.
 
 The project's normal rate is the tokens per active session-minute of its sessions seen in
 the last 7 days but not within the window (a session counts at least one minute), runaways
@@ -28,7 +28,9 @@ from django.db.models import DurationField, ExpressionWrapper, F, Sum, Value
 from django.db.models.functions import Greatest
 from django.utils import timezone
 
-from costboard.budgets.caps import session_caps, session_flag_runaway
+from costboard.budgets.caps import session_caps
+from costboard.budgets.engine import Flag
+from costboard.budgets.services import environment_caps_sync, session_flag_runaway
 from costboard.models import SYSTEM_SESSION_ID, Project, Session, Step
 
 log = logging.getLogger(__name__)
@@ -141,7 +143,8 @@ def project_sweep(project: Project, now: datetime) -> tuple[int, dict[str, int]]
         if found is None:
             continue
         rule, reason, evidence = found
-        if session_flag_runaway(session.pk, rule=rule, reason=reason, evidence=evidence, at=now):
+        flag = Flag(at=now, rule=rule, reason=reason, evidence=evidence)
+        if session_flag_runaway(session_id=session.pk, flag=flag):
             flagged[rule] += 1
     return len(sessions), flagged
 
@@ -201,6 +204,7 @@ def _session_rules(
 def runaway_sweep(now: datetime | None = None) -> SweepResult:
     """One pass over every project's active sessions."""
     now = now or timezone.now()
+    environment_caps_sync(at=now)  # new environment defaults since the last pass
     flagged: dict[str, int] = defaultdict(int)
     checked = 0
     for project in Project.objects.order_by("pk"):

@@ -16,7 +16,6 @@ from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser, PermissionsMixin
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
-from django.db import transaction
 from django.db.models import QuerySet
 from django.http import (
     Http404,
@@ -33,7 +32,8 @@ from django.utils.dateparse import parse_date
 from django.views.decorators.http import require_POST
 from django_htmx.middleware import HtmxDetails
 
-from costboard.budgets.caps import Caps, caps_for, session_caps, session_recheck
+from costboard.budgets import services
+from costboard.budgets.caps import Caps, caps_for, session_caps
 from costboard.dashboards import charts, selectors
 from costboard.dashboards.scope import Scope, scope_for
 from costboard.models import SYSTEM_SESSION_ID, Project, Session, usd
@@ -600,22 +600,20 @@ def flagged_raise_cap(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     """Raise a session's token and/or USD cap: its state is recomputed and a cap_changed
     event recorded."""
     scope, session = _acting_on(request, pk)
-    with transaction.atomic():
-        locked = (
-            Session.objects.select_for_update(of=("self",)).select_related("project").get(pk=pk)
-        )
-        old_caps = session_caps(locked)  # read under the lock: "higher" than what is saved
-        form = RaiseCapForm(request.POST, caps=old_caps)
-        if form.is_valid():
-            changed = []
-            if form.cleaned_data["token_cap"] is not None:
-                locked.token_cap = form.cleaned_data["token_cap"]
-                changed.append("token_cap")
-            if form.cleaned_data["cost_cap_usd"] is not None:
-                locked.cost_cap_usd = form.cleaned_data["cost_cap_usd"]
-                changed.append("cost_cap_usd")
-            locked.save(update_fields=changed)
-            session_recheck(locked.pk, now=timezone.now(), old_caps=old_caps)
+    form = RaiseCapForm(request.POST, caps=session_caps(session))
+    if form.is_valid():
+        token_cap, cost_cap = form.cleaned_data["token_cap"], form.cleaned_data["cost_cap_usd"]
+        try:
+            # checked again under the session's lock: "higher" than what is saved
+            services.session_caps_set(
+                session_id=session.pk,
+                at=timezone.now(),
+                token_cap=services.KEEP if token_cap is None else token_cap,
+                cost_cap_usd=services.KEEP if cost_cap is None else cost_cap,
+                raise_only=True,
+            )
+        except services.CapError as error:
+            form.add_error(error.field, error.message)
     return _acted(request, scope, session.pk, form=None if form.is_valid() else form)
 
 
@@ -625,10 +623,7 @@ def flagged_acknowledge(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     """A person saw the session's flags: it leaves the default list until flagged again (and
     a runaway held at exhausted may go on)."""
     scope, session = _acting_on(request, pk)
-    now = timezone.now()
-    with transaction.atomic():
-        Session.objects.filter(pk=session.pk).update(
-            acknowledged_at=now, acknowledged_by=request.user.get_username()[:150]
-        )
-        session_recheck(session.pk, now=now)
+    services.session_acknowledge(
+        session_id=session.pk, by=request.user.get_username(), at=timezone.now()
+    )
     return _acted(request, scope, session.pk)

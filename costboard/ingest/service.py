@@ -31,7 +31,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from decimal import Context, Decimal
-from functools import lru_cache, partial
+from functools import lru_cache
 from typing import Any
 
 import psycopg
@@ -40,19 +40,13 @@ from django.db.models import Field
 from django.utils import timezone
 
 from costboard.budgets.alerts import announce
-from costboard.budgets.caps import (
-    SessionBudget,
-    budget_decide,
-    budget_event,
-    cap_change_detail,
-    caps_for,
-    runaway_stop_detail,
-    runaway_stopped,
-    session_budget,
-)
+from costboard.budgets.caps import SessionBudget, caps_for, session_budget
+from costboard.budgets.engine import Flag, Ledger, Spend, budget_decide
+from costboard.budgets.services import budget_events_of
+from costboard.hooks import Ingested, after_ingest_run
 from costboard.ingest.latency import latency_bucket
 from costboard.ingest.schemas import Event, SessionEvent, StepEvent, TurnEvent
-from costboard.ingest.turn_rules import RunawayFlag, TurnStreaks, step_signature, turn_check
+from costboard.ingest.turn_rules import TurnStreaks, step_signature, turn_check
 from costboard.models import (
     SYSTEM_SESSION_ID,
     BudgetEvent,
@@ -66,7 +60,6 @@ from costboard.models import (
     Turn,
 )
 from costboard.pricing.rates import RateTable, pico_usd, rate_table
-from memory_ui.tasks import memory_detect
 
 ZERO = Decimal(0)
 
@@ -461,7 +454,7 @@ def events_ingest(
         )
         budget_events = BudgetEvent.objects.bulk_create(crossings) if crossings else []
         announce(budget_events)
-        _memory_detection_queue(accepted_others, turn_ids)
+        after_ingest_run(Ingested(project, _turns_with_text(accepted_others, turn_ids)))
         _model_usage_upsert(cursor, sql, session_ids, inserted)
         for statement, params in hot:
             cursor.execute(statement, params)
@@ -475,20 +468,17 @@ def events_ingest(
     )
 
 
-def _memory_detection_queue(
+def _turns_with_text(
     events: list[SessionEvent | TurnEvent], turn_ids: dict[tuple[str, int], int]
-) -> None:
-    """After commit, the turns whose text arrived go to memory detection (a Celery task: it
-    never slows the agent's request)."""
-    ids = sorted(
+) -> list[int]:
+    """The turns whose text arrived in this batch (for memory detection, after commit)."""
+    return sorted(
         {
             turn_ids[(event.session_id, event.turn)]
             for event in events
             if isinstance(event, TurnEvent) and (event.user_message or event.assistant_response)
         }
     )
-    if ids:
-        transaction.on_commit(partial(memory_detect.delay, ids), robust=True)
 
 
 def _sessions_upsert(
@@ -852,31 +842,6 @@ def _steps_insert(
     return fresh
 
 
-Moment = tuple[datetime, int, Decimal]  # a time, and the session's tokens and cost then
-
-
-def _first_crossing(steps: list[_Step], tokens: int, cost: Decimal, hit: Any) -> Moment | None:
-    """The first step (in time order) at which `hit(tokens, cost)` becomes true: its time and
-    the session's totals with it."""
-    added = 0
-    for step in sorted(steps, key=lambda s: s.ts):
-        tokens += step.tokens_used
-        added += step.cost_pico
-        if hit(tokens, cost + pico_usd(added)):
-            return step.ts, tokens, cost + pico_usd(added)
-    return None
-
-
-def _totals_at(steps: list[_Step], tokens: int, cost: Decimal, at: datetime) -> Moment:
-    """The session's totals with the new steps up to `at` (those after it not yet)."""
-    upto = [step for step in steps if step.ts <= at]
-    return (
-        at,
-        tokens + sum(s.tokens_used for s in upto),
-        cost + pico_usd(sum(s.cost_pico for s in upto)),
-    )
-
-
 _SESSION_UPDATE_COLUMNS: list[Column] = [
     ("id", "bigint"),
     *USAGE,
@@ -885,15 +850,13 @@ _SESSION_UPDATE_COLUMNS: list[Column] = [
     ("token_cap", "bigint"),
     ("cost_cap_usd", "numeric"),
     ("parent_id", "bigint"),
-    ("state", "text"),
     ("user_id", "text"),
     ("ended_at", "timestamptz"),
     ("metadata", "text"),
-    ("warn_time", "timestamptz"),
-    ("exhaust_time", "timestamptz"),
-    ("clear_warned", "integer"),
-    ("clear_exhausted", "integer"),
-    ("runaway_time", "timestamptz"),
+    ("state", "text"),
+    ("warned_at", "timestamptz"),
+    ("exhausted_at", "timestamptz"),
+    ("runaway_at", "timestamptz"),
     ("runaway_reason", "text"),
 ]
 
@@ -906,14 +869,14 @@ def _sessions_update(
     sessions: dict[str, _SessionTouch],
     inserted: list[_Step],
     now: datetime,
-    runaways: dict[str, RunawayFlag],
+    runaways: dict[str, Flag],
 ) -> tuple[list[BudgetEvent], list[_SessionNow]]:
-    """Add the steps' sums to each touched session and decide its budget state and its
-    runaway flag; return the crossings to record and the sessions as they now are (for
-    their budgets).
+    """Add the steps' sums to each touched session, and apply what the budget engine decides
+    of its budget (its state, crossings and runaway flag); return the crossings to record and
+    the sessions as they now are (for their budgets).
 
-    The rows were locked by the upsert, so the totals read there are current; the crossing
-    is still written with `warned_at IS NULL` in SQL, so it can only ever be set once.
+    The rows were locked by the upsert, so the ledger read there is current: the engine's
+    outcome is written as it is, and each crossing is decided exactly once.
     """
     if not sessions:
         return [], []
@@ -927,96 +890,43 @@ def _sessions_update(
     for key in sorted(sessions):
         touch = sessions[key]
         row = rows[key]
-        totals = _Totals.of(by_session.get(key, []))
+        new_steps = by_session.get(key, [])
+        totals = _Totals.of(new_steps)
         token_cap = touch.token_cap if touch.token_cap is not None else row["token_cap"]
         cost_cap = touch.cost_cap_usd if touch.cost_cap_usd is not None else row["cost_cap_usd"]
         system = key == SYSTEM_SESSION_ID
-        old_caps = caps_for(
-            project=project,
-            token_cap=row["token_cap"],
-            cost_cap_usd=row["cost_cap_usd"],
-            system=system,
-        )
         caps = caps_for(project=project, token_cap=token_cap, cost_cap_usd=cost_cap, system=system)
-        old_tokens, old_cost = row["tokens_used"], row["cost_usd"]
-        if not old_tokens and not old_cost:
-            old_caps = caps  # caps given before any usage (at the start) are not a change
-        tokens = old_tokens + totals.input_tokens + totals.output_tokens
-        cost = old_cost + totals.cost_usd
-        new_steps = by_session.get(key, [])
-        event_at = touch.event_at or now
-
-        runaway = runaways.get(key) if row["runaway_at"] is None else None
-        runaway_at = row["runaway_at"] or (runaway.at if runaway else None)
-        stopped = runaway_stopped(project, runaway_at, row["acknowledged_at"])
-        decision = budget_decide(
-            old_caps=old_caps,
-            caps=caps,
-            tokens_used=tokens,
-            cost_usd=cost,
-            warned_at=row["warned_at"],
-            exhausted_at=row["exhausted_at"],
-            stopped=stopped,
+        old_caps = None
+        if row["tokens_used"] or row["cost_usd"]:  # caps given before any usage: no change
+            old_caps = caps_for(
+                project=project,
+                token_cap=row["token_cap"],
+                cost_cap_usd=row["cost_cap_usd"],
+                system=system,
+            )
+        outcome = budget_decide(
+            ledger=Ledger(
+                tokens_used=row["tokens_used"],
+                cost_usd=row["cost_usd"],
+                state=row["state"],
+                warned_at=row["warned_at"],
+                exhausted_at=row["exhausted_at"],
+                runaway_at=row["runaway_at"],
+                runaway_reason=row["runaway_reason"],
+                acknowledged_at=row["acknowledged_at"],
+            ),
+            limits=caps,
+            old_limits=old_caps,
+            spends=[Spend(s.ts, s.tokens_used, pico_usd(s.cost_pico)) for s in new_steps],
+            flag=runaways.get(key),
+            # a crossing no step caused (a cap given in this batch): the session event's time
+            at=touch.event_at or now,
+            stops_runaways=project.runaway_stops,
         )
-        common = {
-            "session": row["id"],
-            "project": project,
-            "tokens_used": tokens,
-            "cost_usd": cost,
-            "caps": caps,
-        }
-        if decision.cap_changed:
-            detail = cap_change_detail(old_caps, caps, row["state"], decision.state)
-            crossings.append(
-                budget_event(
-                    kind=BudgetEvent.Kind.CAP_CHANGED, at=event_at, detail=detail, **common
-                )
-            )
-        # Each event carries the time and the session's totals of the step that crossed (a
-        # cap change crosses with the totals as they are).
-        now_totals = (event_at, tokens, cost)
-        warn_time = exhaust_time = None
-        if decision.warns:
-            warn_time, at_tokens, at_cost = (
-                _first_crossing(new_steps, old_tokens, old_cost, caps.warned) or now_totals
-            )
-            crossings.append(
-                budget_event(
-                    kind=BudgetEvent.Kind.SOFT_WARNED,
-                    at=warn_time,
-                    **{**common, "tokens_used": at_tokens, "cost_usd": at_cost},
-                )
-            )
-        runaway_moment = None
-        if runaway is not None:
-            runaway_moment = _totals_at(new_steps, old_tokens, old_cost, runaway.at)
-            _, at_tokens, at_cost = runaway_moment
-            crossings.append(
-                budget_event(
-                    kind=BudgetEvent.Kind.RUNAWAY,
-                    at=runaway.at,
-                    detail=runaway.detail(),
-                    **{**common, "tokens_used": at_tokens, "cost_usd": at_cost},
-                )
-            )
-        if decision.exhausts:
-            # by a cap (at the step that reached it) or by a runaway told to stop, if sooner
-            stops: list[tuple[Moment, dict[str, object] | None]] = []
-            if caps.exhausted(tokens, cost):
-                reached = _first_crossing(new_steps, old_tokens, old_cost, caps.exhausted)
-                stops.append((reached or now_totals, None))
-            if stopped:
-                reason = runaway.reason if runaway else row["runaway_reason"]
-                stops.append((runaway_moment or now_totals, runaway_stop_detail(caps, reason)))
-            (exhaust_time, at_tokens, at_cost), stop_detail = min(stops, key=lambda s: s[0][0])
-            crossings.append(
-                budget_event(
-                    kind=BudgetEvent.Kind.EXHAUSTED,
-                    at=exhaust_time,
-                    detail=stop_detail,
-                    **{**common, "tokens_used": at_tokens, "cost_usd": at_cost},
-                )
-            )
+        crossings += budget_events_of(
+            outcome.crossings, project=project, session_id=row["id"], caps=caps
+        )
+        after = outcome.ledger
 
         metadata = None
         if touch.metadata is not None:
@@ -1034,16 +944,14 @@ def _sessions_update(
                 token_cap,
                 cost_cap,
                 parent_id,
-                decision.state,
                 touch.user_id,
                 sql.dt(touch.ended_at),
                 metadata,
-                sql.dt(warn_time),
-                sql.dt(exhaust_time),
-                int(decision.clear_warned),
-                int(decision.clear_exhausted),
-                sql.dt(runaway.at) if runaway else None,
-                runaway.reason[:200] if runaway else None,
+                after.state,
+                sql.dt(after.warned_at),
+                sql.dt(after.exhausted_at),
+                sql.dt(after.runaway_at),
+                after.runaway_reason[:200],
             ]
         )
 
@@ -1061,25 +969,14 @@ def _sessions_update(
             token_cap = v.token_cap,
             cost_cap_usd = v.cost_cap_usd,
             parent_id = COALESCE(v.parent_id, {SESSION_TABLE}.parent_id),
-            state = v.state,
             user_id = COALESCE(v.user_id, {SESSION_TABLE}.user_id),
             ended_at = COALESCE(v.ended_at, {SESSION_TABLE}.ended_at),
             metadata = COALESCE({sql.jsonb("v.metadata")}, {SESSION_TABLE}.metadata),
-            warned_at = CASE
-                WHEN v.clear_warned = 1 THEN NULL
-                WHEN {SESSION_TABLE}.warned_at IS NULL AND v.warn_time IS NOT NULL
-                    THEN v.warn_time
-                ELSE {SESSION_TABLE}.warned_at END,
-            exhausted_at = CASE
-                WHEN v.clear_exhausted = 1 THEN NULL
-                WHEN {SESSION_TABLE}.exhausted_at IS NULL AND v.exhaust_time IS NOT NULL
-                    THEN v.exhaust_time
-                ELSE {SESSION_TABLE}.exhausted_at END,
-            runaway_reason = CASE
-                WHEN {SESSION_TABLE}.runaway_at IS NULL AND v.runaway_time IS NOT NULL
-                    THEN v.runaway_reason
-                ELSE {SESSION_TABLE}.runaway_reason END,
-            runaway_at = COALESCE({SESSION_TABLE}.runaway_at, v.runaway_time)
+            state = v.state,
+            warned_at = v.warned_at,
+            exhausted_at = v.exhausted_at,
+            runaway_at = v.runaway_at,
+            runaway_reason = v.runaway_reason
         FROM v
         WHERE {SESSION_TABLE}.id = v.id
         RETURNING {", ".join(f"{SESSION_TABLE}.{name}" for name in _BUDGET_FIELDS)}
@@ -1164,7 +1061,7 @@ def _turns_after_insert(
     turns_now: dict[tuple[str, int], _TurnNow],
     inserted: list[_Step],
     replays: list[_Step],
-) -> dict[str, RunawayFlag]:
+) -> dict[str, Flag]:
     """Advance the turns' retry-loop streaks over their inserted steps and subtract the steps
     the upsert added but the insert refused as replays (the turns are locked since the
     upsert): one statement. Returns the per-turn runaway rules broken, by session key (the
@@ -1180,7 +1077,7 @@ def _turns_after_insert(
     keys = sorted(new_steps.keys() | taken_back.keys(), key=lambda k: turns_now[k].id)
     if not keys:
         return {}
-    flags: dict[str, RunawayFlag] = {}
+    flags: dict[str, Flag] = {}
     values = []
     for key in keys:
         turn = turns_now[key]

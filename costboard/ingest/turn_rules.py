@@ -10,7 +10,7 @@ steps are taken in time order; across batches, in the order the batches arrived 
 reports a turn's steps as they happen, so the two agree).
 
 Thresholds are the project's (0 turns a rule off). The window rules (burn rate, projected
-overrun, long sessions) are the sweep's: costboard/guard.py.
+overrun, long sessions) are the sweep's: costboard/budgets/sweep.py.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
+from costboard.budgets.engine import Flag
 from costboard.models import Project
 
 RETRY_LOOP = "retry_loop"
@@ -66,27 +67,16 @@ class TurnStreaks:
         self.repeat_peak = max(self.repeat_peak, self.repeat_streak)
 
 
-@dataclass(frozen=True, slots=True)
-class RunawayFlag:
-    rule: str
-    reason: str  # one line for people (the session's runaway_reason)
-    at: datetime  # the time of the step that crossed
-    evidence: dict[str, Any]
-
-    def detail(self) -> dict[str, Any]:
-        return {"rule": self.rule, "reason": self.reason, "evidence": self.evidence}
-
-
 def turn_check(
     project: Project,
     turn_number: int,
     streaks: TurnStreaks,
     steps: list[Any],
     steps_before: int,
-) -> tuple[TurnStreaks, RunawayFlag | None]:
+) -> tuple[TurnStreaks, Flag | None]:
     """Advance a turn's streaks over its new steps (time order) and return the first rule
     they break, if any. `steps_before` is the turn's step count before these steps."""
-    flag: RunawayFlag | None = None
+    flag: Flag | None = None
     failed_limit = project.runaway_failed_steps
     repeat_limit = project.runaway_repeated_steps
     steps_limit = project.runaway_turn_steps
@@ -98,11 +88,11 @@ def turn_check(
         if flag is not None:
             continue
         if failed_limit and streaks.fail_streak == failed_limit:
-            flag = RunawayFlag(
-                RETRY_LOOP,
-                f"retry loop: {failed_limit} failed steps in a row in turn {turn_number}",
-                step.ts,
-                {
+            flag = Flag(
+                rule=RETRY_LOOP,
+                reason=f"retry loop: {failed_limit} failed steps in a row in turn {turn_number}",
+                at=step.ts,
+                evidence={
                     "turn": turn_number,
                     "failed_in_a_row": failed_limit,
                     "threshold": failed_limit,
@@ -112,12 +102,12 @@ def turn_check(
                 },
             )
         elif repeat_limit and streaks.repeat_streak == repeat_limit:
-            flag = RunawayFlag(
-                RETRY_LOOP,
-                f"retry loop: the same {step.step_type} step ({step.model}) "
+            flag = Flag(
+                rule=RETRY_LOOP,
+                reason=f"retry loop: the same {step.step_type} step ({step.model}) "
                 f"{repeat_limit} times in a row in turn {turn_number}",
-                step.ts,
-                {
+                at=step.ts,
+                evidence={
                     "turn": turn_number,
                     "same_step_in_a_row": repeat_limit,
                     "threshold": repeat_limit,
@@ -127,10 +117,10 @@ def turn_check(
                 },
             )
         elif steps_limit and steps_before + index + 1 == steps_limit + 1:
-            flag = RunawayFlag(
-                TURN_STEPS,
-                f"turn {turn_number} has more than {steps_limit} steps",
-                step.ts,
-                {"turn": turn_number, "steps": steps_limit + 1, "threshold": steps_limit},
+            flag = Flag(
+                rule=TURN_STEPS,
+                reason=f"turn {turn_number} has more than {steps_limit} steps",
+                at=step.ts,
+                evidence={"turn": turn_number, "steps": steps_limit + 1, "threshold": steps_limit},
             )
     return streaks, flag

@@ -21,7 +21,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from costboard.budgets.caps import session_recheck
+from costboard.budgets.services import session_recheck
 from costboard.models import DailyRollup, Session, SessionModelUsage, Step, Turn
 from costboard.pricing.rates import compiled_pattern, forget_rate_table, model_aliases, rate_table
 
@@ -116,7 +116,7 @@ def steps_reprice(*, models: list[str], chunk: int = 2000) -> RepriceResult:
                 _reprice_chunk(steps, table, result)
     now = timezone.now()
     for session_id in sorted(result.sessions):
-        session_recheck(session_id, now=now)
+        session_recheck(session_id=session_id, at=now)
     return result
 
 

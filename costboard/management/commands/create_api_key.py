@@ -5,7 +5,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils.text import slugify
 
-from costboard.models import ApiKey, Project
+from costboard.api.keys import project_key_create
 
 
 class Command(BaseCommand):
@@ -22,10 +22,7 @@ class Command(BaseCommand):
                 f"{project!r} is not a slug: use lower-case letters, digits and hyphens, "
                 f"e.g. {slug or 'my-project'!r}"
             )
-        obj, created = Project.objects.get_or_create(
-            slug=slug, defaults={"name": slug.replace("-", " ").title()}
-        )
-        _, raw_key = ApiKey.issue(project=obj, name=name)
+        _, created, raw_key = project_key_create(slug=slug, name=name)
         if created:
             self.stderr.write(f"created project {slug}")
         self.stderr.write(f"new ingest key for {slug} (shown once; only its hash is stored):")

@@ -8,7 +8,7 @@ from django.db import close_old_connections
 
 from costboard.budgets.retention import retention_sweep
 from costboard.budgets.sweep import runaway_sweep
-from memory_ui.lifecycle import lifecycle_run
+from costboard.hooks import hourly_run
 
 RETENTION_EVERY_S = 3600
 
@@ -35,12 +35,12 @@ class Command(BaseCommand):
             if last_retention is None or time.monotonic() - last_retention >= RETENTION_EVERY_S:
                 kept = retention_sweep()
                 last_retention = time.monotonic()
-                memories = lifecycle_run()
                 line += (
                     f"; retention deleted {kept.steps_deleted} steps and "
-                    f"{kept.budget_events_deleted} budget events; memories: "
-                    f"{memories.expired} expired, {len(memories.proposals)} proposals"
+                    f"{kept.budget_events_deleted} budget events"
                 )
+                for done in hourly_run():
+                    line += f"; {done}"
             self.stdout.write(line)
             if not every:
                 return

@@ -4,9 +4,8 @@ from typing import Any
 
 import genai_prices
 from django.core.management.base import BaseCommand
-from django.db import transaction
 
-from costboard import tasks
+from costboard.pricing.services import prices_reprice_later
 from costboard.pricing.sync import prices_sync
 
 
@@ -20,6 +19,4 @@ class Command(BaseCommand):
             f"{result.updated} updated, {result.unchanged} unchanged, "
             f"{result.kept_admin_edits} admin-edited kept"
         )
-        if result.changed:
-            matches = [m.as_dict() for m in result.changed]
-            transaction.on_commit(lambda: tasks.prices_reprice.delay(matches))
+        prices_reprice_later(result.changed)

@@ -37,7 +37,8 @@ from costboard.budgets.alerts import (
     announce,
     verify_signature,
 )
-from costboard.budgets.caps import session_flag_runaway, session_recheck
+from costboard.budgets.engine import Flag
+from costboard.budgets.services import session_flag_runaway, session_recheck
 from costboard.models import AlertDelivery, BudgetEvent, Project, Session, WebhookEndpoint
 from tests.conftest import Agent, add_price, make_agent
 
@@ -430,8 +431,12 @@ def test_a_runaway_flag_is_announced_once(
     emailed.events({"type": "session", "session_id": "loop"}, step("loop", 600, 400))
     session = Session.objects.get(external_id="loop")
     with django_capture_on_commit_callbacks(execute=True):
-        session_flag_runaway(session.pk, rule="retry_loop", evidence={}, at=timezone.now())
-        session_flag_runaway(session.pk, rule="retry_loop", evidence={}, at=timezone.now())
+        session_flag_runaway(
+            session_id=session.pk, flag=Flag(timezone.now(), "retry_loop", "retry_loop")
+        )
+        session_flag_runaway(
+            session_id=session.pk, flag=Flag(timezone.now(), "retry_loop", "retry_loop")
+        )
     runaway = "[Costboard] acme: session loop looks runaway (retry_loop)"
     assert [m.subject for m in mailoutbox].count(runaway) == 2  # once per address
     alerted = BudgetEvent.objects.filter(session=session).exclude(kind="cap_changed")
@@ -445,7 +450,7 @@ def test_a_recheck_is_announced(
     session = Session.objects.get(external_id="s")
     Session.objects.filter(pk=session.pk).update(token_cap=1000)
     with django_capture_on_commit_callbacks(execute=True):
-        session_recheck(session.pk, now=timezone.now())
+        session_recheck(session_id=session.pk, at=timezone.now())
     assert sorted(m.subject for m in mailoutbox) == [
         "[Costboard] acme: session s exhausted its token cap",
         "[Costboard] acme: session s exhausted its token cap",
@@ -509,6 +514,12 @@ def test_an_endpoint_gets_only_the_kinds_it_asked_for(
         agent.events(step("s", 600, 400))
     assert receiver.requests == []
     assert not AlertDelivery.objects.exists()
+    # positive control: the kind it asked for reaches it, and only it
+    session = Session.objects.get(external_id="s")
+    with django_capture_on_commit_callbacks(execute=True):
+        session_flag_runaway(session_id=session.pk, flag=Flag(timezone.now(), "loop", "loop"))
+    assert [r.path for r in receiver.requests] == ["/runaway-only"]
+    assert json.loads(receiver.requests[0].body)["kind"] == "runaway"
 
 
 def test_a_delivery_in_flight_is_not_claimed_twice(emailed: Agent) -> None:

@@ -87,14 +87,14 @@ def test_five_failures_in_a_row_flag_a_retry_loop_once(agent: Agent, priced: Any
 def test_acknowledging_a_runaway_lets_it_go_on(agent: Agent, priced: Any) -> None:
     from django.utils import timezone
 
-    from costboard.budgets.caps import session_recheck
+    from costboard.budgets.services import session_recheck
 
     agent.events(*[step(n, ok=False) for n in range(5)])
     session = Session.objects.get(external_id="s")
     assert (session.state, session.runaway) == ("exhausted", True)
     session.acknowledged_at = timezone.now()
     session.save()
-    session_recheck(session.pk, now=timezone.now())
+    session_recheck(session_id=session.pk, at=timezone.now())
     session.refresh_from_db()
     assert (session.state, session.exhausted_at, session.runaway) == ("ok", None, True)
     answer = agent.events(*[step(n, ok=False) for n in range(5, 12)])
@@ -155,6 +155,9 @@ def test_the_same_step_eight_times_in_a_row_is_a_retry_loop(agent: Agent, priced
 def test_growing_prompts_are_not_the_same_step(agent: Agent, priced: Any) -> None:
     agent.events(*[step(n, step_type="search") for n in range(30)])
     assert runaway_events(agent) == []
+    # positive control: the same prompt size eight times in a row is
+    agent.events(*[step(n, turn=2, step_type="search", prompt=5000) for n in range(30, 38)])
+    assert [e.detail["rule"] for e in runaway_events(agent)] == ["retry_loop"]
 
 
 def test_a_turn_of_more_than_fifty_steps_is_a_correction_cycle(agent: Agent, priced: Any) -> None:

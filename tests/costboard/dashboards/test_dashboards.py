@@ -14,7 +14,8 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 from django.utils import timezone
 
-from costboard.budgets.caps import session_flag_runaway
+from costboard.budgets.engine import Flag
+from costboard.budgets.services import session_flag_runaway
 from costboard.models import DailyRollup, Membership, Session, Step
 from tests.conftest import Agent, add_price, make_agent
 
@@ -160,7 +161,9 @@ def test_overview_flags_sessions_and_links_to_them(
         {"session_id": "loop", "step_type": "x", "model": "test-haiku", "input_tokens": 10},
     )
     loop = Session.objects.get(external_id="loop")
-    session_flag_runaway(loop.pk, rule="retry_loop", evidence={}, at=timezone.now())
+    session_flag_runaway(
+        session_id=loop.pk, flag=Flag(at=timezone.now(), rule="retry_loop", reason="retry_loop")
+    )
     html = staff.get("/").content.decode()
     panel = html[html.index('id="flagged"') : html.index("Daily cost by model")]
     for name in ("near", "over", "loop"):

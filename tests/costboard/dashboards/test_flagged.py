@@ -15,7 +15,8 @@ from django.contrib.auth.models import Permission
 from django.test import Client
 from django.utils import timezone
 
-from costboard.budgets.caps import session_flag_runaway
+from costboard.budgets.engine import Flag
+from costboard.budgets.services import session_flag_runaway
 from costboard.dashboards import selectors
 from costboard.models import BudgetEvent, Membership, Session, Turn
 from tests.conftest import Agent, make_agent
@@ -68,11 +69,13 @@ def runaway(agent: Agent, session_id: str, **evidence: Any) -> Session:
     )
     flagged = session(session_id, agent)
     session_flag_runaway(
-        flagged.pk,
-        rule="retry_loop",
-        reason="retry loop: 5 failed steps in a row in turn 1",
-        evidence=evidence or {"failed_steps": 5, "turn": 1},
-        at=timezone.now(),
+        session_id=flagged.pk,
+        flag=Flag(
+            at=timezone.now(),
+            rule="retry_loop",
+            reason="retry loop: 5 failed steps in a row in turn 1",
+            evidence=evidence or {"failed_steps": 5, "turn": 1},
+        ),
     )
     return session(session_id, agent)
 
@@ -477,11 +480,13 @@ def test_the_session_page_lists_budget_events_in_words(staff: Client, agent: Age
     over = session("over")
     raise_cap(staff, over.pk, token_cap="2000")
     session_flag_runaway(
-        over.pk,
-        rule="retry_loop",
-        reason="retry loop: 5 failed steps in a row in turn 1",
-        evidence={"failed_steps": 5, "turn": 1, "step_type": "search"},
-        at=timezone.now(),
+        session_id=over.pk,
+        flag=Flag(
+            at=timezone.now(),
+            rule="retry_loop",
+            reason="retry loop: 5 failed steps in a row in turn 1",
+            evidence={"failed_steps": 5, "turn": 1, "step_type": "search"},
+        ),
     )
     html = staff.get(f"/sessions/{over.pk}/").content.decode()
     events = html[html.index('id="budget-events"') :]

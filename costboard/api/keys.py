@@ -1,0 +1,27 @@
+"""API keys: each resolves to its project (the API's auth reads them); issued by
+`create_api_key` or the admin (`ApiKey.issue`, the key shown once), revoked here."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.db import transaction
+
+from costboard.models import ApiKey, Project
+
+
+def api_keys_revoke(*, key_ids: list[int], at: datetime) -> int:
+    """Revoke the active keys among these: their next request is refused (401). Returns how
+    many were revoked now (a key revoked before keeps its time)."""
+    return ApiKey.objects.filter(pk__in=key_ids, revoked_at__isnull=True).update(revoked_at=at)
+
+
+def project_key_create(*, slug: str, name: str = "") -> tuple[Project, bool, str]:
+    """A new key for the project `slug`, making the project if it is missing. Returns the
+    project, whether it was made, and the key (shown once: only its hash is stored)."""
+    with transaction.atomic():
+        project, created = Project.objects.get_or_create(
+            slug=slug, defaults={"name": slug.replace("-", " ").title()}
+        )
+        _, raw_key = ApiKey.issue(project=project, name=name)
+    return project, created, raw_key

@@ -1,0 +1,235 @@
+"""The budget engine: the one place a budget's state and its crossings are decided.
+
+A pure function — no database, no clock. Given a budget's ledger as stored (its totals, its
+state and the times of its crossings), the spends to add in the order they happened, its
+limits (and the limits it had, when they changed), a runaway flag and an acknowledgement, it
+returns the new ledger and the crossings to record, each with its time and the totals at
+the spend that crossed.
+
+Whoever applies an outcome (ingest's one statement per batch, the services of budgets/
+services.py) writes it under the row's lock; nothing else writes `state`, `warned_at`,
+`exhausted_at` or `runaway_at`. A session is one kind of budget; a period budget over many
+sessions is another kind of ledger and limits, decided by the same function.
+
+The rules (CONTRACT §3):
+- `warning` once tokens ≥ warn × token limit or cost ≥ warn × cost limit; `exhausted` once
+  either reaches its limit, or while a runaway holds the budget (a flagged session whose
+  project stops runaways, until a person acknowledges it).
+- A crossing is recorded once: `soft_warned` when `warned_at` is unset and the budget is
+  warned, `exhausted` likewise; a crossing no longer true (a limit raised, a runaway
+  acknowledged, a repricing) is cleared, and may be crossed, and recorded, again.
+- `runaway` is recorded once per budget: a flag on a budget already flagged changes nothing.
+- `cap_changed` is recorded when the limits differ from the old ones given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from decimal import Decimal
+from typing import Any, Protocol
+
+OK = "ok"
+WARNING = "warning"
+EXHAUSTED = "exhausted"
+
+SOFT_WARNED = "soft_warned"
+EXHAUSTED_KIND = "exhausted"
+RUNAWAY = "runaway"
+CAP_CHANGED = "cap_changed"
+
+
+class Limits(Protocol):
+    """What a budget is held to. Equal limits are no change (dataclasses compare by value)."""
+
+    def warned(self, tokens_used: int, cost_usd: Decimal) -> bool: ...
+
+    def exhausted(self, tokens_used: int, cost_usd: Decimal) -> bool: ...
+
+    def describe(self) -> dict[str, object]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Ledger:
+    """A budget as stored: its totals, its state and when each crossing happened."""
+
+    tokens_used: int = 0
+    cost_usd: Decimal = Decimal(0)
+    state: str = OK
+    warned_at: datetime | None = None
+    exhausted_at: datetime | None = None
+    runaway_at: datetime | None = None
+    runaway_reason: str = ""
+    acknowledged_at: datetime | None = None
+
+    @property
+    def acknowledged(self) -> bool:
+        """A person has seen the runaway flag (acknowledged at or after it)."""
+        return (
+            self.runaway_at is not None
+            and self.acknowledged_at is not None
+            and self.acknowledged_at >= self.runaway_at
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Spend:
+    """What one step adds, and when."""
+
+    at: datetime
+    tokens: int
+    cost_usd: Decimal
+
+
+@dataclass(frozen=True, slots=True)
+class Flag:
+    """A runaway rule broken at `at`: its name, the line people read, and the evidence."""
+
+    at: datetime
+    rule: str
+    reason: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+    def detail(self) -> dict[str, object]:
+        return {"rule": self.rule, "reason": self.reason, "evidence": self.evidence}
+
+
+@dataclass(frozen=True, slots=True)
+class Crossing:
+    """A budget event to record: its kind, its time, the totals then and its detail (None:
+    the limits crossed)."""
+
+    kind: str
+    at: datetime
+    tokens_used: int
+    cost_usd: Decimal
+    detail: dict[str, object] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    ledger: Ledger
+    crossings: tuple[Crossing, ...]
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.crossings)
+
+
+_Moment = tuple[datetime, int, Decimal]  # a time, and the totals then
+
+
+def _first_moment(
+    spends: Sequence[Spend], tokens: int, cost: Decimal, hit: Any, otherwise: _Moment
+) -> _Moment:
+    """When `hit(tokens, cost)` first holds: before any spend (at `otherwise`'s time, with the
+    totals as they were), else at the spend that made it hold, else `otherwise`."""
+    if hit(tokens, cost):
+        return otherwise[0], tokens, cost
+    for spend in spends:
+        tokens += spend.tokens
+        cost += spend.cost_usd
+        if hit(tokens, cost):
+            return spend.at, tokens, cost
+    return otherwise
+
+
+def _totals_at(spends: Sequence[Spend], tokens: int, cost: Decimal, at: datetime) -> _Moment:
+    for spend in spends:
+        if spend.at > at:
+            break
+        tokens += spend.tokens
+        cost += spend.cost_usd
+    return at, tokens, cost
+
+
+def runaway_holds(ledger: Ledger, *, stops_runaways: bool) -> bool:
+    """A flagged budget is held at exhausted (its agent told to stop) until acknowledged."""
+    return stops_runaways and ledger.runaway_at is not None and not ledger.acknowledged
+
+
+def budget_decide(
+    *,
+    ledger: Ledger,
+    limits: Limits,
+    at: datetime,
+    spends: Sequence[Spend] = (),
+    old_limits: Limits | None = None,
+    flag: Flag | None = None,
+    acknowledged_at: datetime | None = None,
+    stops_runaways: bool = True,
+) -> Outcome:
+    """The ledger after `spends` (sorted by time), a limit change from `old_limits`, a runaway
+    `flag` and an acknowledgement at `acknowledged_at`, and the crossings to record. `at` is
+    when the decision is made: the time of a crossing no spend caused."""
+    spends = sorted(spends, key=lambda s: s.at)
+    before_tokens, before_cost = ledger.tokens_used, ledger.cost_usd
+    tokens = before_tokens + sum(s.tokens for s in spends)
+    cost = before_cost + sum((s.cost_usd for s in spends), Decimal(0))
+    now: _Moment = (at, tokens, cost)
+    crossings: list[Crossing] = []
+
+    runaway_at, runaway_reason = ledger.runaway_at, ledger.runaway_reason
+    runaway_moment: _Moment | None = None
+    if flag is not None and runaway_at is None:
+        runaway_at, runaway_reason = flag.at, flag.reason
+        runaway_moment = _totals_at(spends, before_tokens, before_cost, flag.at)
+    acknowledged = ledger.acknowledged_at
+    if acknowledged_at is not None:
+        # everything flagged so far, even at a time ahead of ours (an agent's clock)
+        seen = (acknowledged_at, acknowledged, runaway_at, ledger.warned_at, ledger.exhausted_at)
+        acknowledged = max(moment for moment in seen if moment is not None)
+    after = replace(
+        ledger,
+        tokens_used=tokens,
+        cost_usd=cost,
+        runaway_at=runaway_at,
+        runaway_reason=runaway_reason,
+        acknowledged_at=acknowledged,
+    )
+    held = runaway_holds(after, stops_runaways=stops_runaways)
+    warned = limits.warned(tokens, cost)
+    by_limits = limits.exhausted(tokens, cost)
+    exhausted = by_limits or held
+    state = EXHAUSTED if exhausted else WARNING if warned else OK
+
+    if old_limits is not None and old_limits != limits:
+        change = _cap_change_detail(old_limits, limits, ledger.state, state)
+        crossings.append(Crossing(CAP_CHANGED, at, tokens, cost, change))
+
+    warned_at = ledger.warned_at if warned else None
+    if warned and warned_at is None:
+        moment = _first_moment(spends, before_tokens, before_cost, limits.warned, now)
+        warned_at = moment[0]
+        crossings.append(Crossing(SOFT_WARNED, *moment))
+
+    if runaway_moment is not None and flag is not None:
+        crossings.append(Crossing(RUNAWAY, *runaway_moment, detail=flag.detail()))
+
+    exhausted_at = ledger.exhausted_at if exhausted else None
+    if exhausted and exhausted_at is None:
+        # by a limit (at the spend that reached it) or by a runaway held, whichever came first
+        stops: list[tuple[_Moment, dict[str, object] | None]] = []
+        if by_limits:
+            stops.append(
+                (_first_moment(spends, before_tokens, before_cost, limits.exhausted, now), None)
+            )
+        if held:
+            why = {**limits.describe(), "reason": "runaway", "runaway": runaway_reason}
+            stops.append((runaway_moment or now, why))
+        moment, stop_detail = min(stops, key=lambda stop: stop[0][0])
+        exhausted_at = moment[0]
+        crossings.append(Crossing(EXHAUSTED_KIND, *moment, detail=stop_detail))
+
+    after = replace(after, state=state, warned_at=warned_at, exhausted_at=exhausted_at)
+    return Outcome(ledger=after, crossings=tuple(crossings))
+
+
+def _cap_change_detail(
+    old_limits: Limits, limits: Limits, old_state: str, state: str
+) -> dict[str, object]:
+    old, new = old_limits.describe(), limits.describe()
+    detail: dict[str, object] = {name: [old.get(name), new.get(name)] for name in new}
+    detail["state"] = [old_state, state]
+    return detail
