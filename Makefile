@@ -30,6 +30,7 @@ test: install
 	$(VENV)/bin/pytest
 
 lint: install
+	$(PY) manage.py makemigrations --check --dry-run
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy .

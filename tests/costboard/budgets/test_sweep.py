@@ -101,6 +101,11 @@ def test_a_fast_session_of_a_busy_project_stays_under_the_floor(
         *steps("s", 10, tokens=15_000, start=NOW - timedelta(minutes=9), every=timedelta(minutes=1))
     )
     assert runaway_sweep().flagged == {}
+    # positive control: 25,000 a minute is above it
+    agent.events(
+        *steps("t", 10, tokens=25_000, start=NOW - timedelta(minutes=9), every=timedelta(minutes=1))
+    )
+    assert runaway_sweep().flagged == {"burn_rate": 1}
 
 
 def test_a_session_on_course_to_its_cap_within_the_limit_is_flagged(
@@ -133,6 +138,14 @@ def test_the_same_rate_far_from_the_cap_is_quiet(agent: Agent, priced: Any, cloc
         *steps("s", 10, tokens=2000, start=NOW - timedelta(minutes=9), every=timedelta(minutes=1))
     )
     assert runaway_sweep().flagged == {}
+    # positive control: the same rate 15 minutes from its cap
+    agent.events({"type": "session", "session_id": "near", "token_cap": 50_000})
+    agent.events(
+        *steps(
+            "near", 10, tokens=2000, start=NOW - timedelta(minutes=9), every=timedelta(minutes=1)
+        )
+    )
+    assert runaway_sweep().flagged == {"projected_overrun": 1}
 
 
 def test_a_session_active_for_more_than_eight_hours_is_flagged(
@@ -208,6 +221,10 @@ def test_rules_are_the_projects_and_ended_sessions_are_not_checked(
     )
     other.events({"type": "session", "session_id": "ended", "ended": True})
     assert runaway_sweep().flagged == {}
+    # positive control: with the rule on, the same long session is flagged (the ended one not)
+    agent.project.runaway_max_hours = 8
+    agent.project.save()
+    assert runaway_sweep().flagged == {"long_session": 1}
 
 
 def test_the_sweep_run_twice_or_at_once_flags_once(agent: Agent, priced: Any, clock: Any) -> None:

@@ -66,6 +66,8 @@ def test_overview_hides_unpriced_models_from_non_staff(agent: Agent) -> None:
     client = Client()
     client.force_login(user)
     assert b"mystery-llm" not in client.get("/").content
+    client.force_login(get_user_model().objects.create_superuser("boss", "", "pw-boss-1234"))
+    assert b"mystery-llm" in client.get("/").content  # positive control: staff see it
 
 
 def test_unpriced_models_leave_out_calls_without_tokens(agent: Agent, staff: Client) -> None:

@@ -145,6 +145,16 @@ def test_a_step_before_every_price_of_its_model_is_unpriced(agent: Agent) -> Non
         }
     )
     assert Step.objects.get().price_id is None
+    # positive control: a step a day later is priced by that row
+    agent.events(
+        {
+            "step_type": "x",
+            "model": "test-late",
+            "input_tokens": 5,
+            "timestamp": "2026-01-02T12:00:00Z",
+        }
+    )
+    assert Step.objects.exclude(price=None).get().cost_usd == Decimal("0.000015")
 
 
 def test_an_unknown_model_is_stored_unpriced_never_guessed(agent: Agent) -> None:
