@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from costboard_client import BudgetExceeded, Costboard
 
-from costboard.client import BudgetExceeded, Costboard
 from costboard.models import Step
 from tests.conftest import Agent, make_agent
 
@@ -363,7 +363,7 @@ def _clean_env() -> dict[str, str]:
 def test_the_buffer_is_flushed_at_exit(live_server: Any, acme: Agent) -> None:
     script = textwrap.dedent(
         f"""
-        from costboard.client import Costboard
+        from costboard_client import Costboard
         cb = Costboard({live_server.url!r}, {acme.key!r}, flush_interval=60, flush_at=1000)
         with cb.step("s-exit", "search", "test-sonnet") as s:
             s.record({{"input_tokens": 11, "output_tokens": 4}})
@@ -385,7 +385,7 @@ def test_the_buffer_is_flushed_at_exit(live_server: Any, acme: Agent) -> None:
 
 def test_the_client_imports_without_django() -> None:
     script = (
-        "import json, sys; from costboard.client import Costboard, BudgetExceeded; "
+        "import json, sys; from costboard_client import Costboard, BudgetExceeded; "
         "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] == 'django')))"
     )
     done = subprocess.run(
