@@ -6,10 +6,11 @@ PORT ?= 8000
 
 .PHONY: install run test lint bench
 
-$(VENV)/.installed: pyproject.toml
+# The client is its own distribution, not on PyPI: installed from the checkout, beside the server.
+$(VENV)/.installed: pyproject.toml clients/python/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
-	$(VENV)/bin/pip install --quiet -e '.[dev]'
+	$(VENV)/bin/pip install --quiet -e ./clients/python -e '.[dev]'
 	touch $@
 
 install: $(VENV)/.installed

@@ -1,9 +1,13 @@
-"""The Python client (CONTRACT §5) against a live test server, a closed port and a flaky proxy."""
+"""The Python client (CONTRACT §5, §7) against a live test server, a closed port and a flaky
+proxy; and the `costboard-client` distribution installed alone into a clean venv."""
 
 from __future__ import annotations
 
+import ast
+import contextlib
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -12,15 +16,17 @@ import threading
 import time
 import urllib.request
 from collections.abc import Iterator
+from decimal import Decimal
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import costboard_client
 import pytest
+from costboard_client import BudgetExceeded, Costboard
 
-from costboard.client import BudgetExceeded, Costboard
 from costboard.models import Step
-from tests.conftest import Agent, make_agent
+from tests.conftest import TEST_RATES, Agent, add_price, make_agent, usd
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -180,11 +186,14 @@ def test_a_batch_too_large_for_the_server_is_sent_in_halves(cb: Costboard) -> No
     assert cb.known_budget("s-big")["turns"] == 7  # type: ignore[index]
 
 
-class _LosesTheFirstResponse(BaseHTTPRequestHandler):
-    """Forwards to the live server; the first answer is replaced by a 503 (a lost response)."""
+class _Forwards(BaseHTTPRequestHandler):
+    """Forwards to the live server and keeps each request body: what the client put on the wire."""
 
     upstream = ""
     posts: list[bytes] = []
+
+    def status_for(self, request_number: int) -> int:
+        return 200
 
     def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers["Content-Length"]))
@@ -199,8 +208,7 @@ class _LosesTheFirstResponse(BaseHTTPRequestHandler):
         )
         with urllib.request.urlopen(request, timeout=10) as response:
             answer = response.read()
-        status = 503 if len(type(self).posts) == 1 else 200
-        self.send_response(status)
+        self.send_response(self.status_for(len(type(self).posts)))
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(answer)))
         self.end_headers()
@@ -210,31 +218,67 @@ class _LosesTheFirstResponse(BaseHTTPRequestHandler):
         pass
 
 
-def test_a_retry_after_a_lost_response_is_stored_once(live_server: Any, acme: Agent) -> None:
-    handler = type("Handler", (_LosesTheFirstResponse,), {"upstream": live_server.url, "posts": []})
+class _LosesTheFirstResponse(_Forwards):
+    """The first answer is replaced by a 503 (a lost response): the client must retry."""
+
+    def status_for(self, request_number: int) -> int:
+        return 503 if request_number == 1 else 200
+
+
+@contextlib.contextmanager
+def proxy_to(live_server: Any, base: type[_Forwards]) -> Iterator[tuple[str, type[_Forwards]]]:
+    """A proxy in front of the live server: its URL and its handler class (with `posts`)."""
+    handler = type("Handler", (base,), {"upstream": live_server.url, "posts": []})
     proxy = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=proxy.serve_forever, daemon=True).start()
     try:
-        cb = Costboard(
-            f"http://127.0.0.1:{proxy.server_port}",
-            acme.key,
-            backoff=0.05,
-            flush_interval=60,
-            flush_at=1000,
-        )
+        yield f"http://127.0.0.1:{proxy.server_port}", handler
+    finally:
+        proxy.shutdown()
+        proxy.server_close()
+
+
+def test_a_retry_after_a_lost_response_is_stored_once(live_server: Any, acme: Agent) -> None:
+    with proxy_to(live_server, _LosesTheFirstResponse) as (url, handler):
+        cb = Costboard(url, acme.key, backoff=0.05, flush_interval=60, flush_at=1000)
         with cb.step("s-retry", "search", "test-sonnet") as s:
             s.record({"input_tokens": 7, "output_tokens": 3})
         assert cb.flush(timeout=10)
         cb.close(timeout=1)
-    finally:
-        proxy.shutdown()
-        proxy.server_close()
 
     assert len(handler.posts) == 2
     assert handler.posts[0] == handler.posts[1]  # the same event_id both times
     assert Step.objects.filter(event_id=s.event_id).count() == 1
     stats = cb.stats
     assert (stats.retries, stats.sent, stats.duplicates, stats.failed) == (1, 1, 1, 0)
+
+
+def test_every_event_on_the_wire_carries_an_event_id(live_server: Any, acme: Agent) -> None:
+    with proxy_to(live_server, _Forwards) as (url, handler):
+        cb = Costboard(url, acme.key, flush_interval=60, flush_at=1000)
+        cb.session("s-wire", token_cap=10_000, cost_cap_usd="1.50", user_id="u-1")
+        cb.turn("s-wire", 1, user_message="find flights", assistant_response="three found")
+        with cb.step("s-wire", "search", "test-sonnet", turn=1) as s:
+            s.record({"input_tokens": 12, "output_tokens": 5})
+        with cb.step(None, "compress", "test-sonnet"):  # the project's system budget
+            pass
+        cb.session("s-wire", ended=True)
+        assert cb.flush(timeout=10)
+        cb.close(timeout=1)
+
+    events = [event for body in handler.posts for event in json.loads(body)["events"]]
+    assert [e["type"] for e in events] == ["session", "turn", "step", "step", "session"]
+    ids = [e.get("event_id") for e in events]
+    assert all(isinstance(i, str) and 0 < len(i) <= 128 for i in ids), ids
+    assert len(set(ids)) == 5
+    assert ids[2] == s.event_id
+
+    # The server takes them as idempotency keys: the same batch again changes nothing.
+    replay = acme.post({"events": events})
+    assert replay.status_code == 200, replay.content
+    assert replay.json()["duplicates"] == 5
+    assert Step.objects.filter(project=acme.project).count() == 2
+    assert acme.budget("s-wire").json()["turns"] == 1
 
 
 def test_events_are_sent_in_the_background(live_server: Any, acme: Agent) -> None:
@@ -354,30 +398,40 @@ def test_a_given_model_wins_and_two_records_are_summed(cb: Costboard) -> None:
     assert (step.input_tokens, step.output_tokens, step.cache_read_input_tokens) == (15, 3, 9)
 
 
-def _clean_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
-    env["PYTHONPATH"] = str(ROOT)
+# The interpreter the clean venv is made from: this one, unless told (say, the oldest Python
+# the distribution's requires-python admits).
+CLEAN_VENV_PYTHON = os.environ.get("COSTBOARD_CLIENT_TEST_PYTHON") or sys.executable
+# What `python -m venv` may bring of its own (setuptools until Python 3.12; wheel in some).
+VENV_OWN = {"pip", "setuptools", "wheel"}
+
+
+def _outside_env(**extra: str) -> dict[str, str]:
+    """A process outside the server: no Django settings, nothing of the checkout on its path."""
+    left_out = {"DJANGO_SETTINGS_MODULE", "PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV"}
+    env = {k: v for k, v in os.environ.items() if k not in left_out}
+    env.update(extra)
     return env
+
+
+def _run(
+    args: list[str], *, env: dict[str, str], cwd: Path | str = "/", timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        args, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False
+    )
 
 
 def test_the_buffer_is_flushed_at_exit(live_server: Any, acme: Agent) -> None:
     script = textwrap.dedent(
         f"""
-        from costboard.client import Costboard
+        from costboard_client import Costboard
         cb = Costboard({live_server.url!r}, {acme.key!r}, flush_interval=60, flush_at=1000)
         with cb.step("s-exit", "search", "test-sonnet") as s:
             s.record({{"input_tokens": 11, "output_tokens": 4}})
         print(s.event_id)
         """
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script],
-        env=_clean_env(),
-        cwd="/",
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = _run([sys.executable, "-c", script], env=_outside_env())
     assert done.returncode == 0, done.stderr
     step = Step.objects.get(event_id=done.stdout.strip())
     assert (step.input_tokens, step.output_tokens) == (11, 4)
@@ -385,16 +439,134 @@ def test_the_buffer_is_flushed_at_exit(live_server: Any, acme: Agent) -> None:
 
 def test_the_client_imports_without_django() -> None:
     script = (
-        "import json, sys; from costboard.client import Costboard, BudgetExceeded; "
+        "import json, sys; from costboard_client import Costboard, BudgetExceeded; "
         "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] == 'django')))"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script],
-        env=_clean_env(),
-        cwd="/",
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = _run([sys.executable, "-c", script], env=_outside_env())
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == []
+
+
+def test_costboard_client_in_the_server_is_the_same_client() -> None:
+    script = textwrap.dedent(
+        """
+        import json, sys
+        from costboard.client import BudgetExceeded, Costboard
+        import costboard.client as shim, costboard_client
+        print(json.dumps({
+            "all": [sorted(shim.__all__), sorted(costboard_client.__all__)],
+            "same": [n for n in costboard_client.__all__
+                     if getattr(shim, n) is getattr(costboard_client, n)],
+            "django": sorted(m for m in sys.modules if m.split(".")[0] == "django"),
+        }))
+        """
+    )
+    done = _run([sys.executable, "-c", script], env=_outside_env(PYTHONPATH=str(ROOT)))
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout)
+    assert found["all"][0] == found["all"][1]
+    assert sorted(found["same"]) == found["all"][1]
+    assert {"BudgetExceeded", "ClientStats", "Costboard", "Step", "__version__"} <= set(
+        found["same"]
+    )
+    assert found["django"] == []  # CONTRACT §5: no Django settings needed
+
+
+def test_the_server_module_says_how_to_get_the_client_when_it_is_missing() -> None:
+    script = "import sys; sys.modules['costboard_client'] = None; import costboard.client"
+    done = _run([sys.executable, "-c", script], env=_outside_env(PYTHONPATH=str(ROOT)))
+    assert done.returncode == 1
+    assert "costboard.client needs the costboard-client distribution" in done.stderr
+    assert "pip install ./clients/python" in done.stderr
+
+
+def test_the_server_reaches_the_client_only_through_costboard_client() -> None:
+    """One door: the server's own code never imports the client except to re-export it."""
+    shim = ROOT / "costboard" / "client.py"
+    found = []
+    for package in ("costboard", "memory_ui", "devtools"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            if path == shim:
+                continue
+            for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+                if isinstance(node, ast.Import):
+                    names = [alias.name for alias in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.module:
+                    names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+                else:
+                    continue
+                if any(
+                    name.split(".")[0] == "costboard_client" or name == "costboard.client"
+                    for name in names
+                ):
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert found == []
+    assert "costboard_client" in shim.read_text()  # the scan does see an import when one is there
+
+
+def test_the_distribution_installs_alone_and_reports_to_a_live_server(
+    live_server: Any, acme: Agent, tmp_path: Path
+) -> None:
+    add_price("test-sonnet")
+    # A copy of the distribution as checked in: an in-tree build would leave build/ behind.
+    source = tmp_path / "costboard-client"
+    shutil.copytree(
+        ROOT / "clients" / "python",
+        source,
+        ignore=shutil.ignore_patterns("build", "dist", "*.egg-info", "__pycache__"),
+    )
+    venv = tmp_path / "venv"
+    python = str(venv / "bin" / "python")
+    made = _run([CLEAN_VENV_PYTHON, "-m", "venv", str(venv)], env=_outside_env())
+    assert made.returncode == 0, made.stderr
+    pip = [python, "-m", "pip", "--disable-pip-version-check", "--no-input"]
+    installed = _run([*pip, "install", "--quiet", str(source)], env=_outside_env(), timeout=180)
+    assert installed.returncode == 0, installed.stdout + installed.stderr
+
+    no_django = _run([python, "-c", "import django"], env=_outside_env(), cwd=tmp_path)
+    assert no_django.returncode == 1
+    assert "No module named 'django'" in no_django.stderr
+    listed = _run([*pip, "list", "--format=json"], env=_outside_env())
+    assert listed.returncode == 0, listed.stderr
+    packages = {p["name"].lower(): p["version"] for p in json.loads(listed.stdout)}
+    assert packages.get("costboard-client") == costboard_client.__version__ == "0.6.0"
+    assert set(packages) - VENV_OWN == {"costboard-client"}
+
+    script = textwrap.dedent(
+        f"""
+        import json, os, sys
+        import costboard_client
+        from costboard_client import BudgetExceeded, Costboard
+
+        cb = Costboard({live_server.url!r}, {acme.key!r}, flush_interval=60, flush_at=1000)
+        with cb.step("s-alone", "search", "test-sonnet", turn=1, provider="testco") as s:
+            s.record({{"input_tokens": 1234, "output_tokens": 567}})
+        package = os.path.dirname(costboard_client.__file__)
+        print(json.dumps({{
+            "flushed": cb.flush(timeout=10),
+            "event_id": s.event_id,
+            "module": costboard_client.__file__,
+            "typed": os.path.exists(os.path.join(package, "py.typed")),
+            "version": costboard_client.__version__,
+            "budget": cb.known_budget("s-alone"),
+            "django": sorted(m for m in sys.modules if m.split(".")[0] == "django"),
+        }}))
+        """
+    )
+    reported = _run([python, "-c", script], env=_outside_env(), cwd=tmp_path)
+    assert reported.returncode == 0, reported.stderr
+    outcome = json.loads(reported.stdout)
+    assert outcome["flushed"] is True
+    assert outcome["module"].startswith(str(venv))  # the installed copy, not the checkout
+    assert outcome["version"] == costboard_client.__version__
+    assert outcome["typed"] is True  # py.typed ships: type checkers read its hints
+    assert outcome["django"] == []
+
+    step = Step.objects.get(project=acme.project, session__external_id="s-alone")
+    assert step.event_id == outcome["event_id"] and len(step.event_id) == 32
+    assert (step.input_tokens, step.output_tokens, step.provider) == (1234, 567, "testco")
+    cost = usd(1234, TEST_RATES["input_mtok"]) + usd(567, TEST_RATES["output_mtok"])
+    assert cost == Decimal("0.012207")
+    assert step.cost_usd == cost
+    assert outcome["budget"]["tokens_used"] == 1234 + 567
+    assert Decimal(outcome["budget"]["cost_usd"]) == cost

@@ -1,0 +1,746 @@
+"""The Costboard Python client (CONTRACT §5, §7): standard library only, no Django needed.
+
+    from costboard_client import Costboard, BudgetExceeded
+
+    cb = Costboard("https://costboard.example.com", api_key)
+    with cb.step("session-42", "search", "claude-sonnet-4-5", turn=3) as s:
+        s.record(anthropic_client.messages.create(...))
+
+Events are buffered and sent by a daemon thread (every `flush_interval` seconds, or as soon as
+`flush_at` events wait), by `flush()`, and at interpreter exit. The agent never waits on the
+network inside `step()`: a down or slow server costs it nothing; what could not be sent is
+counted in `cb.stats` and logged on the `costboard.client` logger.
+
+The budget check costs no request: every ingest response carries the budgets of the sessions
+it touched, and a step of a session last known to be exhausted raises `BudgetExceeded` before
+its body runs. `cb.budget(session_id)` asks the server and refreshes that knowledge (after a
+cap raise, for instance).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import enum
+import json
+import logging
+import os
+import random
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import uuid
+import weakref
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from types import TracebackType
+from typing import Any
+
+__all__ = ["BudgetExceeded", "ClientStats", "Costboard", "Step"]
+
+# the name it logged under inside the server package: existing logging configs keep working
+log = logging.getLogger("costboard.client")
+
+MAX_BATCH = 500  # events per POST; the server takes up to 1000 and 5 MB
+MAX_ERROR_CHARS = 20_000  # the server's limit on a step's error text
+USER_AGENT = "costboard-python-client/1"
+
+
+class BudgetExceeded(Exception):
+    """A step was refused: its session's last known budget state is `exhausted`."""
+
+    def __init__(self, session_id: str, budget: Mapping[str, Any]) -> None:
+        self.session_id = session_id
+        self.budget = dict(budget)
+        super().__init__(
+            f"session {session_id!r} has exhausted its budget "
+            f"(tokens {budget.get('tokens_used')}/{budget.get('token_cap')}, "
+            f"cost {budget.get('cost_usd')}/{budget.get('cost_cap_usd')} USD); raise its cap "
+            "and call cb.budget(session_id) to refresh, or start a new session"
+        )
+
+
+@dataclass(frozen=True)
+class ClientStats:
+    """Counts of events since the client started (a snapshot)."""
+
+    sent: int = 0  # accepted by the server (duplicates included: they are stored once)
+    duplicates: int = 0  # replays the server already had (a retry after a lost response)
+    dropped: int = 0  # thrown away unsent because the buffer was full (oldest first)
+    failed: int = 0  # given up on: retries exhausted, or refused by the server (4xx)
+    retries: int = 0  # requests repeated after a timeout, connection error, 408, 429 or 5xx
+    buffered: int = 0  # waiting to be sent, in flight included
+    last_error: str | None = None
+
+
+class _Outcome(enum.Enum):
+    SENT = "sent"
+    FAILED = "failed"
+    REQUEUE = "requeue"  # out of time (flush deadline, or closing): keep it for later
+
+
+class _Transient(Exception):
+    """A failure worth retrying; `retry_after` is the server's hint in seconds, if any."""
+
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class _Refused(Exception):
+    """The server refused the batch (a 4xx other than 408/429): retrying cannot help."""
+
+    def __init__(self, status: int, message: str, body: Any) -> None:
+        super().__init__(message)
+        self.status = status
+        self.body = body
+
+
+def _now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat()
+
+
+def _plain(value: Any) -> Any:
+    """An SDK object (pydantic model, dict-like or plain object) → JSON-ready dicts and lists."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items() if v is not None}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    dump = getattr(value, "model_dump", None)
+    if callable(dump):
+        try:
+            return _plain(dump(mode="json", exclude_none=True))
+        except TypeError:  # a model_dump without pydantic v2's keywords
+            return _plain(dump())
+    to_dict = getattr(value, "to_dict", None)
+    if callable(to_dict):
+        return _plain(to_dict())
+    if hasattr(value, "__dict__"):
+        return _plain({k: v for k, v in vars(value).items() if not k.startswith("_")})
+    return str(value)
+
+
+def _add_usage(total: dict[str, Any], more: Mapping[str, Any]) -> dict[str, Any]:
+    """Two raw usage objects of one call site summed leaf by leaf (normalizing is linear)."""
+    merged = dict(total)
+    for key, value in more.items():
+        old = merged.get(key)
+        if isinstance(value, Mapping) and isinstance(old, Mapping):
+            merged[key] = _add_usage(dict(old), value)
+        elif (
+            isinstance(value, int)
+            and isinstance(old, int)
+            and not isinstance(value, bool)
+            and not isinstance(old, bool)
+        ):
+            merged[key] = old + value
+        else:
+            merged[key] = value
+    return merged
+
+
+def _provider_of(response: Any) -> str | None:
+    module = type(response).__module__ or ""
+    for name in ("anthropic", "openai"):
+        if module == name or module.startswith(name + "."):
+            return name
+    if isinstance(response, Mapping):
+        kind = response.get("type")
+        obj = response.get("object")
+    else:
+        kind = getattr(response, "type", None)
+        obj = getattr(response, "object", None)
+    if kind == "message":
+        return "anthropic"
+    if isinstance(obj, str) and (obj.startswith("chat.completion") or obj == "response"):
+        return "openai"
+    return None
+
+
+class Step:
+    """One LLM (or tool) call being timed; `record()` attaches its usage."""
+
+    def __init__(
+        self,
+        client: Costboard,
+        *,
+        session_id: str | None,
+        step_type: str,
+        model: str | None,
+        turn: int | None,
+        provider: str | None,
+        metadata: Mapping[str, Any] | None,
+    ) -> None:
+        self._client = client
+        self.session_id = session_id
+        self.step_type = step_type
+        self.model = model
+        self.turn = turn
+        self.provider = provider
+        self.metadata = dict(metadata) if metadata else None
+        self.event_id = uuid.uuid4().hex
+        self.usage: dict[str, Any] | None = None
+        self.duration_ms: int | None = None
+        self.success = True
+        self.error: str | None = None
+        self._started: float | None = None
+        self._timestamp: str | None = None
+        self._sent = False
+
+    def record(self, response: Any) -> Any:
+        """Attach the usage of `response` and return it unchanged.
+
+        Takes an Anthropic `Message`, an OpenAI `ChatCompletion` or Responses `Response` (or
+        their dicts), a bare usage object, or a usage dict in any shape the server normalizes
+        (CONTRACT §4). Called twice, the usages are summed. Never raises.
+        """
+        try:
+            self._record(response)
+        except Exception:  # a surprising object must not break the agent
+            log.warning("costboard: could not read usage from %r", type(response), exc_info=True)
+        return response
+
+    def _record(self, response: Any) -> None:
+        if response is None:
+            return
+        usage: Any
+        model: Any
+        if isinstance(response, Mapping):
+            if isinstance(response.get("usage"), Mapping) or "usage" in response:
+                usage, model = response.get("usage"), response.get("model")
+            else:
+                usage, model = response, None
+        elif hasattr(response, "usage"):
+            usage, model = response.usage, getattr(response, "model", None)
+        else:  # a usage object itself
+            usage, model = response, None
+        if not self.model and isinstance(model, str) and model:
+            self.model = model
+        if not self.provider:
+            self.provider = _provider_of(response)
+        if usage is None:
+            log.debug("costboard: %s step has a response without usage", self.step_type)
+            return
+        plain = _plain(usage)
+        if not isinstance(plain, dict):
+            log.warning("costboard: usage of type %s is not an object", type(usage).__name__)
+            return
+        self.usage = plain if self.usage is None else _add_usage(self.usage, plain)
+
+    def _begin(self) -> None:
+        self._client._refuse_if_exhausted(self.session_id)
+        self._timestamp = _now_iso()
+        self._started = time.perf_counter()
+
+    def _end(self, exc: BaseException | None) -> None:
+        if self._sent:
+            return
+        self._sent = True
+        if self._started is not None:
+            self.duration_ms = round((time.perf_counter() - self._started) * 1000)
+        if exc is not None:
+            self.success = False
+            text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            self.error = text[:MAX_ERROR_CHARS]
+        self._client._enqueue(self.to_event())
+
+    def to_event(self) -> dict[str, Any]:
+        event: dict[str, Any] = {
+            "type": "step",
+            "event_id": self.event_id,
+            "step_type": self.step_type,
+            "model": self.model or "unknown",
+            "success": self.success,
+        }
+        optional = {
+            "timestamp": self._timestamp,
+            "session_id": self.session_id,
+            "turn": self.turn,
+            "provider": self.provider,
+            "duration_ms": self.duration_ms,
+            "error": self.error,
+            "usage": self.usage,
+            "metadata": self.metadata,
+        }
+        event.update({k: v for k, v in optional.items() if v is not None})
+        return event
+
+    def __enter__(self) -> Step:
+        self._begin()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._end(exc)  # the exception, if any, propagates
+
+    async def __aenter__(self) -> Step:
+        return self.__enter__()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._end(exc)
+
+
+_live_clients: weakref.WeakSet[Costboard] = weakref.WeakSet()
+
+
+@atexit.register
+def _flush_live_clients_at_exit() -> None:
+    for client in list(_live_clients):
+        with contextlib.suppress(Exception):
+            client.close(timeout=client.exit_timeout)
+
+
+class Costboard:
+    """A thread-safe Costboard client. One per process is enough; share it between threads."""
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str,
+        *,
+        timeout: float = 2.0,
+        max_buffer: int = 10_000,
+        batch_size: int = MAX_BATCH,
+        flush_interval: float = 5.0,
+        flush_at: int = 100,
+        max_retries: int = 3,
+        backoff: float = 0.5,
+        max_backoff: float = 10.0,
+        exit_timeout: float = 5.0,
+    ) -> None:
+        if not base_url:
+            raise ValueError("base_url is required, e.g. Costboard('http://127.0.0.1:8000', key)")
+        if max_buffer < 1 or not 1 <= batch_size <= 1000:
+            raise ValueError("max_buffer must be >= 1 and batch_size between 1 and 1000")
+        self.base_url = base_url.rstrip("/")
+        self.api_key = api_key
+        self.timeout = timeout
+        self.max_buffer = max_buffer
+        self.batch_size = batch_size
+        self.flush_interval = flush_interval
+        self.flush_at = max(1, flush_at)
+        self.max_retries = max(0, max_retries)
+        self.backoff = backoff
+        self.max_backoff = max_backoff
+        self.exit_timeout = exit_timeout
+        self._budgets: dict[str, dict[str, Any]] = {}
+        self._init_runtime()
+        self._counts = {"sent": 0, "duplicates": 0, "dropped": 0, "failed": 0, "retries": 0}
+        self._last_error: str | None = None
+        _live_clients.add(self)
+        if hasattr(os, "register_at_fork"):
+            ref = weakref.ref(self)
+
+            def reset_in_child() -> None:
+                client = ref()
+                if client is not None:
+                    client._init_runtime()
+
+            os.register_at_fork(after_in_child=reset_in_child)
+
+    def _init_runtime(self) -> None:
+        """Locks, buffer and thread; run again in a forked child (threads do not survive a fork)."""
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._buffer: deque[dict[str, Any]] = deque()
+        self._in_flight = 0
+        self._stop = threading.Event()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+
+    # --- the agent's side -------------------------------------------------------------------
+
+    def step(
+        self,
+        session_id: str | None,
+        step_type: str,
+        model: str | None = None,
+        turn: int | None = None,
+        *,
+        provider: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> Step:
+        """A context manager timing one call; raises BudgetExceeded on entry if the session
+        is known to be exhausted. Without `model`, the response's `.model` is used."""
+        return Step(
+            self,
+            session_id=session_id,
+            step_type=step_type,
+            model=model,
+            turn=turn,
+            provider=provider,
+            metadata=metadata,
+        )
+
+    def session(
+        self,
+        session_id: str,
+        *,
+        token_cap: int | None = None,
+        cost_cap_usd: str | None = None,
+        user_id: str | None = None,
+        parent_session_id: str | None = None,
+        ended: bool | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Announce a session or change it (caps, end); `cost_cap_usd` is a decimal string."""
+        fields = {
+            "token_cap": token_cap,
+            "cost_cap_usd": None if cost_cap_usd is None else str(cost_cap_usd),
+            "user_id": user_id,
+            "parent_session_id": parent_session_id,
+            "ended": ended,
+            "metadata": dict(metadata) if metadata else None,
+        }
+        self._enqueue({"type": "session", "session_id": session_id, **_present(fields)})
+
+    def turn(
+        self,
+        session_id: str,
+        turn: int,
+        *,
+        user_message: str | None = None,
+        assistant_response: str | None = None,
+        context: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Record a turn's text (turn numbers start at 1)."""
+        fields = {
+            "user_message": user_message,
+            "assistant_response": assistant_response,
+            "context": dict(context) if context else None,
+        }
+        self._enqueue({"type": "turn", "session_id": session_id, "turn": turn, **_present(fields)})
+
+    def budget(self, session_id: str) -> dict[str, Any] | None:
+        """The session's `<budget>` from the server (one GET, bounded by `timeout`), which
+        also refreshes the cached state; None for an unknown session. When the server cannot
+        be reached, the last known budget (or None) and a warning in the log."""
+        url = f"{self.base_url}/api/v1/sessions/{urllib.parse.quote(session_id, safe='')}/budget"
+        request = urllib.request.Request(url, headers=self._headers(), method="GET")
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                body = json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:
+                with self._lock:
+                    self._budgets.pop(session_id, None)
+                return None
+            self._note_error(f"GET budget of {session_id!r}: HTTP {exc.code} {_reason(exc)}")
+        except (OSError, ValueError) as exc:
+            self._note_error(f"GET budget of {session_id!r}: {exc}")
+        else:
+            if isinstance(body, dict):
+                with self._lock:
+                    self._budgets[session_id] = body
+                return body
+        with self._lock:
+            cached = self._budgets.get(session_id)
+        return dict(cached) if cached is not None else None
+
+    def known_budget(self, session_id: str) -> dict[str, Any] | None:
+        """The budget last heard from the server for the session, without a request."""
+        with self._lock:
+            cached = self._budgets.get(session_id)
+        return dict(cached) if cached is not None else None
+
+    @property
+    def stats(self) -> ClientStats:
+        with self._lock:
+            return ClientStats(
+                **self._counts,
+                buffered=len(self._buffer) + self._in_flight,
+                last_error=self._last_error,
+            )
+
+    def flush(self, timeout: float | None = 10.0) -> bool:
+        """Send everything buffered, waiting at most `timeout` seconds (None: until done).
+        True when all of it reached the server; False if some was given up on or is left."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        failed_before = self.stats.failed
+        while True:
+            outcome = self._send_one_batch(deadline=deadline, in_worker=False)
+            if outcome is None:
+                break
+            if outcome is _Outcome.REQUEUE:
+                return False
+        with self._cond:
+            while self._in_flight or self._buffer:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                if self._buffer and not self._in_flight:
+                    break  # the worker put a batch back: send it ourselves
+                self._cond.wait(timeout=remaining)
+            done = not self._buffer and not self._in_flight
+        if not done:
+            return self.flush(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return self.stats.failed == failed_before
+
+    def close(self, timeout: float | None = 10.0) -> bool:
+        """Flush (at most `timeout` seconds), stop the background thread and report what was
+        not sent. Events recorded afterwards are sent synchronously by `flush()` only."""
+        sent_all = self.flush(timeout)
+        with self._cond:
+            self._closed = True
+            self._stop.set()
+            self._cond.notify_all()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=1.0)
+        stats = self.stats
+        if stats.buffered or stats.failed or stats.dropped:
+            log.warning(
+                "costboard: %d events not sent (%d failed, %d dropped from a full buffer, "
+                "%d still buffered); last error: %s",
+                stats.failed + stats.dropped + stats.buffered,
+                stats.failed,
+                stats.dropped,
+                stats.buffered,
+                stats.last_error,
+            )
+        return sent_all
+
+    def __enter__(self) -> Costboard:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # --- the buffer and the background thread -----------------------------------------------
+
+    def _refuse_if_exhausted(self, session_id: str | None) -> None:
+        key = session_id or "system"
+        with self._lock:
+            budget = self._budgets.get(key)
+        if budget is not None and budget.get("state") == "exhausted":
+            raise BudgetExceeded(key, budget)
+
+    def _enqueue(self, event: dict[str, Any]) -> None:
+        event.setdefault("event_id", uuid.uuid4().hex)
+        event.setdefault("timestamp", _now_iso())
+        with self._cond:
+            if len(self._buffer) >= self.max_buffer:
+                self._buffer.popleft()
+                self._counts["dropped"] += 1
+                if self._counts["dropped"] == 1 or self._counts["dropped"] % 1000 == 0:
+                    log.warning(
+                        "costboard: buffer full (%d events), dropping the oldest; %d dropped",
+                        self.max_buffer,
+                        self._counts["dropped"],
+                    )
+            self._buffer.append(event)
+            if not self._closed:
+                self._ensure_thread()
+                if len(self._buffer) >= self.flush_at:
+                    self._cond.notify_all()
+
+    def _ensure_thread(self) -> None:  # with the lock held
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._run, name="costboard-client", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                with self._cond:
+                    if len(self._buffer) < self.flush_at and not self._stop.is_set():
+                        self._cond.wait(timeout=self.flush_interval)
+                while not self._stop.is_set():
+                    outcome = self._send_one_batch(deadline=None, in_worker=True)
+                    if outcome is not _Outcome.SENT:
+                        break  # empty, or the server is unwell: wait for the next interval
+            except Exception:  # the background thread must never die of a surprise
+                log.exception("costboard: unexpected error in the background sender")
+                self._stop.wait(self.flush_interval)
+
+    def _send_one_batch(self, *, deadline: float | None, in_worker: bool) -> _Outcome | None:
+        """Take up to `batch_size` events and deliver them; None when the buffer is empty."""
+        with self._cond:
+            if not self._buffer:
+                return None
+            batch = [self._buffer.popleft() for _ in range(min(self.batch_size, len(self._buffer)))]
+            self._in_flight += len(batch)
+        outcome = _Outcome.FAILED
+        try:
+            outcome = self._deliver(batch, deadline=deadline, in_worker=in_worker)
+        finally:
+            with self._cond:
+                self._in_flight -= len(batch)
+                if outcome is _Outcome.REQUEUE:
+                    room = self.max_buffer - len(self._buffer)
+                    if room < len(batch):
+                        self._counts["dropped"] += len(batch) - room
+                        batch = batch[len(batch) - room :] if room > 0 else []
+                    self._buffer.extendleft(reversed(batch))
+                self._cond.notify_all()
+        return outcome
+
+    def _deliver(
+        self, batch: list[dict[str, Any]], *, deadline: float | None, in_worker: bool
+    ) -> _Outcome:
+        attempt = 0
+        while True:
+            timeout = self.timeout
+            if deadline is not None:
+                timeout = min(timeout, deadline - time.monotonic())
+                if timeout <= 0:
+                    return _Outcome.REQUEUE
+            try:
+                body = self._post(batch, timeout)
+            except _Refused as exc:
+                if exc.status == 413 and len(batch) > 1:  # too large: send it in halves
+                    half = len(batch) // 2
+                    outcomes = [
+                        self._deliver(part, deadline=deadline, in_worker=in_worker)
+                        for part in (batch[:half], batch[half:])
+                    ]
+                    if _Outcome.REQUEUE in outcomes:  # only the unsent half would be safe
+                        log.warning("costboard: a split batch ran out of time; resent whole")
+                        return _Outcome.REQUEUE
+                    return max(outcomes, key=lambda o: o is _Outcome.FAILED)
+                batch = self._drop_refused(batch, exc)
+                if not batch:
+                    return _Outcome.FAILED
+                continue  # the rest of the batch was valid: send it without the bad events
+            except _Transient as exc:
+                self._note_error(f"POST /api/v1/events: {exc}")
+                if attempt >= self.max_retries:
+                    with self._lock:
+                        self._counts["failed"] += len(batch)
+                    log.warning(
+                        "costboard: gave up on %d events after %d attempts: %s",
+                        len(batch),
+                        attempt + 1,
+                        exc,
+                    )
+                    return _Outcome.FAILED
+                delay = self._delay(attempt, exc.retry_after)
+                if deadline is not None and time.monotonic() + delay >= deadline:
+                    return _Outcome.REQUEUE
+                attempt += 1
+                with self._lock:
+                    self._counts["retries"] += 1
+                if in_worker:
+                    if self._stop.wait(delay):
+                        return _Outcome.REQUEUE  # closing: close() sends it
+                else:
+                    time.sleep(delay)
+                continue
+            self._accept(batch, body)
+            return _Outcome.SENT
+
+    def _delay(self, attempt: int, retry_after: float | None) -> float:
+        if retry_after is not None:
+            return min(max(retry_after, 0.0), self.max_backoff)
+        ceiling = min(self.max_backoff, self.backoff * 2.0**attempt)
+        return ceiling / 2 + random.uniform(0, ceiling / 2)  # jitter: not all clients at once
+
+    def _post(self, batch: list[dict[str, Any]], timeout: float) -> Any:
+        data = json.dumps({"events": batch}, default=str).encode()
+        request = urllib.request.Request(
+            f"{self.base_url}/api/v1/events",
+            data=data,
+            headers={**self._headers(), "Content-Type": "application/json"},
+            method="POST",
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                raw = response.read()
+        except urllib.error.HTTPError as exc:
+            status = exc.code
+            if status in (408, 429) or status >= 500:
+                raise _Transient(
+                    f"HTTP {status} {_reason(exc)}", _retry_after(exc.headers.get("Retry-After"))
+                ) from None
+            try:
+                body: Any = json.loads(exc.read() or b"null")
+            except (OSError, ValueError):
+                body = None
+            raise _Refused(status, f"HTTP {status} {_reason(exc, body)}", body) from None
+        except (OSError, ValueError) as exc:  # URLError, timeouts, resets, bad responses
+            raise _Transient(
+                str(getattr(exc, "reason", None) or exc) or type(exc).__name__
+            ) from exc
+        try:
+            return json.loads(raw)
+        except ValueError:
+            return {}
+
+    def _drop_refused(self, batch: list[dict[str, Any]], exc: _Refused) -> list[dict[str, Any]]:
+        """The events to send again after a refusal: on a 422 naming the bad events, the
+        others; otherwise none (the whole batch is counted failed)."""
+        errors = exc.body.get("errors") if isinstance(exc.body, dict) else None
+        bad = {
+            e["index"]
+            for e in errors or []
+            if isinstance(e, dict) and isinstance(e.get("index"), int)
+        }
+        bad &= set(range(len(batch)))
+        if exc.status != 422 or not bad:
+            bad = set(range(len(batch)))
+        self._note_error(f"POST /api/v1/events refused: {exc}")
+        log.error("costboard: server refused %d events: %s", len(bad), exc)
+        with self._lock:
+            self._counts["failed"] += len(bad)
+        return [event for i, event in enumerate(batch) if i not in bad]
+
+    def _accept(self, batch: list[dict[str, Any]], body: Any) -> None:
+        sessions = body.get("sessions") if isinstance(body, dict) else None
+        duplicates = body.get("duplicates", 0) if isinstance(body, dict) else 0
+        with self._lock:
+            self._counts["sent"] += len(batch)
+            if isinstance(duplicates, int):
+                self._counts["duplicates"] += duplicates
+            if isinstance(sessions, dict):
+                for session_id, budget in sessions.items():
+                    if isinstance(budget, dict):
+                        self._budgets[str(session_id)] = budget
+        if isinstance(sessions, dict):
+            for session_id, budget in sessions.items():
+                if isinstance(budget, dict) and budget.get("state") == "exhausted":
+                    log.info("costboard: session %r has exhausted its budget", session_id)
+
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}", "User-Agent": USER_AGENT}
+
+    def _note_error(self, message: str) -> None:
+        with self._lock:
+            self._last_error = message
+        log.debug("costboard: %s", message)
+
+
+def _present(fields: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in fields.items() if v is not None}
+
+
+def _retry_after(value: str | None) -> float | None:
+    try:
+        return float(value) if value else None
+    except ValueError:
+        return None  # an HTTP date: use our own back-off
+
+
+def _reason(exc: urllib.error.HTTPError, body: Any = None) -> str:
+    """The server's own message when it gave one (the first error), else the HTTP reason."""
+    if isinstance(body, dict):
+        errors = body.get("errors")
+        if isinstance(errors, list) and errors and isinstance(errors[0], dict):
+            first = errors[0]
+            where = f" (event {first['index']})" if "index" in first else ""
+            return f"{first.get('field', '')}: {first.get('message', '')}{where}"
+    return str(exc.reason)
