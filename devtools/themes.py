@@ -191,9 +191,12 @@ def _parsed(kind: type[_F], path: Path, raw: dict[str, Any]) -> _F:
     try:
         return kind.model_validate(raw)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(part) for part in first["loc"]) or "(the file)"
-        raise DemoDataError(f"{path}: {where}: {first['msg']}") from None
+        # a misspelt field is two errors (required, not permitted): name both
+        problems = [
+            f"{'.'.join(str(part) for part in error['loc']) or '(the file)'}: {error['msg']}"
+            for error in exc.errors()[:3]
+        ]
+        raise DemoDataError(f"{path}: {'; '.join(problems)}") from None
 
 
 def _model(models: Mapping[str, Llm], name: str, path: Path, field: str) -> Llm:
