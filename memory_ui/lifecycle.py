@@ -27,6 +27,9 @@ the runs after a person's decisions propose the rest.
 Safe to run twice, and by two workers at once: a memory already targeted by a pending merge
 or compress proposal is left out of new ones, an eviction with the same targets is not
 proposed again, and the proposals of a project are written under a lock on its row.
+
+This module decides what to propose; the writes are services (services.memories_expire_due,
+proposal_create, eviction_update), each writing the memory and its history together.
 """
 
 from __future__ import annotations

@@ -27,6 +27,9 @@ relevance, elsewhere (SQLite) — the same three tries, portable: the share of t
 importance = the stored importance. freshness = 0.5^(age in days / half-life), the half-life
   COSTBOARD_MEMORY_HALF_LIFE_DAYS, the age from decided_at (else created_at), never above 1.
   credibility by source: stated by the user 1.0, inferred by the agent 0.6, tool output 0.3.
+
+Reads only: a search is logged, and feedback on it stored, by services.retrieval_log_record and
+services.memory_feedback_add.
 """
 
 from __future__ import annotations
