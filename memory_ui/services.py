@@ -248,6 +248,13 @@ def candidate_propose(
             same, score = near[0]
             note = f"near-duplicate ({score:.2f}) of a proposal: {content}"
     if same is not None:
+        # a reviewer may be deciding on it or editing it now: wait for its row, read it again
+        same = Memory.objects.select_for_update().filter(pk=same.pk).first()
+        if same is not None and same.status == Memory.Status.REJECTED and same.fingerprint == fp:
+            return None
+        if same is not None and same.status not in LIVE:
+            same = None  # decided meanwhile: this sentence is new again
+    if same is not None:
         same.times_proposed += 1
         same.importance = min(Decimal(1), max(same.importance, weight) + REPETITION_BONUS)
         same.updated_at = now
