@@ -2,8 +2,9 @@
 through the real ingest service, so every rollup, budget state and crossing is what real
 traffic would give.
 
-- Each project has a theme (a support bot, a research agent, a code reviewer): what its users
-  ask, which model each pipeline step runs on, what memories its agent proposes.
+- Each project has a theme (a support bot, a research agent, a code reviewer), a data file
+  under devtools/demo_data/ (read by devtools.themes): what its users ask, which model each
+  pipeline step runs on, what memories its agent proposes.
 - Sessions are scheduled over the window first (every day gets some once there are enough;
   more on weekdays and in business hours, growing towards today), then written one at a time,
   each from its own random stream. The same seed and options give the same sessions, turns,
@@ -12,6 +13,8 @@ traffic would give.
   a USD cap sent in its session event) and one stuck in a retry loop, flagged as runaway.
 - Events go to `events_ingest` in batches of up to 1000 per project; only the schedule is
   held in memory, so a million steps (`--steps`) fit.
+- The memories go through the memory services like any other (proposed, some approved by a
+  "demo reviewer"), each with its history.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from decimal import ROUND_CEILING, ROUND_DOWN, Decimal
 from enum import StrEnum
 from typing import Any
 
+from django.db import transaction
 from django.db.models import Sum
 from django.utils import timezone
 
@@ -42,8 +46,10 @@ from costboard.models import (
 )
 from costboard.pricing.rates import RateTable, rate_table
 from costboard.pricing.sync import prices_sync
-from memory_ui.models import Memory, MemoryEvent
-from memory_ui.text import fingerprint
+from devtools.themes import Llm, Shape, Theme, demo_data
+from memory_ui import services
+from memory_ui.models import Memory
+from memory_ui.tasks import DETECTOR
 
 DEFAULT_SESSIONS = 300
 DEFAULT_DAYS = 30
@@ -64,410 +70,6 @@ TURN_WEIGHTS = (8, 14, 16, 14, 11, 9, 7, 6, 5, 4, 3, 3)  # 1 to 12 turns, mostly
 EXHAUSTED_AT = Decimal("0.95")  # an exhausted example's cap: the session crosses it at the end
 CENTS = Decimal("0.01")
 CAP_QUANTUM = Decimal("0.0001")
-
-
-# --- models and themes ----------------------------------------------------------------------
-
-
-class Shape(StrEnum):
-    """How a provider reports a call's tokens (CONTRACT §4)."""
-
-    FIELDS = "fields"  # the token fields themselves, Anthropic semantics
-    OPENAI = "openai"  # an OpenAI Chat Completions usage object
-    GEMINI = "gemini"  # a Gemini usageMetadata object
-
-
-@dataclass(frozen=True, slots=True)
-class Llm:
-    model: str
-    provider: str
-    shape: Shape
-    ms_per_output_token: int
-    reasoning: bool = False
-
-
-HAIKU = Llm("claude-haiku-4-5", "anthropic", Shape.FIELDS, 7)
-SONNET = Llm("claude-sonnet-4-5", "anthropic", Shape.FIELDS, 20)
-GPT_4O_MINI = Llm("gpt-4o-mini", "openai", Shape.OPENAI, 8)
-GPT_4O = Llm("gpt-4o", "openai", Shape.OPENAI, 16)
-O3 = Llm("o3", "openai", Shape.OPENAI, 12, reasoning=True)
-GEMINI_PRO = Llm("gemini-2.5-pro", "google", Shape.GEMINI, 11, reasoning=True)
-EMBEDDING = Llm("text-embedding-3-small", "openai", Shape.OPENAI, 0)
-# Not in the rate table: stored unpriced and listed for admins.
-ACME_FINETUNE = Llm("acme-finetune-v2", "acme", Shape.FIELDS, 5)
-
-
-@dataclass(frozen=True, slots=True)
-class RetryLoop:
-    """How a theme's agent gets stuck: one step retried with the same failing arguments."""
-
-    step_type: str
-    llm: Llm
-    error: str
-    apology: str
-
-
-@dataclass(frozen=True, slots=True)
-class MemoryIdea:
-    type: str
-    content: str
-    approved: bool = False
-
-
-@dataclass(frozen=True)
-class Theme:
-    slug: str
-    name: str
-    weight: float  # share of the traffic
-    session_prefix: str
-    user_prefix: str
-    system_prompt_tokens: int
-    routers: tuple[tuple[Llm, int], ...]  # intent, filter and compress, weighted
-    responders: tuple[tuple[Llm, int], ...]
-    filter_rate: float
-    search_rate: float
-    retrieved_tokens: tuple[int, int]
-    output_tokens: tuple[int, int]
-    compress_over: int  # history tokens past which a long session is compressed
-    openers: tuple[str, ...]
-    follow_ups: tuple[str, ...]
-    answers: tuple[str, ...]
-    queries: tuple[str, ...]
-    focuses: tuple[str, ...]
-    selection_key: str
-    vocab: Mapping[str, tuple[str, ...]]
-    channels: tuple[str, ...]
-    retry_loop: RetryLoop
-    memories: tuple[MemoryIdea, ...]
-    canary: Llm | None = None
-    token_cap: int | None = None  # the project's per-session caps (None: the defaults)
-    cost_cap_usd: Decimal | None = None
-
-
-SUPPORT_BOT = Theme(
-    slug="support-bot",
-    name="Support Bot",
-    weight=1.0,
-    session_prefix="chat",
-    user_prefix="cust-",
-    system_prompt_tokens=3400,
-    routers=((HAIKU, 7), (GPT_4O_MINI, 3)),
-    responders=((SONNET, 65), (GPT_4O, 35)),
-    filter_rate=0.55,
-    search_rate=0.7,
-    retrieved_tokens=(600, 2600),
-    output_tokens=(80, 480),
-    compress_over=14_000,
-    openers=(
-        "Where is my order {order}? It was supposed to arrive {day}.",
-        "I'd like to return the {product} I bought last month.",
-        "Can I change the delivery address on order {order}?",
-        "My {product} arrived with a cracked case. What are my options?",
-        "Do you have the {product} in {color}?",
-        "I was charged twice for order {order}, please fix this.",
-        "How do I factory-reset the {product}?",
-        "Does the {product} work with {other}?",
-    ),
-    follow_ups=(
-        "Can you email me a return label?",
-        "How long until the refund shows up on my card?",
-        "Could I get store credit instead?",
-        "It still doesn't work after the reset.",
-        "Please escalate this to a human agent.",
-        "While you're at it, can you check order {order} too?",
-        "What's the cheapest way to ship it back?",
-        "OK, thanks. Will I get a confirmation email?",
-    ),
-    answers=(
-        "Order {order} is with {carrier} and due tomorrow; I've emailed you the tracking link.",
-        "I've opened a return for the {product}. A prepaid {carrier} label is on its way to you.",
-        "Refunds reach your card 3–5 business days after the item is scanned at our warehouse.",
-        "Sorry about that! I've arranged a free replacement {product}; it ships today.",
-        "The {product} is in stock in {color}. Shall I add it to your cart?",
-        "I found the duplicate charge on order {order} and reversed it; allow 2–3 days.",
-        "Hold the power button for 10 seconds, then choose Reset in the app.",
-        "Yes, the {product} works with {other} out of the box; setup takes two minutes.",
-    ),
-    queries=(
-        "{product} return policy",
-        "order {order} tracking",
-        "{product} {other} compatibility",
-        "refund timeline card payments",
-        "{product} factory reset",
-    ),
-    focuses=(
-        "order_status",
-        "returns",
-        "billing",
-        "troubleshooting",
-        "product_question",
-        "delivery_change",
-    ),
-    selection_key="order",
-    vocab={
-        "order": ("#48213", "#48877", "#49102", "#49356", "#50018", "#50244", "#50991"),
-        "product": (
-            "Aero 14 laptop",
-            "Pulse wireless earbuds",
-            "Halo smart speaker",
-            "Terra standing desk",
-            "Nimbus air purifier",
-            "Volt USB-C dock",
-            "Orbit 4K monitor",
-        ),
-        "other": ("macOS Sonoma", "Windows 11", "a Thunderbolt 3 port", "Alexa", "an iPhone 15"),
-        "color": ("graphite", "silver", "sage green", "midnight blue"),
-        "day": ("on Tuesday", "yesterday", "last Friday", "two days ago"),
-        "carrier": ("DHL", "UPS", "DPD", "Royal Mail"),
-    },
-    channels=("web", "app", "email"),
-    retry_loop=RetryLoop(
-        step_type="filter",
-        llm=HAIKU,
-        error="tool_use failed: lookup_order returned 502 Bad Gateway; retrying",
-        apology="Sorry, I can't reach our order system right now. Please try again shortly.",
-    ),
-    memories=(
-        MemoryIdea("user", "prefers concise answers, no more than three points", approved=True),
-        MemoryIdea("user", "wants order updates by email, not SMS"),
-        MemoryIdea("user", "is a business customer; invoices need their VAT number"),
-        MemoryIdea("user", "writes in German now and then; answer in the language they use"),
-        MemoryIdea(
-            "feedback",
-            "don't offer store credit before checking the 30-day refund window",
-            approved=True,
-        ),
-        MemoryIdea("feedback", "ask for the order number before looking anything up"),
-        MemoryIdea("feedback", "never promise a delivery date the carrier hasn't confirmed"),
-        MemoryIdea("feedback", "apologise once per reply at most"),
-        MemoryIdea(
-            "project",
-            "refund window is 30 days from delivery, 14 days for opened electronics",
-            approved=True,
-        ),
-        MemoryIdea("project", "replacements for damaged items ship without waiting for the return"),
-        MemoryIdea("project", "refunds over $500 need a human to approve them"),
-        MemoryIdea("project", "the Terra standing desk ships from a separate warehouse, 5–7 days"),
-        MemoryIdea("reference", "return label flow: Ops wiki > Returns > Labels", approved=True),
-        MemoryIdea("reference", "DHL and UPS tracking links are on the order page; DPD by email"),
-        MemoryIdea("reference", "price-match policy: northwind.example/help/price-match"),
-        MemoryIdea("reference", "escalations go to the #support-tier2 Slack channel"),
-    ),
-    canary=ACME_FINETUNE,
-)
-
-RESEARCH_AGENT = Theme(
-    slug="research-agent",
-    name="Research Agent",
-    weight=0.7,
-    session_prefix="rs",
-    user_prefix="researcher-",
-    system_prompt_tokens=5200,
-    routers=((HAIKU, 5), (GPT_4O_MINI, 5)),
-    responders=((SONNET, 50), (GEMINI_PRO, 30), (O3, 20)),
-    filter_rate=0.7,
-    search_rate=0.9,
-    retrieved_tokens=(2000, 8000),
-    output_tokens=(350, 1600),
-    compress_over=24_000,
-    openers=(
-        "Summarise recent work on {topic}.",
-        "Find papers comparing {method_a} and {method_b} on {task}.",
-        "What are the open problems in {topic}?",
-        "Build a reading list on {topic} for a new team member.",
-        "Which benchmarks are used to evaluate {task}, and how saturated are they?",
-        "Is there evidence that {method_a} beats {method_b} for {task}?",
-    ),
-    follow_ups=(
-        "Only keep results published after {year}.",
-        "Which of these have code and weights available?",
-        "Put the evaluation setups side by side in a table.",
-        "Drop the survey papers and keep primary results.",
-        "Give me BibTeX for the top three.",
-        "How strong is the evidence, honestly?",
-        "What would a cheap replication look like?",
-    ),
-    answers=(
-        "I found {n} relevant papers; the strongest evidence is {paper}, with gains on {task}.",
-        "Mixed results: {method_a} wins in-domain, {method_b} is more robust out of domain.",
-        "Three open problems stand out in {topic}: eval leakage, cost at long context, baselines.",
-        "Here is a 10-item reading list on {topic}, from background to current work.",
-        "{n} of the papers release code and 5 release weights; links are in the table.",
-        "The evidence is moderate: most gains are single runs without variance estimates.",
-    ),
-    queries=(
-        "{topic} survey {year}",
-        "{method_a} vs {method_b} {task}",
-        "{task} benchmark leaderboard",
-        "{topic} open problems",
-    ),
-    focuses=("literature_search", "comparison", "reading_list", "benchmarks", "evidence_review"),
-    selection_key="arxiv",
-    vocab={
-        "topic": (
-            "retrieval-augmented generation",
-            "speculative decoding",
-            "long-context evaluation",
-            "mixture-of-experts routing",
-            "LLM-as-a-judge reliability",
-            "KV-cache compression",
-        ),
-        "method_a": ("dense retrieval", "LoRA", "DPO", "RAG"),
-        "method_b": ("BM25", "full fine-tuning", "PPO", "long-context prompting"),
-        "task": ("multi-hop QA", "code generation", "legal summarisation", "tabular reasoning"),
-        "paper": (
-            "Lewis et al. (2020)",
-            "Liu et al. (2024), 'Lost in the Middle'",
-            "Leviathan et al. (2023)",
-            "Gao et al. (2024)",
-        ),
-        "n": ("9", "12", "17", "23", "31"),
-        "year": ("2023", "2024"),
-        "arxiv": (
-            "arXiv:2005.11401",
-            "arXiv:2307.03172",
-            "arXiv:2211.17192",
-            "arXiv:2401.18059",
-            "arXiv:2403.05530",
-            "arXiv:2310.11511",
-        ),
-    },
-    channels=("web", "slack"),
-    retry_loop=RetryLoop(
-        step_type="filter",
-        llm=HAIKU,
-        error="ValidationError: rank_papers.year_from must be an integer, got '2023+'",
-        apology="I couldn't rank the papers: the ranking tool kept rejecting my request.",
-    ),
-    memories=(
-        MemoryIdea("user", "wants citations in APA style with DOIs", approved=True),
-        MemoryIdea("user", "reads summaries on mobile; keep tables under five columns"),
-        MemoryIdea("user", "is an ML engineer: skip transformer basics"),
-        MemoryIdea("user", "prefers primary sources over blog posts"),
-        MemoryIdea(
-            "feedback", "always state sample sizes and whether results are single-run", True
-        ),
-        MemoryIdea("feedback", "don't count workshop papers as peer-reviewed evidence"),
-        MemoryIdea("feedback", "flag preprints that were later retracted or revised"),
-        MemoryIdea("feedback", "link the code repository when a paper has one"),
-        MemoryIdea("project", "the team's focus this quarter is long-context evaluation", True),
-        MemoryIdea("project", "reading lists go to the shared Zotero group LLM-Eval"),
-        MemoryIdea("project", "internal benchmark results live in the eval-results bucket"),
-        MemoryIdea("project", "compare against the 2024 baseline set unless told otherwise"),
-        MemoryIdea(
-            "reference", "arXiv listing API allows one request every 3 seconds", approved=True
-        ),
-        MemoryIdea("reference", "Semantic Scholar API key: team vault, entry research-agent"),
-        MemoryIdea("reference", "benchmark definitions: wiki > Evaluation > Benchmarks"),
-        MemoryIdea("reference", "paper PDFs are cached in s3://research-cache/papers for 30 days"),
-    ),
-    token_cap=250_000,
-    cost_cap_usd=Decimal("10.00"),
-)
-
-CODE_REVIEW = Theme(
-    slug="code-review",
-    name="Code Review",
-    weight=0.8,
-    session_prefix="cr",
-    user_prefix="dev-",
-    system_prompt_tokens=4100,
-    routers=((GPT_4O_MINI, 7), (HAIKU, 3)),
-    responders=((GPT_4O, 45), (SONNET, 35), (O3, 20)),
-    filter_rate=0.4,
-    search_rate=0.5,
-    retrieved_tokens=(1500, 6000),
-    output_tokens=(200, 1200),
-    compress_over=18_000,
-    openers=(
-        "Review PR #{pr} in {repo}: {title}.",
-        "Is the migration in PR #{pr} safe to run on a 40M-row table?",
-        "Check PR #{pr} for security issues before I merge.",
-        "What changed in {file} in PR #{pr}, in plain words?",
-        "Does PR #{pr} need more tests?",
-    ),
-    follow_ups=(
-        "Can you suggest a test for that edge case?",
-        "I pushed a fix, please re-review.",
-        "Is the N+1 query gone now?",
-        "What about thread safety in {file}?",
-        "Write the review comment for me, polite but firm.",
-        "Anything blocking, or just nits?",
-    ),
-    answers=(
-        "Two blocking issues: {issue} in {file}, and the retry loop has no upper bound.",
-        "Looks good to merge. One nit in {file}: the log line includes the full payload.",
-        "The migration locks the table; create the index CONCURRENTLY in its own migration.",
-        "Found {issue} in {file}; a suggested fix and a regression test are in the comment.",
-        "Coverage is thin around the error path of {file}; add two tests before merging.",
-    ),
-    queries=("{repo} {file} history", "PR #{pr} diff", "{issue} {file}", "{title} design doc"),
-    focuses=("review", "migration_safety", "security", "tests", "explain_diff"),
-    selection_key="file",
-    vocab={
-        "pr": ("1842", "1857", "1863", "1871", "1880", "1894"),
-        "repo": ("acme/billing-service", "acme/web-app", "acme/infra", "acme/mobile-api"),
-        "title": (
-            "Add retry to payment webhooks",
-            "Move sessions to Redis",
-            "Paginate the orders endpoint",
-            "Upgrade Django to 5.2",
-            "Rate-limit the login form",
-        ),
-        "file": (
-            "billing/webhooks.py",
-            "orders/views.py",
-            "settings/base.py",
-            "orders/migrations/0042_order_index.py",
-            "auth/throttle.py",
-        ),
-        "issue": (
-            "an N+1 query",
-            "a missing index",
-            "an unhandled timeout",
-            "a race on the retry counter",
-            "a secret in the diff",
-        ),
-    },
-    channels=("github", "cli"),
-    retry_loop=RetryLoop(
-        step_type="search",
-        llm=GPT_4O_MINI,
-        error="ToolError: fetch_diff returned 413 'diff too large'; retrying with same arguments",
-        apology="The diff is too large for me to fetch; please split the PR or point me at files.",
-    ),
-    memories=(
-        MemoryIdea("user", "wants comments grouped by severity: blocking, should-fix, nit", True),
-        MemoryIdea("user", "prefers suggestions as code blocks they can paste"),
-        MemoryIdea("user", "works mostly on billing-service and knows it well"),
-        MemoryIdea("user", "keep Friday reviews brief: merge freeze starts at 15:00"),
-        MemoryIdea("feedback", "don't flag formatting; ruff runs in CI", approved=True),
-        MemoryIdea("feedback", "call out a missing migration for every model change"),
-        MemoryIdea("feedback", "stop suggesting type hints on test functions"),
-        MemoryIdea("feedback", "mention the ticket number from the branch name in summaries"),
-        MemoryIdea("project", "migrations on tables over 1M rows must use CONCURRENTLY", True),
-        MemoryIdea("project", "billing-service needs two approvals, one from the payments team"),
-        MemoryIdea("project", "every external call needs a timeout and a retry cap"),
-        MemoryIdea("project", "feature flags live in settings/flags.py, never in env vars"),
-        MemoryIdea("reference", "style guide: wiki > Engineering > Python style", approved=True),
-        MemoryIdea("reference", "billing on-call runbook: wiki > Payments > Runbook"),
-        MemoryIdea("reference", "CI logs are kept 14 days at ci.acme.internal"),
-        MemoryIdea("reference", "architecture decision records live in docs/adr/"),
-    ),
-    token_cap=200_000,  # reviews read whole diffs
-)
-
-THEMES = (SUPPORT_BOT, RESEARCH_AGENT, CODE_REVIEW)
-
-TRANSIENT_ERRORS = {
-    "anthropic": ("overloaded_error: Overloaded", "rate_limit_error: request rate limit exceeded"),
-    "openai": (
-        "RateLimitError: Error code: 429 - Rate limit reached for requests",
-        "APITimeoutError: Request timed out.",
-    ),
-    "google": ("503 UNAVAILABLE: The model is overloaded. Please try again later.",),
-    "acme": ("502 Bad Gateway: upstream inference server unavailable",),
-}
 
 
 # --- the result -----------------------------------------------------------------------------
@@ -648,11 +250,13 @@ def _prices_ensure(say: Progress) -> None:
 
 
 def _themes(count: int) -> list[Theme]:
-    """`count` themes: the built-in ones, then again as support-bot-2, research-agent-2, …"""
+    """`count` themes: the ones in devtools/demo_data/ (demo.toml's order), then again as
+    support-bot-2, research-agent-2, …"""
+    builtin = demo_data().themes
     themes = []
     for n in range(count):
-        base = THEMES[n % len(THEMES)]
-        round_ = n // len(THEMES) + 1
+        base = builtin[n % len(builtin)]
+        round_ = n // len(builtin) + 1
         if round_ == 1:
             themes.append(base)
         else:
@@ -1034,7 +638,7 @@ class _SessionWriter:
         rng = self.rng
         self._call(
             "search",
-            EMBEDDING,
+            demo_data().embedding,
             turn,
             fresh=rng.randint(8, 90),
             output=0,
@@ -1124,7 +728,8 @@ class _SessionWriter:
             return
         at = rng.randint(0, max(self.clock, 1))
         if rng.random() < 0.6:
-            step_type, llm, fresh, output = "search", EMBEDDING, rng.randint(2000, 30000), 0
+            step_type, llm = "search", demo_data().embedding
+            fresh, output = rng.randint(2000, 30000), 0
             job = "reindex"
         else:
             step_type, llm = "compress", self.router
@@ -1161,7 +766,7 @@ class _SessionWriter:
         """One LLM call; about one in fifty fails first (nothing billed) and is retried."""
         rng = self.rng
         if rng.random() < FAILURE_RATE:
-            error = rng.choice(TRANSIENT_ERRORS[llm.provider])
+            error = rng.choice(demo_data().transient_errors[llm.provider])
             timed_out = "timed out" in error
             self._step(
                 step_type,
@@ -1394,6 +999,7 @@ class _ProjectFeed:
 
 # --- memories -------------------------------------------------------------------------------
 
+DEMO_REVIEWER = "demo reviewer"  # who approves the approved ideas (no login)
 MEMORY_SOURCES = {
     Memory.Type.USER: Memory.Source.USER_STATED,
     Memory.Type.FEEDBACK: Memory.Source.USER_STATED,
@@ -1402,9 +1008,13 @@ MEMORY_SOURCES = {
 }
 
 
+# one commit for a project's memories (each service a savepoint in it): on SQLite a commit
+# each would take ten times as long
+@transaction.atomic
 def _memories_seed(project: Project, theme: Theme, seed: int) -> int:
     """The memories the project's agent proposed in recent turns: most pending review, a few
-    approved. One already there (same content) is not added again."""
+    approved by a demo reviewer, each through the services with its history. One already there
+    (same content) is not proposed again."""
     existing = set(Memory.objects.filter(project=project).values_list("content", flat=True))
     turns = list(
         Turn.objects.filter(project=project)
@@ -1414,54 +1024,36 @@ def _memories_seed(project: Project, theme: Theme, seed: int) -> int:
     )
     rng = random.Random(f"memories:{seed}:{project.slug}")
     now = timezone.now()
-    rows = []
+    created = 0
     for position, idea in enumerate(theme.memories):
-        importance = Decimal(rng.randint(300, 950)) / 1000
+        importance = Decimal(rng.randint(300, 950)) / 1000  # drawn for every idea: same stream
         if idea.content in existing:
             continue
         turn = turns[(position * 7) % len(turns)] if turns else None
-        created = turn.started_at + timedelta(seconds=5) if turn else now
+        proposed_at = turn.started_at + timedelta(seconds=5) if turn else now
         user_id = turn.session.user_id if turn else ""
-        rows.append(
-            Memory(
-                project=project,
-                type=idea.type,
-                content=idea.content,
-                scope=f"user:{user_id}" if idea.type == "user" and user_id else "project",
-                status=Memory.Status.APPROVED if idea.approved else Memory.Status.PENDING,
-                importance=importance,
-                source=MEMORY_SOURCES[Memory.Type(idea.type)],
-                tags=["demo", idea.type],
-                ttl_days=90 if idea.type == "reference" else None,
-                session=turn.session if turn else None,
-                turn=turn,
-                created_at=created,
-                updated_at=created,
-                decided_at=min(created + timedelta(hours=3), now) if idea.approved else None,
-                expires_at=(
-                    min(created + timedelta(hours=3), now) + timedelta(days=90)
-                    if idea.approved and idea.type == "reference"
-                    else None
-                ),
-                fingerprint=fingerprint(idea.content),
-                proposed_by="detector",
+        memory = services.candidate_propose(
+            project=project,
+            type=idea.type,
+            content=idea.content,
+            scope=f"user:{user_id}" if idea.type == "user" and user_id else "project",
+            importance=importance,
+            source=MEMORY_SOURCES[Memory.Type(idea.type)],
+            tags=["demo", idea.type],
+            ttl_days=90 if idea.type == "reference" else None,
+            session=turn.session if turn else None,
+            turn=turn,
+            proposed_by=DETECTOR,
+            now=proposed_at,
+        )
+        if memory is None or memory.times_proposed > 1:
+            continue  # rejected before, or a repeat of a memory there already: nothing new
+        created += 1
+        if idea.approved:
+            services.memory_approve(
+                memory,
+                by=None,
+                actor_name=DEMO_REVIEWER,
+                now=min(proposed_at + timedelta(hours=3), now),
             )
-        )
-    Memory.objects.bulk_create(rows)
-    history = [
-        MemoryEvent(
-            memory=m, action=MemoryEvent.Action.PROPOSED, actor_name="detector", at=m.created_at
-        )
-        for m in rows
-    ] + [
-        MemoryEvent(
-            memory=m,
-            action=MemoryEvent.Action.APPROVED,
-            actor_name="demo reviewer",
-            at=m.decided_at,
-        )
-        for m in rows
-        if m.decided_at is not None
-    ]
-    MemoryEvent.objects.bulk_create(history)
-    return len(rows)
+    return created

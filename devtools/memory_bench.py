@@ -12,8 +12,8 @@
   trigram indexes give; on SQLite it is not measured (the portable path scans in Python).
   Target < 30 ms.
 
-The memories belong to a project of the benchmark's own (`bench-memory-…`), inserted with
-bulk_create and deleted afterwards.
+The memories belong to a project of the benchmark's own (`bench-memory-…`), written by
+services.memories_import (in bulk, each with its history) and deleted afterwards.
 """
 
 from __future__ import annotations
@@ -33,12 +33,12 @@ from django.utils import timezone
 from costboard.models import Project
 from memory_ui import ranking, services
 from memory_ui.models import MAX_CONTENT, Memory
-from memory_ui.text import fingerprint
 
 DETECT_TARGET_PER_S = 5_000.0
 MEMORY_MD_TARGET_MS = 50.0
 SEARCH_TARGET_MS = 30.0
 SCOPE = "project"
+PROPOSED_BY = "bench"
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,7 +173,9 @@ def _fill(template: str, rng: random.Random, n: int) -> str:
     )
 
 
-def memory_rows(project: Project, count: int, rng: random.Random) -> list[Memory]:
+def memory_rows(project: Project, count: int, rng: random.Random) -> list[services.MemoryImport]:
+    """`count` approved memories for `project`'s bench scope, decided over the last year (for
+    freshness to vary); services.memories_import writes them with their history."""
     now = timezone.now()
     sources = [s.value for s in Memory.Source]
     rows = []
@@ -182,18 +184,13 @@ def memory_rows(project: Project, count: int, rng: random.Random) -> list[Memory
         content = f"{_fill(template, rng, n)} (#{n})"[:MAX_CONTENT]
         decided = now - timedelta(days=rng.uniform(0, 365))
         rows.append(
-            Memory(
-                project=project,
+            services.MemoryImport(
                 type=type_,
                 content=content,
                 scope=SCOPE,
-                status=Memory.Status.APPROVED,
                 importance=Decimal(rng.randint(0, 1000)) / 1000,
                 source=rng.choice(sources),
-                fingerprint=fingerprint(content),
-                proposed_by="bench",
-                created_at=decided - timedelta(hours=1),
-                updated_at=decided,
+                proposed_at=decided - timedelta(hours=1),
                 decided_at=decided,
             )
         )
@@ -317,7 +314,7 @@ def bench_run(
     try:
         say(f"inserting {options.memories:,} approved memories …")
         rows = memory_rows(project, options.memories, rng)
-        Memory.objects.bulk_create(rows, batch_size=2000)
+        services.memories_import(project=project, memories=rows, actor_name=PROPOSED_BY)
         if connection.vendor == "postgresql":
             # as autovacuum would soon: fresh statistics, and the GIN indexes' pending lists
             # (where bulk inserts wait, scanned by every query) merged into the indexes

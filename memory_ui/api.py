@@ -138,7 +138,9 @@ def search(request: HttpRequest) -> HttpResponse:
         ranked = ranking.memories_search(project=project, query=query, scope=scope, k=k)
     except MemoryInputError as exc:
         return _errors(422, exc.field, exc.message)
-    log = ranking.retrieval_log(project=project, query=query, scope=scope, k=k, ranked=ranked)
+    log = services.retrieval_log_record(
+        project=project, query=query, scope=scope, k=k, ranked=ranked
+    )
     return JsonResponse(
         {
             "retrieval_id": log.pk,
@@ -163,7 +165,7 @@ def feedback(request: HttpRequest) -> HttpResponse:
     except _BadBody as exc:
         return _errors(exc.status, "body", str(exc))
     try:
-        stored = ranking.feedback_add(
+        stored = services.memory_feedback_add(
             project=project,
             memory_id=body.get("memory_id"),
             useful=body.get("useful"),

@@ -27,6 +27,9 @@ the runs after a person's decisions propose the rest.
 Safe to run twice, and by two workers at once: a memory already targeted by a pending merge
 or compress proposal is left out of new ones, an eviction with the same targets is not
 proposed again, and the proposals of a project are written under a lock on its row.
+
+This module decides what to propose; the writes are services (services.memories_expire_due,
+proposal_create, eviction_update), each writing the memory and its history together.
 """
 
 from __future__ import annotations
@@ -46,16 +49,16 @@ from django.utils import timezone
 
 from costboard.models import Project
 from memory_ui import services
-from memory_ui.models import MAX_CONTENT, Memory, MemoryEvent
+from memory_ui.models import MAX_CONTENT, Memory
 from memory_ui.ranking import CREDIBILITY, terms
-from memory_ui.text import fingerprint, trigrams
+from memory_ui.services import memories_expire_due
+from memory_ui.text import trigrams
 
 log = logging.getLogger(__name__)
 
 PROPOSED_BY = "lifecycle"
 MAX_GROUP = 20  # at most this many entries compressed into one
-MAX_TAGS = 20
-EXPIRE_BATCH = 5000
+MAX_TAGS = services.MAX_TAGS
 PAIR_SCAN = 10_000  # a scope's newest live entries compared for merges and compressions
 # merge or compress proposals waiting in a scope at most: a queue a person can get through;
 # the next run after their decisions proposes more
@@ -77,34 +80,6 @@ class LifecycleResult:
         self.merges += other.merges
         self.compressions += other.compressions
         self.proposals += other.proposals
-
-
-# --- TTL --------------------------------------------------------------------------------------
-
-
-def memories_expire_due(*, now: datetime | None = None, limit: int = EXPIRE_BATCH) -> int:
-    """Expire approved memories past their expires_at (by nobody: the TTL). Each is claimed
-    under a row lock with the condition checked again, so two sweeps expire it once."""
-    now = now or timezone.now()
-    due = list(
-        Memory.objects.filter(status=Memory.Status.APPROVED, expires_at__lte=now)
-        .order_by("expires_at", "pk")
-        .values_list("pk", flat=True)[:limit]
-    )
-    expired = 0
-    for pk in due:
-        with transaction.atomic():
-            memory = (
-                Memory.objects.select_for_update()
-                .filter(pk=pk, status=Memory.Status.APPROVED, expires_at__lte=now)
-                .first()
-            )
-            if memory is None:
-                continue  # expired, edited or decided meanwhile
-            note = f"TTL of {memory.ttl_days} days ran out" if memory.ttl_days else "TTL ran out"
-            services.memory_expire(memory, by=None, now=now, note=note)
-            expired += 1
-    return expired
 
 
 # --- the live entries of a scope and their similar pairs --------------------------------------
@@ -307,33 +282,22 @@ def _propose(
     note: str,
     now: datetime,
 ) -> Memory:
-    memory = Memory.objects.create(
+    return services.proposal_create(
         project=project,
+        scope=scope,
+        kind=kind,
         type=type,
         content=content,
-        scope=scope,
+        target_ids=[t.pk for t in targets],
         importance=importance,
         source=source,
         tags=list(dict.fromkeys(tags))[:MAX_TAGS],
         ttl_days=ttl_days,
-        # an eviction is not a sentence to remember; a merge or compression becomes one
-        fingerprint="" if kind == Memory.Proposal.EVICT else fingerprint(content),
-        evidence=evidence[:2000],
-        proposal=kind,
+        evidence=evidence,
+        note=note,
         proposed_by=PROPOSED_BY,
-        created_at=now,
-        updated_at=now,
+        now=now,
     )
-    memory.targets.set([t.pk for t in targets])
-    MemoryEvent.objects.create(
-        memory=memory,
-        action=MemoryEvent.Action.PROPOSED,
-        actor_name=PROPOSED_BY,
-        after={**services.snapshot(memory), "targets": sorted(t.pk for t in targets)},
-        note=note[:300],
-        at=now,
-    )
-    return memory
 
 
 def _listing(entries: Iterable[Entry | Memory]) -> str:
@@ -442,23 +406,18 @@ def scope_eviction_propose(
     majority = kind_counts.most_common(1)[0][0]
     evidence = f"MEMORY.md keeps {md.lines} of {md.total} entries; left out:\n{_listing(cut)}"
     if evictions:  # bring the waiting one up to date
-        memory = Memory.objects.get(pk=evictions[-1])
-        before = {**services.snapshot(memory), "targets": sorted(pending[memory.pk][1])}
-        memory.content, memory.type, memory.evidence = content, majority, evidence[:2000]
-        memory.times_proposed += 1
-        memory.updated_at = now
-        memory.save(update_fields=["content", "type", "evidence", "times_proposed", "updated_at"])
-        memory.targets.set(wanted)
-        MemoryEvent.objects.create(
-            memory=memory,
-            action=MemoryEvent.Action.REPROPOSED,
-            actor_name=PROPOSED_BY,
-            before=before,
-            after={**services.snapshot(memory), "targets": sorted(wanted)},
+        updated = services.eviction_update(
+            proposal_id=evictions[-1],
+            type=majority,
+            content=content,
+            target_ids=sorted(wanted),
+            evidence=evidence,
             note=f"MEMORY.md now leaves out {len(cut)} entries",
-            at=now,
+            proposed_by=PROPOSED_BY,
+            now=now,
         )
-        return memory
+        if updated is not None:
+            return updated
     return _propose(
         project=project,
         scope=scope,

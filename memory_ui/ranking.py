@@ -27,12 +27,15 @@ relevance, elsewhere (SQLite) — the same three tries, portable: the share of t
 importance = the stored importance. freshness = 0.5^(age in days / half-life), the half-life
   COSTBOARD_MEMORY_HALF_LIFE_DAYS, the age from decided_at (else created_at), never above 1.
   credibility by source: stated by the user 1.0, inferred by the agent 0.6, tool output 0.3.
+
+Reads only: a search is logged, and feedback on it stored, by services.retrieval_log_record and
+services.memory_feedback_add.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
@@ -49,8 +52,11 @@ from django.utils import timezone
 
 from costboard.models import Project
 from memory_ui import services
-from memory_ui.models import Memory, MemoryFeedback, RetrievalLog
-from memory_ui.services import MemoryInputError
+from memory_ui.models import Memory
+from memory_ui.services import MAX_QUERY, MemoryInputError
+
+# memory_ui.api catches ranking.NotFound: the feedback service's refusal, named here too
+from memory_ui.services import NotFound as NotFound
 from memory_ui.text import normalize, trigrams
 
 COMPONENTS = ("relevance", "importance", "freshness", "credibility")
@@ -62,7 +68,6 @@ CREDIBILITY: dict[str, float] = {
     Memory.Source.TOOL_OUTPUT.value: 0.3,
 }
 MAX_K = 50
-MAX_QUERY = 500  # RetrievalLog.query's length
 TRIGRAM_MATCH = 0.6  # the portable path's word similarity threshold, pg_trgm's default
 SECONDS_PER_DAY = 86_400.0
 
@@ -431,69 +436,3 @@ def _candidates_portable(live: QuerySet[Memory], query: str) -> list[_Candidate]
         if share >= TRIGRAM_MATCH:
             result.append(_candidate(row, share))
     return result
-
-
-# --- the retrieval log and feedback: the hit-rate figures -------------------------------------
-
-
-def retrieval_log(
-    *, project: Project, query: str, scope: str, k: int, ranked: Sequence[Ranked]
-) -> RetrievalLog:
-    return RetrievalLog.objects.create(
-        project=project,
-        query=query[:MAX_QUERY],
-        scope=scope,
-        k=k,
-        results=len(ranked),
-        memory_ids=[r.memory_id for r in ranked],
-    )
-
-
-class NotFound(LookupError):
-    """An id that is not the project's: which field, and what was asked."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
-        self.message = message
-
-
-def _whole_number(field: str, value: Any, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise MemoryInputError(field, f"must be the id of {what} (a whole number); got {value!r}")
-    return value
-
-
-def feedback_add(
-    *,
-    project: Project,
-    memory_id: Any,
-    useful: Any,
-    retrieval_id: Any = None,
-    now: datetime | None = None,
-) -> MemoryFeedback:
-    """Was a retrieved memory useful? The memory (and the search, if given) must be the
-    project's."""
-    memory_pk = _whole_number("memory_id", memory_id, "the memory")
-    if not isinstance(useful, bool):
-        raise MemoryInputError("useful", "is required: true if the memory helped, else false")
-    retrieval_pk = (
-        None
-        if retrieval_id is None
-        else _whole_number("retrieval_id", retrieval_id, "the search (its retrieval_id)")
-    )
-    memory = Memory.objects.filter(project=project, pk=memory_pk).only("pk").first()
-    if memory is None:
-        raise NotFound("memory_id", f"no memory {memory_pk} in project {project.slug}")
-    retrieval = None
-    if retrieval_pk is not None:
-        retrieval = RetrievalLog.objects.filter(project=project, pk=retrieval_pk).first()
-        if retrieval is None:
-            raise NotFound("retrieval_id", f"no search {retrieval_pk} in project {project.slug}")
-    return MemoryFeedback.objects.create(
-        project=project,
-        memory=memory,
-        retrieval=retrieval,
-        useful=useful,
-        created_at=now or timezone.now(),
-    )

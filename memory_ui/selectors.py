@@ -332,8 +332,27 @@ def memories_search(
 # --- one memory -----------------------------------------------------------------------------
 
 
+def memory_in_projects(*, pk: int, project_ids: Sequence[int]) -> Memory | None:
+    """One memory with what its row and page show, if it is in one of these projects."""
+    return (
+        Memory.objects.select_related("project", "session", "turn")
+        .filter(pk=pk, project_id__in=project_ids)
+        .first()
+    )
+
+
 def memory_history(memory: Memory) -> list[MemoryEvent]:
     return list(memory.events.select_related("actor").order_by("at", "id"))
+
+
+def memory_targets(memory: Memory) -> list[Memory]:
+    """What a lifecycle proposal acts on."""
+    return list(memory.targets.order_by("pk"))
+
+
+def memory_merged_from(memory: Memory) -> list[Memory]:
+    """The memories merged or compressed into this one."""
+    return list(memory.merged_from.order_by("pk"))
 
 
 # --- metrics --------------------------------------------------------------------------------

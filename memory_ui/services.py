@@ -1,16 +1,24 @@
 """What happens to memories: proposed (with duplicates merged and rejected sentences kept
-out), approved, edited, rejected, expired; and MEMORY.md, the approved memories of a scope as
-the agent reads them. Every change is a MemoryEvent; nothing is approved without a person.
+out), approved (one at a time or many at once), edited, rejected, expired (by a person or the
+TTL); the lifecycle's evict/merge/compress proposals; searches logged and feedback on them;
+approved memories imported in bulk; and MEMORY.md, the approved memories of a scope as the
+agent reads them.
+
+Every write of Memory, MemoryEvent, RetrievalLog and MemoryFeedback is here and nowhere else
+(tests/memory_ui/test_writes.py scans for one): each function takes keyword arguments, runs
+in its own transaction, locks the rows it decides on, and writes the MemoryEvent of every
+change it makes — whose `after` holds what changed, so replaying a memory's events gives its
+status and content now. Nothing is approved without a person.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
-from typing import Any
+from typing import Any, Protocol
 
 from django.contrib.auth.models import AnonymousUser
 from django.contrib.auth.models import User as AuthUser
@@ -19,7 +27,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from costboard.models import Project, Session, Turn
-from memory_ui.models import MAX_CONTENT, Memory, MemoryEvent
+from memory_ui.models import MAX_CONTENT, Memory, MemoryEvent, MemoryFeedback, RetrievalLog
 from memory_ui.text import fingerprint, similarity
 
 MEMORY_MD_LINES = 200
@@ -33,6 +41,9 @@ DEFAULT_IMPORTANCE = Decimal("0.5")
 PORTABLE_SCAN = 2000  # without pg_trgm: how many of a scope's memories are compared
 SCOPE = re.compile(r"^(project|user:[\w.@+-]{1,128})$")
 LIVE = (Memory.Status.PENDING, Memory.Status.APPROVED)
+MAX_TAGS = 20
+MAX_QUERY = 500  # RetrievalLog.query's length
+EXPIRE_BATCH = 5000  # TTL expiries in one sweep at most
 
 User = AuthUser | AnonymousUser | None  # who decides (None: the system)
 
@@ -46,7 +57,11 @@ class MemoryInputError(ValueError):
         self.message = message
 
 
-def clean_content(content: Any) -> str:
+# The API hands these what it parsed from JSON, as it came: each is checked at run time too,
+# whatever its annotation says.
+
+
+def clean_content(content: str) -> str:
     if not isinstance(content, str) or not content.strip():
         raise MemoryInputError("content", "is required: one sentence of what to remember")
     text = " ".join(content.split())  # one line: MEMORY.md has one entry per line
@@ -57,13 +72,13 @@ def clean_content(content: Any) -> str:
     return text
 
 
-def clean_type(value: Any) -> str:
+def clean_type(value: str) -> str:
     if value not in Memory.Type.values:
         raise MemoryInputError("type", f"must be one of {', '.join(Memory.Type.values)}")
     return str(value)
 
 
-def clean_scope(value: Any) -> str:
+def clean_scope(value: str | None) -> str:
     if value is None or value == "":
         return "project"
     if not isinstance(value, str) or not SCOPE.match(value):
@@ -71,7 +86,7 @@ def clean_scope(value: Any) -> str:
     return value
 
 
-def clean_importance(value: Any) -> Decimal:
+def clean_importance(value: Decimal | float | str | None) -> Decimal:
     if value is None:
         return DEFAULT_IMPORTANCE
     try:
@@ -83,18 +98,18 @@ def clean_importance(value: Any) -> Decimal:
     return number.quantize(Decimal("0.001"))
 
 
-def clean_tags(value: Any) -> list[str]:
+def clean_tags(value: Sequence[str] | None) -> list[str]:
     if value is None:
         return []
     if not isinstance(value, list | tuple) or not all(isinstance(t, str) for t in value):
         raise MemoryInputError("tags", 'must be a list of strings, e.g. ["billing"]')
     tags = [t.strip()[:40] for t in value if t.strip()]
-    if len(tags) > 20:
-        raise MemoryInputError("tags", "at most 20 tags")
+    if len(tags) > MAX_TAGS:
+        raise MemoryInputError("tags", f"at most {MAX_TAGS} tags")
     return tags
 
 
-def clean_ttl_days(value: Any) -> int | None:
+def clean_ttl_days(value: int | str | None) -> int | None:
     if value is None or value == "":
         return None
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 36_500:
@@ -120,15 +135,33 @@ def _event(
     at: datetime,
 ) -> MemoryEvent:
     return MemoryEvent.objects.create(
-        memory=memory,
-        action=action,
-        actor=user if user is not None and user.is_authenticated else None,
-        actor_name=_actor_name(user, name),
-        before=before,
-        after=after,
-        note=note[:300],
-        at=at,
+        **_event_fields(
+            memory, action, user=user, name=name, before=before, after=after, note=note, at=at
+        )
     )
+
+
+def _event_fields(
+    memory: Memory,
+    action: str,
+    *,
+    user: User = None,
+    name: str = "",
+    before: dict[str, Any] | None = None,
+    after: dict[str, Any] | None = None,
+    note: str = "",
+    at: datetime,
+) -> dict[str, Any]:
+    return {
+        "memory": memory,
+        "action": action,
+        "actor": user if user is not None and user.is_authenticated else None,
+        "actor_name": _actor_name(user, name),
+        "before": before,
+        "after": after,
+        "note": note[:300],
+        "at": at,
+    }
 
 
 def similar_memories(
@@ -215,11 +248,25 @@ def candidate_propose(
             same, score = near[0]
             note = f"near-duplicate ({score:.2f}) of a proposal: {content}"
     if same is not None:
+        # a reviewer may be deciding on it or editing it now: wait for its row, read it again
+        same = Memory.objects.select_for_update().filter(pk=same.pk).first()
+        if same is not None and same.status == Memory.Status.REJECTED and same.fingerprint == fp:
+            return None
+        if same is not None and same.status not in LIVE:
+            same = None  # decided meanwhile: this sentence is new again
+    if same is not None:
         same.times_proposed += 1
         same.importance = min(Decimal(1), max(same.importance, weight) + REPETITION_BONUS)
         same.updated_at = now
         same.save(update_fields=["times_proposed", "importance", "updated_at"])
-        _event(same, MemoryEvent.Action.REPROPOSED, name=proposed_by, note=note, at=now)
+        _event(
+            same,
+            MemoryEvent.Action.REPROPOSED,
+            name=proposed_by,
+            after={"times_proposed": same.times_proposed, "importance": str(same.importance)},
+            note=note,
+            at=now,
+        )
         return same
     memory = Memory.objects.create(
         project=project,
@@ -269,14 +316,11 @@ def _locked(memory: Memory) -> Memory:
     return Memory.objects.select_for_update().get(pk=memory.pk)
 
 
-@transaction.atomic
-def memory_edit(memory: Memory, *, by: User, now: datetime | None = None, **changes: Any) -> Memory:
-    """Change any of content, type, scope, importance, tags, ttl_days; the event keeps the
-    before and after."""
+def _cleaned(changes: dict[str, Any]) -> dict[str, Any]:
     unknown = set(changes) - set(EDITABLE)
     if unknown:
         raise MemoryInputError(sorted(unknown)[0], "cannot be edited")
-    cleaners = {
+    cleaners: dict[str, Callable[[Any], Any]] = {
         "content": clean_content,
         "type": clean_type,
         "scope": clean_scope,
@@ -284,9 +328,27 @@ def memory_edit(memory: Memory, *, by: User, now: datetime | None = None, **chan
         "tags": clean_tags,
         "ttl_days": clean_ttl_days,
     }
-    cleaned = {name: cleaners[name](value) for name, value in changes.items()}
+    return {name: cleaners[name](value) for name, value in changes.items()}
+
+
+@transaction.atomic
+def memory_edit(
+    memory: Memory,
+    *,
+    by: User,
+    approve: bool = False,
+    now: datetime | None = None,
+    **changes: Any,
+) -> Memory:
+    """Change any of content, type, scope, importance, tags, ttl_days; the event keeps the
+    before and after. With `approve`, a pending candidate is approved in the same transaction
+    (the review queue's "Save and approve"): both or neither, and DecisionError if it was
+    decided meanwhile."""
+    cleaned = _cleaned(changes)
     now = now or timezone.now()
     memory = _locked(memory)
+    if approve and memory.status != Memory.Status.PENDING:
+        raise DecisionError(f"memory {memory.pk} is {memory.status}, not pending")
     before = snapshot(memory)
     for name, value in cleaned.items():
         setattr(memory, name, value)
@@ -294,19 +356,20 @@ def memory_edit(memory: Memory, *, by: User, now: datetime | None = None, **chan
     if memory.status == Memory.Status.APPROVED:
         memory.expires_at = _expiry(memory, memory.decided_at or now)
     after = snapshot(memory)
-    if after == before:
-        return memory
-    memory.updated_at = now
-    memory.save()
-    changed = {k for k in after if after[k] != before[k]}
-    _event(
-        memory,
-        MemoryEvent.Action.EDITED,
-        user=by,
-        before={k: before[k] for k in sorted(changed)},
-        after={k: after[k] for k in sorted(changed)},
-        at=now,
-    )
+    if after != before:
+        memory.updated_at = now
+        memory.save()
+        changed = {k for k in after if after[k] != before[k]}
+        _event(
+            memory,
+            MemoryEvent.Action.EDITED,
+            user=by,
+            before={k: before[k] for k in sorted(changed)},
+            after={k: after[k] for k in sorted(changed)},
+            at=now,
+        )
+    if approve:
+        memory = _approve_locked(memory, by=by, now=now)
     return memory
 
 
@@ -319,20 +382,36 @@ class DecisionError(ValueError):
 
 
 @transaction.atomic
-def memory_approve(memory: Memory, *, by: User, now: datetime | None = None) -> Memory:
+def memory_approve(
+    memory: Memory, *, by: User, now: datetime | None = None, actor_name: str = ""
+) -> Memory:
     """Approve a pending candidate. A lifecycle proposal takes effect: evict expires its
-    targets; merge and compress replace their targets with the proposal's text."""
+    targets; merge and compress replace their targets with the proposal's text. `actor_name`
+    names a decider who is not a login (by=None), e.g. the demo's reviewer."""
     now = now or timezone.now()
     memory = _locked(memory)
     if memory.status != Memory.Status.PENDING:
         raise DecisionError(f"memory {memory.pk} is {memory.status}, not pending")
+    return _approve_locked(memory, by=by, now=now, actor_name=actor_name)
+
+
+def _approve_locked(memory: Memory, *, by: User, now: datetime, actor_name: str = "") -> Memory:
+    """memory_approve's work on a pending memory its caller has locked."""
     targets = list(memory.targets.select_for_update()) if memory.proposal != "new" else []
     if memory.proposal == Memory.Proposal.EVICT:
         for target in targets:
             if target.status == Memory.Status.APPROVED:
                 target.status, target.updated_at = Memory.Status.EXPIRED, now
                 target.save(update_fields=["status", "updated_at"])
-                _event(target, MemoryEvent.Action.EVICTED, user=by, note=memory.content, at=now)
+                _event(
+                    target,
+                    MemoryEvent.Action.EVICTED,
+                    user=by,
+                    name=actor_name,
+                    after={"status": target.status},
+                    note=memory.content,
+                    at=now,
+                )
     elif memory.proposal in (Memory.Proposal.MERGE, Memory.Proposal.COMPRESS):
         for target in targets:
             if target.status in LIVE:
@@ -342,7 +421,15 @@ def memory_approve(memory: Memory, *, by: User, now: datetime | None = None) -> 
                     now,
                 )
                 target.save(update_fields=["status", "merged_into", "updated_at"])
-                _event(target, MemoryEvent.Action.MERGED, user=by, note=memory.content, at=now)
+                _event(
+                    target,
+                    MemoryEvent.Action.MERGED,
+                    user=by,
+                    name=actor_name,
+                    after={"status": target.status, "merged_into": memory.pk},
+                    note=memory.content,
+                    at=now,
+                )
         memory.proposal = Memory.Proposal.NEW  # from now on an ordinary memory
     memory.status = Memory.Status.APPROVED
     memory.decided_at = now
@@ -350,7 +437,14 @@ def memory_approve(memory: Memory, *, by: User, now: datetime | None = None) -> 
     memory.expires_at = _expiry(memory, now)
     memory.updated_at = now
     memory.save()
-    _event(memory, MemoryEvent.Action.APPROVED, user=by, at=now)
+    _event(
+        memory,
+        MemoryEvent.Action.APPROVED,
+        user=by,
+        name=actor_name,
+        after={"status": memory.status},
+        at=now,
+    )
     return memory
 
 
@@ -361,13 +455,65 @@ def memory_reject(memory: Memory, *, by: User, now: datetime | None = None) -> M
     memory = _locked(memory)
     if memory.status != Memory.Status.PENDING:
         raise DecisionError(f"memory {memory.pk} is {memory.status}, not pending")
+    return _reject_locked(memory, by=by, now=now)
+
+
+def _reject_locked(memory: Memory, *, by: User, now: datetime) -> Memory:
     memory.status = Memory.Status.REJECTED
     memory.decided_at = now
     memory.decided_by = by if by is not None and by.is_authenticated else None
     memory.updated_at = now
     memory.save(update_fields=["status", "decided_at", "decided_by", "updated_at"])
-    _event(memory, MemoryEvent.Action.REJECTED, user=by, at=now)
+    _event(memory, MemoryEvent.Action.REJECTED, user=by, after={"status": memory.status}, at=now)
     return memory
+
+
+DECISIONS = ("approve", "reject")
+
+
+@dataclass(frozen=True, slots=True)
+class Decided:
+    """What a bulk decision did: the ids decided, and the ids asked for but skipped (decided
+    meanwhile, not in the projects allowed, gone, or past `at_most`)."""
+
+    decision: str
+    decided: list[int]
+    skipped: list[int]
+
+
+@transaction.atomic
+def candidates_decide(
+    *,
+    ids: Iterable[int],
+    decision: str,
+    by: User,
+    project_ids: Sequence[int] | None = None,
+    at_most: int | None = None,
+    now: datetime | None = None,
+) -> Decided:
+    """Approve or reject many pending candidates in one transaction (the review queue's
+    "Approve selected" / "Reject selected"). Each is locked (in id order, so two bulk
+    decisions cannot deadlock) and decided only if still pending; the rest are skipped and
+    counted. `project_ids` limits it to the decider's projects; `at_most` bounds the work."""
+    if decision not in DECISIONS:
+        raise MemoryInputError("action", 'must be "approve" or "reject"')
+    now = now or timezone.now()
+    wanted = sorted(set(ids))
+    considered = wanted if at_most is None else wanted[:at_most]
+    rows = Memory.objects.select_for_update().filter(pk__in=considered)
+    if project_ids is not None:
+        rows = rows.filter(project_id__in=project_ids)
+    decided = []
+    for memory in rows.order_by("pk"):
+        if memory.status != Memory.Status.PENDING:
+            continue
+        if decision == "approve":
+            _approve_locked(memory, by=by, now=now)
+        else:
+            _reject_locked(memory, by=by, now=now)
+        decided.append(memory.pk)
+    done = set(decided)
+    return Decided(decision=decision, decided=decided, skipped=[i for i in wanted if i not in done])
 
 
 @transaction.atomic
@@ -379,6 +525,10 @@ def memory_expire(
     memory = _locked(memory)
     if memory.status != Memory.Status.APPROVED:
         raise DecisionError(f"memory {memory.pk} is {memory.status}, not approved")
+    return _expire_locked(memory, by=by, now=now, note=note)
+
+
+def _expire_locked(memory: Memory, *, by: User, now: datetime, note: str) -> Memory:
     memory.status = Memory.Status.EXPIRED
     memory.updated_at = now
     memory.save(update_fields=["status", "updated_at"])
@@ -387,10 +537,304 @@ def memory_expire(
         MemoryEvent.Action.EXPIRED,
         user=by,
         name="ttl" if by is None else "",
+        after={"status": memory.status},
         note=note,
         at=now,
     )
     return memory
+
+
+def memories_expire_due(*, now: datetime | None = None, limit: int = EXPIRE_BATCH) -> int:
+    """Expire approved memories past their expires_at (by nobody: the TTL), each in its own
+    transaction. Each is claimed under a row lock with the condition checked again, so two
+    sweeps expire it once."""
+    now = now or timezone.now()
+    due = list(
+        Memory.objects.filter(status=Memory.Status.APPROVED, expires_at__lte=now)
+        .order_by("expires_at", "pk")
+        .values_list("pk", flat=True)[:limit]
+    )
+    expired = 0
+    for pk in due:
+        with transaction.atomic():
+            memory = (
+                Memory.objects.select_for_update()
+                .filter(pk=pk, status=Memory.Status.APPROVED, expires_at__lte=now)
+                .first()
+            )
+            if memory is None:
+                continue  # expired, edited or decided meanwhile
+            note = f"TTL of {memory.ttl_days} days ran out" if memory.ttl_days else "TTL ran out"
+            _expire_locked(memory, by=None, now=now, note=note)
+            expired += 1
+    return expired
+
+
+# --- lifecycle proposals (memory_ui.lifecycle decides what to propose) -------------------------
+
+
+@transaction.atomic
+def proposal_create(
+    *,
+    project: Project,
+    scope: str,
+    kind: str,
+    type: str,
+    content: str,
+    target_ids: Sequence[int],
+    importance: Decimal = DEFAULT_IMPORTANCE,
+    source: str = Memory.Source.AGENT_INFERRED,
+    tags: Sequence[str] = (),
+    ttl_days: int | None = None,
+    evidence: str = "",
+    note: str,
+    proposed_by: str,
+    now: datetime | None = None,
+) -> Memory:
+    """A pending evict, merge or compress proposal acting on `target_ids`, for a person to
+    decide (memory_approve applies it). Unlike candidate_propose it is never merged into a
+    memory with the same text: a merge proposal carries one of its targets' text."""
+    if kind not in (Memory.Proposal.EVICT, Memory.Proposal.MERGE, Memory.Proposal.COMPRESS):
+        raise MemoryInputError("proposal", "must be evict, merge or compress")
+    if not target_ids:
+        raise MemoryInputError("targets", "a proposal acts on at least one memory")
+    now = now or timezone.now()
+    content = clean_content(content)
+    # one proposer at a time per project, as candidate_propose (re-entrant for the lifecycle)
+    Project.objects.select_for_update(no_key=True).filter(pk=project.pk).first()
+    memory = Memory.objects.create(
+        project=project,
+        type=clean_type(type),
+        content=content,
+        scope=clean_scope(scope),
+        importance=clean_importance(importance),
+        source=source,
+        tags=clean_tags(tags),
+        ttl_days=clean_ttl_days(ttl_days),
+        # an eviction is not a sentence to remember; a merge or compression becomes one
+        fingerprint="" if kind == Memory.Proposal.EVICT else fingerprint(content),
+        evidence=evidence[:2000],
+        proposal=kind,
+        proposed_by=proposed_by[:150],
+        created_at=now,
+        updated_at=now,
+    )
+    memory.targets.set(target_ids)
+    _event(
+        memory,
+        MemoryEvent.Action.PROPOSED,
+        name=proposed_by,
+        after={**snapshot(memory), "targets": sorted(target_ids)},
+        note=note,
+        at=now,
+    )
+    return memory
+
+
+@transaction.atomic
+def eviction_update(
+    *,
+    proposal_id: int,
+    type: str,
+    content: str,
+    target_ids: Sequence[int],
+    evidence: str,
+    note: str,
+    proposed_by: str,
+    now: datetime | None = None,
+) -> Memory | None:
+    """Bring a waiting eviction proposal up to date (what MEMORY.md's cap cuts now), its
+    history keeping the before and after; None if it is no longer a pending eviction (decided
+    meanwhile: the caller proposes a new one)."""
+    now = now or timezone.now()
+    memory = (
+        Memory.objects.select_for_update()
+        .filter(pk=proposal_id, status=Memory.Status.PENDING, proposal=Memory.Proposal.EVICT)
+        .first()
+    )
+    if memory is None:
+        return None
+    before = {**snapshot(memory), "targets": sorted(memory.targets.values_list("pk", flat=True))}
+    memory.content, memory.type = clean_content(content), clean_type(type)
+    memory.evidence = evidence[:2000]
+    memory.times_proposed += 1
+    memory.updated_at = now
+    memory.save(update_fields=["content", "type", "evidence", "times_proposed", "updated_at"])
+    memory.targets.set(target_ids)
+    _event(
+        memory,
+        MemoryEvent.Action.REPROPOSED,
+        name=proposed_by,
+        before=before,
+        after={**snapshot(memory), "targets": sorted(target_ids)},
+        note=note,
+        at=now,
+    )
+    return memory
+
+
+# --- searches and feedback: the hit-rate figures ----------------------------------------------
+
+
+class _Retrieved(Protocol):
+    @property
+    def memory_id(self) -> int: ...
+
+
+@transaction.atomic
+def retrieval_log_record(
+    *, project: Project, query: str, scope: str, k: int, ranked: Sequence[_Retrieved]
+) -> RetrievalLog:
+    """Log one search and what it returned (ranking.Ranked results); its id comes back to the
+    agent for feedback."""
+    return RetrievalLog.objects.create(
+        project=project,
+        query=query[:MAX_QUERY],
+        scope=scope,
+        k=k,
+        results=len(ranked),
+        memory_ids=[r.memory_id for r in ranked],
+    )
+
+
+class NotFound(LookupError):
+    """An id that is not the project's: which field, and what was asked."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+def _whole_number(field: str, value: object, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise MemoryInputError(field, f"must be the id of {what} (a whole number); got {value!r}")
+    return value
+
+
+@transaction.atomic
+def memory_feedback_add(
+    *,
+    project: Project,
+    memory_id: object,
+    useful: object,
+    retrieval_id: object = None,
+    now: datetime | None = None,
+) -> MemoryFeedback:
+    """Was a retrieved memory useful? The memory (and the search, if given) must be the
+    project's. Its values are JSON as the API parsed it (object): each is checked here."""
+    memory_pk = _whole_number("memory_id", memory_id, "the memory")
+    if not isinstance(useful, bool):
+        raise MemoryInputError("useful", "is required: true if the memory helped, else false")
+    retrieval_pk = (
+        None
+        if retrieval_id is None
+        else _whole_number("retrieval_id", retrieval_id, "the search (its retrieval_id)")
+    )
+    memory = Memory.objects.filter(project=project, pk=memory_pk).only("pk").first()
+    if memory is None:
+        raise NotFound("memory_id", f"no memory {memory_pk} in project {project.slug}")
+    retrieval = None
+    if retrieval_pk is not None:
+        retrieval = RetrievalLog.objects.filter(project=project, pk=retrieval_pk).first()
+        if retrieval is None:
+            raise NotFound("retrieval_id", f"no search {retrieval_pk} in project {project.slug}")
+    return MemoryFeedback.objects.create(
+        project=project,
+        memory=memory,
+        retrieval=retrieval,
+        useful=useful,
+        created_at=now or timezone.now(),
+    )
+
+
+# --- approved memories in bulk ----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryImport:
+    """One approved memory to import, with when it was proposed and decided."""
+
+    type: str
+    content: str
+    scope: str = "project"
+    importance: Decimal = DEFAULT_IMPORTANCE
+    source: str = Memory.Source.AGENT_INFERRED
+    tags: tuple[str, ...] = ()
+    ttl_days: int | None = None
+    proposed_at: datetime | None = None  # default: decided_at
+    decided_at: datetime | None = None  # default: now
+
+
+@transaction.atomic
+def memories_import(
+    *,
+    project: Project,
+    memories: Sequence[MemoryImport],
+    by: User = None,
+    actor_name: str = "import",
+    now: datetime | None = None,
+    batch_size: int = 2000,
+) -> list[Memory]:
+    """Approved memories in bulk (a benchmark's scope of 10,000, an existing MEMORY.md), each
+    with its history — proposed, then approved — in one transaction and a few statements. No
+    duplicate check: for a set known to be new and distinct."""
+    if not connection.features.can_return_rows_from_bulk_insert:
+        raise RuntimeError(f"{connection.vendor} cannot return ids from a bulk insert")
+    now = now or timezone.now()
+    rows = []
+    for entry in memories:
+        content = clean_content(entry.content)
+        decided = entry.decided_at or now
+        memory = Memory(
+            project=project,
+            type=clean_type(entry.type),
+            content=content,
+            scope=clean_scope(entry.scope),
+            status=Memory.Status.APPROVED,
+            importance=clean_importance(entry.importance),
+            source=entry.source,
+            tags=clean_tags(entry.tags),
+            ttl_days=clean_ttl_days(entry.ttl_days),
+            fingerprint=fingerprint(content),
+            proposed_by=actor_name[:150],
+            created_at=entry.proposed_at or decided,
+            updated_at=decided,
+            decided_at=decided,
+            decided_by=by if by is not None and by.is_authenticated else None,
+        )
+        memory.expires_at = _expiry(memory, decided)
+        rows.append(memory)
+    Memory.objects.bulk_create(rows, batch_size=batch_size)
+    history = []
+    for memory in rows:
+        proposed = {**snapshot(memory), "status": Memory.Status.PENDING.value}
+        history.append(
+            MemoryEvent(
+                **_event_fields(
+                    memory,
+                    MemoryEvent.Action.PROPOSED,
+                    name=actor_name,
+                    after=proposed,
+                    note="imported",
+                    at=memory.created_at,
+                )
+            )
+        )
+        history.append(
+            MemoryEvent(
+                **_event_fields(
+                    memory,
+                    MemoryEvent.Action.APPROVED,
+                    user=by,
+                    name=actor_name,
+                    after={"status": memory.status},
+                    at=memory.decided_at or now,
+                )
+            )
+        )
+    MemoryEvent.objects.bulk_create(history, batch_size=batch_size)
+    return rows
 
 
 def live_memories(project: Project, scope: str, now: datetime | None = None) -> Any:

@@ -13,7 +13,6 @@ from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser, PermissionsMixin
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
-from django.db import transaction
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect, QueryDict
 from django.shortcuts import render
 from django.urls import reverse
@@ -51,11 +50,7 @@ def _memory_scope(params: QueryDict) -> str:
 
 
 def _memory_in_scope(scope: Scope, pk: int) -> Memory:
-    memory = (
-        Memory.objects.select_related("project", "session", "turn")
-        .filter(pk=pk, project_id__in=scope.project_ids)
-        .first()
-    )
+    memory = selectors.memory_in_projects(pk=pk, project_ids=scope.project_ids)
     if memory is None:
         raise Http404("no such memory")
     return memory
@@ -184,7 +179,7 @@ def memory_reject_view(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     return _decided(request, scope, memory)
 
 
-BULK_ACTIONS = {"approve": services.memory_approve, "reject": services.memory_reject}
+PAST = {"approve": "Approved", "reject": "Rejected"}
 
 
 @login_required
@@ -196,28 +191,21 @@ def review_bulk(request: HtmxHttpRequest) -> HttpResponse:
         raise PermissionDenied("Deciding on memories needs staff or the Reviewers group.")
     scope = scope_for(request)
     action = request.POST.get("action", "")
-    decide = BULK_ACTIONS.get(action)
-    if decide is None:
+    if action not in services.DECISIONS:
         return HttpResponse('action: "approve" or "reject"', status=400)
-    ids = sorted({int(v) for v in request.POST.getlist("ids") if v.isdigit()})
-    chosen = Memory.objects.filter(
-        pk__in=ids[: selectors.REVIEW_PAGE_SIZE],
-        project_id__in=scope.project_ids,
-        status=Memory.Status.PENDING,
-    ).order_by("pk")
-    done = 0
-    for memory in chosen:
-        try:
-            decide(memory, by=request.user)
-        except services.DecisionError:
-            continue  # decided meanwhile by someone else
-        done += 1
-    past = {"approve": "Approved", "reject": "Rejected"}[action]
-    skipped = len(ids) - done
+    ids = [int(v) for v in request.POST.getlist("ids") if v.isdigit()]
+    result = services.candidates_decide(
+        ids=ids,
+        decision=action,
+        by=request.user,
+        project_ids=scope.project_ids,
+        at_most=selectors.REVIEW_PAGE_SIZE,
+    )
+    done, skipped = len(result.decided), len(result.skipped)
     if not ids:
         note = "Select candidates first (the checkboxes, or Select all)."
     else:
-        note = f"{past} {done} candidate{'s' if done != 1 else ''}."
+        note = f"{PAST[action]} {done} candidate{'s' if done != 1 else ''}."
         if skipped:
             note += f" {skipped} skipped: already decided or not in this project."
     if not request.htmx:
@@ -251,10 +239,9 @@ def memory_edit_view(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     approve = memory.status == Memory.Status.PENDING and "save_only" not in request.POST
     if form.is_valid():
         try:
-            with transaction.atomic():
-                memory = services.memory_edit(memory, by=request.user, **form.cleaned_data)
-                if approve:
-                    memory = services.memory_approve(memory, by=request.user)
+            memory = services.memory_edit(
+                memory, by=request.user, approve=approve, **form.cleaned_data
+            )
         except services.MemoryInputError as error:
             form.refuse(error)
         except services.DecisionError:
@@ -412,8 +399,8 @@ def memory_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "scope": scope,
         "memory": memory,
         "events": events,
-        "targets": list(memory.targets.order_by("pk")),
-        "merged_from": list(memory.merged_from.order_by("pk")),
+        "targets": selectors.memory_targets(memory),
+        "merged_from": selectors.memory_merged_from(memory),
         "proposed_by": memory.proposed_by or _actor(events, "proposed"),
         "decided_by": (
             memory.decided_by.get_username()

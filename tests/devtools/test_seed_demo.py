@@ -1,11 +1,13 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from datetime import timedelta
 from decimal import Decimal
 from io import StringIO
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.utils import timezone
 
 from costboard.models import (
     SYSTEM_SESSION_ID,
@@ -16,7 +18,8 @@ from costboard.models import (
     Session,
     Step,
 )
-from memory_ui.models import Memory
+from devtools.demo import demo_seed
+from memory_ui.models import Memory, MemoryEvent
 
 pytestmark = pytest.mark.django_db
 
@@ -193,3 +196,65 @@ def test_steps_scales_the_number_of_sessions() -> None:
 def test_sessions_and_steps_cannot_both_be_given() -> None:
     with pytest.raises(CommandError, match="not both"):
         seed(sessions=10, steps=1000)
+
+
+def _everything_seeded() -> dict[str, object]:
+    """What a seed wrote, by its stable names (no database ids)."""
+    steps = Step.objects.order_by("event_id")
+    return {
+        "sessions": sorted(
+            Session.objects.values_list(
+                "project__slug", "external_id", "state", "input_tokens", "cost_usd", "turn_count"
+            )
+        ),
+        "steps": list(steps.values_list("event_id", "model", "cost_usd", "timestamp")),
+        "cost": money_sum(Step.objects.values_list("cost_usd", flat=True)),
+        "rollups": money_sum(DailyRollup.objects.values_list("cost_usd", flat=True)),
+        "memories": sorted(
+            Memory.objects.values_list(
+                "project__slug",
+                "type",
+                "content",
+                "scope",
+                "status",
+                "importance",
+                "session__external_id",
+                "created_at",
+                "decided_at",
+                "expires_at",
+            )
+        ),
+        "history": sorted(
+            MemoryEvent.objects.values_list("memory__content", "action", "actor_name", "at")
+        ),
+    }
+
+
+def _wipe() -> None:
+    """Back to an empty database but for the rate table."""
+    MemoryEvent.objects.all().delete()
+    Memory.objects.all().delete()
+    Step.objects.all().delete()
+    Project.objects.all().delete()
+
+
+def test_the_same_seed_on_fresh_databases_gives_the_same_data() -> None:
+    now = timezone.now() - timedelta(days=1)  # the same moment for both: the window ends there
+    first = demo_seed(sessions=24, now=now, seed=5)
+    seeded = _everything_seeded()
+    assert first.memories_created == 48 and first.accepted > 0
+    _wipe()
+    assert not Session.objects.exists() and not Memory.objects.exists()
+    second = demo_seed(sessions=24, now=now, seed=5)
+    assert (second.sessions, second.steps, second.accepted, second.duplicates) == (
+        first.sessions,
+        first.steps,
+        first.accepted,
+        0,
+    )
+    assert second.cost_usd == first.cost_usd > 0
+    assert _everything_seeded() == seeded
+    _wipe()
+    other = demo_seed(sessions=24, now=now, seed=6)
+    assert _everything_seeded()["steps"] != seeded["steps"]  # the seed matters
+    assert other.sessions == first.sessions

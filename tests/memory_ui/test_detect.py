@@ -1,5 +1,6 @@
-"""Memory detection: precision and recall over the labelled corpus, redaction of secrets and
-personal data, the write policy, and the Celery task end to end."""
+"""Memory detection: precision and recall over the labelled corpus, no secret reaching a
+candidate (redaction itself: test_redaction), the write policy, and the Celery task end to
+end."""
 
 from __future__ import annotations
 
@@ -9,18 +10,11 @@ from decimal import Decimal
 import pytest
 
 from costboard.models import Turn
-from memory_ui.detect import MAX_CONTENT, MAX_EVIDENCE, Candidate, detect, detect_many, redact
+from memory_ui.detect import MAX_CONTENT, MAX_EVIDENCE, Candidate, detect, detect_many
 from memory_ui.models import Memory
 from memory_ui.tasks import memory_detect
 from tests.conftest import Agent
-from tests.memory_ui.corpus import (
-    CARDS,
-    CORPUS,
-    NOT_CARDS,
-    NOT_PHONES,
-    PHONES,
-    Sample,
-)
+from tests.memory_ui.corpus import CORPUS, Sample
 
 TYPES = ("user", "feedback", "project", "reference")
 # Floors for detection over the corpus: a message counts as a true positive when its expected
@@ -85,16 +79,6 @@ def test_no_secret_reaches_a_candidate(sample: Sample) -> None:
             assert secret not in candidate.evidence
 
 
-@pytest.mark.parametrize("sample", [s for s in CORPUS if s.secrets], ids=lambda s: s.text[:40])
-def test_redaction_removes_each_secret_and_names_its_kind(sample: Sample) -> None:
-    redacted, kinds = redact(sample.text)
-    for secret in sample.secrets:
-        assert secret not in redacted
-    assert kinds == sorted(set(sample.redactions))
-    for kind in kinds:
-        assert f"[redacted:{kind}]" in redacted
-
-
 def test_a_kept_sentence_notes_what_was_redacted() -> None:
     (candidate,) = detect("Never paste API keys like sk-live-AbCdEfGhIjKlMnOpQrStUv12 into chat.")
     assert candidate.type == "feedback"
@@ -107,69 +91,6 @@ def test_a_sentence_whose_point_is_a_secret_is_dropped() -> None:
     assert detect("my password is hunter2") == []
     assert detect("Here's my OpenAI key: sk-proj-4fG7hK9mN2pQ5rS8tV1wX3yZ6aB0cD2eF4gH") == []
     assert detect("My email is jane.doe@example.com.") == []
-
-
-@pytest.mark.parametrize("phone", PHONES)
-def test_phone_formats_are_redacted(phone: str) -> None:
-    redacted, kinds = redact(f"call me at {phone} after lunch")
-    assert kinds == ["phone"], redacted
-    assert redacted == "call me at [redacted:phone] after lunch"
-
-
-@pytest.mark.parametrize("text", NOT_PHONES)
-def test_years_prices_ports_versions_and_order_numbers_are_not_phones(text: str) -> None:
-    assert redact(f"it was {text} today") == (f"it was {text} today", [])
-
-
-@pytest.mark.parametrize("card", CARDS)
-def test_card_numbers_passing_luhn_are_redacted(card: str) -> None:
-    assert redact(f"my card {card} expires soon") == (
-        "my card [redacted:card_number] expires soon",
-        ["card_number"],
-    )
-
-
-@pytest.mark.parametrize("text", NOT_CARDS)
-def test_luhn_invalid_runs_and_order_numbers_are_not_cards(text: str) -> None:
-    assert redact(f"it was {text} today") == (f"it was {text} today", [])
-
-
-@pytest.mark.parametrize(
-    ("text", "kind"),
-    [
-        ("key AKIAIOSFODNN7EXAMPLE here", "api_key"),
-        ("use sk-ant-api03-Zx8Yw7Vu6Ts5Rq4Po3Nm2Lk1Jh0Gf9 now", "api_key"),
-        ("token ghp_8aB3cD5eF7gH9iJ1kL3mN5oP7qR9sT1uV3wX", "api_key"),
-        ("pat github_pat_11ABCDEFG0123456789_abcdefghijklmnopqrstuvwxyz", "api_key"),
-        ("slack xoxp-1234567890-abcdefghij", "api_key"),
-        ("maps AIzaSyA1b2C3d4E5f6G7h8I9j0KlMnOpQrStUvW ok", "api_key"),
-        ("secret=Zm9vYmFyYmF6cXV4MTIzNDU2", "api_key"),
-        ("Authorization: Bearer abcdefghijklmnop1234567890", "bearer_token"),
-        ("jwt eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.c2lnbmF0dXJl", "jwt"),
-        ("the passwd: s3cr3t! for root", "password"),
-        ("pwd=letmein123", "password"),
-        ("IBAN GB82 WEST 1234 5698 7654 32 please", "iban"),
-        ("write to a.b-c+tag@sub.example.co.uk.", "email"),
-    ],
-)
-def test_each_kind_of_secret_is_redacted(text: str, kind: str) -> None:
-    redacted, kinds = redact(text)
-    assert kinds == [kind], redacted
-    assert f"[redacted:{kind}]" in redacted
-
-
-@pytest.mark.parametrize(
-    "text",
-    [
-        "The password is stored in Vault.",
-        "max_tokens=4096 and temperature=0.2",
-        "The token budget is 10000 per session.",
-        "Clone it with git@github.com:acme/api.git",
-        "Upgrade to Python 3.12.4 before 2025-03-01.",
-    ],
-)
-def test_ordinary_text_is_left_alone(text: str) -> None:
-    assert redact(text) == (text, [])
 
 
 def test_content_is_at_most_150_characters_and_cut_at_a_word() -> None:

@@ -461,6 +461,31 @@ def test_saving_an_edit_approves_it_with_the_history_of_both(staff: Client, agen
     }
 
 
+def test_saving_and_approving_what_was_decided_meanwhile_changes_nothing(
+    staff: Client, agent: Agent, monkeypatch: Any
+) -> None:
+    """The page read a pending candidate; another reviewer rejected it before the save: the
+    edit and the approval are one service call, so neither happens."""
+    memory = propose(agent, "deploys need a green build")
+    read = selectors.memory_in_projects
+
+    def read_then_someone_rejects(**kwargs: Any) -> Memory | None:
+        found = read(**kwargs)
+        if found is not None and found.status == "pending":
+            services.memory_reject(Memory.objects.get(pk=found.pk), by=None)
+        return found
+
+    monkeypatch.setattr(selectors, "memory_in_projects", read_then_someone_rejects)
+    response = post(
+        staff, f"/memory/{memory.pk}/edit/", edit_fields(memory, content="Deploys need CI")
+    )
+    assert response.status_code == 422
+    assert "This memory is rejected now: it was decided meanwhile." in response.content.decode()
+    memory.refresh_from_db()
+    assert (memory.status, memory.content) == ("rejected", "deploys need a green build")
+    assert [a for a, _ in events(memory)] == ["proposed", "rejected"]
+
+
 def test_save_without_approving_keeps_it_pending(staff: Client, agent: Agent) -> None:
     memory = propose(agent, "Docs live in /docs")
     response = post(

@@ -258,3 +258,296 @@ def test_the_same_sentence_proposed_at_once_is_one_memory() -> None:
     memory = Memory.objects.get()
     assert memory.times_proposed == 8
     assert memory.events.count() == 8
+
+
+# --- edit and approve in one call -------------------------------------------------------------
+
+
+def test_edit_with_approve_writes_both_in_order(project: Project, reviewer: Any) -> None:
+    memory = propose(project, "Deploys need a green build", ttl_days=10)
+    assert memory is not None
+    memory = memory_edit(memory, by=reviewer, approve=True, now=NOW, content="Deploys need CI")
+    assert (memory.status, memory.content, memory.decided_by) == (
+        "approved",
+        "Deploys need CI",
+        reviewer,
+    )
+    assert memory.expires_at == NOW + timedelta(days=10)
+    assert actions(memory) == ["proposed", "edited", "approved"]
+
+
+def test_edit_with_approve_and_nothing_changed_only_approves(
+    project: Project, reviewer: Any
+) -> None:
+    memory = propose(project, "Deploys need a green build")
+    assert memory is not None
+    memory = memory_edit(memory, by=reviewer, approve=True, content=memory.content)
+    assert memory.status == "approved"
+    assert actions(memory) == ["proposed", "approved"]
+
+
+def test_edit_with_approve_of_a_decided_memory_changes_nothing(
+    project: Project, reviewer: Any
+) -> None:
+    memory = propose(project, "Deploys need a green build")
+    assert memory is not None
+    memory_reject(memory, by=reviewer)
+    with pytest.raises(services.DecisionError):
+        memory_edit(memory, by=reviewer, approve=True, content="Something else entirely")
+    memory.refresh_from_db()
+    assert (memory.status, memory.content) == ("rejected", "Deploys need a green build")
+    assert actions(memory) == ["proposed", "rejected"]
+
+
+def test_a_refused_field_stores_nothing_even_with_approve(project: Project, reviewer: Any) -> None:
+    memory = propose(project, "Deploys need a green build")
+    assert memory is not None
+    with pytest.raises(MemoryInputError) as error:
+        memory_edit(memory, by=reviewer, approve=True, importance="2")
+    assert error.value.field == "importance"
+    memory.refresh_from_db()
+    assert memory.status == "pending" and actions(memory) == ["proposed"]
+
+
+# --- bulk decisions ---------------------------------------------------------------------------
+
+
+def test_candidates_decide_decides_the_pending_and_counts_the_rest(
+    project: Project, reviewer: Any
+) -> None:
+    other = Project.objects.create(name="Other", slug="other")
+    a, b, c = (propose(project, text) for text in ("Fact alpha", "Fact bravo", "Fact charlie"))
+    theirs = propose(other, "Their fact")
+    assert a and b and c and theirs
+    memory_reject(c, by=reviewer)
+    result = services.candidates_decide(
+        ids=[c.pk, a.pk, theirs.pk, b.pk, a.pk, 10**9],
+        decision="approve",
+        by=reviewer,
+        project_ids=[project.pk],
+        now=NOW,
+    )
+    assert result.decided == [a.pk, b.pk]
+    assert result.skipped == sorted([c.pk, theirs.pk, 10**9])
+    statuses = dict(Memory.objects.values_list("pk", "status"))
+    assert statuses == {a.pk: "approved", b.pk: "approved", c.pk: "rejected", theirs.pk: "pending"}
+    assert MemoryEvent.objects.filter(action="approved", at=NOW).count() == 2
+
+
+def test_candidates_decide_stops_at_at_most(project: Project, reviewer: Any) -> None:
+    texts = ("Invoices go out monthly", "Keep pull requests small", "Logs are kept in UTC")
+    memories = [propose(project, text) for text in texts]
+    ids = [m.pk for m in memories if m is not None]
+    assert len(set(ids)) == 3
+    result = services.candidates_decide(ids=ids, decision="reject", by=reviewer, at_most=2)
+    assert (result.decided, result.skipped) == (ids[:2], ids[2:])
+    assert Memory.objects.filter(status="rejected").count() == 2
+
+
+def test_candidates_decide_refuses_an_unknown_decision(project: Project, reviewer: Any) -> None:
+    memory = propose(project, "Fact alpha")
+    assert memory is not None
+    with pytest.raises(MemoryInputError) as error:
+        services.candidates_decide(ids=[memory.pk], decision="delete", by=reviewer)
+    assert error.value.field == "action"
+    assert Memory.objects.get().status == "pending"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_bulk_decisions_at_once_decide_each_candidate_once() -> None:
+    agent = make_agent("race")
+    ids = []
+    for word in ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot"):
+        memory = candidate_propose(project=agent.project, type="user", content=f"Fact {word}")
+        assert memory is not None
+        ids.append(memory.pk)
+    results: list[services.Decided] = []
+
+    def decide(i: int) -> None:
+        # overlapping halves, in opposite orders: any two threads share some ids
+        chosen = ids[: 4 + i % 3] if i % 2 else ids[-(4 + i % 3) :][::-1]
+        results.append(
+            services.candidates_decide(
+                ids=chosen, decision="approve" if i % 2 else "reject", by=None
+            )
+        )
+
+    assert run_in_threads(6, decide) == []
+    decided = [pk for result in results for pk in result.decided]
+    assert sorted(decided) == sorted(ids)  # each exactly once, by one of them
+    for memory in Memory.objects.all():
+        assert memory.status in ("approved", "rejected")
+        assert actions(memory) == ["proposed", memory.status]
+
+
+# --- TTL expiry, lifecycle proposals ------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_ttl_sweeps_at_once_expire_each_memory_once() -> None:
+    agent = make_agent("sweep")
+    for word in ("alpha", "bravo", "charlie", "delta", "echo"):
+        memory = candidate_propose(
+            project=agent.project, type="project", content=f"Freeze {word}", ttl_days=1
+        )
+        assert memory is not None
+        memory_approve(memory, by=None, now=NOW)
+    counts: list[int] = []
+    later = NOW + timedelta(days=2)
+    assert run_in_threads(4, lambda i: counts.append(services.memories_expire_due(now=later))) == []
+    assert sum(counts) == 5
+    assert set(Memory.objects.values_list("status", flat=True)) == {"expired"}
+    assert MemoryEvent.objects.filter(action="expired").count() == 5
+
+
+def test_a_proposal_is_never_merged_into_a_memory_with_its_text(project: Project) -> None:
+    kept = approved(project, 1, "Deploys happen on Tuesdays")[0]
+    proposal = services.proposal_create(
+        project=project,
+        scope="project",
+        kind="merge",
+        type="user",
+        content="Deploys happen on Tuesdays",
+        target_ids=[kept.pk],
+        note="merge",
+        proposed_by="lifecycle",
+        now=NOW,
+    )
+    assert proposal.pk != kept.pk and proposal.proposal == "merge"
+    assert list(proposal.targets.values_list("pk", flat=True)) == [kept.pk]
+    event = proposal.events.get()
+    assert (event.action, event.actor_name) == ("proposed", "lifecycle")
+    assert event.after["targets"] == [kept.pk] and event.after["status"] == "pending"
+
+
+def test_a_proposal_needs_a_kind_and_targets(project: Project) -> None:
+    fields: dict[str, Any] = {
+        "project": project,
+        "scope": "project",
+        "type": "user",
+        "content": "x",
+        "note": "",
+        "proposed_by": "lifecycle",
+    }
+    with pytest.raises(MemoryInputError, match="proposal"):
+        services.proposal_create(kind="new", target_ids=[1], **fields)
+    with pytest.raises(MemoryInputError, match="targets"):
+        services.proposal_create(kind="evict", target_ids=[], **fields)
+    assert not Memory.objects.exists()
+
+
+def test_a_decided_eviction_is_not_brought_up_to_date(project: Project, reviewer: Any) -> None:
+    a, b = approved(project, 2, "fact {i}")
+    eviction = services.proposal_create(
+        project=project,
+        scope="project",
+        kind="evict",
+        type="user",
+        content="Evict 1 low-value entry: fact 1",
+        target_ids=[b.pk],
+        note="over the cap",
+        proposed_by="lifecycle",
+    )
+    update = {
+        "type": "user",
+        "content": "Evict 2 low-value entries: fact 0; fact 1",
+        "target_ids": [a.pk, b.pk],
+        "evidence": "both",
+        "note": "now two",
+        "proposed_by": "lifecycle",
+    }
+    updated = services.eviction_update(proposal_id=eviction.pk, **update)
+    assert updated is not None and updated.times_proposed == 2
+    assert set(updated.targets.values_list("pk", flat=True)) == {a.pk, b.pk}
+    event = updated.events.get(action="reproposed")
+    assert event.before["targets"] == [b.pk] and event.after["targets"] == sorted([a.pk, b.pk])
+    memory_reject(updated, by=reviewer)
+    assert services.eviction_update(proposal_id=eviction.pk, **update) is None
+    assert actions(updated) == ["proposed", "reproposed", "rejected"]
+
+
+# --- searches and feedback --------------------------------------------------------------------
+
+
+def test_feedback_needs_the_projects_memory_and_search(project: Project) -> None:
+    other = Project.objects.create(name="Other", slug="other")
+    (mine,) = approved(project, 1, "Deploys happen on Tuesdays")
+    (theirs,) = approved(other, 1, "Their fact")
+    log = services.retrieval_log_record(
+        project=project, query="deploys " * 100, scope="project", k=5, ranked=[]
+    )
+    assert (len(log.query), log.results, log.memory_ids) == (services.MAX_QUERY, 0, [])
+    stored = services.memory_feedback_add(
+        project=project, memory_id=mine.pk, useful=True, retrieval_id=log.pk, now=NOW
+    )
+    assert (stored.memory_id, stored.retrieval_id, stored.useful) == (mine.pk, log.pk, True)
+    with pytest.raises(services.NotFound) as missing:
+        services.memory_feedback_add(project=project, memory_id=theirs.pk, useful=False)
+    assert missing.value.field == "memory_id"
+    with pytest.raises(services.NotFound) as missing:
+        services.memory_feedback_add(
+            project=other, memory_id=theirs.pk, useful=False, retrieval_id=log.pk
+        )
+    assert missing.value.field == "retrieval_id"
+    for field, kwargs in [
+        ("memory_id", {"memory_id": "12", "useful": True}),
+        ("useful", {"memory_id": mine.pk, "useful": "yes"}),
+        ("retrieval_id", {"memory_id": mine.pk, "useful": True, "retrieval_id": True}),
+    ]:
+        with pytest.raises(MemoryInputError) as error:
+            services.memory_feedback_add(project=project, **kwargs)
+        assert error.value.field == field
+    assert stored.__class__.objects.count() == 1
+
+
+# --- approved memories in bulk ----------------------------------------------------------------
+
+
+def test_an_import_writes_approved_memories_with_their_history(project: Project) -> None:
+    rows = services.memories_import(
+        project=project,
+        memories=[
+            services.MemoryImport(type="reference", content="Runbook is in the wiki", ttl_days=30),
+            services.MemoryImport(
+                type="user",
+                content="  Prefers   short answers ",
+                scope="user:ann",
+                importance=Decimal("0.8"),
+                proposed_at=NOW - timedelta(days=2),
+                decided_at=NOW - timedelta(days=1),
+            ),
+        ],
+        actor_name="bench",
+        now=NOW,
+    )
+    runbook, short = (Memory.objects.get(pk=row.pk) for row in rows)
+    assert (runbook.status, runbook.decided_at, runbook.expires_at) == (
+        "approved",
+        NOW,
+        NOW + timedelta(days=30),
+    )
+    assert (short.content, short.scope, short.importance) == (
+        "Prefers short answers",
+        "user:ann",
+        Decimal("0.800"),
+    )
+    assert short.fingerprint == services.fingerprint("prefers short answers")
+    history = [(e.action, e.actor_name, e.at) for e in short.events.order_by("at", "id")]
+    assert history == [
+        ("proposed", "bench", NOW - timedelta(days=2)),
+        ("approved", "bench", NOW - timedelta(days=1)),
+    ]
+    assert memory_md(project, "user:ann", now=NOW).text == "[user] Prefers short answers\n"
+
+
+def test_an_import_with_a_bad_entry_stores_none(project: Project) -> None:
+    with pytest.raises(MemoryInputError) as error:
+        services.memories_import(
+            project=project,
+            memories=[
+                services.MemoryImport(type="user", content="Fine"),
+                services.MemoryImport(type="user", content="y" * 151),
+            ],
+        )
+    assert error.value.field == "content"
+    assert not Memory.objects.exists() and not MemoryEvent.objects.exists()
