@@ -58,3 +58,22 @@ def test_env_readers(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("X_DEC", "-1")
     with pytest.raises(ImproperlyConfigured, match="X_DEC"):
         env_decimal("X_DEC", "1")
+
+
+def test_every_task_a_service_enqueues_by_name_is_registered_in_a_fresh_process() -> None:
+    """Services enqueue some tasks by name (no import of costboard.tasks): a web process must
+    have them registered, or without a broker they would go to a broker that is not there."""
+    from costboard.budgets.services import RECHECK_TASK
+    from costboard.pricing.services import REPRICE_TASK
+
+    code = (
+        "import django; django.setup(); from costboard.celery import app; "
+        "print(' '.join(sorted(app.tasks)))"
+    )
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "costboard.settings"}
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    registered = set(result.stdout.split())
+    assert {RECHECK_TASK, REPRICE_TASK, "memory_ui.tasks.memory_detect"} <= registered
