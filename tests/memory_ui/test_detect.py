@@ -73,6 +73,8 @@ def test_detection_precision_and_recall_are_above_their_floors() -> None:
 
 @pytest.mark.parametrize("sample", [s for s in CORPUS if s.secrets], ids=lambda s: s.text[:40])
 def test_no_secret_reaches_a_candidate(sample: Sample) -> None:
+    # positive control: the secret is really in what the detector reads
+    assert all(secret in sample.text + sample.assistant for secret in sample.secrets)
     for candidate in detect(sample.text, sample.assistant):
         for secret in sample.secrets:
             assert secret not in candidate.content
@@ -91,6 +93,8 @@ def test_a_sentence_whose_point_is_a_secret_is_dropped() -> None:
     assert detect("my password is hunter2") == []
     assert detect("Here's my OpenAI key: sk-proj-4fG7hK9mN2pQ5rS8tV1wX3yZ6aB0cD2eF4gH") == []
     assert detect("My email is jane.doe@example.com.") == []
+    # positive control: a rule of the same shape without a secret is kept
+    assert [c.type for c in detect("Always use ruff for linting.")] == ["feedback"]
 
 
 def test_content_is_at_most_150_characters_and_cut_at_a_word() -> None:
@@ -121,6 +125,8 @@ def test_a_long_sentence_that_says_nothing_once_cut_is_dropped() -> None:
         "book the big room."
     )
     assert detect(late) == []
+    # positive control: the same rule, short, is kept
+    assert [c.type for c in detect("Please always book the big room.")] == ["feedback"]
 
 
 def test_explicit_rules_are_more_important_than_weak_statements() -> None:
@@ -278,6 +284,10 @@ def test_the_task_skips_turns_that_are_gone_and_small_talk(agent: Agent) -> None
     turn = _turn(agent, user_message="thanks, that works!")
     assert memory_detect([turn.id, 999_999]) == 0
     assert not Memory.objects.filter(project=agent.project).exists()
+    # positive control: a rule in a later turn of the same session is proposed
+    rule = _turn(agent, user_message="Always use ruff for linting.")
+    assert memory_detect([rule.id, 999_999]) == 1
+    assert Memory.objects.filter(project=agent.project, status="pending").count() == 1
 
 
 def test_a_user_id_a_scope_cannot_hold_skips_only_that_candidate(agent: Agent) -> None:

@@ -241,12 +241,17 @@ def test_two_similar_entries_are_not_compressed(project: Project) -> None:
     for text in COMPRESSIBLE[:2]:
         remember(project, text)
     assert scope_proposals(project, "project", now=NOW).proposals == []
+    remember(project, COMPRESSIBLE[2])  # positive control: the third makes a group
+    assert len(scope_proposals(project, "project", now=NOW).proposals) == 1
 
 
 def test_scopes_are_kept_apart(project: Project) -> None:
     remember(project, "The staging database is on port 5433")
     remember(project, "The staging database is on port 5433 now", scope="user:u-1")
     assert lifecycle_run(now=NOW).proposals == []
+    # positive control: the same two sentences in one scope are proposed for merging
+    remember(project, "The staging database is on port 5433 now")
+    assert len(lifecycle_run(now=NOW).proposals) == 1
 
 
 def test_the_whole_run_twice_proposes_once(project: Project, monkeypatch: Any) -> None:

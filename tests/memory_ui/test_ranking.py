@@ -177,6 +177,7 @@ def test_a_typo_or_part_of_a_word_is_found_by_trigrams(project: Project) -> None
 def test_nothing_relevant_is_an_empty_list(project: Project) -> None:
     remember(project, "Always use ruff")
     assert search(project, "kubernetes helm chart") == []
+    assert len(search(project, "ruff")) == 1  # positive control: a word it holds finds it
 
 
 def test_bad_arguments_name_the_field(project: Project) -> None:
