@@ -121,6 +121,19 @@ def _apply(session: Session, outcome: Outcome, caps: Caps, *fields: str) -> list
     return events
 
 
+def _decide(session: Session, **inputs: Any) -> tuple[Outcome, Caps]:
+    """What the engine makes of the locked session with its caps as they are now and
+    `inputs` (at, old_limits, flag, acknowledged_at)."""
+    caps = session_caps(session)
+    outcome = budget_decide(
+        ledger=session_ledger(session),
+        limits=caps,
+        stops_runaways=session.project.runaway_stops,
+        **inputs,
+    )
+    return outcome, caps
+
+
 def session_recheck(
     *, session_id: int, at: datetime, old_caps: Caps | None = None
 ) -> list[BudgetEvent]:
@@ -128,14 +141,7 @@ def session_recheck(
     project's caps, a repricing). `old_caps`: the caps changed from these."""
     with transaction.atomic():
         session = _locked(session_id)
-        caps = session_caps(session)
-        outcome = budget_decide(
-            ledger=session_ledger(session),
-            limits=caps,
-            old_limits=old_caps,
-            at=at,
-            stops_runaways=session.project.runaway_stops,
-        )
+        outcome, caps = _decide(session, old_limits=old_caps, at=at)
         return _apply(session, outcome, caps)
 
 
@@ -174,14 +180,7 @@ def session_caps_set(
             # as the column keeps it (4 places), so the event records what is stored
             session.cost_cap_usd = None if cost_cap_usd is None else cost_cap_usd.quantize(CENT_100)
             changed.append("cost_cap_usd")
-        caps = session_caps(session)
-        outcome = budget_decide(
-            ledger=session_ledger(session),
-            limits=caps,
-            old_limits=old_caps,
-            at=at,
-            stops_runaways=session.project.runaway_stops,
-        )
+        outcome, caps = _decide(session, old_limits=old_caps, at=at)
         return _apply(session, outcome, caps, *changed)
 
 
@@ -190,14 +189,7 @@ def session_acknowledge(*, session_id: int, by: str, at: datetime) -> list[Budge
     a runaway held at exhausted may go on."""
     with transaction.atomic():
         session = _locked(session_id)
-        caps = session_caps(session)
-        outcome = budget_decide(
-            ledger=session_ledger(session),
-            limits=caps,
-            acknowledged_at=at,
-            at=at,
-            stops_runaways=session.project.runaway_stops,
-        )
+        outcome, caps = _decide(session, acknowledged_at=at, at=at)
         session.acknowledged_by = by[:150]
         return _apply(session, outcome, caps, "acknowledged_by")
 
@@ -207,14 +199,7 @@ def session_flag_runaway(*, session_id: int, flag: Flag) -> BudgetEvent | None:
     nothing (two sweeps racing on it record one event). Returns the runaway event, or None."""
     with transaction.atomic():
         session = _locked(session_id)
-        caps = session_caps(session)
-        outcome = budget_decide(
-            ledger=session_ledger(session),
-            limits=caps,
-            flag=flag,
-            at=flag.at,
-            stops_runaways=session.project.runaway_stops,
-        )
+        outcome, caps = _decide(session, flag=flag, at=flag.at)
         if not outcome.changed:
             return None
         events = _apply(session, outcome, caps)
