@@ -1,13 +1,20 @@
 """The events of CONTRACT §3, validated whole before anything is stored.
 
 `parse_events(body)` returns the validated events or every error found, each naming the
-event's index, the field and what to send instead.
+event's index, the field and what to send instead. The same models make the OpenAPI
+document (costboard/api/openapi.py), so what it says is what this accepts.
+
+Also here, for every JSON body of the API: `json_loads` (UTF-8 only, no NaN, a whole JSON
+number such as 100.0 read as the integer JSON Schema says it is) and the CONTRACT §7 limits
+PostgreSQL or Python would otherwise fail on: no NUL or unpaired surrogate in text, objects
+nested at most 32 deep.
 """
 
 from __future__ import annotations
 
 import difflib
 import json
+import re
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Annotated, Any, Literal, cast
@@ -16,36 +23,78 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    RootModel,
     Strict,
     StrictBool,
     StrictInt,
     ValidationError,
+    ValidatorFunctionWrapHandler,
+    WithJsonSchema,
+    WrapValidator,
     field_validator,
 )
+from pydantic_core import PydanticCustomError
 
 from costboard.ingest.normalize import Tokens, UsageError, normalize_usage
 
 MAX_EVENTS = 1000
 MAX_BODY_BYTES = 5 * 1024 * 1024
 MAX_TOKENS = 10**12
+MAX_TURN = 2**31 - 1  # the turn number's column is a 32-bit integer
+MAX_DEPTH = 32  # CONTRACT §7: metadata, context and usage nest at most this deep
+MAX_MILLISECONDS = 10**10
+# Times outside these years are typing mistakes, and near Python's year 1 and 9999 the
+# conversion to UTC (or a period's end) would overflow.
+EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
+LATEST = datetime(3000, 1, 1, tzinfo=UTC)
 
 TokenCount = Annotated[StrictInt, Field(ge=0, le=MAX_TOKENS)]
 ExternalId = Annotated[str, Field(min_length=1, max_length=128)]
-# A JSON number: an int, or a Decimal (json.loads parses fractions as Decimal); never a
+TurnNumber = Annotated[StrictInt, Field(ge=1, le=MAX_TURN)]
+# A JSON number: an int, or a Decimal (json_loads reads fractions as Decimal); never a
 # string or a bool. Strict types, so no Python validator runs per event.
-Milliseconds = (
-    Annotated[StrictInt, Field(ge=0, le=10**10)]
-    | Annotated[Decimal, Strict(), Field(ge=0, le=10**10)]
-)
+Milliseconds = Annotated[
+    Annotated[StrictInt, Field(ge=0, le=MAX_MILLISECONDS)]
+    | Annotated[Decimal, Strict(), Field(ge=0, le=MAX_MILLISECONDS)],
+    WithJsonSchema(
+        {"type": "number", "minimum": 0, "maximum": MAX_MILLISECONDS, "description": "ms"}
+    ),
+]
+
+
+def _iso_time(value: Any, handler: ValidatorFunctionWrapHandler) -> datetime:
+    # pydantic would read a number as seconds since 1970: the contract says ISO 8601 text.
+    if not isinstance(value, str | datetime):
+        raise PydanticCustomError(
+            "iso_time", "must be an ISO 8601 time as a string, e.g. 2026-11-22T10:15:00Z"
+        )
+    at = cast(datetime, handler(value))
+    if not EARLIEST <= (at if at.tzinfo is not None else at.replace(tzinfo=UTC)) < LATEST:
+        raise PydanticCustomError(
+            "iso_time", "must be a time from 1970 to 2999, e.g. 2026-11-22T10:15:00Z"
+        )
+    return at
+
+
+Timestamp = Annotated[
+    datetime,
+    WrapValidator(_iso_time),
+    WithJsonSchema(
+        {
+            "type": "string",
+            "format": "date-time",
+            "description": "ISO 8601, from 1970 to 2999; without an offset it is UTC",
+        }
+    ),
+]
 
 
 class _Event(BaseModel):
     model_config = ConfigDict(extra="forbid", str_strip_whitespace=True, frozen=True)
 
     event_id: ExternalId | None = None
-    # ISO 8601; without an offset it is UTC (see `at`: done there, not in a validator, as a
-    # Python validator per event costs more than the rest of its validation).
-    timestamp: datetime | None = None
+    # ISO 8601; without an offset it is UTC (see `at`).
+    timestamp: Timestamp | None = None
 
     def at(self, now: datetime) -> datetime:
         """When the event happened: its timestamp, aware (UTC if it had no offset), else now."""
@@ -61,7 +110,23 @@ class SessionEvent(_Event):
     user_id: Annotated[str, Field(max_length=128)] | None = None
     parent_session_id: ExternalId | None = None
     token_cap: Annotated[StrictInt, Field(ge=1, le=MAX_TOKENS)] | None = None
-    cost_cap_usd: Annotated[Decimal, Field(ge=0, max_digits=14, decimal_places=4)] | None = None
+    cost_cap_usd: (
+        Annotated[
+            Decimal,
+            Field(ge=0, max_digits=14, decimal_places=4),
+            WithJsonSchema(
+                {
+                    "anyOf": [
+                        {"type": "number", "minimum": 0, "maximum": 9999999999},
+                        {"type": "string", "pattern": r"^\s*\+?[0-9]{1,10}(\.[0-9]{0,4})?\s*$"},
+                    ],
+                    "description": 'USD: a decimal string such as "5.00", or a JSON number; '
+                    "at most 4 decimal places and 10 digits before the point",
+                }
+            ),
+        ]
+        | None
+    ) = None
     ended: StrictBool | None = None
     metadata: dict[str, Any] | None = None
 
@@ -79,7 +144,7 @@ class SessionEvent(_Event):
 class TurnEvent(_Event):
     type: Literal["turn"]
     session_id: ExternalId
-    turn: Annotated[StrictInt, Field(ge=1)]
+    turn: TurnNumber
     user_message: Annotated[str, Field(max_length=1_000_000)] | None = None
     assistant_response: Annotated[str, Field(max_length=1_000_000)] | None = None
     context: dict[str, Any] | None = None
@@ -90,7 +155,7 @@ class StepEvent(_Event):
     step_type: Annotated[str, Field(min_length=1, max_length=64)]
     model: Annotated[str, Field(min_length=1, max_length=200)]
     session_id: ExternalId | None = None
-    turn: Annotated[StrictInt, Field(ge=1)] | None = None
+    turn: TurnNumber | None = None
     provider: Annotated[str, Field(max_length=64)] | None = None
     input_tokens: TokenCount | None = None
     output_tokens: TokenCount | None = None
@@ -137,6 +202,124 @@ _MODELS: dict[str, type[_Event]] = {
     "turn": TurnEvent,
     "step": StepEvent,
 }
+# The free-form objects of each kind, checked for depth (CONTRACT §7).
+_NESTED: dict[type[_Event], tuple[str, ...]] = {
+    SessionEvent: ("metadata",),
+    TurnEvent: ("context",),
+    StepEvent: ("usage", "metadata"),
+}
+
+
+AnyEvent = Annotated[StepEvent | TurnEvent | SessionEvent, Field(union_mode="left_to_right")]
+EventList = Annotated[list[AnyEvent], Field(min_length=1, max_length=MAX_EVENTS)]
+
+
+class Batch(BaseModel):
+    """`{"events": [ … ]}`: 1 to 1000 events, stored all or nothing."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    events: EventList
+
+
+class EventsBody(RootModel[AnyEvent | Batch | EventList]):
+    """The body of POST /api/v1/events: one event, a batch, or a bare array of events. Its
+    schema documents what parse_events accepts; parse_events validates each event with the
+    event models themselves (fast, and every error at once)."""
+
+
+# --- JSON bodies ------------------------------------------------------------------------------
+
+
+def json_number(text: str) -> int | Decimal:
+    """A JSON number with a fraction or an exponent: exact, as Decimal, never a float; a whole
+    one (100.0, 1e3) as int, since JSON Schema's "integer" includes it."""
+    number = Decimal(text)
+    if number.adjusted() > 308:
+        raise ValueError(f"the number {text[:24]} is beyond ±1e308, the range JSON parsers share")
+    if number == number.to_integral_value():
+        return int(number)
+    return number
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON: send a number or null")
+
+
+def json_loads(body: bytes) -> Any:
+    """A JSON body as Python: UTF-8 only (RFC 8259; json.loads would also take CESU-8
+    surrogates and UTF-16), numbers as json_number. ValueError if malformed; RecursionError
+    if nested past what Python parses."""
+    return json.loads(body.decode("utf-8"), parse_float=json_number, parse_constant=_no_constant)
+
+
+# NUL (PostgreSQL text and jsonb refuse it) or a surrogate, escaped: cheap to look for in the
+# body, so the walk that finds which field has one runs only when the body has one.
+_SUSPECT_ESCAPE = re.compile(r"\\u(?:0000|[dD][89abAB][0-9a-fA-F]{2}|[dD][c-fC-F][0-9a-fA-F]{2})")
+# after json.loads, valid surrogate pairs are one code point: any surrogate left is unpaired
+_BAD_CHAR = re.compile("[\x00\ud800-\udfff]")
+
+
+def may_hold_bad_text(body: str | bytes) -> bool:
+    text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
+    return _SUSPECT_ESCAPE.search(text) is not None
+
+
+def bad_text(value: Any, path: str = "") -> tuple[str, str] | None:
+    """The first string (key or value) in `value` with a NUL or an unpaired surrogate: its
+    dotted path and what to fix; None if there is none."""
+    stack: list[tuple[Any, str]] = [(value, path)]
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, str):
+            found = _BAD_CHAR.search(item)
+            if found is not None:
+                return where or "body", _bad_char_message(found.group())
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                in_key = _BAD_CHAR.search(key)
+                if in_key is not None:
+                    return where or "body", "a key " + _bad_char_message(in_key.group())
+                stack.append((child, f"{where}.{key}" if where else key))
+        elif isinstance(item, list):
+            stack.extend(
+                (child, f"{where}.{n}" if where else str(n)) for n, child in enumerate(item)
+            )
+    return None
+
+
+def text_fault(text: str) -> str | None:
+    """What is wrong with `text` for PostgreSQL (NUL, an unpaired surrogate), or None."""
+    found = _BAD_CHAR.search(text)
+    return None if found is None else _bad_char_message(found.group())
+
+
+def _bad_char_message(char: str) -> str:
+    if char == "\x00":
+        return "must not contain NUL (\\u0000): remove it"
+    return (
+        f"has an unpaired surrogate (\\u{ord(char):04x}): send valid UTF-8, or \\ud83d\\ude00 "
+        "pairs in JSON escapes"
+    )
+
+
+def too_deep(value: Any, limit: int = MAX_DEPTH) -> bool:
+    """Whether objects and arrays in `value` nest more than `limit` levels."""
+    level: list[Any] = [value]
+    for _ in range(limit):
+        level = [
+            child
+            for item in level
+            if isinstance(item, dict | list)
+            for child in (item.values() if isinstance(item, dict) else item)
+            if isinstance(child, dict | list)
+        ]
+        if not level:
+            return False
+    return True
+
+
+# --- friendly errors --------------------------------------------------------------------------
 
 
 class BatchError(Exception):
@@ -152,24 +335,28 @@ class BatchError(Exception):
         self.event_count = event_count
 
 
-def _error(index: int | None, field: str, message: str) -> dict[str, Any]:
+def _error(index: int | None, field: str | None, message: str) -> dict[str, Any]:
     return {"index": index, "field": field, "message": message}
 
 
-def _friendly(model: type[_Event], err: Any) -> tuple[str, str]:
+def friendly(model: type[BaseModel] | None, err: Any) -> tuple[str, str]:
+    """A pydantic error as (field, message): the message says what to send instead."""
     loc = [str(part) for part in err["loc"]]
     if loc and loc[0] == "duration_ms":  # both members of its union failed: one message
         value = err.get("input")
         return "duration_ms", f"must be a number of milliseconds from 0 to 10^10, got {value!r}"
-    field = ".".join(loc) or "event"
+    field = ".".join(loc) or "body"
     kind = err["type"]
     if kind == "extra_forbidden":
-        known = [name for name in model.model_fields if name != "type"]
+        known = [name for name in model.model_fields if name != "type"] if model else []
         close = difflib.get_close_matches(loc[-1], known, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else f"; known fields: {', '.join(known)}"
         return field, f"unknown field{hint}"
     if kind == "missing":
-        return field, f"{field} is required for a {model.__name__.removesuffix('Event').lower()}"
+        if model is not None and issubclass(model, _Event):
+            kind_name = model.__name__.removesuffix("Event").lower()
+            return field, f"{field} is required for a {kind_name}"
+        return field, f"{field} is required"
     if kind in {"int_type", "int_parsing", "int_from_float"}:
         return field, f"must be a whole number (JSON integer), got {err.get('input')!r}"
     if kind == "bool_type":
@@ -180,6 +367,18 @@ def _friendly(model: type[_Event], err: Any) -> tuple[str, str]:
     if message.startswith("Value error, "):
         message = message.removeprefix("Value error, ")
     return field, message
+
+
+def validation_errors(
+    exc: ValidationError, model: type[BaseModel] | None = None, *, index: int | None = None
+) -> list[dict[str, Any]]:
+    """A ValidationError as the API's error items, one per field and message."""
+    errors: list[dict[str, Any]] = []
+    for err in exc.errors(include_url=False):
+        field, message = friendly(model, err)
+        if not any(e["field"] == field and e["message"] == message for e in errors):
+            errors.append(_error(index, field, message))
+    return errors
 
 
 def validate_event(index: int, raw: Any) -> tuple[Event | None, list[dict[str, Any]]]:
@@ -194,18 +393,30 @@ def validate_event(index: int, raw: Any) -> tuple[Event | None, list[dict[str, A
     try:
         event = cast(Event, model.model_validate(raw))
     except ValidationError as exc:
-        errors: list[dict[str, Any]] = []
-        for err in exc.errors(include_url=False):
-            field, message = _friendly(model, err)
-            if not any(e["field"] == field and e["message"] == message for e in errors):
-                errors.append(_error(index, field, message))
-        return None, errors
+        return None, validation_errors(exc, model, index=index)
+    for name in _NESTED[model]:
+        value = getattr(event, name)
+        if value and too_deep(value, MAX_DEPTH - 1):  # the field's own object is level 1
+            return None, [_error(index, name, f"nests deeper than {MAX_DEPTH} levels: flatten it")]
     if isinstance(event, StepEvent) and event.usage is not None:
         try:
-            event.tokens()
+            tokens = event.tokens()
         except UsageError as exc:
             return None, [_error(index, exc.field, str(exc))]
+        if max(_counts(tokens)) > MAX_TOKENS:
+            return None, [_error(index, "usage", "token counts must be at most 10^12")]
     return event, []
+
+
+def _counts(tokens: Tokens) -> tuple[int, ...]:
+    return (
+        tokens.input_tokens,
+        tokens.output_tokens,
+        tokens.cache_read_input_tokens,
+        tokens.cache_creation_input_tokens,
+        tokens.cache_creation_1h_input_tokens,
+        tokens.reasoning_tokens,
+    )
 
 
 def parse_events(body: bytes) -> list[Event]:
@@ -222,9 +433,13 @@ def parse_events(body: bytes) -> list[Event]:
             ],
         )
     try:
-        payload = json.loads(body, parse_float=Decimal)
+        payload = json_loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
         raise BatchError(400, [_error(None, "body", f"malformed JSON: {exc}")]) from None
+    except RecursionError:
+        raise BatchError(
+            422, [_error(None, "body", f"nests deeper than {MAX_DEPTH} levels: flatten it")]
+        ) from None
 
     if isinstance(payload, dict) and "events" in payload:
         extra = sorted(set(payload) - {"events"})
@@ -250,9 +465,14 @@ def parse_events(body: bytes) -> list[Event]:
             event_count=len(raw_events),
         )
 
+    check_text = may_hold_bad_text(body)
     events: list[Event] = []
     errors: list[dict[str, Any]] = []
     for index, raw in enumerate(raw_events):
+        found = bad_text(raw) if check_text else None
+        if found is not None:
+            errors.append(_error(index, found[0], found[1]))
+            continue
         event, event_errors = validate_event(index, raw)
         if event_errors:
             errors.extend(event_errors)
@@ -261,13 +481,3 @@ def parse_events(body: bytes) -> list[Event]:
     if errors:
         raise BatchError(422, errors, event_count=len(raw_events))
     return events
-
-
-def event_json_schemas() -> dict[str, Any]:
-    """JSON Schemas of the three event kinds, for the OpenAPI document."""
-    return {
-        name.capitalize() + "Event": model.model_json_schema(
-            ref_template="#/components/schemas/{model}"
-        )
-        for name, model in _MODELS.items()
-    }
