@@ -181,8 +181,8 @@ class MemoryCandidate(BaseModel):
     ]
     scope: Scope = "project"
     session_id: Annotated[
-        Annotated[str, Field(min_length=1, max_length=128)] | None,
-        Field(description="a session of this project (its session_id)"),
+        Annotated[str, Field(max_length=128)] | None,
+        Field(description="a session of this project (its session_id); empty or null: none"),
         BeforeValidator(_session_id),
     ] = None
     importance: Annotated[

@@ -38,7 +38,7 @@ from costboard.models import Project, Session, Step, Turn
 INVALID_ARGUMENT = 3
 RESOURCE_EXHAUSTED = 8
 MAX_SPANS = 10_000  # CONTRACT §7: per request
-BINARY = {"type": "string", "contentMediaType": PROTOBUF}
+BINARY = {"type": "string", "format": "binary", "contentMediaType": PROTOBUF}
 
 TRACES = Operation(
     method="POST",

@@ -83,7 +83,7 @@ class EventsResponse(Answer):
 # --- OTLP (documented; the view speaks protobuf's own JSON mapping) --------------------------
 
 
-class PartialSuccess(Answer):
+class PartialSuccess(Answer):  # OTLP JSON's own camelCase names, here and below
     rejectedSpans: str | None = Field(
         default=None, description="spans not stored (an int64, as OTLP JSON writes it)"
     )
@@ -123,11 +123,14 @@ class OtlpSpanStatus(BaseModel):
 
 
 class OtlpSpanJson(BaseModel):
-    traceId: str = Field(description="32 hex digits")
-    spanId: str = Field(description="16 hex digits")
+    """A span. Every field is optional, as in protobuf; a span without its ids or start time
+    is not stored but counted in partialSuccess."""
+
+    traceId: str | None = Field(default=None, description="32 hex digits")
+    spanId: str | None = Field(default=None, description="16 hex digits")
     parentSpanId: str | None = None
     name: str | None = None
-    startTimeUnixNano: str | int = Field(description="required to map the span")
+    startTimeUnixNano: str | int | None = Field(default=None, description="nanoseconds, UTC")
     endTimeUnixNano: str | int | None = None
     attributes: list[OtlpKeyValue] | None = Field(
         default=None,

@@ -42,7 +42,7 @@ MAX_BODY_BYTES = 5 * 1024 * 1024
 MAX_TOKENS = 10**12
 MAX_TURN = 2**31 - 1  # the turn number's column is a 32-bit integer
 MAX_DEPTH = 32  # CONTRACT §7: metadata, context and usage nest at most this deep
-MAX_MILLISECONDS = 10**10
+MAX_MILLISECONDS = 2**31 - 1  # the step's duration column: about 24.8 days
 # Times outside these years are typing mistakes, and near Python's year 1 and 9999 the
 # conversion to UTC (or a period's end) would overflow.
 EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
@@ -227,6 +227,30 @@ class EventsBody(RootModel[AnyEvent | Batch | EventList]):
     schema documents what parse_events accepts; parse_events validates each event with the
     event models themselves (fast, and every error at once)."""
 
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "events": [
+                        {"type": "session", "session_id": "chat-42", "token_cap": 200000},
+                        {"type": "turn", "session_id": "chat-42", "turn": 1, "user_message": "Hi"},
+                        {
+                            "event_id": "call-1",
+                            "session_id": "chat-42",
+                            "turn": 1,
+                            "step_type": "response",
+                            "model": "claude-sonnet-4-5",
+                            "input_tokens": 1200,
+                            "output_tokens": 340,
+                            "cache_read_input_tokens": 45000,
+                            "duration_ms": 2310,
+                        },
+                    ]
+                }
+            ]
+        }
+    )
+
 
 # --- JSON bodies ------------------------------------------------------------------------------
 
@@ -344,7 +368,10 @@ def friendly(model: type[BaseModel] | None, err: Any) -> tuple[str, str]:
     loc = [str(part) for part in err["loc"]]
     if loc and loc[0] == "duration_ms":  # both members of its union failed: one message
         value = err.get("input")
-        return "duration_ms", f"must be a number of milliseconds from 0 to 10^10, got {value!r}"
+        return (
+            "duration_ms",
+            f"must be a number of milliseconds from 0 to {MAX_MILLISECONDS}, got {value!r}",
+        )
     field = ".".join(loc) or "body"
     kind = err["type"]
     if kind == "extra_forbidden":
