@@ -73,12 +73,16 @@ def _scope(value: Any) -> str:
     return value
 
 
-def _importance(value: Any) -> Any:
-    if value is not None and (
-        isinstance(value, bool) or not isinstance(value, int | float | Decimal | str)
-    ):
+def _importance(value: Any) -> Decimal | None:
+    if value is None:
+        return None
+    try:
+        number = Decimal(str(value).strip())
+    except (ArithmeticError, TypeError, ValueError):
+        number = Decimal(-1)
+    if isinstance(value, bool) or not number.is_finite() or not 0 <= number <= 1:
         raise _refuse("importance", "must be a number from 0 to 1, e.g. 0.7")
-    return value
+    return number
 
 
 def _tags(value: Any) -> list[str]:
@@ -92,10 +96,10 @@ def _tags(value: Any) -> list[str]:
     return tags
 
 
-def _ttl_days(value: Any) -> Any:
-    if value == "":
+def _ttl_days(value: Any) -> int | None:
+    if value is None or value == "":
         return None
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_TTL_DAYS:
         raise _refuse("ttl_days", f"must be a whole number of days from 1 to {MAX_TTL_DAYS}")
     return value
 

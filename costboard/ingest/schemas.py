@@ -76,9 +76,11 @@ Timestamp = Annotated[
 class _Event(BaseModel):
     model_config = ConfigDict(extra="forbid", str_strip_whitespace=True, frozen=True)
 
-    event_id: ExternalId | None = None
+    event_id: ExternalId | None = Field(
+        default=None, description="idempotency key within the project: a replay changes nothing"
+    )
     # ISO 8601; without an offset it is UTC (see `at`).
-    timestamp: Timestamp | None = None
+    timestamp: Timestamp | None = Field(default=None, description="when it happened; absent: now")
 
     def at(self, now: datetime) -> datetime:
         """When the event happened: its timestamp, aware (UTC if it had no offset), else now."""
@@ -89,11 +91,19 @@ class _Event(BaseModel):
 
 
 class SessionEvent(_Event):
+    """A session's attributes and caps; sessions are also created by their first step."""
+
     type: Literal["session"]
     session_id: ExternalId
-    user_id: Annotated[str, Field(max_length=128)] | None = None
-    parent_session_id: ExternalId | None = None
-    token_cap: Annotated[StrictInt, Field(ge=1, le=MAX_TOKENS)] | None = None
+    user_id: Annotated[str, Field(max_length=128)] | None = Field(
+        default=None, description="your end user: spend per user"
+    )
+    parent_session_id: ExternalId | None = Field(
+        default=None, description="a fork of this session: it gets a fresh budget"
+    )
+    token_cap: Annotated[StrictInt, Field(ge=1, le=MAX_TOKENS)] | None = Field(
+        default=None, description="input + output tokens; absent: the project's, else 100000"
+    )
     cost_cap_usd: (
         Annotated[
             Decimal,
@@ -111,8 +121,10 @@ class SessionEvent(_Event):
         ]
         | None
     ) = None
-    ended: StrictBool | None = None
-    metadata: dict[str, Any] | None = None
+    ended: StrictBool | None = Field(default=None, description="true: the session is over")
+    metadata: dict[str, Any] | None = Field(
+        default=None, description="merged into the stored metadata, key by key"
+    )
 
     @field_validator("cost_cap_usd", mode="before")
     @classmethod
@@ -126,19 +138,31 @@ class SessionEvent(_Event):
 
 
 class TurnEvent(_Event):
+    """A turn's text: what the user asked and what the agent answered (memory reads it)."""
+
     type: Literal["turn"]
     session_id: ExternalId
-    turn: TurnNumber
+    turn: TurnNumber = Field(description="1 for the session's first turn")
     user_message: Annotated[str, Field(max_length=1_000_000)] | None = None
     assistant_response: Annotated[str, Field(max_length=1_000_000)] | None = None
-    context: dict[str, Any] | None = None
+    context: dict[str, Any] | None = Field(
+        default=None, description="focus, selections, last query…: replaces the stored one"
+    )
 
 
 class StepEvent(_Event):
+    """One LLM call (or tool call): priced, rolled up, counted against its session's budget."""
+
     type: Literal["step"] = "step"
-    step_type: Annotated[str, Field(min_length=1, max_length=64)]
-    model: Annotated[str, Field(min_length=1, max_length=200)]
-    session_id: ExternalId | None = None
+    step_type: Annotated[str, Field(min_length=1, max_length=64)] = Field(
+        description="intent, filter, search, response, compress, …"
+    )
+    model: Annotated[str, Field(min_length=1, max_length=200)] = Field(
+        description="as the provider names it; an unknown one is stored unpriced"
+    )
+    session_id: ExternalId | None = Field(
+        default=None, description="absent: the project's system session"
+    )
     turn: TurnNumber | None = None
     provider: Annotated[str, Field(max_length=64)] | None = None
     input_tokens: TokenCount | None = None
@@ -149,7 +173,11 @@ class StepEvent(_Event):
     duration_ms: Milliseconds | None = None
     success: StrictBool = True
     error: Annotated[str, Field(max_length=20_000)] | None = None
-    usage: dict[str, Any] | None = None
+    usage: dict[str, Any] | None = Field(
+        default=None,
+        description="a provider's raw usage object (Anthropic Messages, OpenAI Chat Completions "
+        "or Responses, Gemini usageMetadata); explicit token fields win over it",
+    )
     metadata: dict[str, Any] | None = None
 
     def tokens(self) -> Tokens:
