@@ -18,6 +18,7 @@ from costboard.api.boundary import (
     endpoint,
     json_object,
     model_response,
+    parse,
     parse_query,
 )
 from costboard.models import Project, Session
@@ -80,7 +81,7 @@ def candidates(request: HttpRequest) -> HttpResponse:
     (200, "merged": true)."""
     project = cast(ApiRequest, request).project
     body = json_object(request, limit=MAX_BODY_BYTES, example=MemoryCandidate.example())
-    candidate = MemoryCandidate.model_validate(body)
+    candidate = parse(MemoryCandidate, body)
     try:
         memory = services.candidate_propose(
             project=project,
@@ -210,7 +211,7 @@ def feedback(request: HttpRequest) -> HttpResponse:
     """POST /api/v1/memory/feedback {"memory_id", "useful", "retrieval_id"?}: 201."""
     project = cast(ApiRequest, request).project
     body = json_object(request, limit=MAX_BODY_BYTES, example=MemoryFeedback.example())
-    given = MemoryFeedback.model_validate(body)
+    given = parse(MemoryFeedback, body)
     try:
         stored = ranking.feedback_add(
             project=project,

@@ -2,10 +2,12 @@
 
 The decorator answers wrong methods (405) and overlong query strings (414), resolves the key
 (`Authorization: Bearer` or `X-Costboard-Key`) to `request.project` on a typed `ApiRequest`
-(401 otherwise), and turns every refusal the view raises — a pydantic `ValidationError`, an
-`ApiError` — into the contract's body `{"errors": [{"index", "field", "message"}]}`. The
-`Operation` it records on the view is what costboard/api/openapi.py documents, so the URLconf,
-the views and the OpenAPI document cannot drift apart.
+(401 otherwise), and turns every refusal the view raises into the contract's body
+`{"errors": [{"index", "field", "message"}]}` with its status: an `ApiError`, which `parse`
+makes of the client's pydantic `ValidationError`, or ingest's `BatchError`. A ValidationError
+that escapes a view is the server's own (an answer that broke its model): a 500, not a 422.
+The `Operation` it records on the view is what costboard/api/openapi.py documents, so the
+URLconf, the views and the OpenAPI document cannot drift apart.
 """
 
 from __future__ import annotations
@@ -63,6 +65,13 @@ class ApiError(Exception):
         self.status = status
         self.errors = [{"index": index, "field": field, "message": message}]
         self.headers = dict(headers or {})
+
+    @classmethod
+    def of(cls, status: int, errors: list[dict[str, Any]]) -> ApiError:
+        """A refusal with several error items (one per field at fault)."""
+        refused = cls(status, errors[0]["field"], errors[0]["message"], index=errors[0]["index"])
+        refused.errors = errors
+        return refused
 
 
 def errors_response(
@@ -195,7 +204,8 @@ def endpoint(operation: Operation) -> Callable[[View], View]:
                 cast(ApiRequest, request).project = project
             try:
                 return view(request, *args, **kwargs)
-            except (ApiError, BatchError, ValidationError) as exc:
+            except (ApiError, BatchError) as exc:
+                # a ValidationError that escapes is the server's (an answer's model): a 500
                 return refusal(exc)
 
         api_view = csrf_exempt(wrapper)  # a key, not a cookie, says who is asking
@@ -227,9 +237,17 @@ def _no_bad_characters(value: str) -> str:
 SafeText = Annotated[str, AfterValidator(_no_bad_characters)]
 
 
+def parse(model: type[Model], data: Any) -> Model:
+    """`data` (a body, a query) as `model`, or a 422 naming each field at fault."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise ApiError.of(422, validation_errors(exc)) from None
+
+
 def parse_query(request: HttpRequest, model: type[Model]) -> Model:
-    """The query string as `model` (ValidationError → 422 naming the parameter)."""
-    return model.model_validate(request.GET.dict())
+    """The query string as `model`, or a 422 naming each parameter at fault."""
+    return parse(model, request.GET.dict())
 
 
 def path_text(name: str, value: str) -> str:

@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from costboard.api.boundary import MAX_QUERY_STRING
 from costboard.models import Session, Step
@@ -163,3 +164,14 @@ def test_a_span_with_nul_is_rejected_and_the_others_stored(agent: Agent) -> None
     assert partial["rejectedSpans"] == "1"
     assert "NUL" in partial["errorMessage"]
     assert list(Session.objects.values_list("external_id", flat=True)) == ["ok"]
+
+
+def test_an_answer_that_breaks_its_model_is_a_server_error_not_a_422(
+    agent: Agent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    agent.events(step(input_tokens=1))
+    monkeypatch.setattr(
+        "costboard.api.events.session_budget", lambda session, project: {"state": "lost"}
+    )
+    with pytest.raises(ValidationError):  # Django's test client re-raises what became a 500
+        agent.budget("s1")
