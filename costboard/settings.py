@@ -57,6 +57,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "django_htmx",
     "template_partials",
+    "drf_spectacular_sidecar",  # Swagger UI's files for /api/v1/docs, from the package
     "costboard",
     "memory_ui",
 ]

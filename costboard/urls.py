@@ -33,6 +33,7 @@ urlpatterns = [
         name="api-session-context",
     ),
     path("api/v1/openapi.json", api.openapi, name="api-openapi"),
+    path("api/v1/docs", api.docs, name="api-docs"),
     path("api/v1/memory/candidates", memory_api.candidates, name="api-memory-candidates"),
     path("api/v1/memory/MEMORY.md", memory_api.memory_md, name="api-memory-md"),
     path("api/v1/memory/search", memory_api.search, name="api-memory-search"),

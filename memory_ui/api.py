@@ -1,121 +1,150 @@
 """The memory API of CONTRACT §3: candidates in, MEMORY.md and ranked search out, feedback on
-what a search returned. The key decides the project; nothing here approves a memory."""
+what a search returned. The key decides the project; nothing here approves a memory.
+
+Each view parses with the models of memory_ui/schemas.py, calls a service and answers a
+model; refusals are raised and the boundary (costboard/api/boundary.py) answers them."""
 
 from __future__ import annotations
 
-import json
-from typing import Any
+from typing import Any, cast
 
-from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.views.decorators.csrf import csrf_exempt
-from django.views.decorators.http import require_GET, require_POST
+from django.http import HttpRequest, HttpResponse
 
-from costboard.api.events import _errors, api_key_required
+from costboard.api.boundary import (
+    ApiError,
+    ApiRequest,
+    Operation,
+    Reply,
+    endpoint,
+    json_object,
+    model_response,
+    parse,
+    parse_query,
+)
 from costboard.models import Project, Session
-from memory_ui import ranking, services
+from memory_ui import ranking, schemas, services
 from memory_ui.models import Memory
+from memory_ui.schemas import (
+    FeedbackStored,
+    MemoryCandidate,
+    MemoryFeedback,
+    MemoryMdQuery,
+    MemorySearch,
+    SearchQuery,
+    SearchResult,
+)
 from memory_ui.services import MemoryInputError
 
 PROPOSED_BY = "api"
 MAX_BODY_BYTES = 64 * 1024  # one candidate: a sentence and a few fields
+TAG = "memory"
 
 
-class _BadBody(ValueError):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-def _json_object(request: HttpRequest, example: str) -> dict[str, Any]:
-    try:
-        body = json.loads(request.body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise _BadBody(400, f"malformed JSON ({exc}): send a JSON object, e.g. {example}") from None
-    if not isinstance(body, dict):
-        raise _BadBody(422, f"must be a JSON object, e.g. {example}")
-    return body
-
-
-def memory_to_dict(memory: Memory, *, merged: bool = False) -> dict[str, Any]:
-    return {
-        "id": memory.pk,
-        "type": memory.type,
-        "content": memory.content,
-        "scope": memory.scope,
-        "status": memory.status,
-        "importance": float(memory.importance),
-        "source": memory.source,
-        "tags": list(memory.tags),
-        "ttl_days": memory.ttl_days,
-        "times_proposed": memory.times_proposed,
-        "created_at": memory.created_at.isoformat(),
-        "merged": merged,
-    }
-
-
-def _session(project: Project, value: Any) -> Session | None:
-    if value is None or value == "":
+def _session(project: Project, session_id: str | None) -> Session | None:
+    if session_id is None:
         return None
-    if not isinstance(value, str):
-        raise MemoryInputError("session_id", "must be a string: the session_id your events use")
-    session = Session.objects.filter(project=project, external_id=value).first()
+    session = Session.objects.filter(project=project, external_id=session_id).first()
     if session is None:
-        raise MemoryInputError(
+        raise ApiError(
+            422,
             "session_id",
-            f"no session {value!r} in project {project.slug}: send its events first, or leave "
-            "session_id out",
+            f"no session {session_id!r} in project {project.slug}: send its events first, or "
+            "leave session_id out",
         )
     return session
 
 
-@csrf_exempt
-@require_POST
-@api_key_required
+CANDIDATES = Operation(
+    method="POST",
+    summary="Propose a memory: a pending candidate until a person approves it",
+    tag=TAG,
+    body=MemoryCandidate,
+    responses={
+        201: Reply("a new pending candidate", schemas.Memory),
+        200: Reply(
+            "the scope already had it (or a near duplicate), pending or approved: that memory, "
+            'proposed once more, "merged": true',
+            schemas.Memory,
+        ),
+        409: Reply("the same sentence was rejected before in this scope (field content)"),
+        422: Reply(
+            "invalid content, type, scope, importance, tags, ttl_days or an unknown session_id; "
+            "the field is named"
+        ),
+    },
+)
+
+
+@endpoint(CANDIDATES)
 def candidates(request: HttpRequest) -> HttpResponse:
     """POST /api/v1/memory/candidates: a pending candidate (201), or the memory it repeats
     (200, "merged": true)."""
-    project: Project = request.project  # type: ignore[attr-defined]
-    if len(request.body) > MAX_BODY_BYTES:
-        return _errors(413, "body", f"body is over {MAX_BODY_BYTES} bytes: send one candidate")
-    try:
-        body = _json_object(request, '{"content": "Always use ruff", "type": "feedback"}')
-    except _BadBody as exc:
-        return _errors(exc.status, "body", str(exc))
+    project = cast(ApiRequest, request).project
+    body = json_object(request, limit=MAX_BODY_BYTES, example=MemoryCandidate.example())
+    candidate = parse(MemoryCandidate, body)
     try:
         memory = services.candidate_propose(
             project=project,
-            type=body.get("type", ""),  # each field validated by the service
-            content=body.get("content", ""),
-            scope=body.get("scope", "project"),
-            importance=body.get("importance"),
-            tags=body.get("tags"),
-            ttl_days=body.get("ttl_days"),
-            session=_session(project, body.get("session_id")),
+            type=candidate.type,
+            content=candidate.content,
+            scope=candidate.scope,
+            importance=candidate.importance,
+            tags=candidate.tags or [],
+            ttl_days=candidate.ttl_days,
+            session=_session(project, candidate.session_id),
             source=Memory.Source.AGENT_INFERRED,
             proposed_by=PROPOSED_BY,
         )
-    except MemoryInputError as exc:
-        return _errors(422, exc.field, exc.message)
+    except MemoryInputError as exc:  # the service's own checks, behind the model's
+        raise ApiError(422, exc.field, exc.message) from None
     if memory is None:
-        return _errors(
+        raise ApiError(
             409,
             "content",
             "this sentence was rejected before by a reviewer in this scope: it is not proposed "
             "again",
         )
     merged = memory.times_proposed > 1
-    return JsonResponse(memory_to_dict(memory, merged=merged), status=200 if merged else 201)
+    return model_response(schemas.Memory.of(memory, merged=merged), status=200 if merged else 201)
 
 
-@require_GET
-@api_key_required
+def _count_header(description: str) -> dict[str, Any]:
+    return {
+        "description": description,
+        "required": True,
+        "schema": {"type": "integer", "minimum": 0},
+    }
+
+
+MEMORY_MD = Operation(
+    method="GET",
+    summary="The scope's approved, live memories as MEMORY.md",
+    description="One `[type] content` line each, most important first (then the newest); at "
+    "most 200 lines and 25,000 bytes, cut at a line boundary.",
+    tag=TAG,
+    query=MemoryMdQuery,
+    responses={
+        200: Reply(
+            "MEMORY.md",
+            media_type="text/markdown",
+            schema={"type": "string"},
+            headers={
+                "X-Memory-Lines": _count_header("lines (entries) served"),
+                "X-Memory-Bytes": _count_header("bytes served, UTF-8"),
+                "X-Memory-Total": _count_header("live entries in the scope"),
+                "X-Memory-Cut": _count_header("entries the caps left out"),
+            },
+        ),
+        422: Reply("bad scope"),
+    },
+)
+
+
+@endpoint(MEMORY_MD)
 def memory_md(request: HttpRequest) -> HttpResponse:
     """GET /api/v1/memory/MEMORY.md?scope=project: the scope's approved, live entries."""
-    project: Project = request.project  # type: ignore[attr-defined]
-    try:
-        scope = services.clean_scope(request.GET.get("scope"))
-    except MemoryInputError as exc:
-        return _errors(422, exc.field, exc.message)
+    project = cast(ApiRequest, request).project
+    scope = parse_query(request, MemoryMdQuery).scope
     md = services.memory_md(project, scope)
     response = HttpResponse(md.text, content_type="text/markdown; charset=utf-8")
     response["X-Memory-Lines"] = str(md.lines)
@@ -125,63 +154,82 @@ def memory_md(request: HttpRequest) -> HttpResponse:
     return response
 
 
-@require_GET
-@api_key_required
+SEARCH = Operation(
+    method="GET",
+    summary="The k best live memories of a scope for a query, each score with its components; "
+    "logged for feedback",
+    tag=TAG,
+    query=SearchQuery,
+    responses={
+        200: Reply("the results, best first", MemorySearch),
+        422: Reply("q missing, blank or too long, bad scope, k not 1 to 50"),
+    },
+)
+
+
+@endpoint(SEARCH)
 def search(request: HttpRequest) -> HttpResponse:
     """GET /api/v1/memory/search?q=…&scope=…&k=5: ranked live memories, each with the parts
     of its score; logged, and the log's id returned for feedback."""
-    project: Project = request.project  # type: ignore[attr-defined]
+    project = cast(ApiRequest, request).project
+    asked = parse_query(request, SearchQuery)
     try:
-        query = ranking.clean_query(request.GET.get("q"))
-        scope = services.clean_scope(request.GET.get("scope"))
-        k = ranking.clean_k(request.GET.get("k"))
-        ranked = ranking.memories_search(project=project, query=query, scope=scope, k=k)
+        ranked = ranking.memories_search(
+            project=project, query=asked.q, scope=asked.scope, k=asked.k
+        )
     except MemoryInputError as exc:
-        return _errors(422, exc.field, exc.message)
+        raise ApiError(422, exc.field, exc.message) from None
     log = services.retrieval_log_record(
-        project=project, query=query, scope=scope, k=k, ranked=ranked
+        project=project, query=asked.q, scope=asked.scope, k=asked.k, ranked=ranked
     )
-    return JsonResponse(
-        {
-            "retrieval_id": log.pk,
-            "query": query,
-            "scope": scope,
-            "k": k,
-            "results": [r.to_dict() for r in ranked],
-        }
+    return model_response(
+        MemorySearch(
+            retrieval_id=log.pk,
+            query=asked.q,
+            scope=asked.scope,
+            k=asked.k,
+            results=[SearchResult.model_validate(r.to_dict()) for r in ranked],
+        )
     )
 
 
-@csrf_exempt
-@require_POST
-@api_key_required
+FEEDBACK = Operation(
+    method="POST",
+    summary="Say whether a retrieved memory was useful",
+    tag=TAG,
+    body=MemoryFeedback,
+    responses={
+        201: Reply("stored", FeedbackStored),
+        404: Reply("no such memory (or search) in this project"),
+        422: Reply("memory_id, useful or retrieval_id invalid"),
+    },
+)
+
+
+@endpoint(FEEDBACK)
 def feedback(request: HttpRequest) -> HttpResponse:
     """POST /api/v1/memory/feedback {"memory_id", "useful", "retrieval_id"?}: 201."""
-    project: Project = request.project  # type: ignore[attr-defined]
-    if len(request.body) > MAX_BODY_BYTES:
-        return _errors(413, "body", f"body is over {MAX_BODY_BYTES} bytes")
-    try:
-        body = _json_object(request, '{"memory_id": 12, "useful": true, "retrieval_id": 34}')
-    except _BadBody as exc:
-        return _errors(exc.status, "body", str(exc))
+    project = cast(ApiRequest, request).project
+    body = json_object(request, limit=MAX_BODY_BYTES, example=MemoryFeedback.example())
+    given = parse(MemoryFeedback, body)
     try:
         stored = services.memory_feedback_add(
             project=project,
-            memory_id=body.get("memory_id"),
-            useful=body.get("useful"),
-            retrieval_id=body.get("retrieval_id"),
+            memory_id=given.memory_id,
+            useful=given.useful,
+            retrieval_id=given.retrieval_id,
         )
     except MemoryInputError as exc:
-        return _errors(422, exc.field, exc.message)
-    except ranking.NotFound as exc:
-        return _errors(404, exc.field, exc.message)
-    return JsonResponse(
-        {
-            "id": stored.pk,
-            "memory_id": stored.memory_id,
-            "retrieval_id": stored.retrieval_id,
-            "useful": stored.useful,
-            "created_at": stored.created_at.isoformat(),
-        },
+        raise ApiError(422, exc.field, exc.message) from None
+    except services.NotFound as exc:
+        raise ApiError(404, exc.field, exc.message) from None
+    return model_response(
+        FeedbackStored(
+            id=stored.pk,
+            memory_id=stored.memory_id,
+            retrieval_id=stored.retrieval_id,
+            useful=stored.useful,
+            created_at=stored.created_at.isoformat(),
+        ),
         status=201,
     )

@@ -42,6 +42,7 @@ PORTABLE_SCAN = 2000  # without pg_trgm: how many of a scope's memories are comp
 SCOPE = re.compile(r"^(project|user:[\w.@+-]{1,128})$")
 LIVE = (Memory.Status.PENDING, Memory.Status.APPROVED)
 MAX_TAGS = 20
+MAX_TTL_DAYS = 36_500  # a hundred years
 MAX_QUERY = 500  # RetrievalLog.query's length
 EXPIRE_BATCH = 5000  # TTL expiries in one sweep at most
 
@@ -112,7 +113,7 @@ def clean_tags(value: Sequence[str] | None) -> list[str]:
 def clean_ttl_days(value: int | str | None) -> int | None:
     if value is None or value == "":
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 36_500:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_TTL_DAYS:
         raise MemoryInputError("ttl_days", "must be a whole number of days from 1 to 36500")
     return value
 

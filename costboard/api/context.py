@@ -39,14 +39,26 @@ import re
 from collections.abc import Iterator
 from datetime import datetime
 from decimal import Decimal
-from typing import TypedDict
+from typing import Annotated, Any, TypedDict, cast
 
 from django.db.models import Count, F, OuterRef, Subquery, Sum
-from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.views.decorators.http import require_GET
+from django.http import HttpRequest, HttpResponse
+from pydantic import BaseModel, BeforeValidator, Field, model_validator
+from pydantic_core import PydanticCustomError
 
-from costboard.api.events import _errors, api_key_required
-from costboard.models import Project, Session, Step, Turn
+from costboard.api.boundary import (
+    ApiError,
+    ApiRequest,
+    Operation,
+    Reply,
+    endpoint,
+    model_response,
+    parse_query,
+    path_text,
+)
+from costboard.api.schemas import Answer, IsoTime
+from costboard.api.schemas import Count as NonNegative
+from costboard.models import Session, Step, Turn
 
 MAX_CONTEXT_BUDGET = 10_000_000
 # CONTRACT §3: should_summarize is "true past 80% of the budget".
@@ -60,7 +72,7 @@ FIRST_CHUNK = 64
 CHUNK_GROWTH = 4
 
 
-class ContextTurn(TypedDict):
+class LoadedTurn(TypedDict):
     number: int
     user_message: str
     assistant_response: str
@@ -69,14 +81,14 @@ class ContextTurn(TypedDict):
     started_at: str
 
 
-class SessionContext(TypedDict):
+class LoadedContext(TypedDict):
     session_id: str
     budget: int
     token_count: int
     total_turns: int
     loaded_turns: int
     should_summarize: bool
-    turns: list[ContextTurn]
+    turns: list[LoadedTurn]
 
 
 class _TurnRow(TypedDict):
@@ -158,7 +170,7 @@ def _turns_newest_first(session_pk: int) -> Iterator[_TurnRow]:
         size *= CHUNK_GROWTH
 
 
-def _context_turn(row: _TurnRow) -> ContextTurn:
+def _context_turn(row: _TurnRow) -> LoadedTurn:
     user_message, response = row["user_message"], row["assistant_response"]
     stored = row["stored_response_tokens"]
     if response and stored is not None and stored > 0:
@@ -176,9 +188,9 @@ def _context_turn(row: _TurnRow) -> ContextTurn:
     }
 
 
-def session_context(*, session: Session, total_turns: int, budget: int) -> SessionContext:
+def session_context(*, session: Session, total_turns: int, budget: int) -> LoadedContext:
     """The newest turns of `session` that fit in `budget` tokens, oldest first."""
-    loaded: list[ContextTurn] = []
+    loaded: list[LoadedTurn] = []
     token_count = 0
     for row in _turns_newest_first(session.pk):
         turn = _context_turn(row)
@@ -200,25 +212,85 @@ def session_context(*, session: Session, total_turns: int, budget: int) -> Sessi
     }
 
 
-@require_GET
-@api_key_required
-def session_context_view(request: HttpRequest, session_id: str) -> HttpResponse:
-    project: Project = request.project  # type: ignore[attr-defined]
+# --- the endpoint -----------------------------------------------------------------------------
+
+
+def _budget(value: Any) -> int:
     try:
-        budget = parse_budget(request.GET.get("budget"))
+        return parse_budget(value if isinstance(value, str) or value is None else str(value))
     except InvalidBudget as exc:
-        return _errors(422, "budget", str(exc))
+        raise PydanticCustomError("budget", str(exc)) from None
+
+
+class ContextQuery(BaseModel):
+    budget: Annotated[
+        int,
+        Field(ge=1, le=MAX_CONTEXT_BUDGET, description="the most tokens of history to load"),
+        BeforeValidator(_budget),
+    ]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _absent_budget(cls, data: Any) -> Any:
+        # absent: parse_budget's message says how to ask, not pydantic's "field required"
+        if isinstance(data, dict) and "budget" not in data:
+            return {**data, "budget": None}
+        return data
+
+
+class ContextTurn(Answer):
+    number: Annotated[int, Field(ge=1)]
+    user_message: str
+    assistant_response: str
+    tokens: NonNegative = Field(
+        description="user message + assistant response as loaded: the message is "
+        "ceil(characters / 4); the response is the output − reasoning tokens of the turn's one "
+        "successful `response` step if it has one, else ceil(characters / 4)"
+    )
+    estimated: bool = Field(description="some of the turn's text was counted as ceil(chars / 4)")
+    started_at: IsoTime
+
+
+class SessionContext(Answer):
+    session_id: str
+    budget: Annotated[int, Field(ge=1)]
+    token_count: NonNegative = Field(description="tokens of the loaded turns")
+    total_turns: NonNegative
+    loaded_turns: NonNegative
+    should_summarize: bool = Field(
+        description="the history is past 80% of the budget: token_count > 0.8 × budget, or "
+        "turns were left out"
+    )
+    turns: list[ContextTurn] = Field(description="the newest turns that fit, oldest first")
+
+
+SESSION_CONTEXT = Operation(
+    method="GET",
+    summary="The session's newest turns that fit in a token budget, oldest first",
+    query=ContextQuery,
+    path_parameters={"session_id": "the session_id your events use"},
+    responses={
+        200: Reply(
+            "the loaded turns; loading stops at the first turn (newest first) that does not fit",
+            SessionContext,
+        ),
+        404: Reply("no such session in this project"),
+        422: Reply("budget missing, not a whole number, or out of range"),
+    },
+)
+
+
+@endpoint(SESSION_CONTEXT)
+def session_context_view(request: HttpRequest, session_id: str) -> HttpResponse:
+    project = cast(ApiRequest, request).project
+    budget = parse_query(request, ContextQuery).budget
     session = (
-        Session.objects.filter(project=project, external_id=session_id)
+        Session.objects.filter(project=project, external_id=path_text("session_id", session_id))
         .annotate(total_turns=Count("turns"))
         .only("pk", "external_id")
         .first()
     )
     if session is None:
-        return _errors(404, "session_id", f"no session {session_id!r} in project {project.slug}")
-    context = session_context(
-        session=session,
-        total_turns=session.total_turns,  # type: ignore[attr-defined]
-        budget=budget,
-    )
-    return JsonResponse(context)
+        raise ApiError(404, "session_id", f"no session {session_id!r} in project {project.slug}")
+    context = session_context(session=session, total_turns=session.total_turns, budget=budget)
+    return model_response(SessionContext.model_validate(context))

@@ -1,116 +1,126 @@
-"""The JSON API of CONTRACT §3: key → project, then one service call per request."""
+"""The cost API of CONTRACT §3: events in, budgets out; and the OpenAPI document, raw and as a
+page. The boundary (key, methods, errors) is costboard/api/boundary.py."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from datetime import timedelta
-from functools import wraps
-from typing import Any
+from typing import cast
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.utils import timezone
-from django.views.decorators.csrf import csrf_exempt
-from django.views.decorators.http import require_GET, require_POST
+from django.shortcuts import render
 
+from costboard.api.boundary import (
+    ApiError,
+    ApiRequest,
+    Operation,
+    Reply,
+    model_response,
+    path_text,
+)
+from costboard.api.boundary import endpoint as api_endpoint
 from costboard.api.metrics import ingest_tally
 from costboard.api.openapi import openapi_document
+from costboard.api.schemas import EventsResponse, SessionBudgetDetail
 from costboard.budgets.caps import session_budget
-from costboard.ingest.schemas import MAX_BODY_BYTES, BatchError, parse_events
+from costboard.ingest.schemas import (
+    MAX_BODY_BYTES,
+    MAX_EVENTS,
+    BatchError,
+    EventsBody,
+    parse_events,
+)
 from costboard.ingest.service import events_ingest
-from costboard.models import ApiKey, BudgetEvent, Project, Session
+from costboard.models import BudgetEvent, Session
 
-View = Callable[..., HttpResponse]
+SESSION_ID = "the session_id your events use"
 
-
-def _errors(status: int, field: str, message: str) -> JsonResponse:
-    return JsonResponse(
-        {"errors": [{"index": None, "field": field, "message": message}]}, status=status
-    )
-
-
-def project_for_key(raw_key: str) -> Project | None:
-    """The project an active key belongs to (one query), noting its use once a minute."""
-    key = (
-        ApiKey.objects.select_related("project")
-        .filter(key_hash=ApiKey.hash_of(raw_key), revoked_at__isnull=True)
-        .first()
-    )
-    if key is None:
-        return None
-    now = timezone.now()
-    if key.last_used_at is None or now - key.last_used_at > timedelta(minutes=1):
-        ApiKey.objects.filter(pk=key.pk).update(last_used_at=now)
-    return key.project
+EVENTS = Operation(
+    method="POST",
+    summary="Report usage: one event or a batch of up to 1000, stored all or nothing",
+    description="Each step is priced, rolled up and counted against its session's budget; "
+    "the answer carries the budget of every session the batch touched: stop when its state "
+    "is exhausted. An event_id makes an event idempotent within the project. Token semantics "
+    "are Anthropic's: input_tokens excludes cache reads and writes. At most "
+    f"{MAX_BODY_BYTES} bytes (5 MB) and {MAX_EVENTS} events.",
+    body=EventsBody,
+    responses={
+        200: Reply("stored (or replayed): the touched sessions' budgets", EventsResponse),
+        422: Reply("invalid events, each error with its index; nothing stored"),
+    },
+)
 
 
-def bearer_key(request: HttpRequest) -> str:
-    header = request.headers.get("Authorization", "")
-    scheme, _, value = header.partition(" ")
-    if scheme.lower() == "bearer" and value.strip():
-        return value.strip()
-    return request.headers.get("X-Costboard-Key", "").strip()
-
-
-def api_key_required(view: View) -> View:
-    """Resolve `Authorization: Bearer <key>` to `request.project`, or answer 401."""
-
-    @wraps(view)
-    def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-        raw_key = bearer_key(request)
-        if not raw_key:
-            return _errors(
-                401, "Authorization", "missing API key: send Authorization: Bearer <key>"
-            )
-        project = project_for_key(raw_key)
-        if project is None:
-            return _errors(
-                401,
-                "Authorization",
-                "unknown or revoked API key: create one with "
-                "`python manage.py create_api_key <project>`",
-            )
-        request.project = project  # type: ignore[attr-defined]
-        return view(request, *args, **kwargs)
-
-    return wrapper
-
-
-@csrf_exempt
-@require_POST
-@api_key_required
+@api_endpoint(EVENTS)
 def events(request: HttpRequest) -> HttpResponse:
-    project: Project = request.project  # type: ignore[attr-defined]
+    project = cast(ApiRequest, request).project
     length = request.META.get("CONTENT_LENGTH") or "0"
     if length.isdigit() and int(length) > MAX_BODY_BYTES:
         ingest_tally(project.pk, refused=1)  # the body is not read: its events are unknown
-        return _errors(413, "body", f"body is {length} bytes; at most {MAX_BODY_BYTES}: split it")
+        raise ApiError(413, "body", f"body is {length} bytes; at most {MAX_BODY_BYTES}: split it")
     try:
         batch = parse_events(request.body)
     except BatchError as exc:
         ingest_tally(project.pk, refused=exc.event_count or 1)
-        return JsonResponse({"errors": exc.errors}, status=exc.status)
+        raise
     result = events_ingest(project=project, events=batch)
     ingest_tally(project.pk, accepted=result.accepted, duplicates=result.duplicates)
+    # Built as a dict on the hot path: EventsResponse documents it, the contract test checks it.
     return JsonResponse(
         {"accepted": result.accepted, "duplicates": result.duplicates, "sessions": result.sessions}
     )
 
 
-@require_GET
-@api_key_required
+SESSION_BUDGET = Operation(
+    method="GET",
+    summary="A session's budget and its budget events, oldest first",
+    path_parameters={"session_id": SESSION_ID},
+    responses={
+        200: Reply("the budget", SessionBudgetDetail),
+        404: Reply("no such session in this project"),
+        422: Reply("session_id holds NUL or an unpaired surrogate"),
+    },
+)
+
+
+@api_endpoint(SESSION_BUDGET)
 def session_budget_view(request: HttpRequest, session_id: str) -> HttpResponse:
-    project: Project = request.project  # type: ignore[attr-defined]
-    session = Session.objects.filter(project=project, external_id=session_id).first()
+    project = cast(ApiRequest, request).project
+    session = Session.objects.filter(
+        project=project, external_id=path_text("session_id", session_id)
+    ).first()
     if session is None:
-        return _errors(404, "session_id", f"no session {session_id!r} in project {project.slug}")
-    body: dict[str, Any] = dict(session_budget(session, project))
-    body["events"] = [
-        event.to_dict()
-        for event in BudgetEvent.objects.filter(session=session).order_by("at", "id")
-    ]
-    return JsonResponse(body)
+        raise ApiError(404, "session_id", f"no session {session_id!r} in project {project.slug}")
+    events = BudgetEvent.objects.filter(session=session).order_by("at", "id")
+    return model_response(
+        SessionBudgetDetail.model_validate(
+            {**session_budget(session, project), "events": [e.to_dict() for e in events]}
+        )
+    )
 
 
-@require_GET
+OPENAPI = Operation(
+    method="GET",
+    summary="This document (OpenAPI 3.1), generated from the models that validate",
+    auth=False,
+    tag="documentation",
+    responses={200: Reply("the OpenAPI document", schema={"type": "object"})},
+)
+
+
+@api_endpoint(OPENAPI)
 def openapi(request: HttpRequest) -> HttpResponse:
     return JsonResponse(openapi_document())
+
+
+DOCS = Operation(
+    method="GET",
+    summary="This document as a page (Swagger UI, served from our own static files)",
+    description="Public, like the document: it describes the API, it shows no data.",
+    auth=False,
+    tag="documentation",
+    responses={200: Reply("the page", media_type="text/html", schema={"type": "string"})},
+)
+
+
+@api_endpoint(DOCS)
+def docs(request: HttpRequest) -> HttpResponse:
+    return render(request, "api/docs.html", {"title": openapi_document()["info"]["title"]})

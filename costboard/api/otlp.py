@@ -9,19 +9,20 @@ from __future__ import annotations
 from collections import defaultdict
 from functools import reduce
 from operator import or_
+from typing import cast
 
 from django.db import transaction
 from django.db.models import Max, Q
 from django.http import HttpRequest, HttpResponse
-from django.views.decorators.csrf import csrf_exempt
-from django.views.decorators.http import require_POST
 
-from costboard.api.events import _errors, api_key_required
+from costboard.api.boundary import ApiError, ApiRequest, Operation, Reply, endpoint
 from costboard.api.metrics import ingest_tally
+from costboard.api.schemas import ExportTraceServiceRequest, ExportTraceServiceResponse, RpcStatus
 from costboard.ingest.otlp import (
     JSON,
     PROTOBUF,
     OtlpError,
+    OtlpMapping,
     OtlpSpan,
     otlp_decode,
     otlp_gunzip,
@@ -29,13 +30,49 @@ from costboard.ingest.otlp import (
     otlp_spans,
     otlp_status,
 )
-from costboard.ingest.schemas import MAX_BODY_BYTES, MAX_EVENTS, Event, StepEvent
+from costboard.ingest.schemas import MAX_BODY_BYTES, MAX_EVENTS, Event, StepEvent, bad_text
 from costboard.ingest.service import events_ingest
 from costboard.models import Project, Session, Step, Turn
 
 # google.rpc.Code values for the Status body of an error response.
 INVALID_ARGUMENT = 3
 RESOURCE_EXHAUSTED = 8
+MAX_SPANS = 10_000  # CONTRACT §7: per request
+BINARY = {"type": "string", "format": "binary", "contentMediaType": PROTOBUF}
+
+TRACES = Operation(
+    method="POST",
+    summary="OTLP/HTTP traces: GenAI spans become steps, one trace one turn",
+    description="An ExportTraceServiceRequest (opentelemetry-proto) as protobuf or OTLP JSON, "
+    "optionally with Content-Encoding: gzip (at most 5 MB decompressed, at most "
+    f"{MAX_SPANS} spans). The key as Authorization: Bearer or x-costboard-key. "
+    "gen_ai.usage.input_tokens includes cached tokens: cache reads and writes are subtracted. "
+    "A span is a step (event_id otlp:<trace_id>:<span_id>, so a replay is a duplicate); its "
+    "session is gen_ai.conversation.id, else session.id, else the system session. Spans that "
+    "cannot be mapped are counted in partialSuccess and the rest stored.",
+    tag="usage",
+    body=ExportTraceServiceRequest,
+    body_alternatives={PROTOBUF: BINARY},
+    responses={
+        200: Reply(
+            "an ExportTraceServiceResponse in the request's format; "
+            "partialSuccess.rejectedSpans counts the spans not stored",
+            ExportTraceServiceResponse,
+            alternatives={PROTOBUF: BINARY},
+        ),
+        400: Reply(
+            "undecodable body: a google.rpc.Status in the request's format",
+            RpcStatus,
+            alternatives={PROTOBUF: BINARY},
+        ),
+        413: Reply(
+            "body over 5 MB (decompressed), or over 10,000 spans: a google.rpc.Status",
+            RpcStatus,
+            alternatives={PROTOBUF: BINARY},
+        ),
+        415: Reply("not application/x-protobuf or application/json, or not gzip"),
+    },
+)
 
 
 def _status_response(status: int, message: str, content_type: str) -> HttpResponse:
@@ -45,19 +82,17 @@ def _status_response(status: int, message: str, content_type: str) -> HttpRespon
     )
 
 
-@csrf_exempt
-@require_POST
-@api_key_required
+@endpoint(TRACES)
 def traces(request: HttpRequest) -> HttpResponse:
-    project: Project = request.project  # type: ignore[attr-defined]
+    project = cast(ApiRequest, request).project
     content_type = request.content_type or ""
     if content_type not in (PROTOBUF, JSON):
         message = f"unsupported {content_type!r}: send {PROTOBUF} or {JSON}"
-        return _errors(415, "Content-Type", message)
+        raise ApiError(415, "Content-Type", message)
     encoding = request.headers.get("Content-Encoding", "").strip().lower()
     if encoding not in ("", "identity", "gzip"):
         message = f"unsupported {encoding!r}: send gzip or no encoding"
-        return _errors(415, "Content-Encoding", message)
+        raise ApiError(415, "Content-Encoding", message)
     length = request.META.get("CONTENT_LENGTH") or "0"
     if length.isdigit() and int(length) > MAX_BODY_BYTES:
         ingest_tally(project.pk, refused=1)  # as the events API counts a refused body
@@ -70,8 +105,19 @@ def traces(request: HttpRequest) -> HttpResponse:
     except OtlpError as exc:
         ingest_tally(project.pk, refused=1)
         return _status_response(exc.status, exc.message, content_type)
+    except RecursionError:
+        ingest_tally(project.pk, refused=1)
+        return _status_response(400, "the body nests too deep to be OTLP", content_type)
+    spans = sum(
+        len(scope.spans) for resource in export.resource_spans for scope in resource.scope_spans
+    )
+    if spans > MAX_SPANS:
+        ingest_tally(project.pk, refused=spans)
+        return _status_response(
+            413, f"{spans} spans; at most {MAX_SPANS} per request: export in batches", content_type
+        )
 
-    mapping = otlp_spans(export)
+    mapping = _without_bad_text(otlp_spans(export))
     accepted = duplicates = 0
     if mapping.spans:
         steps: list[Event] = list(_with_turns(project, mapping.spans))
@@ -86,6 +132,24 @@ def traces(request: HttpRequest) -> HttpResponse:
         otlp_response(mapping.rejected, mapping.error_message(), content_type),
         content_type=content_type,
     )
+
+
+def _without_bad_text(mapping: OtlpMapping) -> OtlpMapping:
+    """Spans whose text PostgreSQL would refuse (NUL: protobuf strings may hold it) are
+    rejected like other unmappable spans, with the reason."""
+    kept: list[OtlpSpan] = []
+    for span in mapping.spans:
+        step = span.step
+        texts = [step.session_id, step.step_type, step.model, step.provider, step.error]
+        found = bad_text({"text": texts, "metadata": step.metadata})
+        if found is None:
+            kept.append(span)
+        else:
+            mapping.rejected += 1
+            span_id = (step.event_id or "?").rsplit(":", 1)[-1]
+            mapping.errors.append(f"span {span_id}: {found[1]}")
+    mapping.spans = kept
+    return mapping
 
 
 def _with_turns(project: Project, spans: list[OtlpSpan]) -> list[StepEvent]:

@@ -1,13 +1,20 @@
 """The events of CONTRACT §3, validated whole before anything is stored.
 
 `parse_events(body)` returns the validated events or every error found, each naming the
-event's index, the field and what to send instead.
+event's index, the field and what to send instead. The same models make the OpenAPI
+document (costboard/api/openapi.py), so what it says is what this accepts.
+
+Also here, for every JSON body of the API: `json_loads` (UTF-8 only, no NaN, a whole JSON
+number such as 100.0 read as the integer JSON Schema says it is) and the CONTRACT §7 limits
+PostgreSQL or Python would otherwise fail on: no NUL or unpaired surrogate in text, objects
+nested at most 32 deep.
 """
 
 from __future__ import annotations
 
 import difflib
 import json
+import re
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Annotated, Any, Literal, cast
@@ -16,10 +23,12 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    RootModel,
     Strict,
     StrictBool,
     StrictInt,
     ValidationError,
+    WithJsonSchema,
     field_validator,
 )
 
@@ -28,24 +37,50 @@ from costboard.ingest.normalize import Tokens, UsageError, normalize_usage
 MAX_EVENTS = 1000
 MAX_BODY_BYTES = 5 * 1024 * 1024
 MAX_TOKENS = 10**12
+MAX_TURN = 2**31 - 1  # the turn number's column is a 32-bit integer
+MAX_DEPTH = 32  # CONTRACT §7: metadata, context and usage nest at most this deep
+MAX_MILLISECONDS = 2**31 - 1  # the step's duration column: about 24.8 days
+# Years outside these are typing mistakes, and near Python's year 1 and 9999 the conversion
+# to UTC (or a period's end) would overflow.
+FIRST_YEAR, LAST_YEAR = 1970, 2999
 
 TokenCount = Annotated[StrictInt, Field(ge=0, le=MAX_TOKENS)]
 ExternalId = Annotated[str, Field(min_length=1, max_length=128)]
-# A JSON number: an int, or a Decimal (json.loads parses fractions as Decimal); never a
+TurnNumber = Annotated[StrictInt, Field(ge=1, le=MAX_TURN)]
+# A JSON number: an int, or a Decimal (json_loads reads fractions as Decimal); never a
 # string or a bool. Strict types, so no Python validator runs per event.
-Milliseconds = (
-    Annotated[StrictInt, Field(ge=0, le=10**10)]
-    | Annotated[Decimal, Strict(), Field(ge=0, le=10**10)]
-)
+Milliseconds = Annotated[
+    Annotated[StrictInt, Field(ge=0, le=MAX_MILLISECONDS)]
+    | Annotated[Decimal, Strict(), Field(ge=0, le=MAX_MILLISECONDS)],
+    WithJsonSchema(
+        {"type": "number", "minimum": 0, "maximum": MAX_MILLISECONDS, "description": "ms"}
+    ),
+]
+
+
+# ISO 8601 text, checked in validate_event: a Python validator here would run per event,
+# and costs more than the rest of the event's validation (pydantic alone would read a
+# number as seconds since 1970).
+Timestamp = Annotated[
+    datetime,
+    WithJsonSchema(
+        {
+            "type": "string",
+            "format": "date-time",
+            "description": "ISO 8601, from 1970 to 2999; without an offset it is UTC",
+        }
+    ),
+]
 
 
 class _Event(BaseModel):
     model_config = ConfigDict(extra="forbid", str_strip_whitespace=True, frozen=True)
 
-    event_id: ExternalId | None = None
-    # ISO 8601; without an offset it is UTC (see `at`: done there, not in a validator, as a
-    # Python validator per event costs more than the rest of its validation).
-    timestamp: datetime | None = None
+    event_id: ExternalId | None = Field(
+        default=None, description="idempotency key within the project: a replay changes nothing"
+    )
+    # ISO 8601; without an offset it is UTC (see `at`).
+    timestamp: Timestamp | None = Field(default=None, description="when it happened; absent: now")
 
     def at(self, now: datetime) -> datetime:
         """When the event happened: its timestamp, aware (UTC if it had no offset), else now."""
@@ -56,14 +91,40 @@ class _Event(BaseModel):
 
 
 class SessionEvent(_Event):
+    """A session's attributes and caps; sessions are also created by their first step."""
+
     type: Literal["session"]
     session_id: ExternalId
-    user_id: Annotated[str, Field(max_length=128)] | None = None
-    parent_session_id: ExternalId | None = None
-    token_cap: Annotated[StrictInt, Field(ge=1, le=MAX_TOKENS)] | None = None
-    cost_cap_usd: Annotated[Decimal, Field(ge=0, max_digits=14, decimal_places=4)] | None = None
-    ended: StrictBool | None = None
-    metadata: dict[str, Any] | None = None
+    user_id: Annotated[str, Field(max_length=128)] | None = Field(
+        default=None, description="your end user: spend per user"
+    )
+    parent_session_id: ExternalId | None = Field(
+        default=None, description="a fork of this session: it gets a fresh budget"
+    )
+    token_cap: Annotated[StrictInt, Field(ge=1, le=MAX_TOKENS)] | None = Field(
+        default=None, description="input + output tokens; absent: the project's, else 100000"
+    )
+    cost_cap_usd: (
+        Annotated[
+            Decimal,
+            Field(ge=0, max_digits=14, decimal_places=4),
+            WithJsonSchema(
+                {
+                    "anyOf": [
+                        {"type": "number", "minimum": 0, "maximum": 9999999999},
+                        {"type": "string", "pattern": r"^\s*\+?[0-9]{1,10}(\.[0-9]{0,4})?\s*$"},
+                    ],
+                    "description": 'USD: a decimal string such as "5.00", or a JSON number; '
+                    "at most 4 decimal places and 10 digits before the point",
+                }
+            ),
+        ]
+        | None
+    ) = None
+    ended: StrictBool | None = Field(default=None, description="true: the session is over")
+    metadata: dict[str, Any] | None = Field(
+        default=None, description="merged into the stored metadata, key by key"
+    )
 
     @field_validator("cost_cap_usd", mode="before")
     @classmethod
@@ -77,20 +138,32 @@ class SessionEvent(_Event):
 
 
 class TurnEvent(_Event):
+    """A turn's text: what the user asked and what the agent answered (memory reads it)."""
+
     type: Literal["turn"]
     session_id: ExternalId
-    turn: Annotated[StrictInt, Field(ge=1)]
+    turn: TurnNumber = Field(description="1 for the session's first turn")
     user_message: Annotated[str, Field(max_length=1_000_000)] | None = None
     assistant_response: Annotated[str, Field(max_length=1_000_000)] | None = None
-    context: dict[str, Any] | None = None
+    context: dict[str, Any] | None = Field(
+        default=None, description="focus, selections, last query…: replaces the stored one"
+    )
 
 
 class StepEvent(_Event):
+    """One LLM call (or tool call): priced, rolled up, counted against its session's budget."""
+
     type: Literal["step"] = "step"
-    step_type: Annotated[str, Field(min_length=1, max_length=64)]
-    model: Annotated[str, Field(min_length=1, max_length=200)]
-    session_id: ExternalId | None = None
-    turn: Annotated[StrictInt, Field(ge=1)] | None = None
+    step_type: Annotated[str, Field(min_length=1, max_length=64)] = Field(
+        description="intent, filter, search, response, compress, …"
+    )
+    model: Annotated[str, Field(min_length=1, max_length=200)] = Field(
+        description="as the provider names it; an unknown one is stored unpriced"
+    )
+    session_id: ExternalId | None = Field(
+        default=None, description="absent: the project's system session"
+    )
+    turn: TurnNumber | None = None
     provider: Annotated[str, Field(max_length=64)] | None = None
     input_tokens: TokenCount | None = None
     output_tokens: TokenCount | None = None
@@ -100,7 +173,11 @@ class StepEvent(_Event):
     duration_ms: Milliseconds | None = None
     success: StrictBool = True
     error: Annotated[str, Field(max_length=20_000)] | None = None
-    usage: dict[str, Any] | None = None
+    usage: dict[str, Any] | None = Field(
+        default=None,
+        description="a provider's raw usage object (Anthropic Messages, OpenAI Chat Completions "
+        "or Responses, Gemini usageMetadata); explicit token fields win over it",
+    )
     metadata: dict[str, Any] | None = None
 
     def tokens(self) -> Tokens:
@@ -137,6 +214,154 @@ _MODELS: dict[str, type[_Event]] = {
     "turn": TurnEvent,
     "step": StepEvent,
 }
+# The free-form objects of each kind, checked for depth (CONTRACT §7).
+_NESTED: dict[type[_Event], tuple[str, ...]] = {
+    SessionEvent: ("metadata",),
+    TurnEvent: ("context",),
+    StepEvent: ("usage", "metadata"),
+}
+
+
+AnyEvent = Annotated[StepEvent | TurnEvent | SessionEvent, Field(union_mode="left_to_right")]
+EventList = Annotated[list[AnyEvent], Field(min_length=1, max_length=MAX_EVENTS)]
+
+
+class Batch(BaseModel):
+    """`{"events": [ … ]}`: 1 to 1000 events, stored all or nothing."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    events: EventList
+
+
+class EventsBody(RootModel[AnyEvent | Batch | EventList]):
+    """The body of POST /api/v1/events: one event, a batch, or a bare array of events. Its
+    schema documents what parse_events accepts; parse_events validates each event with the
+    event models themselves (fast, and every error at once)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "events": [
+                        {"type": "session", "session_id": "chat-42", "token_cap": 200000},
+                        {"type": "turn", "session_id": "chat-42", "turn": 1, "user_message": "Hi"},
+                        {
+                            "event_id": "call-1",
+                            "session_id": "chat-42",
+                            "turn": 1,
+                            "step_type": "response",
+                            "model": "claude-sonnet-4-5",
+                            "input_tokens": 1200,
+                            "output_tokens": 340,
+                            "cache_read_input_tokens": 45000,
+                            "duration_ms": 2310,
+                        },
+                    ]
+                }
+            ]
+        }
+    )
+
+
+# --- JSON bodies ------------------------------------------------------------------------------
+
+
+def json_number(text: str) -> int | Decimal:
+    """A JSON number with a fraction or an exponent: exact, as Decimal, never a float; a whole
+    one (100.0, 1e3) as int, since JSON Schema's "integer" includes it."""
+    if text[-1] != "0" and "e" not in text and "E" not in text and len(text) < 300:
+        return Decimal(text)  # the common 2310.5: a last digit that is not 0 is a fraction
+    number = Decimal(text)
+    if number.adjusted() > 308:
+        raise ValueError(f"the number {text[:24]} is beyond ±1e308, the range JSON parsers share")
+    if number == number.to_integral_value():
+        return int(number)
+    return number
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON: send a number or null")
+
+
+def json_loads(body: bytes) -> Any:
+    """A JSON body as Python: UTF-8 only (RFC 8259; json.loads would also take CESU-8
+    surrogates and UTF-16), numbers as json_number. ValueError if malformed; RecursionError
+    if nested past what Python parses."""
+    return json.loads(body.decode("utf-8"), parse_float=json_number, parse_constant=_no_constant)
+
+
+# NUL (PostgreSQL text and jsonb refuse it) or a surrogate, escaped: cheap to look for in the
+# body, so the walk that finds which field has one runs only when the body has one.
+_SUSPECT_ESCAPE = re.compile(r"\\u(?:0000|[dD][89abAB][0-9a-fA-F]{2}|[dD][c-fC-F][0-9a-fA-F]{2})")
+# after json.loads, valid surrogate pairs are one code point: any surrogate left is unpaired
+_BAD_CHAR = re.compile("[\x00\ud800-\udfff]")
+
+
+def may_hold_bad_text(body: str | bytes) -> bool:
+    text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
+    return _SUSPECT_ESCAPE.search(text) is not None
+
+
+def bad_text(value: Any, path: str = "") -> tuple[str, str] | None:
+    """The first string (key or value) in `value` with a NUL or an unpaired surrogate: its
+    dotted path and what to fix; None if there is none."""
+    stack: list[tuple[Any, str]] = [(value, path)]
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, str):
+            found = _BAD_CHAR.search(item)
+            if found is not None:
+                return where or "body", _bad_char_message(found.group())
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                in_key = _BAD_CHAR.search(key)
+                if in_key is not None:
+                    return where or "body", "a key " + _bad_char_message(in_key.group())
+                stack.append((child, f"{where}.{key}" if where else key))
+        elif isinstance(item, list):
+            stack.extend(
+                (child, f"{where}.{n}" if where else str(n)) for n, child in enumerate(item)
+            )
+    return None
+
+
+def text_fault(text: str) -> str | None:
+    """What is wrong with `text` for PostgreSQL (NUL, an unpaired surrogate), or None."""
+    found = _BAD_CHAR.search(text)
+    return None if found is None else _bad_char_message(found.group())
+
+
+def _bad_char_message(char: str) -> str:
+    if char == "\x00":
+        return "must not contain NUL (\\u0000): remove it"
+    return (
+        f"has an unpaired surrogate (\\u{ord(char):04x}): send valid UTF-8, or \\ud83d\\ude00 "
+        "pairs in JSON escapes"
+    )
+
+
+def too_deep(value: Any, limit: int = MAX_DEPTH) -> bool:
+    """Whether objects and arrays nest more than `limit` levels in `value` (itself level 1)."""
+    for child in value.values() if type(value) is dict else value:
+        if type(child) is dict or type(child) is list:
+            break
+    else:
+        return False  # the usual flat object, without building a level
+    level: list[Any] = [value]
+    for _ in range(limit):
+        level = [
+            child
+            for item in level
+            for child in (item.values() if type(item) is dict else item)
+            if type(child) is dict or type(child) is list
+        ]
+        if not level:
+            return False
+    return True
+
+
+# --- friendly errors --------------------------------------------------------------------------
 
 
 class BatchError(Exception):
@@ -152,24 +377,31 @@ class BatchError(Exception):
         self.event_count = event_count
 
 
-def _error(index: int | None, field: str, message: str) -> dict[str, Any]:
+def _error(index: int | None, field: str | None, message: str) -> dict[str, Any]:
     return {"index": index, "field": field, "message": message}
 
 
-def _friendly(model: type[_Event], err: Any) -> tuple[str, str]:
+def friendly(model: type[BaseModel] | None, err: Any) -> tuple[str, str]:
+    """A pydantic error as (field, message): the message says what to send instead."""
     loc = [str(part) for part in err["loc"]]
     if loc and loc[0] == "duration_ms":  # both members of its union failed: one message
         value = err.get("input")
-        return "duration_ms", f"must be a number of milliseconds from 0 to 10^10, got {value!r}"
-    field = ".".join(loc) or "event"
+        return (
+            "duration_ms",
+            f"must be a number of milliseconds from 0 to {MAX_MILLISECONDS}, got {value!r}",
+        )
+    field = ".".join(loc) or "body"
     kind = err["type"]
     if kind == "extra_forbidden":
-        known = [name for name in model.model_fields if name != "type"]
+        known = [name for name in model.model_fields if name != "type"] if model else []
         close = difflib.get_close_matches(loc[-1], known, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else f"; known fields: {', '.join(known)}"
         return field, f"unknown field{hint}"
     if kind == "missing":
-        return field, f"{field} is required for a {model.__name__.removesuffix('Event').lower()}"
+        if model is not None and issubclass(model, _Event):
+            kind_name = model.__name__.removesuffix("Event").lower()
+            return field, f"{field} is required for a {kind_name}"
+        return field, f"{field} is required"
     if kind in {"int_type", "int_parsing", "int_from_float"}:
         return field, f"must be a whole number (JSON integer), got {err.get('input')!r}"
     if kind == "bool_type":
@@ -182,6 +414,22 @@ def _friendly(model: type[_Event], err: Any) -> tuple[str, str]:
     return field, message
 
 
+def validation_errors(
+    exc: ValidationError, model: type[BaseModel] | None = None, *, index: int | None = None
+) -> list[dict[str, Any]]:
+    """A ValidationError as the API's error items, one per field and message."""
+    errors: list[dict[str, Any]] = []
+    for err in exc.errors(include_url=False):
+        field, message = friendly(model, err)
+        if not any(e["field"] == field and e["message"] == message for e in errors):
+            errors.append(_error(index, field, message))
+    return errors
+
+
+ISO_TIME = "must be an ISO 8601 time as a string, e.g. 2026-11-22T10:15:00Z"
+ISO_TIME_RANGE = f"must be a time from {FIRST_YEAR} to {LAST_YEAR}, e.g. 2026-11-22T10:15:00Z"
+
+
 def validate_event(index: int, raw: Any) -> tuple[Event | None, list[dict[str, Any]]]:
     if not isinstance(raw, dict):
         return None, [_error(index, "event", "each event must be a JSON object")]
@@ -191,21 +439,38 @@ def validate_event(index: int, raw: Any) -> tuple[Event | None, list[dict[str, A
         return None, [
             _error(index, "type", f"unknown event type {kind!r}; use session, turn or step")
         ]
+    timestamp = raw.get("timestamp")
+    if timestamp is not None and not isinstance(timestamp, str):
+        return None, [_error(index, "timestamp", ISO_TIME)]
     try:
         event = cast(Event, model.model_validate(raw))
     except ValidationError as exc:
-        errors: list[dict[str, Any]] = []
-        for err in exc.errors(include_url=False):
-            field, message = _friendly(model, err)
-            if not any(e["field"] == field and e["message"] == message for e in errors):
-                errors.append(_error(index, field, message))
-        return None, errors
+        return None, validation_errors(exc, model, index=index)
+    if event.timestamp is not None and not FIRST_YEAR <= event.timestamp.year <= LAST_YEAR:
+        return None, [_error(index, "timestamp", ISO_TIME_RANGE)]
+    for name in _NESTED[model]:
+        value = raw.get(name)
+        if value and too_deep(value, MAX_DEPTH):
+            return None, [_error(index, name, f"nests deeper than {MAX_DEPTH} levels: flatten it")]
     if isinstance(event, StepEvent) and event.usage is not None:
         try:
-            event.tokens()
+            tokens = event.tokens()
         except UsageError as exc:
             return None, [_error(index, exc.field, str(exc))]
+        if max(_counts(tokens)) > MAX_TOKENS:
+            return None, [_error(index, "usage", "token counts must be at most 10^12")]
     return event, []
+
+
+def _counts(tokens: Tokens) -> tuple[int, ...]:
+    return (
+        tokens.input_tokens,
+        tokens.output_tokens,
+        tokens.cache_read_input_tokens,
+        tokens.cache_creation_input_tokens,
+        tokens.cache_creation_1h_input_tokens,
+        tokens.reasoning_tokens,
+    )
 
 
 def parse_events(body: bytes) -> list[Event]:
@@ -222,9 +487,13 @@ def parse_events(body: bytes) -> list[Event]:
             ],
         )
     try:
-        payload = json.loads(body, parse_float=Decimal)
+        payload = json_loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
         raise BatchError(400, [_error(None, "body", f"malformed JSON: {exc}")]) from None
+    except RecursionError:
+        raise BatchError(
+            422, [_error(None, "body", f"nests deeper than {MAX_DEPTH} levels: flatten it")]
+        ) from None
 
     if isinstance(payload, dict) and "events" in payload:
         extra = sorted(set(payload) - {"events"})
@@ -250,9 +519,14 @@ def parse_events(body: bytes) -> list[Event]:
             event_count=len(raw_events),
         )
 
+    check_text = may_hold_bad_text(body)
     events: list[Event] = []
     errors: list[dict[str, Any]] = []
     for index, raw in enumerate(raw_events):
+        found = bad_text(raw) if check_text else None
+        if found is not None:
+            errors.append(_error(index, found[0], found[1]))
+            continue
         event, event_errors = validate_event(index, raw)
         if event_errors:
             errors.extend(event_errors)
@@ -261,13 +535,3 @@ def parse_events(body: bytes) -> list[Event]:
     if errors:
         raise BatchError(422, errors, event_count=len(raw_events))
     return events
-
-
-def event_json_schemas() -> dict[str, Any]:
-    """JSON Schemas of the three event kinds, for the OpenAPI document."""
-    return {
-        name.capitalize() + "Event": model.model_json_schema(
-            ref_template="#/components/schemas/{model}"
-        )
-        for name, model in _MODELS.items()
-    }

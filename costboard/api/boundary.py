@@ -1,0 +1,291 @@
+"""The API's one boundary: every JSON endpoint is a view decorated with `endpoint(Operation)`.
+
+The decorator answers wrong methods (405) and overlong query strings (414), resolves the key
+(`Authorization: Bearer` or `X-Costboard-Key`) to `request.project` on a typed `ApiRequest`
+(401 otherwise), and turns every refusal the view raises into the contract's body
+`{"errors": [{"index", "field", "message"}]}` with its status: an `ApiError`, which `parse`
+makes of the client's pydantic `ValidationError`, or ingest's `BatchError`. A ValidationError
+that escapes a view is the server's own (an answer that broke its model): a 500, not a 422.
+The `Operation` it records on the view is what costboard/api/openapi.py documents, so the
+URLconf, the views and the OpenAPI document cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from functools import wraps
+from typing import Annotated, Any, Literal, TypeVar, cast
+
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.utils import timezone
+from django.views.decorators.csrf import csrf_exempt
+from pydantic import AfterValidator, BaseModel, ValidationError
+from pydantic_core import PydanticCustomError
+
+from costboard.ingest.schemas import (
+    MAX_DEPTH,
+    BatchError,
+    bad_text,
+    json_loads,
+    text_fault,
+    too_deep,
+    validation_errors,
+)
+from costboard.models import ApiKey, Project
+
+# Longer query strings are refused (414) before anything reads them: the longest useful one
+# (a 500-character search in any script, percent-encoded, and a scope) fits well within.
+MAX_QUERY_STRING = 8 * 1024
+
+View = Callable[..., HttpResponse]
+Model = TypeVar("Model", bound=BaseModel)
+
+
+class ApiRequest(HttpRequest):
+    """A request whose key was checked: `project` is the key's project."""
+
+    project: Project
+
+
+class ApiError(Exception):
+    """A refusal: the HTTP status and the error items of the contract's body."""
+
+    def __init__(
+        self,
+        status: int,
+        field: str | None,
+        message: str,
+        *,
+        index: int | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.errors = [{"index": index, "field": field, "message": message}]
+        self.headers = dict(headers or {})
+
+    @classmethod
+    def of(cls, status: int, errors: list[dict[str, Any]]) -> ApiError:
+        """A refusal with several error items (one per field at fault)."""
+        refused = cls(status, errors[0]["field"], errors[0]["message"], index=errors[0]["index"])
+        refused.errors = errors
+        return refused
+
+
+def errors_response(
+    status: int, errors: list[dict[str, Any]], *, headers: Mapping[str, str] | None = None
+) -> JsonResponse:
+    response = JsonResponse({"errors": errors}, status=status)
+    for name, value in (headers or {}).items():
+        response[name] = value
+    return response
+
+
+def error_response(status: int, field: str | None, message: str) -> JsonResponse:
+    return errors_response(status, [{"index": None, "field": field, "message": message}])
+
+
+def refusal(exc: ApiError | BatchError | ValidationError) -> JsonResponse:
+    """The one error mapper: any refusal as the contract's error body and status."""
+    if isinstance(exc, ValidationError):
+        return errors_response(422, validation_errors(exc))
+    if isinstance(exc, BatchError):
+        return errors_response(exc.status, exc.errors)
+    return errors_response(exc.status, exc.errors, headers=exc.headers)
+
+
+def model_response(body: BaseModel, *, status: int = 200) -> JsonResponse:
+    return JsonResponse(body.model_dump(mode="json"), status=status)
+
+
+# --- keys -------------------------------------------------------------------------------------
+
+
+def project_for_key(raw_key: str) -> Project | None:
+    """The project an active key belongs to (one query), noting its use once a minute."""
+    key = (
+        ApiKey.objects.select_related("project")
+        .filter(key_hash=ApiKey.hash_of(raw_key), revoked_at__isnull=True)
+        .first()
+    )
+    if key is None:
+        return None
+    now = timezone.now()
+    if key.last_used_at is None or now - key.last_used_at > timedelta(minutes=1):
+        ApiKey.objects.filter(pk=key.pk).update(last_used_at=now)
+    return key.project
+
+
+def bearer_key(request: HttpRequest) -> str:
+    header = request.headers.get("Authorization", "")
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() == "bearer" and value.strip():
+        return value.strip()
+    return request.headers.get("X-Costboard-Key", "").strip()
+
+
+def _project_or_refusal(request: HttpRequest) -> Project | JsonResponse:
+    raw_key = bearer_key(request)
+    if not raw_key:
+        return error_response(
+            401, "Authorization", "missing API key: send Authorization: Bearer <key>"
+        )
+    project = project_for_key(raw_key)
+    if project is None:
+        return error_response(
+            401,
+            "Authorization",
+            "unknown or revoked API key: create one with "
+            "`python manage.py create_api_key <project>`",
+        )
+    return project
+
+
+# --- what an endpoint is, for the views and the document --------------------------------------
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One documented response: a model (JSON), or a raw schema for another media type."""
+
+    description: str
+    model: type[BaseModel] | None = None
+    media_type: str = "application/json"
+    schema: Mapping[str, Any] | None = None
+    headers: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # OpenAPI headers
+    alternatives: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Operation:
+    """An endpoint as the OpenAPI document shows it. 401 (keyed endpoints), 405 and 414 are
+    added to every operation; 400 and 413 to those with a body; 422 to those that validate."""
+
+    method: Literal["GET", "POST"]
+    summary: str
+    responses: Mapping[int, Reply]
+    description: str = ""
+    query: type[BaseModel] | None = None
+    body: type[BaseModel] | None = None
+    # media types beside the body model's application/json, e.g. OTLP's protobuf
+    body_alternatives: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    path_parameters: Mapping[str, str] = field(default_factory=dict)  # name → description
+    auth: bool = True
+    tag: str = "usage"
+
+
+def endpoint(operation: Operation) -> Callable[[View], View]:
+    """Make `view` an API endpoint described by `operation` (see the module's docstring)."""
+
+    def decorate(view: View) -> View:
+        @wraps(view)
+        def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+            if request.method != operation.method:
+                message = f"{request.method} is not allowed here: use {operation.method}"
+                return errors_response(
+                    405,
+                    [{"index": None, "field": "method", "message": message}],
+                    headers={"Allow": operation.method},
+                )
+            query_string = request.META.get("QUERY_STRING", "")
+            if len(query_string) > MAX_QUERY_STRING:
+                return error_response(
+                    414,
+                    "query",
+                    f"the query string is {len(query_string)} bytes; at most "
+                    f"{MAX_QUERY_STRING}: ask for less",
+                )
+            if operation.auth:
+                project = _project_or_refusal(request)
+                if isinstance(project, JsonResponse):
+                    return project
+                cast(ApiRequest, request).project = project
+            try:
+                return view(request, *args, **kwargs)
+            except (ApiError, BatchError) as exc:
+                # a ValidationError that escapes is the server's (an answer's model): a 500
+                return refusal(exc)
+
+        api_view = csrf_exempt(wrapper)  # a key, not a cookie, says who is asking
+        _OPERATIONS[api_view] = operation
+        return api_view
+
+    return decorate
+
+
+# view → its operation: what the OpenAPI document reads, walking the URLconf
+_OPERATIONS: dict[Callable[..., Any], Operation] = {}
+
+
+def operation_of(view: Callable[..., Any]) -> Operation | None:
+    return _OPERATIONS.get(view)
+
+
+# --- parsing ----------------------------------------------------------------------------------
+
+
+def _no_bad_characters(value: str) -> str:
+    fault = text_fault(value)
+    if fault is not None:
+        raise PydanticCustomError("text", fault)
+    return value
+
+
+# Text for PostgreSQL: no NUL, no unpaired surrogate (CONTRACT §7).
+SafeText = Annotated[str, AfterValidator(_no_bad_characters)]
+
+
+def parse(model: type[Model], data: Any) -> Model:
+    """`data` (a body, a query) as `model`, or a 422 naming each field at fault."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise ApiError.of(422, validation_errors(exc)) from None
+
+
+def parse_query(request: HttpRequest, model: type[Model]) -> Model:
+    """The query string as `model`, or a 422 naming each parameter at fault."""
+    return parse(model, request.GET.dict())
+
+
+def path_text(name: str, value: str) -> str:
+    """A text path parameter, refused (422) if PostgreSQL could not compare it."""
+    fault = text_fault(value)
+    if fault is not None:
+        raise ApiError(422, name, fault)
+    return value
+
+
+def read_body(request: HttpRequest, *, limit: int, what: str) -> bytes:
+    """The body, or 413 past `limit` bytes (told by Content-Length before it is read)."""
+    length = request.META.get("CONTENT_LENGTH") or "0"
+    size = int(length) if length.isdigit() else 0
+    if size <= limit:
+        size = len(request.body)
+    if size > limit:
+        raise ApiError(413, "body", f"body is {size} bytes; at most {limit}: {what}")
+    return request.body
+
+
+def json_object(request: HttpRequest, *, limit: int, example: str) -> dict[str, Any]:
+    """A small JSON object body, checked whole: 413 past `limit`, 400 if malformed, 422 if
+    not an object, nested past 32 levels, or holding NUL or unpaired surrogates."""
+    body = read_body(request, limit=limit, what="send less")
+    try:
+        payload = json_loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ApiError(
+            400, "body", f"malformed JSON ({exc}): send a JSON object, e.g. {example}"
+        ) from None
+    except RecursionError:
+        raise ApiError(422, "body", f"nests deeper than {MAX_DEPTH} levels: flatten it") from None
+    if not isinstance(payload, dict):
+        raise ApiError(422, "body", f"must be a JSON object, e.g. {example}")
+    found = bad_text(payload)
+    if found is not None:
+        raise ApiError(422, found[0], found[1])
+    if too_deep(payload, MAX_DEPTH):
+        raise ApiError(422, "body", f"nests deeper than {MAX_DEPTH} levels: flatten it")
+    return payload

@@ -1,0 +1,159 @@
+"""Pydantic models of the cost API's answers (CONTRACT §3): what the OpenAPI document shows and
+the contract test checks real responses against.
+
+Answers keep unknown keys (`extra="allow"`): a field added on the server side reaches the
+client even before its model names it, and the document never forbids it.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+
+# USD as the API writes it (costboard.models.usd): every significant digit, at least cents.
+Money = Annotated[
+    str,
+    WithJsonSchema(
+        {"type": "string", "pattern": r"^-?[0-9]+\.[0-9]{2,}$", "description": "USD, decimal"}
+    ),
+]
+# A time as the API writes it: `datetime.isoformat()`, kept as written.
+IsoTime = Annotated[str, WithJsonSchema({"type": "string", "format": "date-time"})]
+Count = Annotated[int, Field(ge=0)]
+
+
+class Answer(BaseModel):
+    """A response body."""
+
+    model_config = ConfigDict(extra="allow", json_schema_serialization_defaults_required=True)
+
+
+class ErrorItem(Answer):
+    index: int | None = Field(description="the event's place in the batch; null: the request")
+    field: str | None = Field(description="the field, parameter or header to fix")
+    message: str = Field(description="what is wrong and what to send instead")
+
+
+class Errors(Answer):
+    """Every refusal: 400 malformed, 401 key, 404 unknown, 405 method, 413 body too large,
+    414 query string too long, 415 content type, 422 invalid."""
+
+    errors: list[ErrorItem] = Field(min_length=1)
+
+
+class SessionBudget(Answer):
+    """A session's budget: `costboard.budgets.caps.session_budget`, field for field."""
+
+    session_id: str
+    state: Literal["ok", "warning", "exhausted"] = Field(
+        description="warning past warn_at_pct of a cap; exhausted at a cap: stop"
+    )
+    runaway: bool = Field(description="a runaway rule fired (burn rate, retry loop, overrun)")
+    tokens_used: Count = Field(description="input + output tokens")
+    token_cap: Count
+    cost_usd: Money
+    cost_cap_usd: Money
+    turns: Count
+    steps: Count
+    warned_at: IsoTime | None
+    exhausted_at: IsoTime | None
+
+
+class BudgetEvent(Answer):
+    kind: str = Field(description="soft_warned, exhausted, runaway, cap_changed, …")
+    at: IsoTime
+    tokens_used: Count = Field(description="the session's tokens then")
+    cost_usd: Money = Field(description="the session's cost then")
+    detail: dict[str, Any] = Field(description="a runaway's rule and evidence; a cap change")
+
+
+class SessionBudgetDetail(SessionBudget):
+    events: list[BudgetEvent] = Field(description="oldest first")
+
+
+class EventsResponse(Answer):
+    accepted: Count = Field(description="events stored")
+    duplicates: Count = Field(description="replays of an event_id already stored: no change")
+    sessions: dict[str, SessionBudget] = Field(
+        description="every session the batch touched, by session_id"
+    )
+
+
+# --- OTLP (documented; the view speaks protobuf's own JSON mapping) --------------------------
+
+
+class PartialSuccess(Answer):  # OTLP JSON's own camelCase names, here and below
+    rejectedSpans: str | None = Field(
+        default=None, description="spans not stored (an int64, as OTLP JSON writes it)"
+    )
+    errorMessage: str | None = Field(default=None)
+
+
+class ExportTraceServiceResponse(Answer):
+    """OTLP's answer; partialSuccess only when spans were rejected."""
+
+    model_config = ConfigDict(json_schema_serialization_defaults_required=False)
+
+    partialSuccess: PartialSuccess | None = None
+
+
+class RpcStatus(Answer):
+    """google.rpc.Status: OTLP/HTTP's error body (400, 413), in the request's format."""
+
+    code: int
+    message: str
+
+
+class OtlpAnyValue(BaseModel):
+    stringValue: str | None = None
+    intValue: int | str | None = None
+    doubleValue: float | None = None
+    boolValue: bool | None = None
+
+
+class OtlpKeyValue(BaseModel):
+    key: str
+    value: OtlpAnyValue
+
+
+class OtlpSpanStatus(BaseModel):
+    code: int | None = Field(default=None, description="2: error")
+    message: str | None = None
+
+
+class OtlpSpanJson(BaseModel):
+    """A span. Every field is optional, as in protobuf; a span without its ids or start time
+    is not stored but counted in partialSuccess."""
+
+    traceId: str | None = Field(default=None, description="32 hex digits")
+    spanId: str | None = Field(default=None, description="16 hex digits")
+    parentSpanId: str | None = None
+    name: str | None = None
+    startTimeUnixNano: str | int | None = Field(default=None, description="nanoseconds, UTC")
+    endTimeUnixNano: str | int | None = None
+    attributes: list[OtlpKeyValue] | None = Field(
+        default=None,
+        description="gen_ai.usage.*, gen_ai.request.model / gen_ai.response.model, "
+        "gen_ai.provider.name, gen_ai.conversation.id or session.id, gen_ai.operation.name",
+    )
+    status: OtlpSpanStatus | None = None
+
+
+class OtlpScopeSpans(BaseModel):
+    spans: list[OtlpSpanJson] | None = None
+
+
+class OtlpResource(BaseModel):
+    attributes: list[OtlpKeyValue] | None = None
+
+
+class OtlpResourceSpans(BaseModel):
+    resource: OtlpResource | None = None
+    scopeSpans: list[OtlpScopeSpans] | None = None
+
+
+class ExportTraceServiceRequest(BaseModel):
+    """OTLP JSON (the parts Costboard reads; other fields are ignored)."""
+
+    resourceSpans: list[OtlpResourceSpans] | None = None
