@@ -22,10 +22,12 @@ run: install
 	$(PY) manage.py ensure_admin
 	@echo "Costboard on http://127.0.0.1:$(PORT)/"
 	@# the periodic jobs (runaway sweep, retention) beside the server: Celery beat's work
-	@# when there is no broker; with one, run `celery -A costboard worker --beat` instead
+	@# when there is no broker; with one, run `celery -A costboard worker --beat` instead.
+	@# No request-line limit in gunicorn: the API answers a query string past 8 KB with its
+	@# own JSON 414, which gunicorn's 4 KB default would pre-empt with a bare 400.
 	$(PY) manage.py guard_sweep --every 60 & sweep=$$!; trap "kill $$sweep" EXIT INT TERM; \
 	$(VENV)/bin/gunicorn costboard.wsgi --bind 127.0.0.1:$(PORT) --workers 2 --threads 4 \
-		--access-logfile -
+		--limit-request-line 0 --access-logfile -
 
 test: install
 	$(VENV)/bin/pytest

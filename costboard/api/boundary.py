@@ -14,16 +14,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import timedelta
 from functools import wraps
 from typing import Annotated, Any, Literal, TypeVar, cast
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 from pydantic import AfterValidator, BaseModel, ValidationError
 from pydantic_core import PydanticCustomError
 
+from costboard.api.keys import project_for_key
 from costboard.ingest.schemas import (
     MAX_DEPTH,
     BatchError,
@@ -33,7 +32,7 @@ from costboard.ingest.schemas import (
     too_deep,
     validation_errors,
 )
-from costboard.models import ApiKey, Project
+from costboard.models import Project
 
 # Longer query strings are refused (414) before anything reads them: the longest useful one
 # (a 500-character search in any script, percent-encoded, and a scope) fits well within.
@@ -101,21 +100,6 @@ def model_response(body: BaseModel, *, status: int = 200) -> JsonResponse:
 
 
 # --- keys -------------------------------------------------------------------------------------
-
-
-def project_for_key(raw_key: str) -> Project | None:
-    """The project an active key belongs to (one query), noting its use once a minute."""
-    key = (
-        ApiKey.objects.select_related("project")
-        .filter(key_hash=ApiKey.hash_of(raw_key), revoked_at__isnull=True)
-        .first()
-    )
-    if key is None:
-        return None
-    now = timezone.now()
-    if key.last_used_at is None or now - key.last_used_at > timedelta(minutes=1):
-        ApiKey.objects.filter(pk=key.pk).update(last_used_at=now)
-    return key.project
 
 
 def bearer_key(request: HttpRequest) -> str:

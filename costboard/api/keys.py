@@ -3,9 +3,10 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.db import transaction
+from django.utils import timezone
 
 from costboard.models import ApiKey, Project
 
@@ -25,3 +26,19 @@ def project_key_create(*, slug: str, name: str = "") -> tuple[Project, bool, str
         )
         _, raw_key = ApiKey.issue(project=project, name=name)
     return project, created, raw_key
+
+
+def project_for_key(raw_key: str) -> Project | None:
+    """The project an active key belongs to (one query), noting the key's use at most once a
+    minute (so a busy agent's requests don't all write its row)."""
+    key = (
+        ApiKey.objects.select_related("project")
+        .filter(key_hash=ApiKey.hash_of(raw_key), revoked_at__isnull=True)
+        .first()
+    )
+    if key is None:
+        return None
+    now = timezone.now()
+    if key.last_used_at is None or now - key.last_used_at > timedelta(minutes=1):
+        ApiKey.objects.filter(pk=key.pk).update(last_used_at=now)
+    return key.project

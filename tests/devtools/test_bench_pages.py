@@ -28,7 +28,8 @@ def test_bench_pages_times_every_page_and_fragment(agent: Agent, priced: None) -
     services.memory_approve(kept, by=None)
     services.candidate_propose(project=agent.project, type="project", content="Deploy on Fridays")
     out = StringIO()
-    call_command("bench_pages", runs=3, warmup=0, stdout=out, stderr=StringIO())
+    # a target no machine misses: this test reads the report, it does not time the pages
+    call_command("bench_pages", runs=3, warmup=0, target_ms=600_000, stdout=out, stderr=StringIO())
     lines = out.getvalue().splitlines()
     assert lines[0].startswith("data: 24 steps, 4 sessions, 12 turns in 1 projects")
     rows = [m for line in lines if (m := ROW.match(line))]
@@ -66,7 +67,7 @@ def test_bench_pages_times_every_page_and_fragment(agent: Agent, priced: None) -
         assert 1 <= int(m["queries"]) <= 14, m.group(0)
         assert float(m["kb"]) > 0
         assert "HTTP" not in m["flag"]
-    assert lines[-1].startswith(f"{len(cases)} of {len(cases)} pages under 300 ms p95")
+    assert lines[-1].startswith(f"{len(cases)} of {len(cases)} pages under 600000 ms p95")
 
 
 def test_bench_pages_flags_a_page_over_the_target(agent: Agent, priced: None) -> None:  # noqa: F811
