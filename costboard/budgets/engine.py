@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from decimal import Decimal
+from operator import attrgetter
 from typing import Any, Protocol
 
 OK = "ok"
@@ -71,6 +72,17 @@ class Ledger:
             and self.acknowledged_at is not None
             and self.acknowledged_at >= self.runaway_at
         )
+
+
+class SpendLike(Protocol):
+    """What one step adds, and when: a Spend, or any row with these three (ingest's steps)."""
+
+    @property
+    def at(self) -> datetime: ...
+    @property
+    def tokens(self) -> int: ...
+    @property
+    def cost_usd(self) -> Decimal: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,14 +132,17 @@ class Outcome:
 _Moment = tuple[datetime, int, Decimal]  # a time, and the totals then
 
 
+_BY_TIME = attrgetter("at")
+
+
 def _first_moment(
-    spends: Sequence[Spend], tokens: int, cost: Decimal, hit: Any, otherwise: _Moment
+    spends: Sequence[SpendLike], tokens: int, cost: Decimal, hit: Any, otherwise: _Moment
 ) -> _Moment:
     """When `hit(tokens, cost)` first holds: before any spend (at `otherwise`'s time, with the
     totals as they were), else at the spend that made it hold, else `otherwise`."""
     if hit(tokens, cost):
         return otherwise[0], tokens, cost
-    for spend in spends:
+    for spend in sorted(spends, key=_BY_TIME):
         tokens += spend.tokens
         cost += spend.cost_usd
         if hit(tokens, cost):
@@ -135,8 +150,8 @@ def _first_moment(
     return otherwise
 
 
-def _totals_at(spends: Sequence[Spend], tokens: int, cost: Decimal, at: datetime) -> _Moment:
-    for spend in spends:
+def _totals_at(spends: Sequence[SpendLike], tokens: int, cost: Decimal, at: datetime) -> _Moment:
+    for spend in sorted(spends, key=_BY_TIME):
         if spend.at > at:
             break
         tokens += spend.tokens
@@ -154,19 +169,22 @@ def budget_decide(
     ledger: Ledger,
     limits: Limits,
     at: datetime,
-    spends: Sequence[Spend] = (),
+    spends: Sequence[SpendLike] = (),
+    added: tuple[int, Decimal] | None = None,
     old_limits: Limits | None = None,
     flag: Flag | None = None,
     acknowledged_at: datetime | None = None,
     stops_runaways: bool = True,
 ) -> Outcome:
-    """The ledger after `spends` (sorted by time), a limit change from `old_limits`, a runaway
-    `flag` and an acknowledgement at `acknowledged_at`, and the crossings to record. `at` is
-    when the decision is made: the time of a crossing no spend caused."""
-    spends = sorted(spends, key=lambda s: s.at)
+    """The ledger after `spends` (in any order: taken in time order), a limit change from
+    `old_limits`, a runaway `flag` and an acknowledgement at `acknowledged_at`, and the
+    crossings to record. `at` is when the decision is made: the time of a crossing no spend
+    caused. `added`: the spends' tokens and cost when the caller has summed them already
+    (ingest, in integers); the spends are then read only to time a crossing."""
     before_tokens, before_cost = ledger.tokens_used, ledger.cost_usd
-    tokens = before_tokens + sum(s.tokens for s in spends)
-    cost = before_cost + sum((s.cost_usd for s in spends), Decimal(0))
+    if added is None:
+        added = (sum(s.tokens for s in spends), sum((s.cost_usd for s in spends), Decimal(0)))
+    tokens, cost = before_tokens + added[0], before_cost + added[1]
     now: _Moment = (at, tokens, cost)
     crossings: list[Crossing] = []
 

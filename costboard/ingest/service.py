@@ -41,7 +41,7 @@ from django.utils import timezone
 
 from costboard.budgets.alerts import announce
 from costboard.budgets.caps import SessionBudget, caps_for, session_budget
-from costboard.budgets.engine import Flag, Ledger, Spend, budget_decide
+from costboard.budgets.engine import Flag, Ledger, budget_decide
 from costboard.budgets.services import budget_events_of
 from costboard.hooks import Ingested, after_ingest_run
 from costboard.ingest.latency import latency_bucket
@@ -117,6 +117,19 @@ class _Step:
     @property
     def cost_pico(self) -> int:
         return self.counts[9]
+
+    # what the budget engine reads of a spend (only to time a crossing: sums come summed)
+    @property
+    def at(self) -> datetime:
+        return self.ts
+
+    @property
+    def tokens(self) -> int:
+        return self.counts[0] + self.counts[1]
+
+    @property
+    def cost_usd(self) -> Decimal:
+        return pico_usd(self.counts[9])
 
 
 @dataclass(slots=True)
@@ -917,7 +930,8 @@ def _sessions_update(
             ),
             limits=caps,
             old_limits=old_caps,
-            spends=[Spend(s.ts, s.tokens_used, pico_usd(s.cost_pico)) for s in new_steps],
+            spends=new_steps,
+            added=(totals.input_tokens + totals.output_tokens, totals.cost_usd),
             flag=runaways.get(key),
             # a crossing no step caused (a cap given in this batch): the session event's time
             at=touch.event_at or now,

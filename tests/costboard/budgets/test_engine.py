@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
@@ -141,6 +141,26 @@ def test_a_cap_change_is_recorded_with_both_caps_and_states() -> None:
     assert (outcome.ledger.warned_at, outcome.ledger.exhausted_at) == (None, None)
     same = budget_decide(ledger=outcome.ledger, limits=raised, old_limits=raised, at=T0)
     assert same.crossings == ()  # equal caps are no change
+
+
+@given(
+    before=st.integers(0, 1500),
+    # distinct times: two spends at the same instant may cross in either order
+    batch=st.lists(
+        st.tuples(st.integers(0, 60), st.integers(0, 400)), max_size=8, unique_by=lambda s: s[0]
+    ),
+)
+@settings(max_examples=200, deadline=None, derandomize=True)
+def test_spends_summed_by_the_caller_decide_the_same(
+    before: int, batch: list[tuple[int, int]]
+) -> None:
+    """Ingest passes its own integer sums (`added`): the outcome is the same as summing."""
+    spends = [spend(seconds, tokens, f"0.{tokens:04d}") for seconds, tokens in batch]
+    ledger = Ledger(tokens_used=before, cost_usd=Decimal(before) / 1000)
+    summed = (sum(s.tokens for s in spends), sum((s.cost_usd for s in spends), Decimal(0)))
+    assert budget_decide(ledger=ledger, limits=CAPS, spends=spends, at=T0) == budget_decide(
+        ledger=ledger, limits=CAPS, spends=list(reversed(spends)), added=summed, at=T0
+    )
 
 
 # --- the state machine ---------------------------------------------------------------------
