@@ -9,7 +9,6 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
 
-from costboard.api.keys import api_keys_revoke
 from costboard.budgets import services as budget_services
 from costboard.budgets.alerts import alert_deliveries_retry
 from costboard.budgets.services import PROJECT_CAP_FIELDS as CAP_FIELDS
@@ -28,6 +27,7 @@ from costboard.models import (
     WebhookEndpoint,
 )
 from costboard.pricing import services as pricing_services
+from costboard.projects import api_keys_revoke
 
 RATE_FIELDS = (
     "input_mtok",

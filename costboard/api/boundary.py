@@ -22,7 +22,6 @@ from django.views.decorators.csrf import csrf_exempt
 from pydantic import AfterValidator, BaseModel, ValidationError
 from pydantic_core import PydanticCustomError
 
-from costboard.api.keys import project_for_key
 from costboard.ingest.schemas import (
     MAX_DEPTH,
     BatchError,
@@ -33,6 +32,7 @@ from costboard.ingest.schemas import (
     validation_errors,
 )
 from costboard.models import Project
+from costboard.projects import project_for_key
 
 # Longer query strings are refused (414) before anything reads them: the longest useful one
 # (a 500-character search in any script, percent-encoded, and a scope) fits well within.

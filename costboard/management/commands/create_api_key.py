@@ -5,7 +5,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils.text import slugify
 
-from costboard.api.keys import project_key_create
+from costboard.projects import project_key_create
 
 
 class Command(BaseCommand):

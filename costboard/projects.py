@@ -1,5 +1,6 @@
-"""API keys: each resolves to its project (the API's auth reads them); issued by
-`create_api_key` or the admin (`ApiKey.issue`, the key shown once), revoked here."""
+"""Writes to projects and their API keys: a project and key made by `create_api_key`, keys
+revoked in the admin, a key's use noted when the API resolves it to its project. (A key is
+issued by `ApiKey.issue`: shown once, only its hash stored.)"""
 
 from __future__ import annotations
 
