@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from costboard.models import Project
 
@@ -50,8 +49,3 @@ def hourly_register(job: HourlyJob) -> None:
 
 def hourly_run() -> list[str]:
     return [job() for job in _hourly]
-
-
-def registered() -> dict[str, list[Any]]:
-    """What is registered (for tests and `costboard_status`)."""
-    return {"after_ingest": list(_after_ingest), "hourly": list(_hourly)}

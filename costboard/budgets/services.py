@@ -33,7 +33,7 @@ BUDGET_FIELDS = [
 ]
 
 
-CENT_100 = Decimal("0.0001")  # a USD cap's places
+CAP_PLACES = Decimal("0.0001")  # a USD cap is kept to 4 places
 RECHECK_TASK = "costboard.tasks.project_budgets_recheck"
 PROJECT_CAP_FIELDS = (
     "token_cap",
@@ -178,7 +178,9 @@ def session_caps_set(
             changed.append("token_cap")
         if not isinstance(cost_cap_usd, _Keep):
             # as the column keeps it (4 places), so the event records what is stored
-            session.cost_cap_usd = None if cost_cap_usd is None else cost_cap_usd.quantize(CENT_100)
+            session.cost_cap_usd = (
+                None if cost_cap_usd is None else cost_cap_usd.quantize(CAP_PLACES)
+            )
             changed.append("cost_cap_usd")
         outcome, caps = _decide(session, old_limits=old_caps, at=at)
         return _apply(session, outcome, caps, *changed)

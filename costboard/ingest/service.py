@@ -106,10 +106,6 @@ class _Step:
     sig: int  # what makes two steps of a turn "the same step" (turn_rules); 0 outside turns
 
     @property
-    def tokens_used(self) -> int:
-        return self.counts[0] + self.counts[1]
-
-    @property
     def prompt_tokens(self) -> int:
         """The prompt's size: input, cache reads and cache writes."""
         return self.counts[0] + self.counts[2] + self.counts[3]
@@ -125,6 +121,7 @@ class _Step:
 
     @property
     def tokens(self) -> int:
+        """Tokens used: input + output."""
         return self.counts[0] + self.counts[1]
 
     @property
@@ -1223,10 +1220,10 @@ def _model_usage_upsert(
         key = (session_ids[step.session_key], step.model)
         group = groups.get(key)
         if group is None:
-            groups[key] = [1, step.tokens_used, step.cost_pico]
+            groups[key] = [1, step.tokens, step.cost_pico]
         else:
             group[0] += 1
-            group[1] += step.tokens_used
+            group[1] += step.tokens
             group[2] += step.cost_pico
     if not groups:
         return
