@@ -93,6 +93,8 @@ def test_review_memories_in_chromium(live_server: Any, page: Any) -> None:
     row(1).locator("button", has_text="Edit").click()
     textarea = row(1).locator("textarea[name=content]")
     textarea.wait_for()
+    # the form focuses its text after htmx settles the swap: wait for it, as later steps do
+    page.wait_for_function("document.activeElement.name === 'content'", timeout=5000)
     assert page.evaluate("document.activeElement.name") == "content"
     counter = row(1).locator("output.counter")
     expect(counter).to_have_text(f"{len(SENTENCES[1])}/150")
