@@ -1,17 +1,21 @@
 from __future__ import annotations
 
+import json
 import re
+from decimal import Decimal
 from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
 from django.db.models import QuerySet
+from django.forms.fields import InvalidJSONInput
 from django.http import HttpRequest
 from django.utils import timezone
 
 from costboard.budgets import services as budget_services
 from costboard.budgets.alerts import alert_deliveries_retry
 from costboard.budgets.services import PROJECT_CAP_FIELDS as CAP_FIELDS
+from costboard.ingest.schemas import MAX_TOKENS, bad_text
 from costboard.models import (
     ALERT_KINDS,
     AlertDelivery,
@@ -20,13 +24,16 @@ from costboard.models import (
     DailyRollup,
     Membership,
     ModelPrice,
+    OutboxItem,
     Project,
     Session,
     Step,
     Turn,
     WebhookEndpoint,
 )
+from costboard.outbox import outbox_retry
 from costboard.pricing import services as pricing_services
+from costboard.pricing.rates import micros_of_day, windows_overlap
 from costboard.projects import api_keys_revoke
 
 RATE_FIELDS = (
@@ -38,9 +45,55 @@ RATE_FIELDS = (
 )
 
 
+MAX_RATE = Decimal(10**10)  # the rate columns' 20 digits, 10 after the point
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON: write a number or a decimal string")
+
+
+class TiersField(forms.JSONField):
+    """The tiers as JSON read with the API's rules: NaN and Infinity are not JSON (PostgreSQL's
+    jsonb refuses them), and JSON nested past what Python parses is refused, not a 500."""
+
+    def to_python(self, value: Any) -> Any:
+        if isinstance(value, str) and value.strip():
+            try:
+                json.loads(value, parse_constant=_no_constant)
+            except RecursionError:
+                raise forms.ValidationError("nests too deep: a list of flat objects") from None
+            except ValueError as exc:
+                raise forms.ValidationError(f"not valid JSON: {exc}") from None
+        return super().to_python(value)
+
+    def bound_data(self, data: Any, initial: Any) -> Any:
+        # A refused value is shown back as typed: Django would parse it again (and fail on
+        # depth) or print what it holds (a lone surrogate cannot be written as UTF-8).
+        try:
+            value = super().bound_data(data, initial)
+        except (ValueError, RecursionError):
+            return InvalidJSONInput(data)
+        return InvalidJSONInput(data) if bad_text(value) is not None else value
+
+
+def _tier_rate_fault(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        return 'must be a rate in USD per million tokens, e.g. "6"'
+    try:
+        rate = Decimal(str(value).strip())
+    except ArithmeticError:
+        return 'must be a rate in USD per million tokens, e.g. "6"'
+    if not rate.is_finite() or not 0 <= rate < MAX_RATE:
+        return f"must be a rate from 0 to {MAX_RATE:,} USD per million tokens"
+    return None
+
+
 class ModelPriceForm(forms.ModelForm):
     class Meta:
         model = ModelPrice
+        field_classes = {"tiers": TiersField}
         fields = (
             "provider",
             "model",
@@ -49,6 +102,8 @@ class ModelPriceForm(forms.ModelForm):
             "tiers",
             "context_window",
             "effective_from",
+            "window_start",
+            "window_end",
             "source",
             "edited_by_admin",
             "external_id",
@@ -68,12 +123,70 @@ class ModelPriceForm(forms.ModelForm):
         if not isinstance(tiers, list):
             raise forms.ValidationError('a list like [{"start": 200000, "input_mtok": "6"}]')
         for tier in tiers:
-            if not isinstance(tier, dict) or not isinstance(tier.get("start"), int):
-                raise forms.ValidationError('each tier needs an integer "start"')
+            if not isinstance(tier, dict):
+                raise forms.ValidationError('each tier is an object like {"start": 200000, …}')
+            # NUL or a lone surrogate ("\u0000", "\ud800" in the JSON): PostgreSQL refuses them
+            found = bad_text(tier)
+            if found is not None:
+                raise forms.ValidationError(f"tier {found[0]}: {found[1]}")
             unknown = set(tier) - {"start", *RATE_FIELDS}
             if unknown:
                 raise forms.ValidationError(f"unknown tier keys: {', '.join(sorted(unknown))}")
+            start = tier.get("start")
+            if isinstance(start, bool) or not isinstance(start, int):
+                raise forms.ValidationError('each tier needs an integer "start"')
+            if not 0 <= start <= MAX_TOKENS:
+                raise forms.ValidationError(f'a tier\'s "start" is from 0 to {MAX_TOKENS:,} tokens')
+            for name in RATE_FIELDS:
+                fault = _tier_rate_fault(tier.get(name))
+                if fault is not None:
+                    raise forms.ValidationError(f"tier {name}: {fault}")
         return tiers
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
+        start, end = cleaned.get("window_start"), cleaned.get("window_end")
+        if start is None and end is None:
+            return cleaned
+        if "window_start" in self.errors or "window_end" in self.errors:
+            return cleaned
+        if start is None or end is None:
+            missing = "window_start" if start is None else "window_end"
+            self.add_error(
+                missing,
+                "set both window start and window end (UTC times of day), or neither for a "
+                "price that applies all day",
+            )
+            return cleaned
+        if start == end:
+            self.add_error(
+                "window_end", "must differ from window start (22:00–06:00 wraps midnight)"
+            )
+            return cleaned
+        effective_from = cleaned.get("effective_from")
+        if effective_from is None:
+            return cleaned  # that field's own error is shown
+        window = (micros_of_day(start), micros_of_day(end))
+        siblings = ModelPrice.objects.filter(
+            provider=cleaned.get("provider", ""),
+            model=cleaned.get("model", ""),
+            effective_from=effective_from,
+            window_start__isnull=False,
+        ).exclude(pk=self.instance.pk)
+        for other in siblings:
+            if other.window_start is None or other.window_end is None:
+                continue  # the database refuses half a window; the filter leaves none
+            if windows_overlap(
+                window, (micros_of_day(other.window_start), micros_of_day(other.window_end))
+            ):
+                self.add_error(
+                    "window_start",
+                    f"overlaps the {other.window_start:%H:%M}–{other.window_end:%H:%M} UTC "
+                    "window of another price of this model from the same date; make the "
+                    "windows of one date disjoint",
+                )
+                break
+        return cleaned
 
 
 @admin.register(ModelPrice)
@@ -83,6 +196,7 @@ class ModelPriceAdmin(admin.ModelAdmin):
         "model",
         "provider",
         "effective_from",
+        "daily_window",
         *RATE_FIELDS[:4],
         "context_window",
         "source",
@@ -93,6 +207,12 @@ class ModelPriceAdmin(admin.ModelAdmin):
     search_fields = ("model", "external_id", "provider")
     readonly_fields = ("created_at", "updated_at")
     list_per_page = 50
+
+    @admin.display(description="window (UTC)", ordering="window_start")
+    def daily_window(self, obj: ModelPrice) -> str:
+        if obj.window_start is None or obj.window_end is None:
+            return "all day"
+        return f"{obj.window_start:%H:%M}–{obj.window_end:%H:%M}"
 
     def get_changeform_initial_data(self, request: HttpRequest) -> dict[str, Any]:
         # "Add price" links from the unpriced-models list carry ?model=…
@@ -139,7 +259,13 @@ class WebhookEndpointForm(forms.ModelForm):
     """The secret is write-only: never rendered back; left blank on an edit, it is kept."""
 
     # a URL typed without a scheme is https (Django 6's default; 5.2 warns without it)
-    url = forms.URLField(max_length=500, assume_scheme="https")
+    url = forms.URLField(
+        max_length=500,
+        assume_scheme="https",
+        help_text="A public http(s) receiver: loopback, private, link-local and metadata "
+        "addresses are refused here and at every send unless the host is in "
+        "COSTBOARD_WEBHOOK_ALLOW_HOSTS.",
+    )
     secret = forms.CharField(
         required=False,
         max_length=200,
@@ -168,6 +294,12 @@ class WebhookEndpointForm(forms.ModelForm):
         raise forms.ValidationError(
             "Enter a shared secret; the receiver checks signatures with it."
         )
+
+
+def _url_note_show(request: HttpRequest, endpoint: WebhookEndpoint) -> None:
+    """What the URL check at save found worth telling (WebhookEndpoint.clean_fields)."""
+    if endpoint.url_note:
+        messages.warning(request, f"Webhook {endpoint}: {endpoint.url_note}.")
 
 
 def _masked_secret(endpoint: WebhookEndpoint) -> str:
@@ -225,6 +357,7 @@ class ProjectAdmin(admin.ModelAdmin):
             },
         ),
         ("Alerts and retention", {"fields": ("alert_emails", "retention_days")}),
+        ("API", {"fields": ("api_rate_limit",)}),
     ]
 
     def save_model(self, request: HttpRequest, obj: Project, form: Any, change: bool) -> None:
@@ -238,6 +371,13 @@ class ProjectAdmin(admin.ModelAdmin):
         super().save_model(request, obj, form, change)
         if caps:
             messages.info(request, "Session budgets of this project are being rechecked.")
+
+    def save_formset(self, request: HttpRequest, form: Any, formset: Any, change: bool) -> None:
+        super().save_formset(request, form, formset, change)
+        if formset.model is WebhookEndpoint:
+            for inline_form in formset.forms:
+                if inline_form.has_changed():  # not every endpoint on every save of the page
+                    _url_note_show(request, inline_form.instance)
 
 
 class ApiKeyForm(forms.ModelForm):
@@ -376,6 +516,7 @@ class StepAdmin(ReadOnlyAdmin):
         "timestamp",
         "step_type",
         "model",
+        "family",
         "provider",
         "input_tokens",
         "output_tokens",
@@ -391,8 +532,18 @@ class StepAdmin(ReadOnlyAdmin):
 
 @admin.register(DailyRollup)
 class DailyRollupAdmin(ReadOnlyAdmin):
-    list_display = ("day", "project", "model", "step_type", "calls", "cost_usd", "unpriced_calls")
+    list_display = (
+        "day",
+        "project",
+        "family",
+        "model",
+        "step_type",
+        "calls",
+        "cost_usd",
+        "unpriced_calls",
+    )
     list_filter = ("project", "step_type")
+    search_fields = ("family", "model")
     date_hierarchy = "day"
 
 
@@ -412,6 +563,12 @@ class WebhookEndpointAdmin(admin.ModelAdmin):
     @admin.display(description="secret")
     def secret_hint(self, obj: WebhookEndpoint) -> str:
         return _masked_secret(obj)
+
+    def save_model(
+        self, request: HttpRequest, obj: WebhookEndpoint, form: Any, change: bool
+    ) -> None:
+        super().save_model(request, obj, form, change)
+        _url_note_show(request, obj)
 
 
 @admin.register(AlertDelivery)
@@ -469,3 +626,48 @@ class AlertDeliveryAdmin(ReadOnlyAdmin):
         skipped = len(chosen) - queued
         note = f"; {skipped} not failed, left as they are" if skipped else ""
         messages.success(request, f"Queued {queued} delivery(ies) again{note}.")
+
+
+@admin.register(OutboxItem)
+class OutboxItemAdmin(ReadOnlyAdmin):
+    """The outbox: side effects waiting to go out (the backlog) and those given up on, with
+    their last error. Done items are deleted, so an empty list means all went out."""
+
+    list_display = (
+        "created_at",
+        "kind",
+        "project",
+        "status",
+        "attempts",
+        "next_attempt_at",
+        "claimed_until",
+        "last_error",
+    )
+    list_filter = ("status", "kind", "project")
+    list_select_related = ("project",)
+    date_hierarchy = "created_at"
+    ordering = ("-created_at",)
+    fields = (
+        "kind",
+        "project",
+        "payload",
+        "status",
+        "attempts",
+        "next_attempt_at",
+        "claimed_until",
+        "last_error",
+        "created_at",
+    )
+    readonly_fields = fields
+    actions = ["retry_items"]
+
+    def has_retry_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("costboard.change_outboxitem")
+
+    @admin.action(description="Retry selected failed items", permissions=["retry"])
+    def retry_items(self, request: HttpRequest, queryset: QuerySet[OutboxItem]) -> None:
+        chosen = list(queryset.values_list("pk", flat=True))
+        queued = outbox_retry(item_ids=chosen)
+        skipped = len(chosen) - queued
+        note = f"; {skipped} not failed, left as they are" if skipped else ""
+        messages.success(request, f"Queued {queued} item(s) again{note}.")

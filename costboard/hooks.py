@@ -29,8 +29,8 @@ _hourly: list[HourlyJob] = []
 
 
 def after_ingest_register(hook: AfterIngest) -> None:
-    """Call `hook` inside each ingest transaction, after its rows are written: a hook defers
-    its own work to after the commit (`transaction.on_commit`) so the agent never waits."""
+    """Call `hook` inside each ingest transaction, after its rows are written: a hook queues
+    its work in the outbox (costboard/outbox.py), so the agent never waits for it."""
     if hook not in _after_ingest:
         _after_ingest.append(hook)
 

@@ -10,15 +10,19 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+from collections.abc import Collection
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
-from django.db.models import Q
+from django.db.models import F, Q
 from django.utils import timezone
+
+from costboard.budgets.egress import webhook_url_check
 
 
 def money_field(**options: Any) -> models.DecimalField:
@@ -43,6 +47,10 @@ def cap_field(**options: Any) -> models.DecimalField:
 PRICE_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 
 SYSTEM_SESSION_ID = "system"
+
+# The model of a step sent without one (a tool call, a retrieval): never priced, $0 by nature;
+# also its family (costboard/pricing/families.py).
+TOOL_MODEL = "none"
 
 # A turn whose prompt fills this much of its model's context window should be summarized.
 CONTEXT_PRESSURE_AT = Decimal("0.8")
@@ -129,6 +137,12 @@ class Project(models.Model):
         help_text="Budget alerts (soft warned, exhausted, runaway) by email too: addresses, "
         "one per line or comma-separated.",
     )
+    api_rate_limit = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="API requests per second per key (beyond it: 429); 0 turns the limit off; "
+        "blank: COSTBOARD_API_RATE_LIMIT.",
+    )
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
@@ -182,7 +196,9 @@ class ModelPrice(models.Model):
     """USD per million tokens for one model at one provider, from `effective_from` on.
 
     A step is priced by the row of its (provider, model) series with the latest
-    `effective_from` at or before the step's time.
+    `effective_from` at or before the step's time; of rows with the same `effective_from`, one
+    whose daily UTC window (`window_start`–`window_end`) holds the step's time of day beats the
+    all-day row, and one whose window does not hold it is ignored (see pricing/rates.py).
     """
 
     class Source(models.TextChoices):
@@ -218,6 +234,18 @@ class ModelPrice(models.Model):
     )
     context_window = models.PositiveIntegerField(null=True, blank=True)
     effective_from = models.DateTimeField(default=PRICE_EPOCH)
+    window_start = models.TimeField(
+        null=True,
+        blank=True,
+        help_text="Optional, with window end: a daily UTC window (peak hours, say) in which "
+        "this price beats the all-day price of the same date. Both blank: all day.",
+    )
+    window_end = models.TimeField(
+        null=True,
+        blank=True,
+        help_text="End of the daily window (UTC, not included); earlier than the start, the "
+        "window wraps midnight (22:00–06:00).",
+    )
     source = models.CharField(max_length=10, choices=Source.choices, default=Source.MANUAL)
     edited_by_admin = models.BooleanField(
         default=False, help_text="sync_prices never overwrites a row an admin edited."
@@ -229,14 +257,37 @@ class ModelPrice(models.Model):
     class Meta:
         ordering = ["provider", "model", "effective_from"]
         constraints = [
+            # one all-day row per series and date, and one row per window start beside it
             models.UniqueConstraint(
-                fields=["provider", "model", "effective_from"], name="modelprice_series_from"
-            )
+                fields=["provider", "model", "effective_from"],
+                condition=Q(window_start__isnull=True),
+                name="modelprice_series_from",
+            ),
+            models.UniqueConstraint(
+                fields=["provider", "model", "effective_from", "window_start"],
+                condition=Q(window_start__isnull=False),
+                name="modelprice_series_window",
+            ),
+            models.CheckConstraint(
+                condition=(
+                    Q(window_start__isnull=True, window_end__isnull=True)
+                    | (
+                        Q(window_start__isnull=False, window_end__isnull=False)
+                        & ~Q(window_start=F("window_end"))
+                    )
+                ),
+                name="modelprice_window_both_or_neither",
+                violation_error_message="A daily window needs a start and an end that differ, "
+                "or neither (all day).",
+            ),
         ]
 
     def __str__(self) -> str:
         who = f"{self.provider}/" if self.provider else ""
-        return f"{who}{self.model} from {self.effective_from:%Y-%m-%d}"
+        hours = ""
+        if self.window_start is not None and self.window_end is not None:
+            hours = f" {self.window_start:%H:%M}–{self.window_end:%H:%M} UTC"
+        return f"{who}{self.model} from {self.effective_from:%Y-%m-%d}{hours}"
 
 
 TOKEN_FIELDS = (
@@ -441,7 +492,11 @@ class Step(models.Model):
     event_id = models.CharField(max_length=128, null=True, blank=True)
     timestamp = models.DateTimeField()
     step_type = models.CharField(max_length=64)
+    # As sent; `family` is what pages group it under (its price row's model, else its own
+    # name, without provider prefix or date suffix: costboard/pricing/families.py). Kept on
+    # the step so a repricing that changes it knows which rollups hold the step.
     model = models.CharField(max_length=200)
+    family = models.CharField(max_length=200, default="", db_default="")
     provider = models.CharField(max_length=64, blank=True, db_default="")
     input_tokens = models.BigIntegerField(default=0, db_default=0)
     output_tokens = models.BigIntegerField(default=0, db_default=0)
@@ -495,23 +550,32 @@ class Step(models.Model):
     def tokens_used(self) -> int:
         return self.input_tokens + self.output_tokens
 
+    @property
+    def is_tool(self) -> bool:
+        """Sent without a model (a tool call, a retrieval): $0 by nature, never unpriced."""
+        return self.model.strip().lower() == TOOL_MODEL
+
 
 class DailyRollup(UsageTotals):
-    """A project's usage per UTC day, model and step type, kept current at ingest."""
+    """A project's usage per UTC day, model family, exact model and step type, kept current
+    at ingest. Pages group by `family`; the exact names are one level down."""
 
     project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="rollups")
     day = models.DateField()
+    family = models.CharField(max_length=200, default="", db_default="")
     model = models.CharField(max_length=200)
     step_type = models.CharField(max_length=64)
     calls = models.BigIntegerField(default=0, db_default=0)
     errors = models.BigIntegerField(default=0, db_default=0)
+    # Calls of a model no price covers (tool steps, model `none`, never count: $0 by nature).
     unpriced_calls = models.BigIntegerField(default=0, db_default=0)
     duration_ms = models.BigIntegerField(default=0, db_default=0)
 
     class Meta:
         constraints = [
+            # also the pages' index: a period of some projects, grouped by family
             models.UniqueConstraint(
-                fields=["project", "day", "model", "step_type"], name="rollup_key"
+                fields=["project", "day", "family", "model", "step_type"], name="rollup_key"
             )
         ]
         indexes = [models.Index(fields=["day"], name="rollup_day")]
@@ -591,10 +655,11 @@ class Membership(models.Model):
 
 
 class SessionModelUsage(models.Model):
-    """A session's calls per model, kept at ingest: the model mix shown beside each session and
-    the model filter of the sessions list, without reading steps."""
+    """A session's calls per model family and exact model, kept at ingest: the model mix shown
+    beside each session and the model filter of the sessions list, without reading steps."""
 
     session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="model_usage")
+    family = models.CharField(max_length=200, default="", db_default="")
     model = models.CharField(max_length=200)
     calls = models.BigIntegerField(default=0, db_default=0)
     tokens_used = models.BigIntegerField(default=0, db_default=0)
@@ -602,13 +667,17 @@ class SessionModelUsage(models.Model):
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["session", "model"], name="session_model_key")
+            models.UniqueConstraint(fields=["session", "family", "model"], name="session_model_key")
         ]
-        # sessions list filtered by model: the sessions that called it
-        indexes = [models.Index(fields=["model", "session"], name="session_model_by_model")]
+        indexes = [
+            # sessions list filtered by an exact model name: the sessions that called it
+            models.Index(fields=["model", "session"], name="session_model_by_model"),
+            # sessions list filtered by model (a family): the sessions that called it
+            models.Index(fields=["family", "session"], name="session_model_by_family"),
+        ]
 
     def __str__(self) -> str:
-        return f"{self.session_id} {self.model}"
+        return f"{self.session_id} {self.family} {self.model}"
 
 
 LATENCY_BUCKETS_PER_DECADE = 20  # each bucket ~12% wide: p50/p95 read to within ~6%
@@ -693,8 +762,34 @@ class WebhookEndpoint(models.Model):
     active = models.BooleanField(default=True)
     created_at = models.DateTimeField(default=timezone.now)
 
+    # Not stored: what validation found worth telling whoever saves (a host that does not
+    # resolve from here), for the admin to show.
+    url_note = ""
+
     def __str__(self) -> str:
         return self.name or self.url
+
+    def clean_fields(self, exclude: Collection[str] | None = None) -> None:
+        """Also refuse a URL webhooks may not go to (costboard/budgets/egress.py), once the
+        URL is a valid one: every ModelForm, the admin's too, shows it on the url field."""
+        errors: dict[str, list[ValidationError]] = {}
+        try:
+            super().clean_fields(exclude)
+        except ValidationError as exc:
+            errors = exc.update_error_dict(errors)
+        if "url" not in errors and "url" not in (exclude or ()):
+            check = webhook_url_check(self.url)
+            self.url_note = check.note
+            if check.refusal:
+                errors["url"] = [
+                    ValidationError(
+                        "This URL is refused: %(reason)s.",
+                        code="egress",
+                        params={"reason": check.refusal},
+                    )
+                ]
+        if errors:
+            raise ValidationError(errors)
 
 
 class AlertDelivery(models.Model):
@@ -742,3 +837,59 @@ class AlertDelivery(models.Model):
 
     def __str__(self) -> str:
         return f"{self.channel} {self.target} {self.status}"
+
+
+class OutboxItem(models.Model):
+    """A side effect (an alert to send, turns to read for memories, steps to reprice, …)
+    written in the transaction that causes it and carried out after the commit by the
+    dispatcher (costboard/outbox.py). Deleted once done; a failed one stays for the admin."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        FAILED = "failed"
+
+    kind = models.CharField(max_length=64)
+    payload = models.JSONField(default=dict)
+    project = models.ForeignKey(
+        Project, null=True, blank=True, on_delete=models.CASCADE, related_name="+"
+    )
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    next_attempt_at = models.DateTimeField(default=timezone.now)
+    # A dispatcher holds the item until then; past it, the item is taken to have died with it.
+    claimed_until = models.DateTimeField(null=True, blank=True)
+    last_error = models.CharField(max_length=300, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        indexes = [
+            models.Index(
+                fields=["next_attempt_at"],
+                name="outbox_due",
+                condition=models.Q(status="pending"),
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} #{self.pk} {self.status}"
+
+
+class IdempotentRequest(models.Model):
+    """A batch sent with an Idempotency-Key header: the body's hash and the answer given,
+    so the same key and body get the same answer (kept at least 24 hours)."""
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="+")
+    key = models.CharField(max_length=255)
+    body_sha256 = models.CharField(max_length=64)
+    status_code = models.PositiveSmallIntegerField()
+    response = models.JSONField()
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["project", "key"], name="idempotency_key_once")
+        ]
+        indexes = [models.Index(fields=["created_at"], name="idempotency_age")]
+
+    def __str__(self) -> str:
+        return self.key

@@ -10,11 +10,13 @@ import importlib.util
 import os
 import secrets
 import warnings
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from costboard.budgets.egress import webhook_allow_list
 from costboard.env import (
     env_bool,
     env_decimal,
@@ -58,6 +60,7 @@ INSTALLED_APPS = [
     "django_htmx",
     "template_partials",
     "drf_spectacular_sidecar",  # Swagger UI's files for /api/v1/docs, from the package
+    "axes",  # login lockout after repeated failures (see AXES_* below)
     "costboard",
     "memory_ui",
 ]
@@ -71,11 +74,14 @@ MIDDLEWARE = [
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
+    "costboard.page_input.PageInputMiddleware",  # NUL in a page's filter or form: 400
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # last, as django-axes asks: it answers a locked-out login with the lockout page
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "costboard.urls"
@@ -130,6 +136,22 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]
+# Login lockout (django-axes): 5 failed logins for one username from one IP lock that pair out
+# for 15 minutes (each further try restarts the wait), the right password included; a success
+# before that forgets the failures. `python manage.py axes_reset` lifts every lockout.
+# AxesStandaloneBackend first: it refuses a locked-out pair before a password is checked.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = 5
+AXES_COOLOFF_TIME = timedelta(minutes=15)
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_HANDLER = "axes.handlers.database.AxesDatabaseHandler"
+AXES_LOCKOUT_CALLABLE = "costboard.dashboards.lockout.lockout_response"  # 429, Retry-After
+AXES_VERBOSE = False  # its start-up banner and per-attempt lines: our log says enough
+
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/accounts/login/"
@@ -171,6 +193,12 @@ CELERY_TIMEZONE = "UTC"
 # Periodic jobs (`celery -A costboard worker --beat`, or a separate `celery beat`); each is
 # safe to run twice. Without a broker, `manage.py guard_sweep --every 60` does the same.
 CELERY_BEAT_SCHEDULE = {
+    # alerts, memory detection, repricing: the outbox's items (costboard/outbox.py)
+    "outbox": {
+        "task": "costboard.tasks.outbox_dispatch",
+        "schedule": 1.0,
+        "options": {"expires": 10},  # ticks queued behind a long run are dropped, not piled up
+    },
     "runaway-sweep": {"task": "costboard.tasks.runaway_sweep", "schedule": 60.0},
     "retention": {"task": "costboard.tasks.retention_sweep", "schedule": 3600.0},
     # memory_ui/lifecycle.py: TTL expiry; evict/merge/compress proposals for a person to decide
@@ -183,6 +211,12 @@ COSTBOARD_SESSION_TOKEN_CAP = env_int("COSTBOARD_SESSION_TOKEN_CAP", 100_000, mi
 COSTBOARD_SESSION_COST_CAP_USD = env_decimal("COSTBOARD_SESSION_COST_CAP_USD", "5.00")
 COSTBOARD_WARN_AT_PCT = env_fraction("COSTBOARD_WARN_AT_PCT", "0.8")
 COSTBOARD_METRICS_TOKEN = env_str("COSTBOARD_METRICS_TOKEN")
+
+# --- API rate limit (costboard/api/ratelimit.py) --------------------------------------------
+# Requests per second per API key (0: off); a project's own limit in the admin wins. Kept in
+# Redis when the broker is Redis, so every worker shares it; otherwise in each process.
+COSTBOARD_API_RATE_LIMIT = env_int("COSTBOARD_API_RATE_LIMIT", 50, minimum=0)
+COSTBOARD_RATE_LIMIT_REDIS_URL = _broker if _broker.startswith(("redis://", "rediss://")) else ""
 
 # --- memory search (memory_ui/ranking.py) ---------------------------------------------------
 # score = Σ weight × component, each component in [0, 1]
@@ -206,6 +240,10 @@ COSTBOARD_ALERT_TIMEOUT_SECONDS = env_int("COSTBOARD_ALERT_TIMEOUT_SECONDS", 5, 
 # A failed delivery is retried after 30 s, 60 s, 120 s, … until this many attempts.
 COSTBOARD_ALERT_RETRY_SECONDS = env_int("COSTBOARD_ALERT_RETRY_SECONDS", 30, minimum=0)
 COSTBOARD_ALERT_MAX_ATTEMPTS = env_int("COSTBOARD_ALERT_MAX_ATTEMPTS", 6, minimum=1)
+# Intranet receivers webhooks may reach although loopback or private (costboard/budgets/
+# egress.py): host names (.domain for its subdomains) and addresses or CIDRs, comma-separated.
+COSTBOARD_WEBHOOK_ALLOW_HOSTS = env_list("COSTBOARD_WEBHOOK_ALLOW_HOSTS", "")
+webhook_allow_list(COSTBOARD_WEBHOOK_ALLOW_HOSTS)  # a bad entry stops start-up, named
 
 # Email: SMTP when EMAIL_HOST is set; otherwise mail is printed to the console, so `make run`
 # never tries to reach a mail server. DJANGO_EMAIL_BACKEND overrides both.

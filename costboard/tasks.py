@@ -3,42 +3,27 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from celery import shared_task
-from django.utils import timezone
 
-from costboard.budgets import retention, services
+from costboard import outbox
+from costboard.budgets import alerts, retention  # noqa: F401  (alerts: its outbox handlers)
+from costboard.budgets import services as budget_services  # noqa: F401  (outbox handler)
 from costboard.budgets import sweep as guard
-from costboard.budgets.alerts import (  # noqa: F401  (registered with the worker)
-    alert_deliver,
-    alerts_dispatch,
-)
-from costboard.pricing.repricing import PriceMatch, models_affected, steps_reprice
+from costboard.pricing import services as pricing_services  # noqa: F401  (outbox handler)
 
 log = logging.getLogger(__name__)
 
 
-@shared_task(soft_time_limit=1800, time_limit=1900, acks_late=True)
-def prices_reprice(matches: list[dict[str, str]]) -> int:
-    """Reprice the steps a changed price row covers (its old and new model patterns)."""
-    models = models_affected([PriceMatch.from_dict(m) for m in matches])
-    result = steps_reprice(models=models)
-    log.info(
-        "repriced %s of %s steps of %s; cost changed by %s",
-        result.steps_changed,
-        result.steps_seen,
-        models,
-        result.cost_delta,
-    )
-    return result.steps_changed
-
-
-@shared_task(soft_time_limit=1800, time_limit=1900, acks_late=True)
-def project_budgets_recheck(project_id: int, old: dict[str, Any]) -> int:
-    """After a project's caps changed from `old`: decide again each affected session's state
-    (budgets.services.project_caps_set enqueues it by name)."""
-    return services.project_budgets_recheck(project_id=project_id, old=old, at=timezone.now())
+# Beat runs it every second; the time limit lets a long repricing finish (its lease is longer).
+@shared_task(soft_time_limit=3500, time_limit=3550, acks_late=True)
+def outbox_dispatch() -> dict[str, int]:
+    """Carry out the outbox's due items (alerts, memory detection, repricing, rechecks) until
+    none is due. Safe in any number of workers at once: each item is claimed by one."""
+    result = outbox.outbox_dispatch(seconds=50)
+    if result.claimed:
+        log.info("%s", result)
+    return {"done": result.done, "retried": result.retried, "failed": result.failed}
 
 
 @shared_task(soft_time_limit=50, time_limit=55, acks_late=True)

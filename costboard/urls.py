@@ -41,3 +41,9 @@ urlpatterns = [
     path("metrics", metrics.metrics_view, name="metrics"),
     path("v1/traces", otlp_api.traces, name="otlp-traces"),
 ]
+
+# JSON under the API's paths, Django's pages elsewhere; a database outage is a 503
+handler400 = "costboard.api.failures.bad_request"
+handler403 = "costboard.api.failures.permission_denied"
+handler404 = "costboard.api.failures.page_not_found"
+handler500 = "costboard.api.failures.server_error"

@@ -817,7 +817,11 @@ class _SessionWriter:
             "session_id": self.external_id,
             "turn": turn,
             "step_type": step_type,
-            "model": llm.model,
+            # every other call under the answer's dated name; a retry loop's failures keep
+            # one name (the same step again and again)
+            "model": llm.answered_as
+            if llm.answered_as and success and self.step_no % 2
+            else llm.model,
             "provider": llm.provider,
             "duration_ms": duration_ms,
             **_usage_fields(

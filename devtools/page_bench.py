@@ -96,11 +96,11 @@ def page_cases() -> list[PageCase]:
     middle = conversations.count() // 2
     typical = conversations.order_by("step_count", "pk")[middle : middle + 1].first() or biggest
     project = Project.objects.order_by("pk").first()
-    model = (
-        SessionModelUsage.objects.values("model")
+    model = (  # a family: what the model filter takes
+        SessionModelUsage.objects.values("family")
         .annotate(sessions=Count("*"))
-        .order_by("-sessions", "model")
-        .values_list("model", flat=True)
+        .order_by("-sessions", "family")
+        .values_list("family", flat=True)
         .first()
     ) or ""
     slug = urlencode({"project": project.slug}) if project else ""

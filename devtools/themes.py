@@ -45,6 +45,9 @@ class Llm:
     shape: Shape
     ms_per_output_token: int
     reasoning: bool = False
+    # The name the provider's answer carries (a dated snapshot: gpt-4o-2024-08-06), which a
+    # client reporting the response's model sends instead; "" when it is the model's own.
+    answered_as: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +119,7 @@ class _ModelFile(_File):
     usage: Shape
     ms_per_output_token: int = Field(ge=0)
     reasoning: bool = False
+    answered_as: str = ""
 
 
 class _DemoFile(_File):
@@ -269,7 +273,7 @@ def demo_data_load(directory: Path = DATA_DIR) -> DemoData:
     index_path = directory / "demo.toml"
     index = _parsed(_DemoFile, index_path, _read(index_path))
     models = {
-        name: Llm(name, m.provider, m.usage, m.ms_per_output_token, m.reasoning)
+        name: Llm(name, m.provider, m.usage, m.ms_per_output_token, m.reasoning, m.answered_as)
         for name, m in index.models.items()
     }
     for llm in models.values():

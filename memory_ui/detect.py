@@ -32,7 +32,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from decimal import Decimal
 
-from memory_ui.redaction import MARKER, redact
+from memory_ui.redaction import CREDENTIAL_KINDS, KINDS, MARKER, redact
 from memory_ui.text import normalize
 
 MAX_CONTENT = 150  # models.MAX_CONTENT, repeated so this module never imports Django
@@ -403,20 +403,19 @@ _FILLER = re.compile(
 _STATED_SECRET = re.compile(
     r"(?:\b(?:is|was|are)|[:=])\s*[\"'`]?\[redacted:\w+\]|^\W*\[redacted:\w+\]\W* (?:is|was|are)\b"
 )
-_CREDENTIAL_MARKER = re.compile(r"\[redacted:(?:password|api_key|bearer_token|jwt)\]")
+_CREDENTIAL_MARKER = re.compile(rf"\[redacted:(?:{'|'.join(sorted(CREDENTIAL_KINDS))})\]")
 _EXAMPLE_CUE = re.compile(
     r"\b(?:like|such as|e\.g\.|for example|for instance|including)\W+(?:[\w-]+\W+)?$",
     re.IGNORECASE,
 )
-_CREDENTIAL_KINDS = frozenset({"api_key", "bearer_token", "jwt", "password"})
 _FILLER_WORDS = _wordset(
     """password passwd passphrase pwd key keys api token tokens secret secrets email mail
     address phone number mobile cell card credit debit iban account login credentials my our
     your his her is was are the a an here here's it's its this that for of to at on in use
     using and or new current old aws openai anthropic github slack stripe google bearer jwt
     header authorization auth just so you know fyi btw i me reach contact call text via with
-    like be can is are am it if please redacted api_key bearer_token card_number"""
-)
+    like be can is are am it if please redacted"""
+) | frozenset(KINDS)
 _COMMON_FIRST = _wordset(
     """the a an always never use don't do not we our my their this that it its please prefer
     keep write avoid make run put add send check follow stop deploy staging production prod
@@ -815,7 +814,7 @@ def _candidate(sentence: str, *, agent: bool, corrected: bool = False) -> Candid
         return None
     kinds = sorted(set(MARKER.findall(sentence)))
     if kinds:
-        credential = _CREDENTIAL_KINDS.intersection(kinds)
+        credential = CREDENTIAL_KINDS.intersection(kinds)
         if credential and (reading.type != "feedback" or not _only_examples(sentence)):
             return None  # the point of the sentence is a secret, not a rule about secrets
         if _STATED_SECRET.search(sentence):

@@ -1,26 +1,29 @@
 """memory_ui's part in the cost app's flow (registered in MemoryUiConfig.ready): turns whose
-text arrived go to memory detection after ingest commits; the lifecycle runs hourly."""
+text arrived go to memory detection through the outbox; the lifecycle runs hourly."""
 
 from __future__ import annotations
 
-from django.db import transaction
+from typing import Any
 
 from costboard.hooks import Ingested
+from costboard.outbox import Attempt, outbox_add, outbox_handler
 from memory_ui.lifecycle import lifecycle_run
 from memory_ui.tasks import memory_detect
 
+DETECT = "memory.detect"
+
 
 def memory_detect_after_ingest(ingested: Ingested) -> None:
-    """After commit, a Celery task proposes candidates from these turns (it never slows the
-    agent's request)."""
+    """Queue these turns for memory detection, in the ingest's transaction: the dispatcher
+    proposes their candidates after the commit (never in the agent's request)."""
     turn_ids = list(ingested.turns_with_text)
-    if not turn_ids:
-        return
+    if turn_ids:
+        outbox_add(DETECT, {"turn_ids": turn_ids}, project_id=ingested.project.pk)
 
-    def enqueue() -> None:
-        memory_detect.delay(turn_ids)
 
-    transaction.on_commit(enqueue, robust=True)
+@outbox_handler(DETECT)
+def _detect_item(payload: dict[str, Any], attempt: Attempt) -> None:
+    memory_detect([int(i) for i in payload["turn_ids"]])
 
 
 def memory_lifecycle_hourly() -> str:

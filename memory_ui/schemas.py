@@ -65,7 +65,7 @@ def _type(value: Any) -> str:
 def _scope(value: Any) -> str:
     if value is None or value == "":
         return "project"
-    if not isinstance(value, str) or not SCOPE.match(value):
+    if not isinstance(value, str) or not SCOPE.fullmatch(value):
         raise _refuse("scope", 'must be "project" or "user:<user_id>"')
     return value
 
@@ -150,6 +150,12 @@ _SCOPE_SCHEMA = {
     "description": '"project" or "user:<user_id>"; empty: project',
 }
 Scope = Annotated[str, BeforeValidator(_scope), WithJsonSchema(_SCOPE_SCHEMA)]
+# in a body, null is the default scope too
+BodyScope = Annotated[
+    str,
+    BeforeValidator(_scope),
+    WithJsonSchema({"anyOf": [_SCOPE_SCHEMA, {"type": "null"}], "default": "project"}),
+]
 
 
 def _fill_absent(data: Any, *names: str) -> Any:
@@ -180,7 +186,7 @@ class MemoryCandidate(BaseModel):
     type: Annotated[
         str, BeforeValidator(_type), WithJsonSchema({"type": "string", "enum": MEMORY_TYPES})
     ]
-    scope: Scope = "project"
+    scope: BodyScope = "project"
     session_id: Annotated[
         Annotated[str, Field(max_length=128)] | None,
         Field(description="a session of this project (its session_id); empty or null: none"),

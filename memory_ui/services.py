@@ -39,6 +39,7 @@ RELATED_SIMILARITY = 0.3
 REPETITION_BONUS = Decimal("0.05")  # importance added each time a memory is proposed again
 DEFAULT_IMPORTANCE = Decimal("0.5")
 PORTABLE_SCAN = 2000  # without pg_trgm: how many of a scope's memories are compared
+# matched with fullmatch: `$` alone lets a trailing newline through ("user:a\n")
 SCOPE = re.compile(r"^(project|user:[\w.@+-]{1,128})$")
 LIVE = (Memory.Status.PENDING, Memory.Status.APPROVED)
 MAX_TAGS = 20
@@ -82,7 +83,7 @@ def clean_type(value: str) -> str:
 def clean_scope(value: str | None) -> str:
     if value is None or value == "":
         return "project"
-    if not isinstance(value, str) or not SCOPE.match(value):
+    if not isinstance(value, str) or not SCOPE.fullmatch(value):
         raise MemoryInputError("scope", 'must be "project" or "user:<user_id>"')
     return value
 

@@ -46,7 +46,7 @@ def _choice(params: QueryDict, name: str, choices: list[str]) -> str:
 
 def _memory_scope(params: QueryDict) -> str:
     value = params.get("scope", "").strip()
-    return value if services.SCOPE.match(value) else ""
+    return value if services.SCOPE.fullmatch(value) else ""
 
 
 def _memory_in_scope(scope: Scope, pk: int) -> Memory:

@@ -33,6 +33,13 @@ def _eager_celery() -> Iterator[None]:
 
 
 @pytest.fixture(autouse=True)
+def _no_api_rate_limit(settings: Any) -> None:
+    """No test is held to a per-second limit by the speed of the machine it runs on; the
+    limit's own tests (tests/costboard/api/test_ratelimit.py) set the one they test."""
+    settings.COSTBOARD_API_RATE_LIMIT = 0
+
+
+@pytest.fixture(autouse=True)
 def _fresh_rate_table() -> Iterator[None]:
     forget_rate_table()
     yield
@@ -125,6 +132,28 @@ def celery_worker(transactional_db: None) -> Iterator[str]:
     finally:
         celery_app.conf.task_default_queue = "celery"
         celery_app.conf.task_always_eager = True
+
+
+@pytest.fixture
+def outbox_beat(celery_worker: str) -> Iterator[None]:
+    """What Celery beat does in production: send `outbox_dispatch` to the worker every
+    100 ms (CELERY_BEAT_SCHEDULE says every second)."""
+    from costboard.tasks import outbox_dispatch
+
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.is_set():
+            outbox_dispatch.apply_async(expires=10)
+            stop.wait(0.1)
+
+    thread = threading.Thread(target=beat, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=5)
 
 
 @pytest.fixture

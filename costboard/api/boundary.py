@@ -2,12 +2,14 @@
 
 The decorator answers wrong methods (405) and overlong query strings (414), resolves the key
 (`Authorization: Bearer` or `X-Costboard-Key`) to `request.project` on a typed `ApiRequest`
-(401 otherwise), and turns every refusal the view raises into the contract's body
+(401 otherwise), refuses a body it cannot read (411 chunked, 415 Content-Type), and turns
+every refusal the view raises into the contract's body
 `{"errors": [{"index", "field", "message"}]}` with its status: an `ApiError`, which `parse`
 makes of the client's pydantic `ValidationError`, or ingest's `BatchError`. A ValidationError
 that escapes a view is the server's own (an answer that broke its model): a 500, not a 422.
 The `Operation` it records on the view is what costboard/api/openapi.py documents, so the
-URLconf, the views and the OpenAPI document cannot drift apart.
+URLconf, the views and the OpenAPI document cannot drift apart. What no endpoint answers (an
+unknown path, an unexpected failure, a database outage) is costboard/api/failures.py's.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from django.views.decorators.csrf import csrf_exempt
 from pydantic import AfterValidator, BaseModel, ValidationError
 from pydantic_core import PydanticCustomError
 
+from costboard.api.ratelimit import rate_limit_check
 from costboard.ingest.schemas import (
     MAX_DEPTH,
     BatchError,
@@ -127,6 +130,23 @@ def _project_or_refusal(request: HttpRequest) -> Project | JsonResponse:
     return project
 
 
+def _rate_limited(request: HttpRequest, project: Project) -> JsonResponse | None:
+    """429 with Retry-After when this key is over its requests per second (ratelimit.py)."""
+    refused = rate_limit_check(raw_key=bearer_key(request), project=project)
+    if refused is None:
+        return None
+    message = (
+        f"more than {refused.limit} requests in one second with this API key: retry after "
+        f"{refused.retry_after} s (Retry-After), or raise the limit (the project's API rate "
+        "limit in the admin, or COSTBOARD_API_RATE_LIMIT)"
+    )
+    return errors_response(
+        429,
+        [{"index": None, "field": "Authorization", "message": message}],
+        headers={"Retry-After": str(refused.retry_after)},
+    )
+
+
 # --- what an endpoint is, for the views and the document --------------------------------------
 
 
@@ -144,8 +164,9 @@ class Reply:
 
 @dataclass(frozen=True)
 class Operation:
-    """An endpoint as the OpenAPI document shows it. 401 (keyed endpoints), 405 and 414 are
-    added to every operation; 400 and 413 to those with a body; 422 to those that validate."""
+    """An endpoint as the OpenAPI document shows it. 405 and 414 are added to every
+    operation; 401, 429 and 503 to keyed ones; 400, 411, 413 and 415 to those with a body; 422
+    to those that validate."""
 
     method: Literal["GET", "POST"]
     summary: str
@@ -156,6 +177,8 @@ class Operation:
     # media types beside the body model's application/json, e.g. OTLP's protobuf
     body_alternatives: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     path_parameters: Mapping[str, str] = field(default_factory=dict)  # name → description
+    # request headers it reads: name → {"description", "schema"} (OpenAPI, optional headers)
+    headers: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     auth: bool = True
     tag: str = "usage"
 
@@ -186,6 +209,12 @@ def endpoint(operation: Operation) -> Callable[[View], View]:
                 if isinstance(project, JsonResponse):
                     return project
                 cast(ApiRequest, request).project = project
+                limited = _rate_limited(request, project)
+                if limited is not None:
+                    return limited
+            unreadable = body_refusal(request, operation)
+            if unreadable is not None:
+                return refusal(unreadable)
             try:
                 return view(request, *args, **kwargs)
             except (ApiError, BatchError) as exc:
@@ -205,6 +234,40 @@ _OPERATIONS: dict[Callable[..., Any], Operation] = {}
 
 def operation_of(view: Callable[..., Any]) -> Operation | None:
     return _OPERATIONS.get(view)
+
+
+# --- bodies: how they arrive -----------------------------------------------------------------
+
+JSON = "application/json"
+# `curl -d` without -H sends this; the body is read as JSON all the same (a JSON-only body).
+LENIENT_CONTENT_TYPES = ("", "application/x-www-form-urlencoded")
+
+
+def body_refusal(request: HttpRequest, operation: Operation) -> ApiError | None:
+    """411 for a chunked body the server could not read, 415 for a Content-Type the operation
+    does not read; None when the body (if the operation takes one) can be read."""
+    if operation.body is None:
+        return None
+    chunked = "chunked" in request.META.get("HTTP_TRANSFER_ENCODING", "").lower()
+    if chunked and not request.META.get("CONTENT_LENGTH"):
+        # costboard.wsgi reads chunked bodies when the server decodes them (gunicorn);
+        # this server did not, and Django reads only Content-Length bytes
+        return ApiError(
+            411,
+            "Content-Length",
+            "this server cannot read a chunked body: send the body with a Content-Length "
+            "header (or run Costboard under gunicorn, which reads chunked bodies)",
+        )
+    accepted = (JSON, *operation.body_alternatives)
+    given = request.content_type or ""
+    if given in accepted or (not operation.body_alternatives and given in LENIENT_CONTENT_TYPES):
+        return None
+    return ApiError(
+        415,
+        "Content-Type",
+        f"unsupported {given!r}: send the body as "
+        + " or ".join(f"Content-Type: {media_type}" for media_type in accepted),
+    )
 
 
 # --- parsing ----------------------------------------------------------------------------------

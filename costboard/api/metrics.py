@@ -1,9 +1,12 @@
 """`GET /metrics` (CONTRACT §3): Prometheus text read from the database at scrape time.
 
 Every number comes from tables, not from in-process counters, so each gunicorn worker (and
-each replica) answers the same. The ingest counters live in `IngestTally`, written by
-`ingest_tally` with an atomic upsert. Each metric family costs one aggregate query grouped by
-project, whatever the number of projects.
+each replica) answers the same; the one exception is the rate limiter's refusals, counted
+where the limiter keeps its state (Redis, shared; without Redis, per process). The ingest
+counters live in `IngestTally`: the ingest service adds every batch it stores (whoever calls
+it: the events API, OTLP, the demo seeder) in its own transaction; the views add what they
+refuse with `ingest_tally`. Both are atomic upserts. Each metric
+family costs one aggregate query grouped by project, whatever the number of projects.
 """
 
 from __future__ import annotations
@@ -30,7 +33,16 @@ from prometheus_client.metrics_core import (
 )
 from prometheus_client.registry import Collector
 
-from costboard.models import BudgetEvent, DailyRollup, IngestTally, Project, Session
+from costboard.api.ratelimit import rate_limited_counts
+from costboard.models import (
+    BudgetEvent,
+    DailyRollup,
+    IngestTally,
+    OutboxItem,
+    Project,
+    Session,
+)
+from costboard.outbox import outbox_kinds
 
 # Upper bounds (inclusive, as Prometheus' `le`) of the session tokens_used histogram.
 SESSION_TOKEN_BUCKETS = (
@@ -50,7 +62,12 @@ _TALLY_TABLE = IngestTally._meta.db_table
 
 # IngestTally column → metric name (costboard_events_<name>_total) and its help.
 _INGEST_COUNTERS = (
-    ("accepted", "accepted", "Events stored by POST /api/v1/events."),
+    (
+        "accepted",
+        "accepted",
+        "Events stored: the events API's, OTLP spans, and any other caller of the ingest "
+        "(the demo seeder).",
+    ),
     ("duplicates", "duplicated", "Events replayed with a known event_id: nothing changed."),
     (
         "refused",
@@ -120,6 +137,8 @@ class CostboardCollector(Collector):
         yield from self._session_gauges(projects)
         yield self._budget_events(projects)
         yield self._cost(projects)
+        yield self._outbox()
+        yield from self._rate_limited(projects)
 
     def _session_tokens(self, projects: list[_Project]) -> Metric:
         family = HistogramMetricFamily(
@@ -225,6 +244,33 @@ class CostboardCollector(Collector):
         for project in projects:
             family.add_metric([project.slug], float(costs.get(project.id) or Decimal(0)))
         return family
+
+    def _outbox(self) -> Metric:
+        family = GaugeMetricFamily(
+            "costboard_outbox_items",
+            "Side effects waiting to go out (pending) or given up on (failed), by kind.",
+            labels=["kind", "status"],
+        )
+        rows = OutboxItem.objects.values_list("kind", "status").annotate(n=Count("pk")).order_by()
+        counts = {(kind, status): n for kind, status, n in rows}
+        for kind in sorted(outbox_kinds() | {kind for kind, _ in counts}):
+            for status in OutboxItem.Status.values:
+                family.add_metric([kind, status], counts.get((kind, status), 0))
+        return family
+
+    def _rate_limited(self, projects: list[_Project]) -> Iterator[Metric]:
+        counts = rate_limited_counts()
+        if counts is None:  # Redis unreachable: better no series than one that drops to 0
+            return
+        family = CounterMetricFamily(
+            "costboard_api_rate_limited",
+            "API requests refused (429) for exceeding their key's requests per second; nothing "
+            "of them stored. Kept in Redis (every worker's) or, without Redis, per process.",
+            labels=["project"],
+        )
+        for project in projects:
+            family.add_metric([project.slug], counts.get(project.id, 0))
+        yield family
 
 
 def _has_metrics_token(request: HttpRequest) -> bool:

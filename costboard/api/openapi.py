@@ -32,6 +32,11 @@ CONVERTERS: dict[str, dict[str, Any]] = {
 # (model, mode) → its $ref, as models_json_schema gives them
 Refs = Mapping[Any, dict[str, Any]]
 ALLOW_HEADER = {"description": "the method this path answers", "schema": {"type": "string"}}
+RETRY_AFTER_HEADER = {
+    "description": "whole seconds to wait before retrying",
+    "required": True,
+    "schema": {"type": "integer", "minimum": 1},
+}
 _PARAMETER = re.compile(r"<(?:(?P<converter>\w+):)?(?P<name>\w+)>")
 
 DESCRIPTION = f"""Report LLM usage, read session budgets and context, propose and search agent
@@ -39,18 +44,31 @@ memories. The key (`Authorization: Bearer <key>`, or `X-Costboard-Key`) decides 
 create one with `python manage.py create_api_key <project>`.
 
 Every refusal is JSON `{{"errors": [{{"index", "field", "message"}}]}}`, the message saying what
-to send instead. Text must not hold NUL or unpaired surrogates; objects nest at most
-{MAX_DEPTH} deep; a query string is at most {MAX_QUERY_STRING} bytes; a JSON number with a
-zero fraction (100.0) is the integer it equals. This document is generated from the models the
-server validates with."""
+to send instead. Each key may make at most its project's number of requests per second
+(`COSTBOARD_API_RATE_LIMIT`, default 50): beyond it 429 with `Retry-After`. Text must not
+hold NUL or unpaired surrogates; objects nest at most {MAX_DEPTH} deep; a query string is at
+most {MAX_QUERY_STRING} bytes; a JSON number with a zero fraction (100.0) is the integer it
+equals; NaN and Infinity are not JSON (400).
+
+JSON bodies are sent as `Content-Type: application/json`; no Content-Type, or curl's default
+`application/x-www-form-urlencoded`, is read as JSON too; any other is 415. A chunked body
+(`Transfer-Encoding: chunked`, no Content-Length) is read when the server decodes it
+(gunicorn, as `make run` serves); a server that does not answers 411: send Content-Length.
+Unknown paths under /api/ are a JSON 404; a database outage is a 503 with Retry-After. This
+document is generated from the models the server validates with."""
 
 STANDARD_ERRORS: dict[int, str] = {
     400: "malformed JSON",
     401: "missing, unknown or revoked key",
     405: "another method: the Allow header names the one",
+    411: "a chunked body (Transfer-Encoding: chunked) this server could not read: send "
+    "Content-Length (under gunicorn, as `make run` serves, chunked bodies are read)",
     413: "body too large",
     414: f"query string over {MAX_QUERY_STRING} bytes",
+    415: "a Content-Type this endpoint does not read (field Content-Type)",
     422: "invalid input; the field is named",
+    429: "more requests per second with this key than its project allows; nothing stored",
+    503: "the database is unavailable: retry after Retry-After seconds",
 }
 
 
@@ -103,6 +121,19 @@ def _query_parameters(model: type[BaseModel], schemas: dict[str, Any]) -> list[d
     return parameters
 
 
+def _header_parameters(operation: Operation) -> list[dict[str, Any]]:
+    return [
+        {
+            "name": name,
+            "in": "header",
+            "required": False,
+            "description": header.get("description", ""),
+            "schema": dict(header["schema"]),
+        }
+        for name, header in operation.headers.items()
+    ]
+
+
 def _content(media_type: str, schema: Any, alternatives: Any) -> dict[str, Any]:
     return {media_type: {"schema": schema}, **{m: {"schema": s} for m, s in alternatives.items()}}
 
@@ -126,16 +157,21 @@ def _response(reply: Reply, refs: Refs) -> dict[str, Any]:
 def _replies(operation: Operation, has_parameters: bool) -> dict[int, Reply]:
     replies = dict(operation.responses)
     standard = [405, 414]
-    if operation.auth:
-        standard.append(401)
+    if operation.auth:  # the key is looked up in the database
+        standard += [401, 429, 503]
     if operation.body is not None:
-        standard += [400, 413, 422]
+        standard += [400, 411, 413, 415, 422]
     elif has_parameters:
         standard.append(422)
     for status in standard:
         replies.setdefault(status, Reply(STANDARD_ERRORS[status]))
-    if 405 in replies and not replies[405].headers:
-        replies[405] = Reply(replies[405].description, headers={"Allow": ALLOW_HEADER})
+    for status, name, header in (
+        (405, "Allow", ALLOW_HEADER),
+        (429, "Retry-After", RETRY_AFTER_HEADER),
+        (503, "Retry-After", RETRY_AFTER_HEADER),
+    ):
+        if status in replies and not replies[status].headers:
+            replies[status] = Reply(replies[status].description, headers={name: header})
     return dict(sorted(replies.items()))
 
 
@@ -149,6 +185,7 @@ def _operation(
     parameters = _path_parameters(route, operation)
     if operation.query is not None:
         parameters += _query_parameters(operation.query, schemas)
+    parameters += _header_parameters(operation)
     document: dict[str, Any] = {
         "operationId": operation_id,
         "summary": operation.summary,

@@ -9,17 +9,18 @@ from __future__ import annotations
 from collections import defaultdict
 from functools import reduce
 from operator import or_
-from typing import cast
+from typing import Any, cast
 
 from django.db import transaction
 from django.db.models import Max, Q
 from django.http import HttpRequest, HttpResponse
+from pydantic import ValidationError
 
 from costboard.api.boundary import ApiError, ApiRequest, Operation, Reply, endpoint
 from costboard.api.metrics import ingest_tally
 from costboard.api.schemas import ExportTraceServiceRequest, ExportTraceServiceResponse, RpcStatus
 from costboard.ingest.otlp import (
-    JSON,
+    MAX_SPANS,
     PROTOBUF,
     OtlpError,
     OtlpMapping,
@@ -30,14 +31,21 @@ from costboard.ingest.otlp import (
     otlp_spans,
     otlp_status,
 )
-from costboard.ingest.schemas import MAX_BODY_BYTES, MAX_EVENTS, Event, StepEvent, bad_text
+from costboard.ingest.schemas import (
+    MAX_BODY_BYTES,
+    MAX_EVENTS,
+    MAX_TURN,
+    Event,
+    StepEvent,
+    bad_text,
+    validation_errors,
+)
 from costboard.ingest.service import events_ingest
 from costboard.models import Project, Session, Step, Turn
 
 # google.rpc.Code values for the Status body of an error response.
 INVALID_ARGUMENT = 3
 RESOURCE_EXHAUSTED = 8
-MAX_SPANS = 10_000  # CONTRACT §7: per request
 BINARY = {"type": "string", "format": "binary", "contentMediaType": PROTOBUF}
 
 TRACES = Operation(
@@ -66,7 +74,8 @@ TRACES = Operation(
             alternatives={PROTOBUF: BINARY},
         ),
         413: Reply(
-            "body over 5 MB (decompressed), or over 10,000 spans: a google.rpc.Status",
+            "body over 5 MB (decompressed), or over 10,000 spans (field resourceSpans): a "
+            "google.rpc.Status",
             RpcStatus,
             alternatives={PROTOBUF: BINARY},
         ),
@@ -75,20 +84,19 @@ TRACES = Operation(
 )
 
 
-def _status_response(status: int, message: str, content_type: str) -> HttpResponse:
+def _status_response(
+    status: int, message: str, content_type: str, field: str = "body"
+) -> HttpResponse:
     code = INVALID_ARGUMENT if status == 400 else RESOURCE_EXHAUSTED
     return HttpResponse(
-        otlp_status(code, message, content_type), status=status, content_type=content_type
+        otlp_status(code, message, content_type, field), status=status, content_type=content_type
     )
 
 
 @endpoint(TRACES)
 def traces(request: HttpRequest) -> HttpResponse:
     project = cast(ApiRequest, request).project
-    content_type = request.content_type or ""
-    if content_type not in (PROTOBUF, JSON):
-        message = f"unsupported {content_type!r}: send {PROTOBUF} or {JSON}"
-        raise ApiError(415, "Content-Type", message)
+    content_type = request.content_type or ""  # one of the two: the boundary answers 415
     encoding = request.headers.get("Content-Encoding", "").strip().lower()
     if encoding not in ("", "identity", "gzip"):
         message = f"unsupported {encoding!r}: send gzip or no encoding"
@@ -101,37 +109,37 @@ def traces(request: HttpRequest) -> HttpResponse:
         )
     try:
         body = otlp_gunzip(request.body) if encoding == "gzip" else request.body
-        export = otlp_decode(body, content_type)
+        export = otlp_decode(body, content_type, check_json=_documented_shape)
     except OtlpError as exc:
         ingest_tally(project.pk, refused=1)
-        return _status_response(exc.status, exc.message, content_type)
+        return _status_response(exc.status, exc.message, content_type, exc.field)
     except RecursionError:
         ingest_tally(project.pk, refused=1)
         return _status_response(400, "the body nests too deep to be OTLP", content_type)
-    spans = sum(
-        len(scope.spans) for resource in export.resource_spans for scope in resource.scope_spans
-    )
-    if spans > MAX_SPANS:
-        ingest_tally(project.pk, refused=spans)
-        return _status_response(
-            413, f"{spans} spans; at most {MAX_SPANS} per request: export in batches", content_type
-        )
 
     mapping = _without_bad_text(otlp_spans(export))
-    accepted = duplicates = 0
-    if mapping.spans:
-        steps: list[Event] = list(_with_turns(project, mapping.spans))
+    steps: list[Event] = list(_with_turns(project, mapping)) if mapping.spans else []
+    if steps:
         # One request is stored all or nothing, in batches of the events API's size.
         with transaction.atomic():
             for start in range(0, len(steps), MAX_EVENTS):
-                result = events_ingest(project=project, events=steps[start : start + MAX_EVENTS])
-                accepted += result.accepted
-                duplicates += result.duplicates
-    ingest_tally(project.pk, accepted=accepted, duplicates=duplicates, refused=mapping.rejected)
+                events_ingest(project=project, events=steps[start : start + MAX_EVENTS])
+    # The stored spans were counted by the ingest itself; the spans that could not be mapped:
+    ingest_tally(project.pk, refused=mapping.rejected)
     return HttpResponse(
         otlp_response(mapping.rejected, mapping.error_message(), content_type),
         content_type=content_type,
     )
+
+
+def _documented_shape(payload: dict[str, Any]) -> None:
+    """OTLP JSON as the OpenAPI document describes it (ExportTraceServiceRequest), or
+    ValueError naming the first field that is not: a 400, as for undecodable protobuf."""
+    try:
+        ExportTraceServiceRequest.model_validate(payload)
+    except ValidationError as exc:
+        error = validation_errors(exc)[0]
+        raise ValueError(f"{error['field']}: {error['message']}") from None
 
 
 def _without_bad_text(mapping: OtlpMapping) -> OtlpMapping:
@@ -152,14 +160,16 @@ def _without_bad_text(mapping: OtlpMapping) -> OtlpMapping:
     return mapping
 
 
-def _with_turns(project: Project, spans: list[OtlpSpan]) -> list[StepEvent]:
+def _with_turns(project: Project, mapping: OtlpMapping) -> list[StepEvent]:
     """The steps, each numbered with its trace's turn: the turn an earlier export of the same
     trace got (found by its steps' event_ids, `otlp:<trace>:…`), else the session's next
     turns, in order of the traces' first span. A span without a session id joins the session
     of its trace's earlier steps (exporters send a trace's spans as they end, and tool spans
     rarely carry the conversation id), else the `system` session, without a turn.
     Replay-safe; two exporters racing on one new trace of a session can at worst split it
-    into two turns."""
+    into two turns. A session already at the last turn number (2^31 − 1) takes no new trace:
+    its spans are rejected in `mapping`."""
+    spans = mapping.spans
     known: dict[tuple[str, str], int] = {}
     home: dict[str, str] = {}  # trace → session, for spans without one
     orphans = {span.trace_id for span in spans if span.step.session_id is None}
@@ -210,19 +220,31 @@ def _with_turns(project: Project, spans: list[OtlpSpan]) -> list[StepEvent]:
         .annotate(top=Max("number"))
     ):
         top[row["session__external_id"]] = row["top"] or 0
+    full: set[tuple[str, str]] = set()  # (session, trace) without a turn number left
     for (session, trace), _ in sorted(first_start.items(), key=lambda item: (item[1], item[0])):
-        if (session, trace) not in known:
-            top[session] += 1
-            known[(session, trace)] = top[session]
+        if (session, trace) in known:
+            continue
+        if top[session] >= MAX_TURN:
+            full.add((session, trace))
+            continue
+        top[session] += 1
+        known[(session, trace)] = top[session]
 
-    return [
-        span.step
-        if span_session is None
-        else span.step.model_copy(
-            update={"session_id": span_session, "turn": known[(span_session, span.trace_id)]}
-        )
-        for span, span_session in zip(spans, sessions, strict=True)
-    ]
+    steps: list[StepEvent] = []
+    for span, span_session in zip(spans, sessions, strict=True):
+        if span_session is None:
+            steps.append(span.step)
+        elif (span_session, span.trace_id) in full:
+            span_id = (span.step.event_id or "?").rsplit(":", 1)[-1]
+            mapping.rejected += 1
+            mapping.errors.append(
+                f"span {span_id}: session {span_session!r} has reached turn {MAX_TURN}, the "
+                "last: start a new session (gen_ai.conversation.id)"
+            )
+        else:
+            turn = known[(span_session, span.trace_id)]
+            steps.append(span.step.model_copy(update={"session_id": span_session, "turn": turn}))
+    return steps
 
 
 def _traces_q(traces: set[str]) -> Q:

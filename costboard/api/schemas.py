@@ -36,8 +36,9 @@ class ErrorItem(Answer):
 
 
 class Errors(Answer):
-    """Every refusal: 400 malformed, 401 key, 404 unknown, 405 method, 413 body too large,
-    414 query string too long, 415 content type, 422 invalid."""
+    """Every refusal: 400 malformed, 401 key, 404 unknown, 405 method, 411 chunked body the
+    server cannot read, 413 body too large, 414 query string too long, 415 content type,
+    422 invalid, 503 database unavailable (with Retry-After)."""
 
     errors: list[ErrorItem] = Field(min_length=1)
 
@@ -99,30 +100,39 @@ class ExportTraceServiceResponse(Answer):
 
 
 class RpcStatus(Answer):
-    """google.rpc.Status: OTLP/HTTP's error body (400, 413), in the request's format."""
+    """google.rpc.Status: OTLP/HTTP's error body (400, 413), in the request's format; in JSON
+    with the API's `errors` too."""
 
     code: int
     message: str
+    errors: list[ErrorItem] = Field(min_length=1)
 
 
-class OtlpAnyValue(BaseModel):
+class OtlpJson(BaseModel):
+    """OTLP JSON, checked before protobuf's JSON mapping reads it (costboard/api/otlp.py):
+    strict, as the document's types say (no true for an integer); other fields ignored."""
+
+    model_config = ConfigDict(strict=True)
+
+
+class OtlpAnyValue(OtlpJson):
     stringValue: str | None = None
     intValue: int | str | None = None
-    doubleValue: float | None = None
+    doubleValue: float | str | None = Field(default=None, description='a number, or "NaN"…')
     boolValue: bool | None = None
 
 
-class OtlpKeyValue(BaseModel):
+class OtlpKeyValue(OtlpJson):
     key: str
     value: OtlpAnyValue
 
 
-class OtlpSpanStatus(BaseModel):
-    code: int | None = Field(default=None, description="2: error")
+class OtlpSpanStatus(OtlpJson):
+    code: int | str | None = Field(default=None, description="2 (or STATUS_CODE_ERROR): error")
     message: str | None = None
 
 
-class OtlpSpanJson(BaseModel):
+class OtlpSpanJson(OtlpJson):
     """A span. Every field is optional, as in protobuf; a span without its ids or start time
     is not stored but counted in partialSuccess."""
 
@@ -140,20 +150,20 @@ class OtlpSpanJson(BaseModel):
     status: OtlpSpanStatus | None = None
 
 
-class OtlpScopeSpans(BaseModel):
+class OtlpScopeSpans(OtlpJson):
     spans: list[OtlpSpanJson] | None = None
 
 
-class OtlpResource(BaseModel):
+class OtlpResource(OtlpJson):
     attributes: list[OtlpKeyValue] | None = None
 
 
-class OtlpResourceSpans(BaseModel):
+class OtlpResourceSpans(OtlpJson):
     resource: OtlpResource | None = None
     scopeSpans: list[OtlpScopeSpans] | None = None
 
 
-class ExportTraceServiceRequest(BaseModel):
+class ExportTraceServiceRequest(OtlpJson):
     """OTLP JSON (the parts Costboard reads; other fields are ignored)."""
 
     resourceSpans: list[OtlpResourceSpans] | None = None

@@ -4,16 +4,17 @@ exhausted and runaway events (cap_changed is not alerted).
 Flow
 ----
 1. Whatever records budget events (ingest, `session_recheck`, `session_flag_runaway`) calls
-   `announce(events)` inside its transaction. After the commit one `alerts_dispatch` task is
-   enqueued with the alertable events' ids; a rollback sends nothing.
-2. `alerts_dispatch` makes one AlertDelivery per event and target: each active webhook of the
-   project whose `kinds` include the event's kind, and each valid address of
-   `Project.alert_emails`. The unique constraint `delivery_once` (event, channel, target) and
-   `ignore_conflicts` make a second dispatch of the same event create nothing. It then
-   enqueues `alert_deliver` for each delivery not yet attempted.
-3. `alert_deliver` claims its delivery with a conditional UPDATE (only a pending delivery
-   with no attempt in flight, so two workers never send it at once), makes one attempt,
-   records it in the delivery log and retries with back-off.
+   `announce(events)` inside its transaction: one outbox item `alerts.dispatch` with the
+   alertable events' ids (costboard/outbox.py). A rollback leaves none; nothing is sent from
+   the request.
+2. The dispatcher carries it out (`alerts_dispatch`): one AlertDelivery per event and target
+   — each active webhook of the project whose `kinds` include the event's kind, and each
+   valid address of `Project.alert_emails` — and one `alert.deliver` item per new delivery,
+   in one transaction with the item's delete. The unique constraint `delivery_once` (event,
+   channel, target) makes a second run create nothing.
+3. `alert.deliver` claims its delivery with a conditional UPDATE (only a pending delivery
+   with no attempt in flight, so two dispatchers never send it at once), makes one attempt
+   and records it in the delivery log; a retryable failure is tried again by the outbox.
 
 Webhook requests
 ----------------
@@ -41,15 +42,17 @@ Retry policy
 ------------
 2xx: delivered. 4xx other than 408 (timeout) and 429 (too many requests): failed at once, no
 retry — the receiver refused this request and would refuse it again (wrong URL, rejected
-signature); fix it and use "Retry selected deliveries" in the admin. Anything else (5xx, 3xx —
-redirects are not followed —, 408, 429, refused connections, timeouts) and any mail backend
-error: retried after COSTBOARD_ALERT_RETRY_SECONDS × 2ⁿ seconds (n = 0, 1, …) until
+signature); fix it and use "Retry selected deliveries" in the admin. So is a URL the egress
+check refuses (costboard/budgets/egress.py: the host is resolved once, every address checked,
+and the request connects to a checked address). Anything else (5xx, 3xx — redirects are not
+followed —, 408, 429, refused connections, timeouts) and any mail backend error: retried
+after COSTBOARD_ALERT_RETRY_SECONDS × 2ⁿ seconds (n = 0, 1, …) until
 COSTBOARD_ALERT_MAX_ATTEMPTS attempts, then failed. Delivery is at least once: a request that
-timed out may have arrived and is sent again.
+timed out may have arrived and is sent again. A failed attempt keeps its status and a short
+reason of ours ("HTTP 500 Internal Server Error"), never what the receiver replied.
 
-Without a broker (tasks run in-process) a failed attempt is not retried: the back-off would
-hold up the request that crossed the budget. The delivery is marked failed, and can be retried
-from the admin.
+The retries are the outbox's, with or without a broker (guard_sweep dispatches when there is
+none), so the request that crossed the budget never waits for a receiver.
 """
 
 from __future__ import annotations
@@ -68,11 +71,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal, InvalidOperation
-from functools import partial
 from typing import Any
-from urllib.parse import urlsplit
 
-from celery import shared_task
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.mail import send_mail
@@ -83,6 +83,13 @@ from django.urls import reverse
 from django.utils import timezone
 
 from costboard.budgets.caps import session_budget
+from costboard.budgets.egress import (
+    WebhookRefused,
+    short,
+    status_reason,
+    webhook_destination,
+    webhook_opener,
+)
 from costboard.models import (
     AlertDelivery,
     BudgetEvent,
@@ -91,6 +98,8 @@ from costboard.models import (
     WebhookEndpoint,
     usd,
 )
+from costboard.outbox import Attempt as OutboxAttempt
+from costboard.outbox import Item, outbox_add, outbox_add_many, outbox_handler
 
 log = logging.getLogger(__name__)
 
@@ -102,21 +111,23 @@ SIGNATURE_TOLERANCE_SECONDS = 300
 # Longer than the task's hard time limit, so a live attempt is never taken over.
 CLAIM_LEASE_SECONDS = 300
 _ERROR_CHARS = 2000
+# outbox kinds (costboard/outbox.py)
+DISPATCH = "alerts.dispatch"
+DELIVER = "alert.deliver"
 
 
 # --- announcing: inside the transaction that recorded the events ----------------------------
 
 
 def announce(events: Iterable[BudgetEvent]) -> None:
-    """Enqueue one `alerts_dispatch` for the alertable events once the transaction commits."""
-    event_ids = [e.pk for e in events if e.kind in ALERTED_KINDS and e.pk is not None]
-    if event_ids:
-        # robust: a broker that is down must not turn a committed ingest into an error
-        transaction.on_commit(partial(_dispatch_enqueue, event_ids), robust=True)
-
-
-def _dispatch_enqueue(event_ids: list[int]) -> None:
-    alerts_dispatch.delay(event_ids)
+    """Queue the alertable events for dispatch, in the transaction that recorded them."""
+    alertable = [e for e in events if e.kind in ALERTED_KINDS and e.pk is not None]
+    if alertable:
+        outbox_add(
+            DISPATCH,
+            {"event_ids": [e.pk for e in alertable]},
+            project_id=alertable[0].project_id,
+        )
 
 
 # --- dispatching: one delivery per event and target ------------------------------------------
@@ -138,10 +149,16 @@ def alert_addresses(text: str) -> list[str]:
     return addresses
 
 
-@shared_task(soft_time_limit=120, time_limit=150)
+@dataclass(frozen=True, slots=True)
+class _Key:
+    event_id: int
+    channel: str
+    target: str
+
+
 def alerts_dispatch(event_ids: list[int]) -> int:
     """Create the deliveries of these budget events (once each, however often this runs) and
-    enqueue those not yet attempted. Returns how many were enqueued."""
+    queue an attempt at each new one. Returns how many were queued."""
     events = list(
         BudgetEvent.objects.filter(pk__in=event_ids, kind__in=ALERTED_KINDS).select_related(
             "project"
@@ -182,20 +199,32 @@ def alerts_dispatch(event_ids: list[int]) -> int:
             )
             for address in addresses[project.pk]
         )
-    if deliveries:
-        AlertDelivery.objects.bulk_create(deliveries, ignore_conflicts=True)
-
-    # Not yet attempted: one attempted already has its own retries scheduled.
-    pending = list(
-        AlertDelivery.objects.filter(
-            budget_event__in=events, status=AlertDelivery.Status.PENDING, attempts=0
+    existing = {
+        _Key(*row)
+        for row in AlertDelivery.objects.filter(budget_event__in=events).values_list(
+            "budget_event_id", "channel", "target"
         )
-        .order_by("pk")
-        .values_list("pk", flat=True)
-    )
-    for delivery_id in pending:
-        alert_deliver.delay(delivery_id)
-    return len(pending)
+    }
+    new = [d for d in deliveries if _Key(d.budget_event_id, d.channel, d.target) not in existing]
+    if not new:
+        return 0
+    AlertDelivery.objects.bulk_create(new, ignore_conflicts=True)  # a racing run: no second
+    created = AlertDelivery.objects.filter(
+        budget_event__in=events, status=AlertDelivery.Status.PENDING, attempts=0
+    ).values_list("pk", "project_id", "budget_event_id", "channel", "target")
+    wanted = {_Key(d.budget_event_id, d.channel, d.target) for d in new}
+    queued = [
+        Item(DELIVER, {"delivery_id": pk}, project_id)
+        for pk, project_id, event_id, channel, target in created.order_by("pk")
+        if _Key(event_id, channel, target) in wanted
+    ]
+    outbox_add_many(queued)
+    return len(queued)
+
+
+@outbox_handler(DISPATCH)
+def _dispatch_item(payload: dict[str, Any], attempt: OutboxAttempt) -> None:
+    alerts_dispatch([int(i) for i in payload["event_ids"]])
 
 
 # --- delivering: one attempt per task run ----------------------------------------------------
@@ -233,10 +262,14 @@ def _claim(delivery_id: int, now: datetime) -> int | None:
     return attempts.first()
 
 
-@shared_task(bind=True, soft_time_limit=120, time_limit=150)
-def alert_deliver(self: Any, delivery_id: int) -> str:
-    """Make one attempt at a delivery and record it; retry with back-off (see the module
-    docstring). Returns the delivery's status, or "skipped"."""
+class DeliveryFailed(Exception):
+    """A retryable attempt failed: the outbox tries again after its back-off."""
+
+
+def alert_deliver(delivery_id: int, *, final: bool = True) -> str:
+    """Make one attempt at a delivery and record it (see the module docstring). A retryable
+    failure stays pending and raises DeliveryFailed, unless this is the `final` attempt.
+    Returns the delivery's status, or "skipped"."""
     now = timezone.now()
     attempt_no = _claim(delivery_id, now)
     if attempt_no is None:
@@ -253,12 +286,9 @@ def alert_deliver(self: Any, delivery_id: int) -> str:
         log.exception("alert delivery %s: unexpected error", delivery_id)
         attempt = Attempt(ok=False, error=_describe(exc))
 
-    tries = self.request.retries + 1  # attempts of this task (the admin's retry starts anew)
-    max_attempts = settings.COSTBOARD_ALERT_MAX_ATTEMPTS
-    in_process = bool(self.request.is_eager or self.request.called_directly)
     if attempt.ok:
         status = AlertDelivery.Status.DELIVERED
-    elif attempt.permanent or tries >= max_attempts or in_process:
+    elif attempt.permanent or final:
         status = AlertDelivery.Status.FAILED
     else:
         status = AlertDelivery.Status.PENDING
@@ -282,9 +312,19 @@ def alert_deliver(self: Any, delivery_id: int) -> str:
         "" if status == AlertDelivery.Status.PENDING else "; giving up",
     )
     if status == AlertDelivery.Status.PENDING:
-        countdown = float(settings.COSTBOARD_ALERT_RETRY_SECONDS) * 2**self.request.retries
-        raise self.retry(countdown=countdown, max_retries=max_attempts - 1)
+        raise DeliveryFailed(attempt.error)
     return status
+
+
+@outbox_handler(
+    DELIVER,
+    max_attempts=lambda: settings.COSTBOARD_ALERT_MAX_ATTEMPTS,
+    retry_seconds=lambda: float(settings.COSTBOARD_ALERT_RETRY_SECONDS),
+    lease_seconds=CLAIM_LEASE_SECONDS,
+    atomic=False,  # the delivery row records each attempt itself
+)
+def _deliver_item(payload: dict[str, Any], attempt: OutboxAttempt) -> None:
+    alert_deliver(int(payload["delivery_id"]), final=attempt.final)
 
 
 def _describe(exc: BaseException) -> str:
@@ -375,25 +415,18 @@ def verify_signature(
     )
 
 
-class _NoRedirects(urllib.request.HTTPRedirectHandler):
-    """A webhook is POSTed where it is configured; urllib would re-send a redirected POST as
-    a GET without its body."""
-
-    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
-        return None
-
-
-_opener = urllib.request.build_opener(_NoRedirects)
-
-
 def _webhook_send(delivery: AlertDelivery) -> Attempt:
     endpoint = delivery.endpoint
     if endpoint is None:
         return Attempt(ok=False, error="the webhook endpoint was deleted", permanent=True)
     if not endpoint.active:
         return Attempt(ok=False, error="the webhook endpoint is inactive", permanent=True)
-    if urlsplit(delivery.target).scheme not in {"http", "https"}:
-        return Attempt(ok=False, error="the URL is not http(s)", permanent=True)
+    try:  # resolved once here; the request connects to these checked addresses only
+        destination = webhook_destination(delivery.target)
+    except WebhookRefused as exc:
+        return Attempt(ok=False, error=short(f"refused: {exc}"), permanent=True)
+    except (OSError, UnicodeError) as exc:  # the name does not resolve (now): retried
+        return Attempt(ok=False, error=short(f"cannot resolve the host: {_describe(exc)}"))
     payload = alert_payload(delivery)
     body = json.dumps(payload, separators=(",", ":"), ensure_ascii=False, default=str).encode()
     timestamp = int(time.time())
@@ -412,24 +445,22 @@ def _webhook_send(delivery: AlertDelivery) -> Attempt:
     )
     timeout = float(settings.COSTBOARD_ALERT_TIMEOUT_SECONDS)
     try:
-        with _opener.open(request, timeout=timeout) as response:
+        with webhook_opener(destination).open(request, timeout=timeout) as response:
             code = response.status
     except urllib.error.HTTPError as exc:  # every status outside 2xx
         code = exc.code
-        try:
-            reply = exc.read(300).decode("utf-8", "replace").strip()
-        except (OSError, http.client.HTTPException):
-            reply = ""
-        error = f"HTTP {code} {exc.reason}" + (f": {reply}" if reply else "")
+        exc.close()  # unread: a failure keeps its status, never the receiver's body
         permanent = 400 <= code < 500 and code not in {408, 429}
-        return Attempt(ok=False, response_code=code, error=error, permanent=permanent)
-    except urllib.error.URLError as exc:  # refused, unknown host, timeout while connecting
-        return Attempt(ok=False, error=f"cannot connect: {exc.reason}")
-    except (OSError, http.client.HTTPException, ValueError) as exc:  # timeout, reset, …
-        return Attempt(ok=False, error=_describe(exc))
+        return Attempt(ok=False, response_code=code, error=status_reason(code), permanent=permanent)
+    except urllib.error.URLError as exc:  # refused, timeout while connecting, TLS
+        return Attempt(ok=False, error=short(f"cannot connect: {exc.reason}"))
+    except http.client.HTTPException as exc:  # a malformed reply: its text is the receiver's
+        return Attempt(ok=False, error=f"bad HTTP reply ({type(exc).__name__})")
+    except (OSError, ValueError) as exc:  # timeout, reset, …
+        return Attempt(ok=False, error=short(_describe(exc)))
     if 200 <= code < 300:
         return Attempt(ok=True, response_code=code)
-    return Attempt(ok=False, response_code=code, error=f"HTTP {code}")
+    return Attempt(ok=False, response_code=code, error=status_reason(code))
 
 
 # --- email ------------------------------------------------------------------------------------
@@ -507,20 +538,17 @@ def _email_send(delivery: AlertDelivery) -> Attempt:
 
 def alert_deliveries_retry(*, delivery_ids: list[int]) -> int:
     """Send failed deliveries again (the admin's retry action): each back to pending with its
-    attempts kept, queued once the transaction commits. Others are left as they are. Returns
+    attempts kept and a fresh round of outbox attempts. Others are left as they are. Returns
     how many were queued."""
     with transaction.atomic():
         failed = list(
             AlertDelivery.objects.select_for_update()
             .filter(pk__in=delivery_ids, status=AlertDelivery.Status.FAILED)
             .order_by("pk")
-            .values_list("pk", flat=True)
+            .values_list("pk", "project_id")
         )
-        AlertDelivery.objects.filter(pk__in=failed).update(status=AlertDelivery.Status.PENDING)
-
-        def enqueue() -> None:
-            for delivery_id in failed:
-                alert_deliver.delay(delivery_id)
-
-        transaction.on_commit(enqueue)
+        AlertDelivery.objects.filter(pk__in=[pk for pk, _ in failed]).update(
+            status=AlertDelivery.Status.PENDING
+        )
+        outbox_add_many(Item(DELIVER, {"delivery_id": pk}, project) for pk, project in failed)
     return len(failed)

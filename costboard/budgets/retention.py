@@ -2,6 +2,8 @@
 deleted; the rollups (sessions, turns, daily and latency rollups, model mixes) stay, so every
 total and chart is unchanged. Ended sessions past retention also lose their budget state:
 their budget events and alert deliveries (the session row and its totals stay).
+Idempotency-Key answers (costboard/api/idempotency.py) are deleted 48 hours after they were
+stored: the contract keeps them at least 24.
 
 Run hourly by Celery beat (and by `manage.py guard_sweep`); deletes go in chunks, each its
 own short transaction, and running it twice deletes nothing twice.
@@ -18,17 +20,19 @@ from django.db import transaction
 from django.db.models import Model, QuerySet
 from django.utils import timezone
 
-from costboard.models import BudgetEvent, Project, Step
+from costboard.models import BudgetEvent, IdempotentRequest, Project, Step
 
 log = logging.getLogger(__name__)
 
 CHUNK = 5000
+IDEMPOTENCY_KEEP = timedelta(hours=48)
 
 
 @dataclass(frozen=True, slots=True)
 class RetentionResult:
     steps_deleted: int
     budget_events_deleted: int
+    idempotency_keys_deleted: int = 0
 
 
 def _delete_in_chunks(queryset: QuerySet[Any], model: type[Model]) -> int:
@@ -57,6 +61,14 @@ def project_retention(project: Project, now: datetime) -> RetentionResult:
     return RetentionResult(steps, events)
 
 
+def idempotency_prune(now: datetime) -> int:
+    """Delete the Idempotency-Key answers older than IDEMPOTENCY_KEEP, every project's."""
+    cutoff = now - IDEMPOTENCY_KEEP
+    return _delete_in_chunks(
+        IdempotentRequest.objects.filter(created_at__lt=cutoff).order_by(), IdempotentRequest
+    )
+
+
 def retention_sweep(now: datetime | None = None) -> RetentionResult:
     now = now or timezone.now()
     steps = events = 0
@@ -64,6 +76,12 @@ def retention_sweep(now: datetime | None = None) -> RetentionResult:
         result = project_retention(project, now)
         steps += result.steps_deleted
         events += result.budget_events_deleted
-    if steps or events:
-        log.info("retention deleted %s steps and %s budget events", steps, events)
-    return RetentionResult(steps, events)
+    keys = idempotency_prune(now)
+    if steps or events or keys:
+        log.info(
+            "retention deleted %s steps, %s budget events and %s idempotency keys",
+            steps,
+            events,
+            keys,
+        )
+    return RetentionResult(steps, events, keys)

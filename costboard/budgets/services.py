@@ -15,12 +15,13 @@ from decimal import Decimal
 from typing import Any, Final
 
 from django.db import transaction
+from django.utils import timezone
 
 from costboard.budgets.alerts import announce
 from costboard.budgets.caps import Caps, caps_for, environment_caps, session_caps
 from costboard.budgets.engine import Crossing, Flag, Ledger, Outcome, budget_decide
-from costboard.celery import app as celery_app
 from costboard.models import SYSTEM_SESSION_ID, BudgetEvent, EnvironmentCaps, Project, Session
+from costboard.outbox import Attempt, outbox_add, outbox_handler
 
 # What a budget change writes of a session: only these, and only here and in ingest.
 BUDGET_FIELDS = [
@@ -34,7 +35,7 @@ BUDGET_FIELDS = [
 
 
 CAP_PLACES = Decimal("0.0001")  # a USD cap is kept to 4 places
-RECHECK_TASK = "costboard.tasks.project_budgets_recheck"
+RECHECK = "budgets.recheck"  # outbox kind
 PROJECT_CAP_FIELDS = (
     "token_cap",
     "cost_cap_usd",
@@ -230,11 +231,7 @@ def project_caps_set(*, project: Project, changes: dict[str, Any]) -> dict[str, 
             for name, value in before.items()
         }
 
-        def recheck() -> None:
-            # by name: the task (costboard.tasks) calls project_budgets_recheck below
-            celery_app.signature(RECHECK_TASK, args=(project.pk, old)).delay()
-
-        transaction.on_commit(recheck)
+        outbox_add(RECHECK, {"project_id": project.pk, "old": old}, project_id=project.pk)
         return before
 
 
@@ -306,4 +303,12 @@ def environment_caps_sync(*, at: datetime) -> int:
     return sum(
         _sessions_recheck(project, at=at, old_env=old_env)
         for project in Project.objects.order_by("pk")
+    )
+
+
+# Not atomic: each session is rechecked under its own lock, and a second run decides the same.
+@outbox_handler(RECHECK, lease_seconds=3600, atomic=False)
+def _recheck_item(payload: dict[str, Any], attempt: Attempt) -> None:
+    project_budgets_recheck(
+        project_id=int(payload["project_id"]), old=payload["old"], at=timezone.now()
     )

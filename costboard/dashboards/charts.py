@@ -13,6 +13,7 @@ from decimal import Decimal
 from typing import Any
 
 from costboard.dashboards.selectors import Latency, UsageBreakdown
+from costboard.models import TOOL_MODEL
 
 Figure = dict[str, Any]
 
@@ -37,16 +38,18 @@ def _money(values: Sequence[Decimal]) -> list[float]:
 
 
 def daily_cost_by_model(breakdown: UsageBreakdown) -> Figure:
+    """One stacked series per model family (tool steps, $0 by nature, left out)."""
     x = [d.isoformat() for d in breakdown.days]
     data = [
         {
             "type": "bar",
-            "name": model,
+            "name": family,
             "x": x,
             "y": _money([by_day.get(d, Decimal(0)) for d in breakdown.days]),
             "hovertemplate": USD_HOVER,
         }
-        for model, by_day in breakdown.cost_by_day_model.items()
+        for family, by_day in breakdown.cost_by_day_model.items()
+        if family != TOOL_MODEL
     ]
     return {
         "data": data,

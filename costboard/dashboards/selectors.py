@@ -1,7 +1,8 @@
 """Read queries for the pages: rollups first, never a scan of all steps for totals.
 
 Every selector takes the ids of the projects in scope and runs a fixed number of queries,
-whatever the amount of data.
+whatever the amount of data. Models are shown by family (`gpt-4o-2024-08-06`, `openai/gpt-4o`
+and `gpt-4o` are one `gpt-4o`: costboard/pricing/families.py), each with its exact names.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from django.db.models.functions import Coalesce, Greatest, Trunc
 from costboard.budgets.caps import Caps
 from costboard.ingest.latency import percentile
 from costboard.models import (
+    TOOL_MODEL,
     BudgetEvent,
     DailyRollup,
     LatencyRollup,
@@ -97,15 +99,74 @@ def spend_by_period(*, project_ids: list[int], today: date) -> list[Spend]:
 
 
 @dataclass
+class ExactModel:
+    """One exact model name as steps sent it, within its family."""
+
+    model: str
+    calls: int = 0
+    cost_usd: Decimal = ZERO
+
+
+@dataclass
+class FamilyUsage:
+    """A model family's calls and cost, with the exact names behind them, costliest first."""
+
+    family: str
+    calls: int = 0
+    cost_usd: Decimal = ZERO
+    names: list[ExactModel] = field(default_factory=list)
+
+    @property
+    def is_tool(self) -> bool:
+        return self.family == TOOL_MODEL
+
+    @property
+    def aliased(self) -> bool:
+        """Sent under some other name than the family's own (one click shows which)."""
+        return any(name.model != self.family for name in self.names)
+
+
+class _FamilyTally:
+    """Calls and cost per family and exact name, summed from rollup rows."""
+
+    def __init__(self) -> None:
+        self.families: dict[str, FamilyUsage] = {}
+        self._names: dict[tuple[str, str], ExactModel] = {}
+
+    def add(self, family: str, model: str, calls: int, cost: Decimal) -> None:
+        usage = self.families.get(family)
+        if usage is None:
+            usage = self.families[family] = FamilyUsage(family)
+        usage.calls += calls
+        usage.cost_usd += cost
+        name = self._names.get((family, model))
+        if name is None:
+            name = self._names[(family, model)] = ExactModel(model)
+            usage.names.append(name)
+        name.calls += calls
+        name.cost_usd += cost
+
+    def ordered(self) -> list[FamilyUsage]:
+        """Costliest first, then most called; tool steps last ($0 by nature)."""
+        for usage in self.families.values():
+            usage.names.sort(key=lambda n: (-n.cost_usd, -n.calls, n.model))
+        return sorted(
+            self.families.values(),
+            key=lambda u: (u.is_tool, -u.cost_usd, -u.calls, u.family),
+        )
+
+
+@dataclass
 class UsageBreakdown:
     """The overview's charts, from one pass over the period's rollups."""
 
     days: list[date]
-    cost_by_day_model: dict[str, dict[date, Decimal]]
+    cost_by_day_model: dict[str, dict[date, Decimal]]  # by family
     cost_by_step_type: dict[str, Decimal]
     tokens_by_kind: dict[str, int]
     cost_by_kind: dict[str, Decimal]
     cache_savings_usd: Decimal
+    families: list[FamilyUsage] = field(default_factory=list)
 
 
 TOKEN_KINDS = {
@@ -123,15 +184,17 @@ COST_KINDS = {
 
 
 def usage_breakdown(*, project_ids: list[int], since: date, until: date) -> UsageBreakdown:
-    """Cost by day and model, by step type, tokens and cost by kind, and what cache reads saved
-    against the model's uncached input rate — over [since, until]."""
+    """Cost by day and model family, by step type, tokens and cost by kind, each family's
+    exact names, and what cache reads saved against the model's uncached input rate — over
+    [since, until]."""
     sums = {name: Sum(name) for name in (*TOKEN_KINDS.values(), *COST_KINDS.values())}
     rows = (
         DailyRollup.objects.filter(project_id__in=project_ids, day__gte=since, day__lte=until)
-        .values("day", "model", "step_type")
-        .annotate(cost=Sum("cost_usd"), **sums)
+        .values("day", "family", "model", "step_type")
+        .annotate(cost=Sum("cost_usd"), calls=Sum("calls"), **sums)
         .order_by()
     )
+    families = _FamilyTally()
     by_day_model: dict[str, dict[date, Decimal]] = defaultdict(lambda: defaultdict(lambda: ZERO))
     by_step_type: dict[str, Decimal] = defaultdict(lambda: ZERO)
     tokens = dict.fromkeys(TOKEN_KINDS, 0)
@@ -139,7 +202,8 @@ def usage_breakdown(*, project_ids: list[int], since: date, until: date) -> Usag
     cache_reads: dict[tuple[str, date], list[Any]] = defaultdict(lambda: [0, ZERO])
     row: dict[str, Any]  # the sums' keys are built above, so the stubs cannot type them
     for row in rows:  # type: ignore[assignment]
-        by_day_model[row["model"]][row["day"]] += row["cost"] or ZERO
+        families.add(row["family"], row["model"], row["calls"] or 0, row["cost"] or ZERO)
+        by_day_model[row["family"]][row["day"]] += row["cost"] or ZERO
         by_step_type[row["step_type"]] += row["cost"] or ZERO
         for kind, column in TOKEN_KINDS.items():
             tokens[kind] += row[column] or 0
@@ -164,6 +228,7 @@ def usage_breakdown(*, project_ids: list[int], since: date, until: date) -> Usag
         tokens_by_kind=tokens,
         cost_by_kind=costs,
         cache_savings_usd=savings,
+        families=families.ordered(),
     )
 
 
@@ -329,9 +394,9 @@ class UnpricedModel:
 
 
 def models_unpriced(*, project_ids: list[int]) -> list[UnpricedModel]:
-    """Models with steps no price covers (from the rollups' unpriced call counts). Models
-    whose calls carried no tokens at all (an OTLP tool or retrieval span, model "none") are
-    left out: with no tokens there is nothing a price would change."""
+    """Exact model names with steps no price covers (from the rollups' unpriced call counts:
+    tool steps are never among them). Models whose calls carried no tokens at all are left
+    out: with no tokens there is nothing a price would change."""
     rows = (
         DailyRollup.objects.filter(project_id__in=project_ids, unpriced_calls__gt=0)
         .values("model")
@@ -370,7 +435,8 @@ STATE_FILTERS = {
 @dataclass(frozen=True)
 class SessionFilters:
     state: str = ""
-    model: str = ""
+    model: str = ""  # a family (or an exact name: links from before families still work)
+    exact: str = ""  # an exact model name
     user: str = ""
     q: str = ""
     since: date | None = None
@@ -390,10 +456,13 @@ def sessions_filtered(*, project_ids: list[int], filters: SessionFilters) -> Que
     sessions = Session.objects.filter(project_id__in=project_ids)
     if filters.state in STATE_FILTERS:
         sessions = sessions.filter(STATE_FILTERS[filters.state])
-    if filters.model:
-        sessions = sessions.filter(
-            pk__in=SessionModelUsage.objects.filter(model=filters.model).values("session_id")
-        )
+    if filters.model or filters.exact:
+        usage = SessionModelUsage.objects.all()
+        if filters.model:
+            usage = usage.filter(Q(family=filters.model) | Q(model=filters.model))
+        if filters.exact:
+            usage = usage.filter(model=filters.exact)
+        sessions = sessions.filter(pk__in=usage.values("session_id"))
     if filters.user:
         sessions = sessions.filter(user_id=filters.user)
     if filters.q:
@@ -409,22 +478,25 @@ def sessions_filtered(*, project_ids: list[int], filters: SessionFilters) -> Que
     return sessions.select_related("project").order_by(order, "-id" if filters.descending else "id")
 
 
-def model_mix(*, session_ids: Iterable[int]) -> dict[int, list[SessionModelUsage]]:
-    """Each session's models, costliest first (one query for a page of sessions)."""
-    mix: dict[int, list[SessionModelUsage]] = defaultdict(list)
-    for usage in SessionModelUsage.objects.filter(session_id__in=list(session_ids)).order_by(
-        "session_id", "-cost_usd", "model"
-    ):
-        mix[usage.session_id].append(usage)
-    return mix
+def model_mix(*, session_ids: Iterable[int]) -> dict[int, list[FamilyUsage]]:
+    """Each session's model families with their exact names, costliest first (one query for
+    a page of sessions)."""
+    tallies: dict[int, _FamilyTally] = defaultdict(_FamilyTally)
+    rows = SessionModelUsage.objects.filter(session_id__in=list(session_ids)).values_list(
+        "session_id", "family", "model", "calls", "cost_usd"
+    )
+    for session_id, family, model, calls, cost in rows:
+        tallies[session_id].add(family, model, calls, cost)
+    return {session_id: tally.ordered() for session_id, tally in tallies.items()}
 
 
 def models_seen(*, project_ids: list[int]) -> list[str]:
+    """The model families of the projects' steps: the model filter's choices."""
     return list(
         DailyRollup.objects.filter(project_id__in=project_ids)
-        .values_list("model", flat=True)
+        .values_list("family", flat=True)
         .distinct()
-        .order_by("model")
+        .order_by("family")
     )
 
 
@@ -578,18 +650,29 @@ _BUCKETS = [("minute", timedelta(minutes=1)), ("hour", timedelta(hours=1))]
 # --- steps ----------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass
 class StepTypeModelRow:
+    """One step type × model family, with the exact names behind it."""
+
     step_type: str
-    model: str
-    calls: int
-    errors: int
-    unpriced: int
-    input_tokens: int
-    output_tokens: int
-    cache_read_input_tokens: int
-    cache_creation_input_tokens: int
-    cost_usd: Decimal
+    family: str
+    calls: int = 0
+    errors: int = 0
+    unpriced: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_input_tokens: int = 0
+    cache_creation_input_tokens: int = 0
+    cost_usd: Decimal = ZERO
+    names: list[ExactModel] = field(default_factory=list)
+
+    @property
+    def is_tool(self) -> bool:
+        return self.family == TOOL_MODEL
+
+    @property
+    def aliased(self) -> bool:
+        return any(name.model != self.family for name in self.names)
 
     @property
     def cost_per_call(self) -> Decimal:
@@ -601,27 +684,27 @@ class StepTypeModelRow:
 
 
 def steps_by_type_and_model(
-    *, project_ids: list[int], since: date, until: date, model: str = "", step_type: str = ""
+    *,
+    project_ids: list[int],
+    since: date,
+    until: date,
+    model: str = "",
+    exact: str = "",
+    step_type: str = "",
 ) -> list[StepTypeModelRow]:
+    """Calls, errors, tokens and cost per step type and model family (`model` keeps one
+    family, or one exact name as links from before families did; `exact` one exact name),
+    each row with its exact names."""
     rows = DailyRollup.objects.filter(project_id__in=project_ids, day__gte=since, day__lte=until)
     if model:
-        rows = rows.filter(model=model)
+        rows = rows.filter(Q(family=model) | Q(model=model))
+    if exact:
+        rows = rows.filter(model=exact)
     if step_type:
         rows = rows.filter(step_type=step_type)
-    result = [
-        StepTypeModelRow(
-            step_type=r["step_type"],
-            model=r["model"],
-            calls=r["calls"],
-            errors=r["errors"],
-            unpriced=r["unpriced"],
-            input_tokens=r["inp"],
-            output_tokens=r["out"],
-            cache_read_input_tokens=r["cr"],
-            cache_creation_input_tokens=r["cw"],
-            cost_usd=r["cost"],
-        )
-        for r in rows.values("step_type", "model")
+    grouped: dict[tuple[str, str], StepTypeModelRow] = {}
+    for r in (
+        rows.values("step_type", "family", "model")
         .annotate(
             calls=Sum("calls"),
             errors=Sum("errors"),
@@ -633,8 +716,24 @@ def steps_by_type_and_model(
             cost=Sum("cost_usd"),
         )
         .order_by()
-    ]
-    result.sort(key=lambda r: (-r.cost_usd, r.step_type, r.model))
+    ):
+        key = (r["step_type"], r["family"])
+        row = grouped.get(key)
+        if row is None:
+            row = grouped[key] = StepTypeModelRow(step_type=r["step_type"], family=r["family"])
+        row.calls += r["calls"]
+        row.errors += r["errors"]
+        row.unpriced += r["unpriced"]
+        row.input_tokens += r["inp"]
+        row.output_tokens += r["out"]
+        row.cache_read_input_tokens += r["cr"]
+        row.cache_creation_input_tokens += r["cw"]
+        row.cost_usd += r["cost"]
+        row.names.append(ExactModel(r["model"], r["calls"], r["cost"]))
+    result = list(grouped.values())
+    for row in result:
+        row.names.sort(key=lambda n: (-n.cost_usd, -n.calls, n.model))
+    result.sort(key=lambda r: (r.is_tool, -r.cost_usd, r.step_type, r.family))
     return result
 
 

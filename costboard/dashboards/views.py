@@ -36,6 +36,7 @@ from costboard.budgets import services
 from costboard.budgets.caps import Caps, caps_for, session_caps
 from costboard.dashboards import charts, selectors
 from costboard.dashboards.scope import Scope, scope_for
+from costboard.ingest.schemas import FIRST_YEAR, LAST_YEAR
 from costboard.models import SYSTEM_SESSION_ID, Project, Session, usd
 
 PAGE_SIZE = 50
@@ -53,11 +54,14 @@ def _figures(**figures: dict[str, Any]) -> dict[str, Any]:
 
 
 def _date(params: QueryDict, name: str) -> date | None:
+    """A date filter, or None (no filter) if it is not a date the data can have: the API
+    refuses timestamps outside FIRST_YEAR..LAST_YEAR, and at year 9999 a day's end overflows."""
     value = params.get(name, "")
     try:
-        return parse_date(value) if value else None
+        day = parse_date(value) if value else None
     except ValueError:
         return None
+    return day if day is not None and FIRST_YEAR <= day.year <= LAST_YEAR else None
 
 
 @login_required
@@ -95,6 +99,7 @@ def _session_filters(params: QueryDict) -> selectors.SessionFilters:
     return selectors.SessionFilters(
         state=state if state in selectors.STATE_FILTERS else "",
         model=params.get("model", "").strip(),
+        exact=params.get("exact", "").strip(),
         user=params.get("user", "").strip(),
         q=params.get("q", "").strip(),
         since=_date(params, "since"),
@@ -315,11 +320,12 @@ def steps_page(request: HtmxHttpRequest) -> HttpResponse:
     today = timezone.now().date()
     since = _date(request.GET, "since") or today - timedelta(days=29)
     until = _date(request.GET, "until") or today
-    model = request.GET.get("model", "").strip()
+    model = request.GET.get("model", "").strip()  # a family
+    exact = request.GET.get("exact", "").strip()  # an exact model name
     step_type = request.GET.get("step_type", "").strip()
     ids = scope.project_ids
     rows = selectors.steps_by_type_and_model(
-        project_ids=ids, since=since, until=until, model=model, step_type=step_type
+        project_ids=ids, since=since, until=until, model=model, exact=exact, step_type=step_type
     )
     latency = selectors.latency_by_step_type(
         project_ids=ids, since=since, until=until, step_type=step_type
@@ -341,6 +347,7 @@ def steps_page(request: HtmxHttpRequest) -> HttpResponse:
         "since": since,
         "until": until,
         "model": model,
+        "exact": exact,
         "step_type": step_type,
         "models": selectors.models_seen(project_ids=ids),
         "figures": _figures(

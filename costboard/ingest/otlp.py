@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import json
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -30,11 +31,13 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 from pydantic import ValidationError
 
 from costboard.ingest.schemas import MAX_BODY_BYTES, MAX_TOKENS, StepEvent
+from costboard.models import TOOL_MODEL
 
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
-# A span without a model (a tool call, a retrieval) is stored under this model name.
-NO_MODEL = "none"
+# A span without a model (a tool call, a retrieval) is a tool step: stored under this model
+# name, $0 by nature, never unpriced.
+NO_MODEL = TOOL_MODEL
 
 INPUT_KEYS = ("gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens", "llm.token_count.prompt")
 OUTPUT_KEYS = (
@@ -60,13 +63,27 @@ SESSION_KEYS = ("gen_ai.conversation.id", "session.id")
 STEP_TYPE_KEYS = ("gen_ai.operation.name",)
 
 
-class OtlpError(Exception):
-    """The body as a whole cannot be used: an HTTP status and a message naming the fix."""
+MAX_SPANS = 10_000  # CONTRACT §7: per request
 
-    def __init__(self, status: int, message: str) -> None:
+
+class OtlpError(Exception):
+    """The body as a whole cannot be used: an HTTP status, the field at fault and a message
+    naming the fix."""
+
+    def __init__(self, status: int, message: str, field: str = "body") -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.field = field
+
+
+def _too_many_spans(spans: int) -> OtlpError:
+    return OtlpError(
+        413,
+        f"{spans} spans: send at most {MAX_SPANS} spans per request; lower the exporter's "
+        "max_export_batch_size",
+        field="resourceSpans",
+    )
 
 
 def otlp_gunzip(body: bytes, *, limit: int = MAX_BODY_BYTES) -> bytes:
@@ -83,19 +100,39 @@ def otlp_gunzip(body: bytes, *, limit: int = MAX_BODY_BYTES) -> bytes:
     return data
 
 
-def otlp_decode(body: bytes, content_type: str) -> ExportTraceServiceRequest:
-    """An ExportTraceServiceRequest from a protobuf or OTLP JSON body, or OtlpError(400)."""
+def otlp_decode(
+    body: bytes,
+    content_type: str,
+    *,
+    check_json: Callable[[dict[str, Any]], None] | None = None,
+) -> ExportTraceServiceRequest:
+    """An ExportTraceServiceRequest from a protobuf or OTLP JSON body, or OtlpError: 400 if
+    undecodable, 413 past MAX_SPANS spans (counted before the slow JSON mapping). A JSON body
+    is first given to `check_json`, which raises ValueError for a shape it refuses:
+    protobuf's JSON mapping reads a string where an object belongs as an empty object."""
     request = ExportTraceServiceRequest()
     if content_type == PROTOBUF:
         try:
             request.ParseFromString(body)
         except (DecodeError, ValueError) as exc:
             raise OtlpError(400, f"undecodable protobuf ExportTraceServiceRequest: {exc}") from None
+        spans = sum(len(scope.spans) for rs in request.resource_spans for scope in rs.scope_spans)
+        if spans > MAX_SPANS:
+            raise _too_many_spans(spans)
         return request
     try:
         payload = json.loads(body)
         if not isinstance(payload, dict):
             raise ValueError("the body must be a JSON object with resourceSpans")
+        spans = sum(
+            len(_list(scope_spans, "spans"))
+            for resource_spans in _list(payload, "resourceSpans", "resource_spans")
+            for scope_spans in _list(resource_spans, "scopeSpans", "scope_spans")
+        )
+        if spans > MAX_SPANS:
+            raise _too_many_spans(spans)
+        if check_json is not None:
+            check_json(payload)
         _hex_ids_to_base64(payload)
         json_format.ParseDict(payload, request, ignore_unknown_fields=True)
     except (ValueError, UnicodeDecodeError, json_format.ParseError) as exc:
@@ -146,11 +183,13 @@ def otlp_response(rejected: int, message: str, content_type: str) -> bytes:
     return json_format.MessageToJson(response, indent=None).encode()
 
 
-def otlp_status(code: int, message: str, content_type: str) -> bytes:
+def otlp_status(code: int, message: str, content_type: str, field: str = "body") -> bytes:
     """A google.rpc.Status (code, message) in the request's format, the body OTLP/HTTP asks
-    for with a 400. Encoded by hand: its two scalar fields need no googleapis dependency."""
+    for with a 400. Encoded by hand: its two scalar fields need no googleapis dependency. In
+    JSON it also carries the API's `errors` (CONTRACT §7), which OTLP readers ignore."""
     if content_type != PROTOBUF:
-        return json.dumps({"code": code, "message": message}).encode()
+        errors = [{"index": None, "field": field, "message": message}]
+        return json.dumps({"code": code, "message": message, "errors": errors}).encode()
     text = message.encode()
     return b"\x08" + _varint(code) + b"\x12" + _varint(len(text)) + text
 

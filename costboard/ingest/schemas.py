@@ -158,7 +158,8 @@ class StepEvent(_Event):
         description="intent, filter, search, response, compress, …"
     )
     model: Annotated[str, Field(min_length=1, max_length=200)] = Field(
-        description="as the provider names it; an unknown one is stored unpriced"
+        description="as the provider names it; an unknown one is stored unpriced; "
+        '"none" for a step without a model (a tool call, a retrieval): $0, never unpriced'
     )
     session_id: ExternalId | None = Field(
         default=None, description="absent: the project's system session"
@@ -408,10 +409,23 @@ def friendly(model: type[BaseModel] | None, err: Any) -> tuple[str, str]:
         return field, f"must be true or false, got {err.get('input')!r}"
     if kind in {"datetime_parsing", "datetime_type", "datetime_from_date_parsing"}:
         return field, "must be an ISO 8601 time, e.g. 2026-11-22T10:15:00Z"
+    bound = _BOUNDS.get(kind)
+    if bound is not None:
+        words, name = bound
+        return field, f"must be {words} {err.get('ctx', {}).get(name)}, got {err.get('input')!r}"
     message = err["msg"]
     if message.startswith("Value error, "):
         message = message.removeprefix("Value error, ")
     return field, message
+
+
+# pydantic's bound errors, said as what to send: "must be at most 2147483647"
+_BOUNDS = {
+    "less_than_equal": ("at most", "le"),
+    "less_than": ("less than", "lt"),
+    "greater_than_equal": ("at least", "ge"),
+    "greater_than": ("more than", "gt"),
+}
 
 
 def validation_errors(
@@ -453,6 +467,9 @@ def validate_event(index: int, raw: Any) -> tuple[Event | None, list[dict[str, A
         if value and too_deep(value, MAX_DEPTH):
             return None, [_error(index, name, f"nests deeper than {MAX_DEPTH} levels: flatten it")]
     if isinstance(event, StepEvent) and event.usage is not None:
+        huge = number_past(event.usage, MAX_TOKENS, "usage")
+        if huge is not None:
+            return None, [_error(index, huge, f"must be at most {MAX_TOKENS} (10^12) tokens")]
         try:
             tokens = event.tokens()
         except UsageError as exc:
@@ -460,6 +477,25 @@ def validate_event(index: int, raw: Any) -> tuple[Event | None, list[dict[str, A
         if max(_counts(tokens)) > MAX_TOKENS:
             return None, [_error(index, "usage", "token counts must be at most 10^12")]
     return event, []
+
+
+def number_past(value: Any, limit: int, path: str) -> str | None:
+    """The dotted path of the first number in `value` beyond ±`limit`, or None: every count
+    in a provider's usage object is a token count, bounded like the explicit fields."""
+    stack: list[tuple[object, str]] = [(value, path)]
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, dict):
+            stack.extend((child, f"{where}.{key}") for key, child in item.items())
+        elif isinstance(item, list):
+            stack.extend((child, f"{where}.{n}") for n, child in enumerate(item))
+        elif (
+            isinstance(item, int | Decimal)
+            and not isinstance(item, bool)
+            and not -limit <= item <= limit
+        ):
+            return where
+    return None
 
 
 def _counts(tokens: Tokens) -> tuple[int, ...]:

@@ -15,10 +15,13 @@ One transaction, a fixed number of statements whatever the batch size:
    response;
 6. record the crossings as BudgetEvents;
 7. add the inserted steps to their sessions' per-model usage (the model mix);
-8. add them to the daily rollups and the latency histograms (the hottest rows, touched last
-   so their locks are short).
+8. add them to the daily rollups and the latency histograms, and the batch's events to the
+   project's ingest tally (/metrics) — the hottest rows, touched last so their locks are
+   short. Every caller's events are counted (the API's, OTLP's, the demo's), once.
 
-Everything is priced in Python before the transaction begins (a cached rate table). On
+Everything is priced in Python before the transaction begins (a cached rate table), and each
+step given its model family (costboard/pricing/families.py); a step without a model (a tool
+call, a retrieval: model `none`) is never priced and never counted unpriced. On
 PostgreSQL every statement carries its rows as one typed array per column, unnested, with
 server-side binding: the SQL text is the same for every batch and nothing is interpolated.
 """
@@ -49,9 +52,11 @@ from costboard.ingest.schemas import Event, SessionEvent, StepEvent, TurnEvent
 from costboard.ingest.turn_rules import TurnStreaks, step_signature, turn_check
 from costboard.models import (
     SYSTEM_SESSION_ID,
+    TOOL_MODEL,
     BudgetEvent,
     DailyRollup,
     EventReceipt,
+    IngestTally,
     LatencyRollup,
     Project,
     Session,
@@ -59,7 +64,8 @@ from costboard.models import (
     Step,
     Turn,
 )
-from costboard.pricing.rates import RateTable, pico_usd, rate_table
+from costboard.pricing.families import is_tool_model, model_family, price_families
+from costboard.pricing.rates import UNPRICED_PICO, RateTable, pico_usd, rate_table
 
 ZERO = Decimal(0)
 
@@ -70,6 +76,7 @@ ROLLUP_TABLE = DailyRollup._meta.db_table
 RECEIPT_TABLE = EventReceipt._meta.db_table
 MODEL_USAGE_TABLE = SessionModelUsage._meta.db_table
 LATENCY_TABLE = LatencyRollup._meta.db_table
+TALLY_TABLE = IngestTally._meta.db_table
 
 
 @dataclass
@@ -92,6 +99,7 @@ class _Step:
     day: date  # UTC: the day of its rollups
     step_type: str
     model: str
+    family: str  # what pages group it under
     provider: str
     duration_ms: int | None
     success: bool
@@ -322,6 +330,7 @@ def _plan(
     """Price the steps and gather what each session and turn is touched by (no I/O but the
     rate-table check). The hottest loop of ingest: kept flat on purpose."""
     table = rate_table()
+    families = price_families(table.rates, key=table)
     sessions: dict[str, _SessionTouch] = {}
     turns: dict[tuple[str, int], _TurnTouch] = {}
     steps: list[_Step] = []
@@ -341,7 +350,7 @@ def _plan(
             _touch_session(sessions, key, ts)
             if event.turn is not None:
                 _touch_turn(turns, key, event.turn, ts)
-            steps.append(_step(event, key, ts, table))
+            steps.append(_step(event, key, ts, table, families))
         elif isinstance(event, TurnEvent):
             _touch_session(sessions, event.session_id, ts)
             _touch_turn(turns, event.session_id, event.turn, ts)
@@ -376,7 +385,9 @@ def _touch_turn(
         touch.last = ts
 
 
-def _step(event: StepEvent, key: str, ts: datetime, table: RateTable) -> _Step:
+def _step(
+    event: StepEvent, key: str, ts: datetime, table: RateTable, families: dict[int, str]
+) -> _Step:
     if event.usage is None:  # the common case: the token fields as sent
         inp = event.input_tokens or 0
         out = event.output_tokens or 0
@@ -390,9 +401,17 @@ def _step(event: StepEvent, key: str, ts: datetime, table: RateTable) -> _Step:
         write, write_1h = t.cache_creation_input_tokens, t.cache_creation_1h_input_tokens
         reasoning = t.reasoning_tokens
     provider = event.provider or ""
-    price_id, c_in, c_out, c_read, c_write = table.price_pico(
-        event.model, provider, ts, inp, out, read, write, write_1h
-    )
+    if is_tool_model(event.model):  # a tool call or a retrieval: $0 by nature, not unpriced
+        price_id, c_in, c_out, c_read, c_write = UNPRICED_PICO
+        family, unpriced = TOOL_MODEL, False
+    else:
+        price_id, c_in, c_out, c_read, c_write = table.price_pico(
+            event.model, provider, ts, inp, out, read, write, write_1h
+        )
+        if price_id is None:
+            family, unpriced = model_family(event.model), True
+        else:
+            family, unpriced = families[price_id], False
     duration = None if event.duration_ms is None else round(event.duration_ms)
     window = sig = None
     if event.turn is not None:
@@ -410,7 +429,7 @@ def _step(event: StepEvent, key: str, ts: datetime, table: RateTable) -> _Step:
         c_write,
         c_in + c_out + c_read + c_write,
         not event.success,
-        price_id is None,
+        unpriced,
         duration or 0,
     )
     return _Step(
@@ -421,6 +440,7 @@ def _step(event: StepEvent, key: str, ts: datetime, table: RateTable) -> _Step:
         ts.astimezone(UTC).date(),
         event.step_type,
         event.model,
+        family,
         provider,
         duration,
         event.success,
@@ -466,12 +486,14 @@ def events_ingest(
         announce(budget_events)
         after_ingest_run(Ingested(project, _turns_with_text(accepted_others, turn_ids)))
         _model_usage_upsert(cursor, sql, session_ids, inserted)
+        accepted = len(others) - dup_others + len(inserted)
+        hot.append(_tally_statement(sql, project, now, accepted, duplicates))
         for statement, params in hot:
             cursor.execute(statement, params)
     budgets = {s.external_id: session_budget(s, project) for s in touched}
 
     return IngestResult(
-        accepted=len(others) - dup_others + len(inserted),
+        accepted=accepted,
         duplicates=duplicates,
         sessions=dict(sorted(budgets.items())),
         budget_events=budget_events,
@@ -736,6 +758,7 @@ _STEP_COLUMNS: list[Column] = [
     ('"timestamp"', "timestamptz"),
     ("step_type", "text"),
     ("model", "text"),
+    ("family", "text"),
     ("provider", "text"),
     ("input_tokens", "bigint"),
     ("output_tokens", "bigint"),
@@ -769,6 +792,7 @@ def _step_values(
         sql.dt(step.ts),
         step.step_type,
         step.model,
+        step.family,
         step.provider,
         inp,
         out,
@@ -1146,6 +1170,7 @@ _TURN_AFTER_COLUMNS: list[Column] = [
 
 _ROLLUP_COLUMNS: list[Column] = [
     ("day", "date"),
+    ("family", "text"),
     ("model", "text"),
     ("step_type", "text"),
     *USAGE,
@@ -1174,9 +1199,9 @@ def _hot_statements(sql: _Dialect, project: Project, steps: list[_Step]) -> list
 
 
 def _rollups_statement(sql: _Dialect, project: Project, steps: list[_Step]) -> Statement | None:
-    groups: dict[tuple[date, str, str], list[_Step]] = defaultdict(list)
+    groups: dict[tuple[date, str, str, str], list[_Step]] = defaultdict(list)
     for step in steps:
-        groups[(step.day, step.model, step.step_type)].append(step)
+        groups[(step.day, step.family, step.model, step.step_type)].append(step)
     if not groups:
         return None
     sums = {key: _Totals.of(steps) for key, steps in groups.items()}
@@ -1185,6 +1210,7 @@ def _rollups_statement(sql: _Dialect, project: Project, steps: list[_Step]) -> S
         [
             [
                 sql.day(day),
+                family,
                 model,
                 step_type,
                 *totals.usage_values(sql),
@@ -1193,18 +1219,18 @@ def _rollups_statement(sql: _Dialect, project: Project, steps: list[_Step]) -> S
                 totals.unpriced,
                 totals.duration_ms,
             ]
-            for (day, model, step_type), totals in sorted(sums.items())
+            for (day, family, model, step_type), totals in sorted(sums.items())
         ],
     )
     names = ", ".join(name for name, _ in _ROLLUP_COLUMNS)
-    counters = [name for name, _ in _ROLLUP_COLUMNS[3:]]
+    counters = [name for name, _ in _ROLLUP_COLUMNS[4:]]
     updates = ",\n".join(f"{c} = {ROLLUP_TABLE}.{c} + excluded.{c}" for c in counters)
     return (
         f"""
         {with_v}
         INSERT INTO {ROLLUP_TABLE} (project_id, {names})
         SELECT %s, {names} FROM v WHERE true
-        ON CONFLICT (project_id, day, model, step_type) DO UPDATE SET
+        ON CONFLICT (project_id, day, family, model, step_type) DO UPDATE SET
             {updates}
         """,
         [*params, project.pk],
@@ -1214,10 +1240,11 @@ def _rollups_statement(sql: _Dialect, project: Project, steps: list[_Step]) -> S
 def _model_usage_upsert(
     cursor: Any, sql: _Dialect, session_ids: dict[str, int], inserted: list[_Step]
 ) -> None:
-    """Add the inserted steps to their session's row per model (its sessions are locked)."""
-    groups: dict[tuple[int, str], list[int]] = {}
+    """Add the inserted steps to their session's row per family and model (its sessions are
+    locked)."""
+    groups: dict[tuple[int, str, str], list[int]] = {}
     for step in inserted:
-        key = (session_ids[step.session_key], step.model)
+        key = (session_ids[step.session_key], step.family, step.model)
         group = groups.get(key)
         if group is None:
             groups[key] = [1, step.tokens, step.cost_pico]
@@ -1230,22 +1257,24 @@ def _model_usage_upsert(
     with_v, params = sql.rows(
         [
             ("session_id", "bigint"),
+            ("family", "text"),
             ("model", "text"),
             ("calls", "bigint"),
             ("tokens_used", "bigint"),
             ("cost_usd", USD_PICO),
         ],
         [
-            [session_id, model, calls, tokens, sql.money(cost)]
-            for (session_id, model), (calls, tokens, cost) in sorted(groups.items())
+            [session_id, family, model, calls, tokens, sql.money(cost)]
+            for (session_id, family, model), (calls, tokens, cost) in sorted(groups.items())
         ],
     )
     cursor.execute(
         f"""
         {with_v}
-        INSERT INTO {MODEL_USAGE_TABLE} (session_id, model, calls, tokens_used, cost_usd)
-        SELECT session_id, model, calls, tokens_used, cost_usd FROM v WHERE true
-        ON CONFLICT (session_id, model) DO UPDATE SET
+        INSERT INTO {MODEL_USAGE_TABLE} (session_id, family, model, calls, tokens_used,
+                                         cost_usd)
+        SELECT session_id, family, model, calls, tokens_used, cost_usd FROM v WHERE true
+        ON CONFLICT (session_id, family, model) DO UPDATE SET
             calls = {MODEL_USAGE_TABLE}.calls + excluded.calls,
             tokens_used = {MODEL_USAGE_TABLE}.tokens_used + excluded.tokens_used,
             cost_usd = {MODEL_USAGE_TABLE}.cost_usd + excluded.cost_usd
@@ -1283,4 +1312,22 @@ def _latency_statement(sql: _Dialect, project: Project, steps: list[_Step]) -> S
             calls = {LATENCY_TABLE}.calls + excluded.calls
         """,
         [*params, project.pk],
+    )
+
+
+def _tally_statement(
+    sql: _Dialect, project: Project, now: datetime, accepted: int, duplicates: int
+) -> Statement:
+    """Add the batch's events to the project's tally of the day (/metrics), in SQL so
+    concurrent batches lose no count; in ingest's transaction, so a batch rolled back (a
+    whole OTLP request, an idempotent retry racing its twin) is not counted."""
+    return (
+        f"""
+        INSERT INTO {TALLY_TABLE} (project_id, day, accepted, duplicates, refused)
+        VALUES (%s, %s, %s, %s, 0)
+        ON CONFLICT (project_id, day) DO UPDATE SET
+            accepted = {TALLY_TABLE}.accepted + excluded.accepted,
+            duplicates = {TALLY_TABLE}.duplicates + excluded.duplicates
+        """,
+        [project.pk, sql.day(now.astimezone(UTC).date()), accepted, duplicates],
     )

@@ -4,7 +4,11 @@ A step is priced by one ModelPrice row: among the rows whose model matches the s
 (exact name first, then a row's regex, then common aliases: a provider prefix, a dated
 snapshot suffix), those of one provider (the step's, else the model's home provider) and
 provider-less manual rows, the row with the latest `effective_from` at or before the step's
-time; on a tie a manual row wins. No match means unpriced: cost 0 and listed for admins.
+time. A row may carry a daily UTC window (DeepSeek's peak hours): it applies only to steps
+whose UTC time of day is inside it, and there it beats a row of the same `effective_from`
+without one; a window that does not hold the step's time leaves the row out. On a remaining
+tie a manual row wins, then the newer row. No match means unpriced: cost 0 and listed for
+admins. Ingest, `RateTable.price()` and repricing all choose the row with `rate_at`.
 
 The table lives in memory per process (a few thousand rows) and is reloaded when the
 `(count, max(updated_at))` of the price table changes, checked once per ingest request.
@@ -16,7 +20,7 @@ import bisect
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime, time
 from decimal import ROUND_HALF_EVEN, Context, Decimal
 from functools import lru_cache
 from threading import Lock
@@ -60,6 +64,30 @@ class Rates:
         object.__setattr__(self, "pico_per_token", tuple(int(p) for p in picos) if exact else None)
 
 
+MICROS_PER_DAY = 86_400 * 10**6
+
+
+def micros_of_day(value: time) -> int:
+    return ((value.hour * 60 + value.minute) * 60 + value.second) * 10**6 + value.microsecond
+
+
+def _utc_micros_of_day(when: datetime) -> int:
+    """The UTC time of day of an instant, in microseconds (a naive time is taken as UTC)."""
+    if when.tzinfo is not None and when.tzinfo is not UTC:
+        when = when.astimezone(UTC)
+    return ((when.hour * 60 + when.minute) * 60 + when.second) * 10**6 + when.microsecond
+
+
+def _spans(window: tuple[int, int]) -> list[tuple[int, int]]:
+    start, end = window
+    return [(start, end)] if start <= end else [(start, MICROS_PER_DAY), (0, end)]
+
+
+def windows_overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
+    """Whether two daily windows (microseconds of the day, wrapping midnight) share a time."""
+    return any(s1 < e2 and s2 < e1 for s1, e1 in _spans(a) for s2, e2 in _spans(b))
+
+
 @dataclass(frozen=True, slots=True)
 class Rate:
     """One ModelPrice row, ready to price with."""
@@ -72,6 +100,24 @@ class Rate:
     context_window: int | None
     base: Rates
     tiers: tuple[tuple[int, Rates], ...] = ()
+    # A daily UTC window, [start, end) in microseconds of the day, wrapping midnight when the
+    # end comes first (genai-prices' TimeOfDateConstraint); None: all day.
+    window: tuple[int, int] | None = None
+
+    def holds(self, micros: int) -> bool:
+        """Whether this row applies at this UTC time of day (in microseconds)."""
+        if self.window is None:
+            return True
+        start, end = self.window
+        if start <= end:
+            return start <= micros < end
+        return micros >= start or micros < end
+
+    @property
+    def rank(self) -> tuple[datetime, bool, bool, int]:
+        """Among rows that apply, the highest wins: latest date, then a window, then manual,
+        then the newer row."""
+        return (self.effective_from, self.window is not None, self.manual, self.id)
 
     def rates_for(self, prompt_tokens: int) -> Rates:
         """The rates for a call with this many input tokens (cache reads and writes included):
@@ -201,18 +247,22 @@ def rate_from_row(row: ModelPrice) -> Rate:
     )
     tiers = []
     for tier in sorted(row.tiers or [], key=lambda t: int(t["start"])):
+        # A cache rate the row leaves blank follows the tier's input (or cache write) rate.
         tiers.append(
             (
                 int(tier["start"]),
                 _rates(
                     tier.get("input_mtok", base.input),
                     tier.get("output_mtok", base.output),
-                    tier.get("cache_read_mtok", base.cache_read),
-                    tier.get("cache_write_mtok", base.cache_write),
-                    tier.get("cache_write_1h_mtok", base.cache_write_1h),
+                    tier.get("cache_read_mtok", row.cache_read_mtok),
+                    tier.get("cache_write_mtok", row.cache_write_mtok),
+                    tier.get("cache_write_1h_mtok", row.cache_write_1h_mtok),
                 ),
             )
         )
+    window = None
+    if row.window_start is not None and row.window_end is not None:
+        window = (micros_of_day(row.window_start), micros_of_day(row.window_end))
     return Rate(
         id=row.pk,
         provider=row.provider.lower(),
@@ -222,6 +272,7 @@ def rate_from_row(row: ModelPrice) -> Rate:
         context_window=row.context_window,
         base=base,
         tiers=tuple(tiers),
+        window=window,
     )
 
 
@@ -272,15 +323,22 @@ def model_aliases(model: str) -> list[str]:
     return seen
 
 
+@dataclass(frozen=True, slots=True)
+class _Series:
+    """A model's candidate rows for one provider, in rank order, with their start times."""
+
+    starts: tuple[datetime, ...]
+    rates: tuple[Rate, ...]
+    windowed: bool  # any row with a daily window
+
+
 @dataclass
 class RateTable:
     rates: Sequence[Rate]
     regexes: dict[int, re.Pattern[str]] = field(default_factory=dict)
     _exact: dict[str, list[Rate]] = field(default_factory=dict)
     _by_regex: list[tuple[re.Pattern[str], Rate]] = field(default_factory=list)
-    _memo: dict[tuple[str, str], tuple[tuple[datetime, ...], tuple[Rate, ...]]] = field(
-        default_factory=dict
-    )
+    _memo: dict[tuple[str, str], _Series] = field(default_factory=dict)
     # context window (tokens) by price row id, for the rows that know it
     windows: dict[int, int] = field(default_factory=dict)
 
@@ -296,7 +354,7 @@ class RateTable:
         return [rate for pattern, rate in self._by_regex if pattern.search(name)]
 
     def candidates(self, model: str, provider: str = "") -> tuple[Rate, ...]:
-        """Rows that may price this model for this provider, oldest first (ties: manual last)."""
+        """Rows that may price this model for this provider, lowest `Rate.rank` first."""
         name = model.strip().lower()
         hint = canonical_provider(provider) if provider else ""
         exact: list[Rate] = []
@@ -320,7 +378,7 @@ class RateTable:
             # genai-prices picks the first matching model of a provider.
             best = min(by_regex, key=lambda r: (not r.manual, r.id))
             pool = [r for r in by_regex if (r.provider, r.model) == (best.provider, best.model)]
-        pool.sort(key=lambda r: (r.effective_from, r.manual, r.id))
+        pool.sort(key=lambda r: r.rank)
         return tuple(pool)
 
     @staticmethod
@@ -339,15 +397,27 @@ class RateTable:
         return min(manual or present)
 
     def rate_at(self, model: str, provider: str, when: datetime) -> Rate | None:
+        """The row that prices a step of this model and provider at this instant: of the
+        candidates from `effective_from` on whose window (if any) holds `when`'s UTC time of
+        day, the highest `Rate.rank`. The one rule for ingest, `price()` and repricing."""
         key = (model, provider)
-        memo = self._memo.get(key)
-        if memo is None:
+        series = self._memo.get(key)
+        if series is None:
             chosen = self.candidates(model, provider)
-            memo = (tuple(r.effective_from for r in chosen), chosen)
-            self._memo[key] = memo
-        starts, chosen = memo
-        index = bisect.bisect_right(starts, when)
-        return chosen[index - 1] if index else None
+            series = _Series(
+                tuple(r.effective_from for r in chosen),
+                chosen,
+                any(r.window is not None for r in chosen),
+            )
+            self._memo[key] = series
+        index = bisect.bisect_right(series.starts, when)
+        if not series.windowed:  # the common case: the latest row in effect
+            return series.rates[index - 1] if index else None
+        micros = _utc_micros_of_day(when)
+        for i in range(index - 1, -1, -1):  # highest rank first
+            if series.rates[i].holds(micros):
+                return series.rates[i]
+        return None
 
     def price(
         self,

@@ -2,9 +2,10 @@
 
 Each affected step is priced again with the current rate table; what changed is written to
 the step and the difference (never a recount) is added to its turn, session, the session's
-per-model usage and the daily rollup,
-so rollups stay equal to the sum of their steps even where old steps were deleted by
-retention. Steps are locked while repriced, so two repricings never apply one change twice.
+per-model usage and the daily rollup, so rollups stay equal to the sum of their steps even
+where old steps were deleted by retention. A step whose model family changes with its price
+row is moved, whole, from its old family's rollup rows to its new family's. Steps are
+locked while repriced, so two repricings never apply one change twice.
 Lock order matches ingest (sessions, then turns, then rollups) so the two cannot deadlock.
 """
 
@@ -17,13 +18,20 @@ from datetime import UTC, date
 from decimal import Decimal
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
 from costboard.budgets.services import session_recheck
-from costboard.models import DailyRollup, Session, SessionModelUsage, Step, Turn
-from costboard.pricing.rates import compiled_pattern, forget_rate_table, model_aliases, rate_table
+from costboard.models import TOOL_MODEL, DailyRollup, Session, SessionModelUsage, Step, Turn
+from costboard.pricing.families import is_tool_model, model_family, price_families
+from costboard.pricing.rates import (
+    UNPRICED,
+    compiled_pattern,
+    forget_rate_table,
+    model_aliases,
+    rate_table,
+)
 
 ZERO = Decimal(0)
 COST_COLUMNS = (
@@ -66,9 +74,12 @@ class PriceMatch:
 
 
 def models_affected(matches: list[PriceMatch]) -> list[str]:
-    """The step models (from the rollups, one row per model and day) a change may reprice."""
+    """The step models (from the rollups, one row per model and day) a change may reprice;
+    never the tool steps' (no price is theirs)."""
     models = DailyRollup.objects.values_list("model", flat=True).distinct()
-    return sorted(m for m in models if any(match.covers(m) for match in matches))
+    return sorted(
+        m for m in models if not is_tool_model(m) and any(match.covers(m) for match in matches)
+    )
 
 
 @dataclass
@@ -124,44 +135,99 @@ def _costs(step: Step) -> list[Decimal]:
     return [getattr(step, name) for name in COST_COLUMNS]
 
 
+ROLLUP_TOKENS = (
+    "input_tokens",
+    "output_tokens",
+    "cache_read_input_tokens",
+    "cache_creation_input_tokens",
+    "reasoning_tokens",
+)
+# What a step adds to its daily rollup, in this order: tokens, costs, calls, errors,
+# unpriced calls, milliseconds.
+ROLLUP_COUNTERS = (
+    *ROLLUP_TOKENS,
+    *COST_COLUMNS,
+    "calls",
+    "errors",
+    "unpriced_calls",
+    "duration_ms",
+)
+USAGE_COUNTERS = ("calls", "tokens_used", "cost_usd")
+
+
+def _rollup_share(step: Step, costs: list[Decimal], unpriced: bool) -> list[Any]:
+    """The step's part of its daily rollup, with these costs."""
+    tokens = [getattr(step, name) for name in ROLLUP_TOKENS]
+    return [*tokens, *costs, 1, int(not step.success), int(unpriced), step.duration_ms or 0]
+
+
+def _add(into: list[Any], values: list[Any], sign: int = 1) -> None:
+    for i, value in enumerate(values):
+        into[i] += sign * value
+
+
 def _reprice_chunk(steps: list[Step], table: Any, result: RepriceResult) -> None:
+    """Price these steps again; write what changed and the differences to their rollups. A
+    step whose family changed (its price row now another, or renamed) moves from its old
+    family's rollup rows to its new family's."""
+    families = price_families(table.rates, key=table)
     sessions: dict[int, _Delta] = defaultdict(_Delta)
     turns: dict[int, _Delta] = defaultdict(_Delta)
-    model_usage: dict[tuple[int, str], Decimal] = defaultdict(Decimal)
-    rollups: dict[tuple[int, date, str, str], _Delta] = defaultdict(_Delta)
+    # (session, family, model) → calls, tokens used, cost
+    model_usage: dict[tuple[int, str, str], list[Any]] = defaultdict(lambda: [0, 0, ZERO])
+    # (project, day, family, model, step type) → ROLLUP_COUNTERS
+    rollups: dict[tuple[int, date, str, str, str], list[Any]] = defaultdict(
+        lambda: [0] * len(ROLLUP_TOKENS) + [ZERO] * len(COST_COLUMNS) + [0] * 4
+    )
     changed: list[Step] = []
     for step in steps:
         result.steps_seen += 1
-        cost = table.price(
-            model=step.model,
-            provider=step.provider,
-            when=step.timestamp,
-            input_tokens=step.input_tokens,
-            output_tokens=step.output_tokens,
-            cache_read_input_tokens=step.cache_read_input_tokens,
-            cache_creation_input_tokens=step.cache_creation_input_tokens,
-            cache_creation_1h_input_tokens=step.cache_creation_1h_input_tokens,
-        )
+        tool = is_tool_model(step.model)
+        if tool:  # never priced (a tool step priced before this rule is set back to $0)
+            cost = UNPRICED
+        else:
+            cost = table.price(
+                model=step.model,
+                provider=step.provider,
+                when=step.timestamp,
+                input_tokens=step.input_tokens,
+                output_tokens=step.output_tokens,
+                cache_read_input_tokens=step.cache_read_input_tokens,
+                cache_creation_input_tokens=step.cache_creation_input_tokens,
+                cache_creation_1h_input_tokens=step.cache_creation_1h_input_tokens,
+            )
+        rate_family = families.get(cost.price_id) if cost.price_id is not None else None
+        family = TOOL_MODEL if tool else rate_family or model_family(step.model)
         before = _costs(step)
         after = [cost.input, cost.output, cost.cache_read, cost.cache_write, cost.total]
-        if cost.price_id == step.price_id and before == after:
+        if cost.price_id == step.price_id and before == after and family == step.family:
             continue
-        unpriced_delta = int(cost.price_id is None) - int(step.price_id is None)
+        unpriced_before = step.price_id is None and not tool
+        unpriced_after = cost.price_id is None and not tool
+        old_family = step.family
         step.price_id = cost.price_id
+        step.family = family
         for name, value in zip(COST_COLUMNS, after, strict=True):
             setattr(step, name, value)
         changed.append(step)
         result.cost_delta += after[-1] - before[-1]
         sessions[step.session_id].add(before, after)
-        model_usage[(step.session_id, step.model)] += after[-1] - before[-1]
         if step.turn_id is not None:
             turns[step.turn_id].add(before, after)
-        key = (step.project_id, step.timestamp.astimezone(UTC).date(), step.model, step.step_type)
-        rollups[key].add(before, after)
-        rollups[key].unpriced += unpriced_delta
+        day = step.timestamp.astimezone(UTC).date()
+        old_key = (step.project_id, day, old_family, step.model, step.step_type)
+        new_key = (step.project_id, day, family, step.model, step.step_type)
+        _add(rollups[old_key], _rollup_share(step, before, unpriced_before), -1)
+        _add(rollups[new_key], _rollup_share(step, after, unpriced_after))
+        _add(
+            model_usage[(step.session_id, old_family, step.model)],
+            [1, step.tokens_used, before[-1]],
+            -1,
+        )
+        _add(model_usage[(step.session_id, family, step.model)], [1, step.tokens_used, after[-1]])
     if not changed:
         return
-    Step.objects.bulk_update(changed, ["price", *COST_COLUMNS], batch_size=500)
+    Step.objects.bulk_update(changed, ["price", "family", *COST_COLUMNS], batch_size=500)
     result.steps_changed += len(changed)
     result.sessions.update(sessions)
 
@@ -175,19 +241,48 @@ def _reprice_chunk(steps: list[Step], table: Any, result: RepriceResult) -> None
     for session_id in list(locked):
         if updates := sessions[session_id].updates():
             Session.objects.filter(pk=session_id).update(**updates)
-    for (session_id, model), amount in sorted(model_usage.items()):
-        if amount:
-            SessionModelUsage.objects.filter(session_id=session_id, model=model).update(
-                cost_usd=F("cost_usd") + amount
-            )
+    _counters_add(
+        SessionModelUsage,
+        ("session_id", "family", "model"),
+        USAGE_COUNTERS,
+        {key: values for key, values in model_usage.items() if any(values)},
+    )
     for turn_id in sorted(turns):
         if updates := turns[turn_id].updates():
             Turn.objects.filter(pk=turn_id).update(**updates)
-    for (project_id, day, model, step_type), delta in sorted(rollups.items()):
-        updates = delta.updates()
-        if delta.unpriced:
-            updates["unpriced_calls"] = F("unpriced_calls") + delta.unpriced
-        if updates:
-            DailyRollup.objects.filter(
-                project_id=project_id, day=day, model=model, step_type=step_type
-            ).update(**updates)
+    _counters_add(
+        DailyRollup,
+        ("project_id", "day", "family", "model", "step_type"),
+        ROLLUP_COUNTERS,
+        {key: values for key, values in rollups.items() if any(values)},
+    )
+
+
+def _counters_add(
+    model: type[DailyRollup] | type[SessionModelUsage],
+    key_columns: tuple[str, ...],
+    counters: tuple[str, ...],
+    deltas: dict[Any, list[Any]],
+) -> None:
+    """Add each delta to its row, created if missing (a step moved to a family the day had
+    not seen), in key order; a row left with no calls (every step moved out) is deleted."""
+    table = model._meta.db_table
+    columns = [*key_columns, *counters]
+    sums = ", ".join(f"{c} = {table}.{c} + excluded.{c}" for c in counters)
+    sql = (
+        f"INSERT INTO {table} ({', '.join(columns)}) "
+        f"VALUES ({', '.join(['%s'] * len(columns))}) "
+        f"ON CONFLICT ({', '.join(key_columns)}) DO UPDATE SET {sums}"
+    )
+    emptied = []
+    with connection.cursor() as cursor:
+        for key, values in sorted(deltas.items()):
+            params = [
+                connection.ops.adapt_datefield_value(part) if isinstance(part, date) else part
+                for part in key
+            ]
+            cursor.execute(sql, [*params, *values])
+            if values[counters.index("calls")] < 0:
+                emptied.append(dict(zip(key_columns, key, strict=True)))
+    for key_values in emptied:
+        model.objects.filter(**key_values, calls=0).delete()

@@ -1,33 +1,47 @@
 """Writes to the rate table an admin makes, and the repricing they set off.
 
 A price row saved or deleted in the admin reprices, after commit, every step its model
-patterns cover — its old pattern and its new one (a Celery task: a big table takes minutes).
+patterns cover — its old pattern and its new one (through the outbox: a big table takes
+minutes, and the save never waits for it or for a broker).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
+from typing import Any
 
 from django.db import transaction
 
-from costboard.celery import app as celery_app
 from costboard.models import ModelPrice
-from costboard.pricing.repricing import PriceMatch
+from costboard.outbox import Attempt, outbox_add, outbox_handler
+from costboard.pricing.repricing import PriceMatch, models_affected, steps_reprice
 
-REPRICE_TASK = "costboard.tasks.prices_reprice"
+log = logging.getLogger(__name__)
+
+REPRICE = "prices.reprice"
 
 
 def prices_reprice_later(matches: Iterable[PriceMatch]) -> None:
-    """Once the transaction commits, reprice the steps these patterns cover."""
+    """Queue, in the current transaction, the repricing of the steps these patterns cover."""
     payload = sorted({(m.model, m.regex) for m in matches})
     if payload:
         as_dicts = [PriceMatch(model=model, regex=regex).as_dict() for model, regex in payload]
+        outbox_add(REPRICE, {"matches": as_dicts})
 
-        def reprice() -> None:
-            # by name: the task lives with the others in costboard.tasks
-            celery_app.signature(REPRICE_TASK, args=(as_dicts,)).delay()
 
-        transaction.on_commit(reprice)
+# Not atomic: it commits chunk by chunk, and a second run recomputes the same costs.
+@outbox_handler(REPRICE, lease_seconds=3600, atomic=False)
+def _reprice_item(payload: dict[str, Any], attempt: Attempt) -> None:
+    models = models_affected([PriceMatch.from_dict(m) for m in payload["matches"]])
+    result = steps_reprice(models=models)
+    log.info(
+        "repriced %s of %s steps of %s; cost changed by %s",
+        result.steps_changed,
+        result.steps_seen,
+        models,
+        result.cost_delta,
+    )
 
 
 def price_save(*, price: ModelPrice, by_admin: bool = True) -> None:

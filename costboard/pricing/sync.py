@@ -1,9 +1,12 @@
 """Load the `genai-prices` package's bundled data into the rate table (offline).
 
 Each model's match clauses become one regex; each dated price becomes a row effective from its
-start date (a price without one applies since PRICE_EPOCH); long-context tiers are kept.
-Time-of-day prices (off-peak discounts) and request variants (batch, flex) are not modelled:
-the standard price applies. A row an admin edited, or a manual row, is never overwritten.
+start date (a price without one applies since PRICE_EPOCH); long-context tiers are kept; a
+time-of-day price becomes a row with a daily UTC window. Request variants (batch, flex,
+priority: chosen by request context) and non-token units (requests, searches, audio seconds,
+images) are not modelled. A row an admin edited, or a manual row, is never overwritten; a
+built-in row the data no longer lists for a model it still has is removed (its steps are
+repriced).
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime, time
 from decimal import Decimal
 from typing import Any
 
@@ -89,9 +92,65 @@ def _flatten(prices: Any) -> dict[str, Any]:
     return fields
 
 
+Window = tuple[time, time] | None  # a daily UTC window, or None: all day
+
+
+def _utc_time(value: time) -> time:
+    """A constraint's time of day in UTC, naive (a naive time is UTC already)."""
+    if value.tzinfo is None:
+        return value
+    return datetime.combine(date(2000, 1, 1), value).astimezone(UTC).time()
+
+
+def _day_start(when: date) -> datetime:
+    return datetime.combine(when, time.min, tzinfo=UTC)
+
+
+def price_rows(prices: Any) -> list[tuple[datetime, Window, Any]]:
+    """A model's genai-prices prices as (effective_from, window, prices) rows that our rule
+    (pricing/rates.py: latest date, then a window holding the time, then all day) prices
+    exactly as genai-prices does.
+
+    genai-prices tries its conditional prices last to first and takes the first active one:
+    an unconstrained price is always active, a start date from that UTC day, a time of day
+    inside its window. So from each start date on, the last price active all day is the
+    all-day row, and every time-of-day price listed after it is a window row of that date; a
+    time-of-day price has no date of its own, so it is repeated at each later start date
+    it still beats. (Where no price is active all day genai-prices falls back to the first;
+    we leave that date unpriced outside windows, as before: the data has no such model.)
+    """
+    from genai_prices import types as gp
+
+    if isinstance(prices, gp.ModelPrice):
+        return [(PRICE_EPOCH, None, prices)]
+    conditionals = list(prices)
+    dates = {
+        _day_start(c.constraint.start_date)
+        for c in conditionals
+        if isinstance(c.constraint, gp.StartDateConstraint)
+    }
+    rows: list[tuple[datetime, Window, Any]] = []
+    for effective_from in sorted({PRICE_EPOCH, *dates}):
+        all_day = -1
+        for index, conditional in enumerate(conditionals):
+            constraint = conditional.constraint
+            if constraint is None or (
+                isinstance(constraint, gp.StartDateConstraint)
+                and _day_start(constraint.start_date) <= effective_from
+            ):
+                all_day = index
+        if all_day >= 0:
+            rows.append((effective_from, None, conditionals[all_day].prices))
+        for conditional in conditionals[all_day + 1 :]:
+            constraint = conditional.constraint
+            if isinstance(constraint, gp.TimeOfDateConstraint):
+                window = (_utc_time(constraint.start_time), _utc_time(constraint.end_time))
+                rows.append((effective_from, window, conditional.prices))
+    return rows
+
+
 def builtin_rows() -> Iterator[dict[str, Any]]:
     """Every price in the bundled data as ModelPrice field values."""
-    from genai_prices import types as gp
     from genai_prices.data import providers
 
     for provider in providers:
@@ -99,27 +158,15 @@ def builtin_rows() -> Iterator[dict[str, Any]]:
             regex = clause_regex(model.match)
             if regex == f"^{re.escape(model.id.lower())}$":
                 regex = ""
-            if isinstance(model.prices, gp.ModelPrice):
-                dated = [(PRICE_EPOCH, model.prices)]
-            else:
-                dated = []
-                for conditional in model.prices:
-                    constraint = conditional.constraint
-                    if constraint is None:
-                        dated.append((PRICE_EPOCH, conditional.prices))
-                    elif isinstance(constraint, gp.StartDateConstraint):
-                        start = datetime.combine(
-                            constraint.start_date, datetime.min.time(), tzinfo=UTC
-                        )
-                        dated.append((start, conditional.prices))
-                    # time-of-day prices are discounts within a day: not modelled
-            for effective_from, prices in dated:
+            for effective_from, window, prices in price_rows(model.prices):
                 yield {
                     "provider": provider.id,
                     "model": model.id,
                     "model_regex": regex,
                     "context_window": model.context_window,
                     "effective_from": effective_from,
+                    "window_start": window[0] if window else None,
+                    "window_end": window[1] if window else None,
                     "external_id": model.id,
                     **_flatten(prices),
                 }
@@ -130,22 +177,34 @@ class SyncResult:
     created: int = 0
     updated: int = 0
     unchanged: int = 0
+    removed: int = 0
     kept_admin_edits: int = 0
     changed: list[PriceMatch] = field(default_factory=list)
 
 
-COMPARED = ("model_regex", "context_window", "external_id", "tiers", *RATE_KEYS)
+COMPARED = ("model_regex", "context_window", "external_id", "tiers", "window_end", *RATE_KEYS)
+
+RowKey = tuple[str, str, datetime, time | None]  # provider, model, effective_from, window_start
 
 
 def prices_sync() -> SyncResult:
-    """Create or refresh the built-in rows; never touch an admin-edited or manual row."""
+    """Create or refresh the built-in rows and remove those the data no longer lists for a
+    model it still has (a moved start date or window would otherwise go on pricing); never
+    touch an admin-edited or manual row."""
     result = SyncResult()
-    existing = {(p.provider, p.model, p.effective_from): p for p in ModelPrice.objects.all()}
+    existing: dict[RowKey, ModelPrice] = {
+        (p.provider, p.model, p.effective_from, p.window_start): p for p in ModelPrice.objects.all()
+    }
     to_create: list[ModelPrice] = []
     to_update: list[ModelPrice] = []
-    seen: set[tuple[str, str, datetime]] = set()
+    seen: set[RowKey] = set()
     for values in builtin_rows():
-        key = (values["provider"], values["model"], values["effective_from"])
+        key: RowKey = (
+            values["provider"],
+            values["model"],
+            values["effective_from"],
+            values["window_start"],
+        )
         if key in seen:  # the data lists a few models twice; the first wins, as in lookups
             continue
         seen.add(key)
@@ -164,7 +223,19 @@ def prices_sync() -> SyncResult:
             setattr(row, name, values[name])
         to_update.append(row)
         result.changed.append(PriceMatch(values["model"], values["model_regex"]))
+    # Only rows of series the data still has: a model it dropped keeps its last prices.
+    series = {(provider, model) for provider, model, _, _ in seen}
+    stale = [
+        row
+        for key, row in existing.items()
+        if key not in seen
+        and (row.provider, row.model) in series
+        and row.source == ModelPrice.Source.BUILTIN
+        and not row.edited_by_admin
+    ]
+    result.changed.extend(PriceMatch(row.model, row.model_regex) for row in stale)
     with transaction.atomic():
+        ModelPrice.objects.filter(pk__in=[row.pk for row in stale]).delete()
         ModelPrice.objects.bulk_create(to_create, batch_size=500)
         # bulk_update skips auto_now; set it so running processes reload the table
         now = datetime.now(tz=UTC)
@@ -173,6 +244,7 @@ def prices_sync() -> SyncResult:
         ModelPrice.objects.bulk_update(to_update, [*COMPARED, "updated_at"], batch_size=500)
     result.created = len(to_create)
     result.updated = len(to_update)
+    result.removed = len(stale)
     return result
 
 

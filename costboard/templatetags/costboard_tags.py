@@ -10,7 +10,7 @@ from django.utils.html import format_html
 from django.utils.safestring import mark_safe
 
 from costboard.dashboards.selectors import CapUse
-from costboard.models import BudgetEvent
+from costboard.models import TOOL_MODEL, BudgetEvent
 
 register = template.Library()
 
@@ -28,6 +28,15 @@ def usd(amount: Decimal | None) -> str:
     places = 2 - amount.copy_abs().adjusted()  # three significant digits
     text = f"{amount.quantize(Decimal(1).scaleb(-places), rounding=ROUND_HALF_UP):f}"
     return f"${text.rstrip('0')}"
+
+
+TOOL_LABEL = "— (tool)"
+
+
+@register.filter
+def model_label(name: str) -> str:
+    """A model or family as pages name it; steps without a model are tool steps."""
+    return TOOL_LABEL if name.strip().lower() == TOOL_MODEL else name
 
 
 @register.filter

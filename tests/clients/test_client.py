@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import email.utils
+import itertools
 import json
 import os
 import shutil
@@ -25,7 +27,7 @@ import costboard_client
 import pytest
 from costboard_client import BudgetExceeded, Costboard
 
-from costboard.models import Step
+from costboard.models import IngestTally, Session, Step
 from tests.conftest import TEST_RATES, Agent, add_price, make_agent, usd
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -187,10 +189,13 @@ def test_a_batch_too_large_for_the_server_is_sent_in_halves(cb: Costboard) -> No
 
 
 class _Forwards(BaseHTTPRequestHandler):
-    """Forwards to the live server and keeps each request body: what the client put on the wire."""
+    """Forwards to the live server and keeps each request body and Idempotency-Key (what the
+    client put on the wire) and whether the server's answer was a replay."""
 
     upstream = ""
     posts: list[bytes] = []
+    keys: list[str | None] = []
+    replayed: list[str | None] = []
 
     def status_for(self, request_number: int) -> int:
         return 200
@@ -198,17 +203,20 @@ class _Forwards(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers["Content-Length"]))
         type(self).posts.append(body)
-        request = urllib.request.Request(
-            self.upstream + self.path,
-            data=body,
-            headers={
-                "Authorization": self.headers["Authorization"],
-                "Content-Type": "application/json",
-            },
-        )
+        type(self).keys.append(self.headers.get("Idempotency-Key"))
+        headers = {"Authorization": self.headers["Authorization"]}
+        headers["Content-Type"] = "application/json"
+        if self.headers.get("Idempotency-Key"):
+            headers["Idempotency-Key"] = self.headers["Idempotency-Key"]
+        request = urllib.request.Request(self.upstream + self.path, data=body, headers=headers)
         with urllib.request.urlopen(request, timeout=10) as response:
             answer = response.read()
-        self.send_response(self.status_for(len(type(self).posts)))
+            type(self).replayed.append(response.headers.get("Idempotent-Replayed"))
+        status = self.status_for(len(type(self).posts))
+        if status == 0:  # the server stored it, the answer is lost: close without one
+            self.close_connection = True
+            return
+        self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(answer)))
         self.end_headers()
@@ -225,10 +233,21 @@ class _LosesTheFirstResponse(_Forwards):
         return 503 if request_number == 1 else 200
 
 
+class _DropsTheFirstResponse(_Forwards):
+    """The first answer never comes: the connection closes once the server has stored it."""
+
+    def status_for(self, request_number: int) -> int:
+        return 0 if request_number == 1 else 200
+
+
 @contextlib.contextmanager
 def proxy_to(live_server: Any, base: type[_Forwards]) -> Iterator[tuple[str, type[_Forwards]]]:
     """A proxy in front of the live server: its URL and its handler class (with `posts`)."""
-    handler = type("Handler", (base,), {"upstream": live_server.url, "posts": []})
+    handler = type(
+        "Handler",
+        (base,),
+        {"upstream": live_server.url, "posts": [], "keys": [], "replayed": []},
+    )
     proxy = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=proxy.serve_forever, daemon=True).start()
     try:
@@ -238,19 +257,173 @@ def proxy_to(live_server: Any, base: type[_Forwards]) -> Iterator[tuple[str, typ
         proxy.server_close()
 
 
-def test_a_retry_after_a_lost_response_is_stored_once(live_server: Any, acme: Agent) -> None:
-    with proxy_to(live_server, _LosesTheFirstResponse) as (url, handler):
+@pytest.mark.parametrize("loses", [_LosesTheFirstResponse, _DropsTheFirstResponse])
+def test_a_retry_after_a_lost_response_is_stored_once(
+    live_server: Any, acme: Agent, loses: type[_Forwards]
+) -> None:
+    with proxy_to(live_server, loses) as (url, handler):
         cb = Costboard(url, acme.key, backoff=0.05, flush_interval=60, flush_at=1000)
+        cb.session("s-retry", user_id="u-1")
         with cb.step("s-retry", "search", "test-sonnet") as s:
             s.record({"input_tokens": 7, "output_tokens": 3})
         assert cb.flush(timeout=10)
         cb.close(timeout=1)
 
     assert len(handler.posts) == 2
-    assert handler.posts[0] == handler.posts[1]  # the same event_id both times
+    assert handler.posts[0] == handler.posts[1]  # the same event_ids both times
+    assert handler.keys[0] == handler.keys[1] and len(handler.keys[0] or "") == 32
+    assert handler.replayed == [None, "true"]  # the server answered the retry from its store
     assert Step.objects.filter(event_id=s.event_id).count() == 1
+    session = Session.objects.get(project=acme.project, external_id="s-retry")
+    assert (session.input_tokens, session.output_tokens) == (7, 3)  # once, not 14 and 6
+    assert IngestTally.objects.get(project=acme.project).accepted == 2
     stats = cb.stats
-    assert (stats.retries, stats.sent, stats.duplicates, stats.failed) == (1, 1, 1, 0)
+    assert (stats.retries, stats.sent, stats.duplicates, stats.failed) == (1, 2, 0, 0)
+    assert cb.known_budget("s-retry")["tokens_used"] == 10  # type: ignore[index]
+
+
+OK_ANSWER = {"accepted": 1, "duplicates": 0, "sessions": {}}
+
+
+class _Scripted(BaseHTTPRequestHandler):
+    """A stand-in server: answers the n-th POST with the n-th (status, headers, delay) of
+    `script` (the last one from then on), noting when each came, its headers and body."""
+
+    script: list[tuple[int, dict[str, str], float]] = []
+    seen: list[tuple[float, dict[str, str], bytes]] = []
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        seen = type(self).seen
+        seen.append((time.monotonic(), dict(self.headers), body))
+        status, headers, delay = self.script[min(len(seen), len(self.script)) - 1]
+        time.sleep(delay)
+        message = {"index": None, "field": None, "message": f"scripted {status}"}
+        answer = json.dumps(OK_ANSWER if status == 200 else {"errors": [message]}).encode()
+        self.send_response(status)
+        for name, value in {**headers, "Content-Type": "application/json"}.items():
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(len(answer)))
+        self.end_headers()
+        self.wfile.write(answer)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def scripted(
+    *script: tuple[int, dict[str, str], float],
+) -> Iterator[tuple[str, list[tuple[float, dict[str, str], bytes]]]]:
+    """A local HTTP server playing `script`: its URL and what it saw."""
+    seen: list[tuple[float, dict[str, str], bytes]] = []
+    handler = type("Handler", (_Scripted,), {"script": list(script), "seen": seen})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}", seen
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def one_step(cb: Costboard) -> None:
+    with cb.step("s-flaky", "search", "test-sonnet") as s:
+        s.record({"input_tokens": 5, "output_tokens": 1})
+
+
+def test_503_and_429_are_retried_after_their_retry_after_under_one_key() -> None:
+    # an HTTP date (whole seconds) that is still 2 to 3 s ahead when the 429 is answered
+    later = email.utils.formatdate(time.time() + 4, usegmt=True)
+    with scripted(
+        (503, {"Retry-After": "1"}, 0),
+        (429, {"Retry-After": later}, 0),
+        (200, {}, 0),
+    ) as (url, seen):
+        cb = Costboard(url, "cb_key", backoff=0.01, flush_interval=60, flush_at=1000)
+        one_step(cb)
+        assert cb.flush(timeout=15)
+        cb.close(timeout=1)
+
+    assert len(seen) == 3
+    (t0, h0, b0), (t1, h1, b1), (t2, h2, b2) = seen
+    assert t1 - t0 >= 0.95  # Retry-After: 1, not the 0.01 s back-off
+    assert t2 - t1 >= 1.9  # until the date
+    keys = {h0["Idempotency-Key"], h1["Idempotency-Key"], h2["Idempotency-Key"]}
+    assert len(keys) == 1 and len(keys.pop()) == 32
+    assert b0 == b1 == b2
+    (event,) = json.loads(b0)["events"]
+    assert len(event["event_id"]) == 32
+    stats = cb.stats
+    assert (stats.retries, stats.sent, stats.failed) == (2, 1, 0)
+
+
+def test_a_long_retry_after_is_capped() -> None:
+    with scripted((503, {"Retry-After": "3600"}, 0), (200, {}, 0)) as (url, seen):
+        cb = Costboard(url, "cb_key", max_retry_after=0.2, flush_interval=60, flush_at=1000)
+        one_step(cb)
+        started = time.monotonic()
+        assert cb.flush(timeout=10)
+        assert time.monotonic() - started < 3
+        cb.close(timeout=1)
+    assert len(seen) == 2
+    assert 0.2 <= seen[1][0] - seen[0][0] < 2
+
+
+def test_a_timeout_is_retried_under_the_same_key() -> None:
+    with scripted((200, {}, 1.5), (200, {}, 0)) as (url, seen):
+        cb = Costboard(url, "cb_key", timeout=0.3, backoff=0.01, flush_interval=60, flush_at=1000)
+        one_step(cb)
+        assert cb.flush(timeout=10)
+        cb.close(timeout=1)
+        time.sleep(1.3)  # let the slow first answer finish before the server stops
+    assert len(seen) == 2
+    assert seen[0][1]["Idempotency-Key"] == seen[1][1]["Idempotency-Key"]
+    assert seen[0][2] == seen[1][2]
+    assert (cb.stats.retries, cb.stats.sent) == (1, 1)
+    assert "timed out" in (cb.stats.last_error or "")
+
+
+def test_retries_are_bounded_and_backed_off_with_jitter() -> None:
+    with scripted((502, {}, 0)) as (url, seen):
+        cb = Costboard(
+            url, "cb_key", max_retries=3, backoff=0.1, max_backoff=0.4, flush_interval=60
+        )
+        one_step(cb)
+        assert cb.flush(timeout=10) is False
+        cb.close(timeout=1)
+    assert len(seen) == 4  # the first try and 3 retries, then given up
+    assert len({headers["Idempotency-Key"] for _, headers, _ in seen}) == 1
+    gaps = [later[0] - earlier[0] for earlier, later in itertools.pairwise(seen)]
+    # each wait is in [ceiling/2, ceiling]: ceilings 0.1, 0.2, 0.4 (capped by max_backoff)
+    for gap, ceiling in zip(gaps, (0.1, 0.2, 0.4), strict=True):
+        assert ceiling / 2 <= gap < ceiling + 0.5, gaps
+    assert (cb.stats.retries, cb.stats.failed, cb.stats.sent) == (3, 1, 0)
+
+
+@pytest.mark.parametrize("status", [400, 403, 404, 409, 410])
+def test_other_4xx_are_never_retried(status: int) -> None:
+    with scripted((status, {"Retry-After": "1"}, 0), (200, {}, 0)) as (url, seen):
+        cb = Costboard(url, "cb_key", backoff=0.01, flush_interval=60, flush_at=1000)
+        one_step(cb)
+        assert cb.flush(timeout=10) is False
+        cb.close(timeout=1)
+    assert len(seen) == 1
+    assert (cb.stats.retries, cb.stats.failed, cb.stats.sent) == (0, 1, 0)
+    assert str(status) in (cb.stats.last_error or "")
+
+
+def test_each_batch_has_its_own_key() -> None:
+    with scripted((200, {}, 0)) as (url, seen):
+        cb = Costboard(url, "cb_key", batch_size=2, flush_interval=60, flush_at=1000)
+        for _ in range(5):
+            one_step(cb)
+        assert cb.flush(timeout=10)
+        cb.close(timeout=1)
+    batches = [json.loads(body)["events"] for _, _, body in seen]
+    assert sorted(len(events) for events in batches) == [1, 2, 2]  # the worker may send one
+    assert len({event["event_id"] for events in batches for event in events}) == 5
+    assert len({headers["Idempotency-Key"] for _, headers, _ in seen}) == 3
 
 
 def test_every_event_on_the_wire_carries_an_event_id(live_server: Any, acme: Agent) -> None:
@@ -529,7 +702,7 @@ def test_the_distribution_installs_alone_and_reports_to_a_live_server(
     listed = _run([*pip, "list", "--format=json"], env=_outside_env())
     assert listed.returncode == 0, listed.stderr
     packages = {p["name"].lower(): p["version"] for p in json.loads(listed.stdout)}
-    assert packages.get("costboard-client") == costboard_client.__version__ == "0.6.0"
+    assert packages.get("costboard-client") == costboard_client.__version__ == "0.7.0"
     assert set(packages) - VENV_OWN == {"costboard-client"}
 
     script = textwrap.dedent(

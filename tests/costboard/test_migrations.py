@@ -52,3 +52,107 @@ def test_the_models_need_no_new_migration() -> None:
     out = io.StringIO()
     call_command("makemigrations", "--check", "--dry-run", stdout=out, stderr=out)
     assert "No changes detected" in out.getvalue()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_model_families_are_filled_for_what_was_stored_and_merged_back() -> None:
+    """0013 gives stored steps, daily rollups and model-mix rows their family; a rollup whose
+    steps were priced by two rows of different models is split, the larger family keeping
+    what retention deleted; tool steps stop counting as unpriced. Backward, merged again."""
+    from datetime import UTC, date, datetime
+    from decimal import Decimal
+
+    before_families = ("costboard", "0012_modelprice_daily_window")
+    executor = MigrationExecutor(connection)
+    latest = [leaf("costboard"), leaf("memory_ui")]
+    executor.migrate([before_families])
+    old = executor.loader.project_state([before_families]).apps
+    Project = old.get_model("costboard", "Project")
+    Session = old.get_model("costboard", "Session")
+    Step = old.get_model("costboard", "Step")
+    ModelPrice = old.get_model("costboard", "ModelPrice")
+    DailyRollup = old.get_model("costboard", "DailyRollup")
+    SessionModelUsage = old.get_model("costboard", "SessionModelUsage")
+
+    project = Project.objects.create(name="Old", slug="old")
+    session = Session.objects.create(project=project, external_id="s")
+    openai = ModelPrice.objects.create(provider="openai", model="gpt-4o")
+    azure = ModelPrice.objects.create(provider="azure", model="azure-4o-deploy")
+    at = datetime(2026, 3, 1, 12, tzinfo=UTC)
+    dated = "gpt-4o-2024-08-06"
+    for price, cost in [(openai, "0.01"), (openai, "0.02"), (azure, "0.04")]:
+        Step.objects.create(
+            project=project,
+            session=session,
+            timestamp=at,
+            step_type="response",
+            model=dated,
+            price=price,
+            input_tokens=10,
+            cost_usd=Decimal(cost),
+        )
+    Step.objects.create(
+        project=project, session=session, timestamp=at, step_type="tool", model="none"
+    )
+    day = date(2026, 3, 1)
+    # one more gpt-4o-2024-08-06 call whose step retention deleted: 4 calls, $0.08
+    DailyRollup.objects.create(
+        project=project,
+        day=day,
+        model=dated,
+        step_type="response",
+        calls=4,
+        input_tokens=40,
+        cost_usd=Decimal("0.08"),
+    )
+    DailyRollup.objects.create(
+        project=project, day=day, model="none", step_type="tool", calls=1, unpriced_calls=1
+    )
+    DailyRollup.objects.create(  # every step of it deleted
+        project=project, day=day, model="claude-3-5-sonnet-20241022", step_type="x", calls=2
+    )
+    SessionModelUsage.objects.create(
+        session=session, model=dated, calls=4, tokens_used=40, cost_usd=Decimal("0.08")
+    )
+
+    executor = MigrationExecutor(connection)
+    executor.migrate(latest)
+    new = executor.loader.project_state([leaf("costboard")]).apps
+    NewStep = new.get_model("costboard", "Step")
+    NewRollup = new.get_model("costboard", "DailyRollup")
+    NewUsage = new.get_model("costboard", "SessionModelUsage")
+    assert sorted(NewStep.objects.values_list("model", "family")) == [
+        (dated, "azure-4o-deploy"),
+        (dated, "gpt-4o"),
+        (dated, "gpt-4o"),
+        ("none", "none"),
+    ]
+    rollups = {
+        (r.family, r.model): (r.calls, r.input_tokens, r.cost_usd, r.unpriced_calls)
+        for r in NewRollup.objects.all()
+    }
+    assert rollups == {
+        ("gpt-4o", dated): (3, 30, Decimal("0.04"), 0),  # its 2 steps and the deleted one
+        ("azure-4o-deploy", dated): (1, 10, Decimal("0.04"), 0),
+        ("none", "none"): (1, 0, Decimal(0), 0),  # a tool step: not unpriced
+        ("claude-3-5-sonnet", "claude-3-5-sonnet-20241022"): (2, 0, Decimal(0), 0),
+    }
+    usage = {(u.family, u.model): (u.calls, u.cost_usd) for u in NewUsage.objects.all()}
+    assert usage == {
+        ("gpt-4o", dated): (3, Decimal("0.04")),
+        ("azure-4o-deploy", dated): (1, Decimal("0.04")),
+    }
+
+    executor = MigrationExecutor(connection)
+    executor.migrate([before_families])
+    assert sorted(
+        DailyRollup.objects.values_list("model", "calls", "cost_usd", "unpriced_calls")
+    ) == [
+        ("claude-3-5-sonnet-20241022", 2, Decimal(0), 0),
+        (dated, 4, Decimal("0.08"), 0),
+        ("none", 1, Decimal(0), 1),
+    ]
+    assert list(SessionModelUsage.objects.values_list("calls", "cost_usd")) == [
+        (4, Decimal("0.08"))
+    ]
+    MigrationExecutor(connection).migrate(latest)

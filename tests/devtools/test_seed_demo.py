@@ -13,6 +13,7 @@ from costboard.models import (
     SYSTEM_SESSION_ID,
     BudgetEvent,
     DailyRollup,
+    IngestTally,
     ModelPrice,
     Project,
     Session,
@@ -170,6 +171,34 @@ def test_a_second_run_stores_nothing_new(seeded: str) -> None:
     ) == counts
     assert "0 events stored" in again.splitlines()[-1]
     assert "0 memories, 0 runaways flagged" in again
+
+
+def test_metrics_count_every_event_the_demo_stored(seeded: str) -> None:
+    """The seeder gives its batches to the ingest service, not the API: /metrics counts them
+    all the same, and a second run's replays as duplicates."""
+    from django.db.models import Sum
+
+    stored = int(
+        seeded.splitlines()[-1].split(" events stored")[0].rsplit(" ", 1)[1].replace(",", "")
+    )
+    assert stored > 10 * SESSIONS
+    assert IngestTally.objects.aggregate(n=Sum("accepted"))["n"] == stored
+    seed(sessions=SESSIONS)
+    tally = IngestTally.objects.aggregate(accepted=Sum("accepted"), duplicates=Sum("duplicates"))
+    assert tally == {"accepted": stored, "duplicates": stored}
+
+
+def test_the_demo_sends_dated_names_shown_under_one_model(seeded: str) -> None:
+    """Providers answer with a dated snapshot name; the demo sends it for every other call,
+    and the rollups hold both under one family."""
+    steps = Step.objects.filter(model__startswith="gpt-4o").exclude(model__startswith="gpt-4o-mini")
+    assert set(steps.values_list("model", "family")) == {
+        ("gpt-4o", "gpt-4o"),
+        ("gpt-4o-2024-08-06", "gpt-4o"),
+    }
+    families = set(DailyRollup.objects.values_list("family", flat=True))
+    assert "gpt-4o-2024-08-06" not in families and "claude-sonnet-4-5-20250929" not in families
+    assert {"gpt-4o", "claude-sonnet-4-5", "gpt-4o-mini"} <= families
 
 
 def test_if_empty_does_nothing_when_there_are_sessions() -> None:

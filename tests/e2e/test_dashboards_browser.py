@@ -70,3 +70,57 @@ def test_overview_sessions_and_a_session_in_chromium(live_server: Any, page: Any
         page.wait_for_selector(f'[data-chart="{name}"] svg.main-svg', state="attached")
 
     assert page.errors == []
+
+
+def test_one_model_under_three_names_is_one_row_with_its_names_a_click_away(
+    live_server: Any, page: Any
+) -> None:
+    from costboard.pricing.sync import prices_sync
+
+    get_user_model().objects.create_superuser("viewer", "", "pw-viewer-123")
+    prices_sync()
+    agent = make_agent("acme")
+    agent.events(
+        *[
+            {
+                "session_id": "chat",
+                "turn": 1,
+                "step_type": "response",
+                "model": model,
+                "input_tokens": 1000,
+                "output_tokens": 100,
+            }
+            for model in ("gpt-4o-2024-08-06", "openai/gpt-4o", "gpt-4o")
+        ],
+        {"session_id": "chat", "turn": 1, "step_type": "tool", "model": "none", "duration_ms": 9},
+    )
+    base = live_server.url
+
+    log_in(page, base)
+    page.wait_for_selector('[data-chart="daily"] svg.main-svg', state="attached")
+    legend = page.locator('[data-chart="daily"] .legendtext').all_text_contents()
+    assert legend == [] or legend == ["gpt-4o"]  # one series (a lone one has no legend)
+    row = page.locator('#models tr[data-family="gpt-4o"]')
+    assert row.count() == 1
+    assert page.locator('#models tr[data-family="none"]').text_content().count("$0 (tool)") == 1
+    assert not row.locator("[data-exact]").first.is_visible()  # folded until asked
+    row.locator("summary").click()
+    names = row.locator("[data-exact]")
+    assert sorted(names.all_text_contents()) == ["gpt-4o", "gpt-4o-2024-08-06", "openai/gpt-4o"]
+
+    row.locator('[data-exact="openai/gpt-4o"]').click()
+    page.wait_for_url("**/steps/?*exact=openai*")
+    assert page.locator("[data-exact-filter]").is_visible()
+    assert page.locator('#step-table tr[data-family="gpt-4o"] td.num').first.text_content() == "1"
+
+    page.goto(f"{base}/steps/")
+    assert page.locator('#step-table tr[data-family="gpt-4o"]').count() == 1
+    options = page.locator("select[name=model] option").all_text_contents()
+    assert options == ["any", "gpt-4o", "— (tool)"]
+    page.select_option("select[name=model]", "none")  # htmx swaps the results in place
+    page.wait_for_function(
+        "document.querySelectorAll('#step-table tr[data-family]').length === 1"
+        " && document.querySelector('#step-table tr[data-family=none]') !== null"
+    )
+    assert "$0 (tool)" in page.text_content('#step-table tr[data-family="none"]')
+    assert page.errors == []

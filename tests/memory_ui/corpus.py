@@ -8,6 +8,8 @@ tokens, passwords, cards and addresses below are made up (test values or random 
 
 from __future__ import annotations
 
+import base64
+import hashlib
 from dataclasses import dataclass
 
 USER, FEEDBACK, PROJECT, REFERENCE = "user", "feedback", "project", "reference"
@@ -445,7 +447,7 @@ SECRETS = [
         f"The AWS access key is {AWS_KEY} and the secret is {AWS_SECRET}.",
         None,
         secrets=(AWS_KEY, AWS_SECRET),
-        redactions=("api_key",),
+        redactions=("aws_key",),
     ),
     _s(
         f"curl -H 'Authorization: Bearer {BEARER}' https://api.acme.dev/v1/me",
@@ -463,7 +465,7 @@ SECRETS = [
         f"Maps key: {GOOGLE_KEY}. It's restricted to our domain.",
         None,
         secrets=(GOOGLE_KEY,),
-        redactions=("api_key",),
+        redactions=("gcp_key",),
     ),
     _s(
         f"Anthropic key for the eval runs is {ANTHROPIC_KEY}",
@@ -553,7 +555,7 @@ SECRETS = [
         f"my aws secret_access_key={AWS_SECRET_2}",
         None,
         secrets=(AWS_SECRET_2,),
-        redactions=("api_key",),
+        redactions=("aws_key",),
     ),
     _s(
         "Login is admin / password: S3cure!Pass",
@@ -697,6 +699,197 @@ NOT_PERSONAL = [
     _s("We bumped the minimum version to 3.11 in 2024.", None),
 ]
 
+
+# Fake key material: base64 of hashes, shaped like a key's body, never a real key.
+def _fake_base64(seed: str, size: int) -> str:
+    chunks = b"".join(hashlib.sha256(f"{seed}{n}".encode()).digest() for n in range(size // 32 + 1))
+    return base64.b64encode(chunks[:size]).decode()
+
+
+def _lines(body: str, width: int) -> list[str]:
+    return [body[i : i + width] for i in range(0, len(body), width)]
+
+
+RSA_LINES = _lines(_fake_base64("rsa", 240), 64)
+RSA_KEY = "\n".join(
+    ["-----BEGIN RSA PRIVATE KEY-----", *RSA_LINES, "-----END RSA PRIVATE KEY-----"]
+)
+OPENSSH_LINES = _lines(_fake_base64("openssh", 300), 70)
+OPENSSH_KEY = "\n".join(
+    ["-----BEGIN OPENSSH PRIVATE KEY-----", *OPENSSH_LINES, "-----END OPENSSH PRIVATE KEY-----"]
+)
+PKCS8_BODY = _fake_base64("pkcs8", 120)
+# as a service account's JSON file holds it: newlines written as \n
+SERVICE_ACCOUNT_KEY = f"-----BEGIN PRIVATE KEY-----\\n{PKCS8_BODY}\\n-----END PRIVATE KEY-----\\n"
+EC_LINES = _lines(_fake_base64("ec", 120), 64)
+AZURE_ACCOUNT_KEY = _fake_base64("azure", 64)
+AZURE_SAS_SIG = "Xk9%2Bq2bT7yLmN4pR8sV1wZ3aC5eG7iK9mO1qS3uW5yA%3D"
+AZURE_CLIENT_SECRET = "Abc8Q~dEfGhIjKlMnOpQrStUvWxYz0123456789.-_"[:40]
+GCP_ACCESS_TOKEN = "ya29.a0AfH6SMBxq3Vn7Jk2LmPq9RsTuVwXyZ01234abcdEFGH"
+AWS_TEMP_KEY = "ASIAY34FZKBOKMUTVV7A"
+JWT_2 = (
+    "eyJhbGciOiJSUzI1NiIsImtpZCI6IjEifQ.eyJpc3MiOiJhY21lIiwic3ViIjoiNDIifQ"
+    ".c2lnbmF0dXJlLW9mLXRoZS10b2tlbi1mb3ItdGVzdHM"
+)
+
+CREDENTIALS_MORE = [
+    _s(
+        f"Here's the deploy key, can you check it?\n{RSA_KEY}",
+        None,
+        secrets=(RSA_KEY, *RSA_LINES),
+        redactions=("private_key",),
+    ),
+    _s(
+        f"ssh says bad permissions for this one:\n{OPENSSH_KEY}",
+        None,
+        secrets=(OPENSSH_KEY, *OPENSSH_LINES),
+        redactions=("private_key",),
+    ),
+    _s(
+        f'The service account file has "private_key": "{SERVICE_ACCOUNT_KEY}"',
+        None,
+        secrets=(PKCS8_BODY,),
+        redactions=("private_key",),
+    ),
+    _s(
+        "I only pasted the start of it: -----BEGIN EC PRIVATE KEY-----\n" + "\n".join(EC_LINES),
+        None,
+        secrets=tuple(line for line in EC_LINES if len(line) >= 16),
+        redactions=("private_key",),
+    ),
+    _s(
+        "The staging DB is postgres://admin:hunter2secret@db.staging.acme.io:5432/app",
+        None,
+        secrets=("hunter2secret", "admin:hunter2secret"),
+        redactions=("url_credentials",),
+    ),
+    _s(
+        "Celery uses redis://:s3cr3tP4ss@cache.acme.internal:6379/0 in prod.",
+        None,
+        secrets=("s3cr3tP4ss",),
+        redactions=("url_credentials",),
+    ),
+    _s(
+        "MONGO_URL=mongodb+srv://svc_reports:Zx9%40pq!r7@cluster0.ab1cd.mongodb.net/prod",
+        None,
+        secrets=("Zx9%40pq!r7", "svc_reports:"),
+        redactions=("url_credentials",),
+    ),
+    _s(
+        "Download it from https://deploy:p@ss/w0rd@files.acme.io/release.tar.gz",
+        None,
+        secrets=("p@ss/w0rd", "deploy:"),
+        redactions=("url_credentials",),
+    ),
+    _s(
+        f"The id_token we got back is {JWT_2}",
+        None,
+        secrets=(JWT_2,),
+        redactions=("jwt",),
+    ),
+    _s(
+        f"AWS_ACCESS_KEY_ID={AWS_TEMP_KEY}",
+        None,
+        secrets=(AWS_TEMP_KEY,),
+        redactions=("aws_key",),
+    ),
+    _s(
+        f"gcloud auth print-access-token gave me {GCP_ACCESS_TOKEN}",
+        None,
+        secrets=(GCP_ACCESS_TOKEN,),
+        redactions=("gcp_key",),
+    ),
+    _s(
+        "DefaultEndpointsProtocol=https;AccountName=acmelogs;"
+        f"AccountKey={AZURE_ACCOUNT_KEY};EndpointSuffix=core.windows.net",
+        None,
+        secrets=(AZURE_ACCOUNT_KEY,),
+        redactions=("azure_key",),
+    ),
+    _s(
+        "The export link is https://acmelogs.blob.core.windows.net/exports/q3.csv"
+        f"?sv=2022-11-02&sp=r&se=2025-01-01T00:00:00Z&sig={AZURE_SAS_SIG}",
+        None,
+        secrets=(AZURE_SAS_SIG,),
+        redactions=("azure_key",),
+    ),
+    _s(
+        f"the app registration's client secret is {AZURE_CLIENT_SECRET}",
+        None,
+        secrets=(AZURE_CLIENT_SECRET,),
+        redactions=("azure_key",),
+    ),
+    _s(
+        "Never put connection strings like postgres://app:Tr0ub4dor@db.acme.io/app in the repo.",
+        FEEDBACK,
+        secrets=("Tr0ub4dor", "app:Tr0ub4dor"),
+        redactions=("url_credentials",),
+    ),
+]
+
+NATIONAL_IDS = [
+    _s("My SSN is 123-45-6789.", None, secrets=("123-45-6789",), redactions=("ssn",)),
+    _s(
+        "For the W-9 form: social security number 219 09 9999, please.",
+        None,
+        secrets=("219 09 9999",),
+        redactions=("ssn",),
+    ),
+    _s(
+        "Her SSN#078051120 is on file with payroll.",
+        None,
+        secrets=("078051120",),
+        redactions=("ssn",),
+    ),
+    _s(
+        "The contractor's ITIN is 912-78-4321.",
+        None,
+        secrets=("912-78-4321",),
+        redactions=("national_id",),
+    ),
+    _s(
+        "HR needs my National Insurance number, JG 10 37 59 A.",
+        None,
+        secrets=("JG 10 37 59 A",),
+        redactions=("national_id",),
+    ),
+    _s(
+        "My NI number is AB123456C",
+        None,
+        secrets=("AB123456C",),
+        redactions=("national_id",),
+    ),
+    _s("my SIN is 046 454 286", None, secrets=("046 454 286",), redactions=("national_id",)),
+    _s(
+        "Aadhaar: 2345 6789 0124, linked to the same phone.",
+        None,
+        secrets=("2345 6789 0124",),
+        redactions=("national_id",),
+    ),
+    _s(
+        "passport number is X12345678, expires 2031.",
+        None,
+        secrets=("X12345678",),
+        redactions=("national_id",),
+    ),
+]
+
+# Shapes close to the new kinds that are not secrets.
+NOT_SECRET = [
+    _s("Our zip code is 94103-1234 and the office opens at 9.", None),
+    _s("Dates like 2024-03-15 and 03-15-2024 are both accepted.", None),
+    _s("The ISBN of the book is 978-3-16-148410-0.", None),
+    _s("The form rejected 000-12-3456 and 666-12-3456 as invalid.", None),
+    _s("Order number 555-12-3456 shipped this morning.", None),
+    _s("Connect with postgres://db.acme.io:5432/app and your own login.", REFERENCE),
+    _s("Clone it over ssh://git@github.com/acme/api.git if https fails.", REFERENCE),
+    _s("The profile page is http://localhost:8000/@alice on dev.", REFERENCE),
+    _s("The file starts with -----BEGIN PUBLIC KEY----- and that's fine to share.", None),
+    _s("The AKIA prefix marks long-term AWS access keys.", None),
+    _s("Tables 123 45 6789 in the appendix are the raw counts.", None),
+    _s("We sold 1,234 licences in 2023-24 at $45.67 each.", None),
+]
+
 # Memories in the assistant's reply: only explicit commitments count.
 ASSISTANT = [
     _s(
@@ -784,6 +977,9 @@ CORPUS: list[Sample] = [
     *SECRETS,
     *PERSONAL_DATA,
     *NOT_PERSONAL,
+    *CREDENTIALS_MORE,
+    *NATIONAL_IDS,
+    *NOT_SECRET,
     *ASSISTANT,
 ]
 

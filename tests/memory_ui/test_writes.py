@@ -29,6 +29,7 @@ from django.core.management import call_command
 from django.test import Client
 from django.utils import timezone
 
+from costboard.outbox import outbox_dispatch
 from memory_ui import lifecycle, services
 from memory_ui.models import Memory
 from tests.conftest import Agent
@@ -332,9 +333,7 @@ def _search_and_rate(agent: Agent, q: str, memory_id: int) -> None:
 
 
 @pytest.mark.django_db
-def test_a_whole_life_leaves_every_memory_as_its_history_says(
-    agent: Agent, django_capture_on_commit_callbacks: Any
-) -> None:
+def test_a_whole_life_leaves_every_memory_as_its_history_says(agent: Agent) -> None:
     staff = get_user_model().objects.create_superuser("root", "", "pw-root-123")
     web = Client()
     web.force_login(staff)
@@ -342,14 +341,14 @@ def test_a_whole_life_leaves_every_memory_as_its_history_says(
 
     # detected in a turn (ingest hands the turns to detection after commit), then said again:
     # one candidate, proposed twice
-    with django_capture_on_commit_callbacks(execute=True):
-        agent.events(
-            {"type": "session", "session_id": "s1", "user_id": "ann"},
-            {"type": "turn", "session_id": "s1", "turn": 1,
-             "user_message": "From now on always run ruff before pushing to the billing repo."},
-            {"type": "turn", "session_id": "s1", "turn": 2,
-             "user_message": "Remember: always run ruff before pushing to the billing repo."},
-        )  # fmt: skip
+    agent.events(
+        {"type": "session", "session_id": "s1", "user_id": "ann"},
+        {"type": "turn", "session_id": "s1", "turn": 1,
+         "user_message": "From now on always run ruff before pushing to the billing repo."},
+        {"type": "turn", "session_id": "s1", "turn": 2,
+         "user_message": "Remember: always run ruff before pushing to the billing repo."},
+    )  # fmt: skip
+    outbox_dispatch()
     detected = Memory.objects.get(project=project)
     assert detected.times_proposed == 2 and detected.status == "pending"
 

@@ -7,7 +7,12 @@
         s.record(anthropic_client.messages.create(...))
 
 Events are buffered and sent by a daemon thread (every `flush_interval` seconds, or as soon as
-`flush_at` events wait), by `flush()`, and at interpreter exit. The agent never waits on the
+`flush_at` events wait), by `flush()`, and at interpreter exit. Nothing is stored twice: every
+event carries an `event_id`, and every batch an `Idempotency-Key` that its retries reuse (the
+server answers a retry of a batch it already stored with that batch's answer). Timeouts,
+connection errors, 408, 429 and 5xx are retried `max_retries` times with exponential back-off
+and jitter, or after the server's Retry-After (seconds or an HTTP date, at most
+`max_retry_after`); other 4xx never are. The agent never waits on the
 network inside `step()`: a down or slow server costs it nothing; what could not be sent is
 counted in `cb.stats` and logged on the `costboard.client` logger.
 
@@ -21,9 +26,12 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import email.utils
 import enum
+import http.client
 import json
 import logging
+import math
 import os
 import random
 import threading
@@ -321,6 +329,7 @@ class Costboard:
         max_retries: int = 3,
         backoff: float = 0.5,
         max_backoff: float = 10.0,
+        max_retry_after: float = 30.0,
         exit_timeout: float = 5.0,
     ) -> None:
         if not base_url:
@@ -337,6 +346,7 @@ class Costboard:
         self.max_retries = max(0, max_retries)
         self.backoff = backoff
         self.max_backoff = max_backoff
+        self.max_retry_after = max_retry_after
         self.exit_timeout = exit_timeout
         self._budgets: dict[str, dict[str, Any]] = {}
         self._init_runtime()
@@ -594,6 +604,7 @@ class Costboard:
         self, batch: list[dict[str, Any]], *, deadline: float | None, in_worker: bool
     ) -> _Outcome:
         attempt = 0
+        key = _idempotency_key()  # the batch's: the same on each of its retries
         while True:
             timeout = self.timeout
             if deadline is not None:
@@ -601,7 +612,7 @@ class Costboard:
                 if timeout <= 0:
                     return _Outcome.REQUEUE
             try:
-                body = self._post(batch, timeout)
+                body = self._post(batch, timeout, key)
             except _Refused as exc:
                 if exc.status == 413 and len(batch) > 1:  # too large: send it in halves
                     half = len(batch) // 2
@@ -616,6 +627,7 @@ class Costboard:
                 batch = self._drop_refused(batch, exc)
                 if not batch:
                     return _Outcome.FAILED
+                key = _idempotency_key()  # another body: a key of its own
                 continue  # the rest of the batch was valid: send it without the bad events
             except _Transient as exc:
                 self._note_error(f"POST /api/v1/events: {exc}")
@@ -645,18 +657,16 @@ class Costboard:
             return _Outcome.SENT
 
     def _delay(self, attempt: int, retry_after: float | None) -> float:
-        if retry_after is not None:
-            return min(max(retry_after, 0.0), self.max_backoff)
+        if retry_after is not None:  # the server knows best, within reason
+            return min(max(retry_after, 0.0), self.max_retry_after)
         ceiling = min(self.max_backoff, self.backoff * 2.0**attempt)
         return ceiling / 2 + random.uniform(0, ceiling / 2)  # jitter: not all clients at once
 
-    def _post(self, batch: list[dict[str, Any]], timeout: float) -> Any:
+    def _post(self, batch: list[dict[str, Any]], timeout: float, key: str) -> Any:
         data = json.dumps({"events": batch}, default=str).encode()
+        headers = {**self._headers(), "Content-Type": "application/json", "Idempotency-Key": key}
         request = urllib.request.Request(
-            f"{self.base_url}/api/v1/events",
-            data=data,
-            headers={**self._headers(), "Content-Type": "application/json"},
-            method="POST",
+            f"{self.base_url}/api/v1/events", data=data, headers=headers, method="POST"
         )
         try:
             with urllib.request.urlopen(request, timeout=timeout) as response:
@@ -672,7 +682,8 @@ class Costboard:
             except (OSError, ValueError):
                 body = None
             raise _Refused(status, f"HTTP {status} {_reason(exc, body)}", body) from None
-        except (OSError, ValueError) as exc:  # URLError, timeouts, resets, bad responses
+        # URLError, timeouts, resets, a response cut short (IncompleteRead), bad responses
+        except (OSError, ValueError, http.client.HTTPException) as exc:
             raise _Transient(
                 str(getattr(exc, "reason", None) or exc) or type(exc).__name__
             ) from exc
@@ -728,11 +739,27 @@ def _present(fields: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in fields.items() if v is not None}
 
 
+def _idempotency_key() -> str:
+    return uuid.uuid4().hex
+
+
 def _retry_after(value: str | None) -> float | None:
+    """Retry-After as seconds from now: a number of seconds, or an HTTP date (RFC 9110)."""
+    if not value:
+        return None
     try:
-        return float(value) if value else None
+        seconds = float(value)
     except ValueError:
-        return None  # an HTTP date: use our own back-off
+        pass
+    else:
+        return seconds if math.isfinite(seconds) else None
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None  # unreadable: our own back-off
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return (when - datetime.now(timezone.utc)).total_seconds()
 
 
 def _reason(exc: urllib.error.HTTPError, body: Any = None) -> str:

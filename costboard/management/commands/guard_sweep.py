@@ -9,40 +9,60 @@ from django.db import close_old_connections
 from costboard.budgets.retention import retention_sweep
 from costboard.budgets.sweep import runaway_sweep
 from costboard.hooks import hourly_run
+from costboard.outbox import outbox_dispatch
 
 RETENTION_EVERY_S = 3600
+OUTBOX_EVERY_S = 1.0
+OUTBOX_SECONDS = 10.0  # one pass's budget, so a backlog never holds up the runaway sweep long
 
 
 class Command(BaseCommand):
     help = (
         "Run the runaway sweep (burn rate, projected overrun, long sessions), then retention "
         "and the memory lifecycle (TTL expiry; eviction, merge and compression proposals), "
-        "once, or with --every N seconds in a loop (the last two hourly): Celery beat's "
-        "periodic jobs for a deployment without a broker (make run starts it)."
+        "and carry out the outbox (alerts, memory detection, repricing), once, or with "
+        "--every N seconds in a loop (the outbox every second, retention and the lifecycle "
+        "hourly): Celery beat's periodic jobs for a deployment without a broker (make run "
+        "starts it)."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
-            "--every", type=int, default=0, help="Repeat every N seconds (0: run once)."
+            "--every",
+            type=int,
+            default=0,
+            help="Repeat the runaway sweep every N seconds (0: run everything once).",
         )
 
     def handle(self, *args: Any, every: int, **options: Any) -> None:
-        last_retention: float | None = None  # monotonic time of the last run (None: never)
+        last_sweep: float | None = None  # monotonic times of the last runs (None: never)
+        last_retention: float | None = None
         while True:
-            result = runaway_sweep()
-            flagged = ", ".join(f"{n} by {rule}" for rule, n in result.flagged.items())
-            line = f"checked {result.sessions_checked} active sessions; flagged {flagged or 0}"
-            if last_retention is None or time.monotonic() - last_retention >= RETENTION_EVERY_S:
-                kept = retention_sweep()
-                last_retention = time.monotonic()
-                line += (
-                    f"; retention deleted {kept.steps_deleted} steps and "
-                    f"{kept.budget_events_deleted} budget events"
-                )
-                for done in hourly_run():
-                    line += f"; {done}"
-            self.stdout.write(line)
+            now = time.monotonic()
+            if last_sweep is None or now - last_sweep >= every:
+                hourly = last_retention is None or now - last_retention >= RETENTION_EVERY_S
+                self.stdout.write(self._sweep(hourly=hourly))
+                last_sweep = now
+                if hourly:
+                    last_retention = now
+            dispatched = outbox_dispatch(seconds=OUTBOX_SECONDS)
+            if dispatched.claimed or not every:
+                self.stdout.write(str(dispatched))
             if not every:
                 return
             close_old_connections()
-            time.sleep(every)
+            time.sleep(OUTBOX_EVERY_S)
+
+    def _sweep(self, *, hourly: bool) -> str:
+        result = runaway_sweep()
+        flagged = ", ".join(f"{n} by {rule}" for rule, n in result.flagged.items())
+        line = f"checked {result.sessions_checked} active sessions; flagged {flagged or 0}"
+        if hourly:
+            kept = retention_sweep()
+            line += (
+                f"; retention deleted {kept.steps_deleted} steps and "
+                f"{kept.budget_events_deleted} budget events"
+            )
+            for done in hourly_run():
+                line += f"; {done}"
+        return line

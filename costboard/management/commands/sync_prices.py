@@ -5,6 +5,7 @@ from typing import Any
 import genai_prices
 from django.core.management.base import BaseCommand
 
+from costboard.outbox import outbox_dispatch_without_broker
 from costboard.pricing.services import prices_reprice_later
 from costboard.pricing.sync import prices_sync
 
@@ -16,7 +17,8 @@ class Command(BaseCommand):
         result = prices_sync()
         self.stdout.write(
             f"genai-prices {genai_prices.__version__}: {result.created} created, "
-            f"{result.updated} updated, {result.unchanged} unchanged, "
+            f"{result.updated} updated, {result.unchanged} unchanged, {result.removed} removed, "
             f"{result.kept_admin_edits} admin-edited kept"
         )
         prices_reprice_later(result.changed)
+        outbox_dispatch_without_broker()  # the repricing, now when there is no worker

@@ -6,6 +6,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from costboard.models import Session
+from costboard.outbox import outbox_dispatch_without_broker
 from devtools.demo import (
     DEFAULT_DAYS,
     DEFAULT_PROJECTS,
@@ -71,6 +72,10 @@ class Command(BaseCommand):
             )
         except ValueError as exc:
             raise CommandError(str(exc)) from None
+        # Memory detection of the demo's turns (queued by ingest): now, when there is no worker.
+        dispatched = outbox_dispatch_without_broker()
+        if dispatched is not None and dispatched.claimed:
+            self.stdout.write(str(dispatched))
         self.stdout.write(summary_line(result))
 
 

@@ -136,7 +136,7 @@ def test_one_bad_event_refuses_the_whole_batch(agent: Agent, priced: object) -> 
             {
                 "index": 2,
                 "field": "input_tokens",
-                "message": "Input should be greater than or equal to 0",
+                "message": "must be at least 0, got -5",
             }
         ]
     }
@@ -151,7 +151,7 @@ def test_one_bad_event_refuses_the_whole_batch(agent: Agent, priced: object) -> 
         ({"step_type": "x", "model": "m", "input_token": 5}, "input_token", "'input_tokens'"),
         ({"step_type": "x", "model": "m", "input_tokens": 1.5}, "input_tokens", "whole number"),
         ({"step_type": "x", "model": "m", "input_tokens": "12"}, "input_tokens", "whole number"),
-        ({"step_type": "x", "model": "m", "turn": 0}, "turn", "greater than or equal to 1"),
+        ({"step_type": "x", "model": "m", "turn": 0}, "turn", "must be at least 1"),
         ({"step_type": "x", "model": "m", "timestamp": "yesterday"}, "timestamp", "ISO 8601"),
         ({"step_type": "x", "model": "m", "success": "yes"}, "success", "true or false"),
         ({"step_type": "x", "model": "m", "event_id": "e" * 129}, "event_id", "128"),

@@ -231,14 +231,19 @@ def test_it_runs_the_same_few_queries_whatever_the_number_of_projects(
     agent: Agent, priced: None, token: str, django_assert_max_num_queries: Any
 ) -> None:
     agent.events(step("a", 10, 10))
-    with django_assert_max_num_queries(6):
-        few = scrape(**bearer(token))
+    with django_assert_max_num_queries(7):
+        few = per_project(scrape(**bearer(token)))
     for slug in ("b", "c", "d", "e", "f", "g", "h"):
         other = make_agent(slug)
         other.events(step("a", 10, 10), {"type": "session", "session_id": "z", "token_cap": 5})
-    with django_assert_max_num_queries(6):
-        many = scrape(**bearer(token))
+    with django_assert_max_num_queries(7):
+        many = per_project(scrape(**bearer(token)))
     assert len(many) == len(few) * 8
+
+
+def per_project(samples: Samples) -> Samples:
+    """The samples labelled by project (the outbox's are by kind, not per project)."""
+    return {key: v for key, v in samples.items() if any(k == "project" for k, _ in key[1])}
 
 
 @pytest.mark.django_db(transaction=True)
@@ -265,3 +270,41 @@ def test_eight_threads_posting_to_one_project_lose_no_count(settings: Any) -> No
     assert value(samples, "costboard_events_accepted_total", project="busy") == 160
     assert value(samples, "costboard_events_duplicated_total", project="busy") == 32
     assert value(samples, "costboard_events_refused_total", project="busy") == 16
+
+
+def test_events_ingested_without_the_api_are_counted_too(agent: Agent, token: str) -> None:
+    """The demo seeder (and any other caller) gives batches to the ingest service directly:
+    what it stores is in /metrics, as the API's is, each event once."""
+    from costboard.ingest.schemas import validate_event
+    from costboard.ingest.service import events_ingest
+
+    raw = [
+        {"type": "session", "session_id": "direct", "event_id": "open"},
+        step("direct", 100, 10, event_id="a"),
+        step("direct", 200, 20, event_id="b"),
+        {"session_id": "direct", "step_type": "tool", "model": "none", "duration_ms": 5},
+    ]
+    events = [validate_event(i, e)[0] for i, e in enumerate(raw)]
+    first = events_ingest(project=agent.project, events=events)
+    again = events_ingest(project=agent.project, events=events[:3])  # replays
+    assert (first.accepted, again.accepted, again.duplicates) == (4, 0, 3)
+    agent.events(step("direct", 1, 1), step("direct", 1, 1, event_id="a"))  # one new, one replay
+
+    samples = scrape(**bearer(token))
+    assert value(samples, "costboard_events_accepted_total", project="acme") == 4 + 1
+    assert value(samples, "costboard_events_duplicated_total", project="acme") == 3 + 1
+    tally = IngestTally.objects.get(project=agent.project)
+    assert (tally.accepted, tally.duplicates, tally.refused) == (5, 4, 0)
+
+
+def test_a_batch_rolled_back_is_not_counted(agent: Agent) -> None:
+    from django.db import transaction
+
+    from costboard.ingest.schemas import validate_event
+    from costboard.ingest.service import events_ingest
+
+    event, _ = validate_event(0, step("gone", 1, 1))
+    with pytest.raises(RuntimeError), transaction.atomic():
+        events_ingest(project=agent.project, events=[event])
+        raise RuntimeError("the caller's transaction fails after the ingest")
+    assert not IngestTally.objects.exists()

@@ -20,7 +20,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Status, StatusCode, set_span_in_context
 
-from costboard.models import DailyRollup, IngestTally, Session, Step
+from costboard.models import TOOL_MODEL, DailyRollup, IngestTally, Session, Step
 from tests.conftest import TEST_RATES, Agent, add_price, make_agent, usd
 
 PROTOBUF = "application/x-protobuf"
@@ -183,6 +183,20 @@ def test_a_replayed_export_is_a_duplicate(agent_priced: Agent) -> None:
     assert session.cost_usd == CHAT_COST
     assert DailyRollup.objects.get(model="test-sonnet").cost_usd == CHAT_COST
     assert session.turns.count() == 1
+    tally = IngestTally.objects.get(project=agent_priced.project)
+    assert (tally.accepted, tally.duplicates) == (3, 3)  # counted once, by the ingest
+
+
+def test_tool_and_root_spans_are_tool_steps_not_unpriced(agent_priced: Agent) -> None:
+    """Spans without a model cost $0 by nature: no price is missing, none is listed."""
+    post_spans(agent_priced, spans_of(chat_trace))
+    tools = Step.objects.filter(model=TOOL_MODEL)
+    assert tools.count() == 2  # the tool span and the root span
+    assert all(s.is_tool and s.price_id is None and s.cost_usd == 0 for s in tools)
+    assert {s.family for s in tools} == {"none"}
+    rollups = DailyRollup.objects.filter(family="none")
+    assert sum(r.calls for r in rollups) == 2
+    assert sum(r.unpriced_calls for r in rollups) == 0
 
 
 def test_a_second_trace_is_turn_2_and_a_late_span_joins_its_trace(agent_priced: Agent) -> None:

@@ -1,7 +1,8 @@
 """schemathesis over the generated OpenAPI document, against the real Django app (WSGI, the
 test database): every operation, a bounded and seeded number of generated requests each,
-authenticated with a real key. No answer may be a 5xx or break the document's schema for its
-status; the status and content type must be ones the document lists.
+positive (fits the document) and negative (does not), authenticated with a real key. No answer
+may be a 5xx or break the document's schema for its status; the status and content type must
+be ones the document lists; a request the document says is invalid must be refused (4xx).
 
 Bounded so the whole run stays well under a minute on two cores; seeded, so a failure in CI
 is the same failure on a laptop.
@@ -21,6 +22,7 @@ from schemathesis.checks import not_a_server_error
 from schemathesis.config import SchemathesisConfig
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
+    negative_data_rejection,
     response_headers_conformance,
     response_schema_conformance,
     status_code_conformance,
@@ -31,13 +33,14 @@ from costboard.wsgi import application
 from memory_ui.models import Memory
 from tests.conftest import Agent, make_agent
 
-MAX_EXAMPLES = 20
+MAX_EXAMPLES = 30
 SEED = 20261123
 
 CONFIG = SchemathesisConfig.from_dict(
     {
         "seed": SEED,
-        "generation": {"max-examples": MAX_EXAMPLES, "deterministic": True},
+        # positive and negative data: what breaks the document must be a 4xx, never a 5xx
+        "generation": {"max-examples": MAX_EXAMPLES, "deterministic": True, "mode": "all"},
         "phases": {"stateful": {"enabled": False}},
     }
 )
@@ -47,6 +50,7 @@ CHECKS = [
     status_code_conformance,
     content_type_conformance,
     response_headers_conformance,
+    negative_data_rejection,
 ]
 
 

@@ -1,8 +1,10 @@
-"""Budget alerts: signed webhooks and email, sent after commit, once, with retries.
+"""Budget alerts: signed webhooks and email, sent after commit through the outbox, once,
+with retries.
 
 The worker tests run a real Celery worker (tests/conftest.py: Redis when CELERY_BROKER_URL is
-set, as in CI; else Celery's in-memory transport inside this process) against an HTTP receiver
-started here. The others run tasks eagerly, with Django's locmem mail backend.
+set, as in CI; else Celery's in-memory transport inside this process) fed by a beat thread,
+against an HTTP receiver started here. The others dispatch the outbox in-process, as
+guard_sweep does without a broker, with Django's locmem mail backend.
 """
 
 from __future__ import annotations
@@ -26,10 +28,12 @@ from typing import Any, TypeVar
 import pytest
 from django.core import mail
 from django.db import transaction
+from django.db.models import F
 from django.test import Client
 from django.utils import timezone
 
 from costboard.budgets.alerts import (
+    DISPATCH,
     _claim,
     alert_addresses,
     alert_headline,
@@ -39,7 +43,15 @@ from costboard.budgets.alerts import (
 )
 from costboard.budgets.engine import Flag
 from costboard.budgets.services import session_flag_runaway, session_recheck
-from costboard.models import AlertDelivery, BudgetEvent, Project, Session, WebhookEndpoint
+from costboard.models import (
+    AlertDelivery,
+    BudgetEvent,
+    OutboxItem,
+    Project,
+    Session,
+    WebhookEndpoint,
+)
+from costboard.outbox import outbox_add, outbox_dispatch
 from tests.conftest import Agent, add_price, make_agent
 
 SECRET = "whsec-test-0123456789abcdef"
@@ -93,7 +105,9 @@ class Receiver:
 
 
 @pytest.fixture
-def receiver() -> Iterator[Receiver]:
+def receiver(settings: Any) -> Iterator[Receiver]:
+    # on 127.0.0.1, where webhooks go only when allowed (test_egress.py: refused otherwise)
+    settings.COSTBOARD_WEBHOOK_ALLOW_HOSTS = ["127.0.0.1"]
     state = Receiver()
 
     class Handler(BaseHTTPRequestHandler):
@@ -171,7 +185,7 @@ def quick_retries(settings: Any) -> None:
 
 
 def test_a_worker_posts_one_signed_webhook_per_crossing(
-    celery_worker: str, receiver: Receiver, quick_retries: None, settings: Any
+    outbox_beat: None, receiver: Receiver, quick_retries: None, settings: Any
 ) -> None:
     settings.COSTBOARD_BASE_URL = "https://costboard.example"
     agent = make_agent("acme")
@@ -231,7 +245,7 @@ def test_a_worker_posts_one_signed_webhook_per_crossing(
 
 
 def test_a_receiver_failing_first_gets_the_alert_on_the_retry(
-    celery_worker: str, receiver: Receiver, quick_retries: None
+    outbox_beat: None, receiver: Receiver, quick_retries: None
 ) -> None:
     agent = make_agent("acme")
     add_price("test-sonnet")
@@ -255,7 +269,7 @@ def test_a_receiver_failing_first_gets_the_alert_on_the_retry(
 
 
 def test_a_receiver_answering_404_fails_at_once(
-    celery_worker: str, receiver: Receiver, quick_retries: None
+    outbox_beat: None, receiver: Receiver, quick_retries: None
 ) -> None:
     agent = make_agent("acme")
     add_price("test-sonnet")
@@ -274,7 +288,7 @@ def test_a_receiver_answering_404_fails_at_once(
 
 
 def test_a_receiver_failing_every_time_fails_after_the_last_attempt(
-    celery_worker: str, receiver: Receiver, quick_retries: None
+    outbox_beat: None, receiver: Receiver, quick_retries: None
 ) -> None:
     agent = make_agent("acme")
     add_price("test-sonnet")
@@ -291,7 +305,7 @@ def test_a_receiver_failing_every_time_fails_after_the_last_attempt(
 
 
 def test_dispatching_an_event_twice_sends_it_once(
-    celery_worker: str, receiver: Receiver, quick_retries: None
+    outbox_beat: None, receiver: Receiver, quick_retries: None
 ) -> None:
     def exhausted_event(slug: str, path: str) -> BudgetEvent:
         project = Project.objects.create(name=slug, slug=slug)
@@ -302,18 +316,16 @@ def test_dispatching_an_event_twice_sends_it_once(
         )
 
     event = exhausted_event("twice", "/twice")
-    sentinel = exhausted_event("later", "/later")
-    alerts_dispatch.delay([event.pk])
-    alerts_dispatch.delay([event.pk])
-    # The worker takes tasks in order, one at a time: once the sentinel's webhook arrives,
-    # everything the two dispatches enqueued has run.
-    alerts_dispatch.delay([sentinel.pk])
-    eventually(lambda: deliveries_settled(budget_event=sentinel), what="the sentinel")
+    exhausted_event("other", "/other")  # an event nobody dispatches: nothing is sent for it
+    outbox_add(DISPATCH, {"event_ids": [event.pk]})
+    outbox_add(DISPATCH, {"event_ids": [event.pk]})
+    eventually(lambda: not OutboxItem.objects.exists(), what="the outbox to empty")
 
     [delivery] = AlertDelivery.objects.filter(budget_event=event)
     assert delivery.status == AlertDelivery.Status.DELIVERED
     assert delivery.attempts == 1
     assert len(receiver.to("/twice")) == 1
+    assert receiver.to("/other") == []
 
 
 # --- eagerly, in-process -------------------------------------------------------------------------
@@ -331,17 +343,15 @@ def emailed(agent: Agent) -> Agent:
 def test_alerts_are_emailed_to_the_projects_addresses(
     emailed: Agent,
     mailoutbox: list[mail.EmailMessage],
-    django_capture_on_commit_callbacks: Any,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     emailed.events({"type": "session", "session_id": "chat-42", "token_cap": 1000})
-    with (
-        caplog.at_level(logging.WARNING, logger="costboard.budgets.alerts"),
-        django_capture_on_commit_callbacks(execute=True),
-    ):
-        emailed.events(step("chat-42", 500, 300))
-    with django_capture_on_commit_callbacks(execute=True):
-        emailed.events(step("chat-42", 100, 100))
+    emailed.events(step("chat-42", 500, 300))
+    assert mailoutbox == []  # nothing is sent from the request
+    with caplog.at_level(logging.WARNING, logger="costboard.budgets.alerts"):
+        outbox_dispatch()
+    emailed.events(step("chat-42", 100, 100))
+    outbox_dispatch()
 
     assert [(m.subject, m.to) for m in mailoutbox] == [
         ("[Costboard] acme: session chat-42 passed 80% of its token cap", ["ops@example.com"]),
@@ -361,20 +371,18 @@ def test_alerts_are_emailed_to_the_projects_addresses(
     assert {d.status for d in deliveries} == {"delivered"}
 
 
-def test_a_cap_change_sends_nothing(
-    emailed: Agent, mailoutbox: list[mail.EmailMessage], django_capture_on_commit_callbacks: Any
-) -> None:
+def test_a_cap_change_sends_nothing(emailed: Agent, mailoutbox: list[mail.EmailMessage]) -> None:
     emailed.events({"type": "session", "session_id": "s", "token_cap": 1000}, step("s", 10, 10))
-    with django_capture_on_commit_callbacks(execute=True) as callbacks:
-        emailed.events({"type": "session", "session_id": "s", "token_cap": 2000})
+    emailed.events({"type": "session", "session_id": "s", "token_cap": 2000})
     assert BudgetEvent.objects.filter(kind="cap_changed").count() == 1
-    assert callbacks == []
+    assert not OutboxItem.objects.filter(kind=DISPATCH).exists()
+    assert outbox_dispatch().claimed == 0
     assert mailoutbox == []
     assert not AlertDelivery.objects.exists()
 
 
 def test_a_rolled_back_transaction_sends_nothing(
-    emailed: Agent, mailoutbox: list[mail.EmailMessage], django_capture_on_commit_callbacks: Any
+    emailed: Agent, mailoutbox: list[mail.EmailMessage]
 ) -> None:
     emailed.events(step("s", 10, 10))
     session = Session.objects.get(external_id="s")
@@ -391,20 +399,20 @@ def test_a_rolled_back_transaction_sends_nothing(
     class Rollback(Exception):
         pass
 
-    with (
-        django_capture_on_commit_callbacks(execute=True) as callbacks,
-        pytest.raises(Rollback),
-        transaction.atomic(),
-    ):
+    OutboxItem.objects.all().delete()  # the step's memory detection: not what is tested
+    with pytest.raises(Rollback), transaction.atomic():
         announce([exhausted()])
         raise Rollback
-    assert callbacks == []
+    assert not OutboxItem.objects.exists()
+    assert outbox_dispatch().claimed == 0
     assert mailoutbox == []
 
-    with django_capture_on_commit_callbacks(execute=True) as callbacks, transaction.atomic():
+    with transaction.atomic():
         announce([exhausted()])
-    assert len(callbacks) == 1
+    assert OutboxItem.objects.get().kind == DISPATCH
+    assert outbox_dispatch().done == 3  # the dispatch and a delivery per address
     assert len(mailoutbox) == 2
+    assert not OutboxItem.objects.exists()
 
 
 def test_dispatching_twice_in_process_sends_once(
@@ -419,38 +427,38 @@ def test_dispatching_twice_in_process_sends_once(
         at=timezone.now(),
         tokens_used=1,
     )
-    alerts_dispatch([event.pk])
-    alerts_dispatch([event.pk])
-    assert AlertDelivery.objects.filter(budget_event=event).count() == 2  # two addresses
+    assert alerts_dispatch([event.pk]) == 2  # two addresses: an attempt queued for each
+    assert alerts_dispatch([event.pk]) == 0
+    assert AlertDelivery.objects.filter(budget_event=event).count() == 2
+    assert OutboxItem.objects.filter(kind="alert.deliver").count() == 2
+    outbox_dispatch()
     assert len(mailoutbox) == 2
 
 
 def test_a_runaway_flag_is_announced_once(
-    emailed: Agent, mailoutbox: list[mail.EmailMessage], django_capture_on_commit_callbacks: Any
+    emailed: Agent, mailoutbox: list[mail.EmailMessage]
 ) -> None:
     emailed.events({"type": "session", "session_id": "loop"}, step("loop", 600, 400))
     session = Session.objects.get(external_id="loop")
-    with django_capture_on_commit_callbacks(execute=True):
-        session_flag_runaway(
-            session_id=session.pk, flag=Flag(timezone.now(), "retry_loop", "retry_loop")
-        )
-        session_flag_runaway(
-            session_id=session.pk, flag=Flag(timezone.now(), "retry_loop", "retry_loop")
-        )
+    session_flag_runaway(
+        session_id=session.pk, flag=Flag(timezone.now(), "retry_loop", "retry_loop")
+    )
+    session_flag_runaway(
+        session_id=session.pk, flag=Flag(timezone.now(), "retry_loop", "retry_loop")
+    )
+    outbox_dispatch()
     runaway = "[Costboard] acme: session loop looks runaway (retry_loop)"
     assert [m.subject for m in mailoutbox].count(runaway) == 2  # once per address
     alerted = BudgetEvent.objects.filter(session=session).exclude(kind="cap_changed")
     assert len(mailoutbox) == 2 * alerted.count()  # and a stop (exhausted), if the project stops
 
 
-def test_a_recheck_is_announced(
-    emailed: Agent, mailoutbox: list[mail.EmailMessage], django_capture_on_commit_callbacks: Any
-) -> None:
+def test_a_recheck_is_announced(emailed: Agent, mailoutbox: list[mail.EmailMessage]) -> None:
     emailed.events({"type": "session", "session_id": "s", "token_cap": 10_000}, step("s", 600, 400))
     session = Session.objects.get(external_id="s")
     Session.objects.filter(pk=session.pk).update(token_cap=1000)
-    with django_capture_on_commit_callbacks(execute=True):
-        session_recheck(session_id=session.pk, at=timezone.now())
+    session_recheck(session_id=session.pk, at=timezone.now())
+    outbox_dispatch()
     assert sorted(m.subject for m in mailoutbox) == [
         "[Costboard] acme: session s exhausted its token cap",
         "[Costboard] acme: session s exhausted its token cap",
@@ -488,36 +496,58 @@ def test_the_headline_says_what_happened(kind: str, detail: dict[str, Any], head
     assert alert_headline(payload) == headline
 
 
-def test_without_a_broker_a_failed_webhook_is_not_retried(
-    agent: Agent, receiver: Receiver, django_capture_on_commit_callbacks: Any
+def test_without_a_broker_a_failed_webhook_is_retried_with_back_off(
+    agent: Agent, receiver: Receiver, settings: Any
 ) -> None:
+    settings.COSTBOARD_ALERT_RETRY_SECONDS = 30
+    settings.COSTBOARD_ALERT_MAX_ATTEMPTS = 3
     add_price("test-sonnet")
-    receiver.answer_always("/down", 500)
+    receiver.answer_first("/down", 500, 503)
     endpoint = webhook(agent.project, receiver, "/down", kinds=["soft_warned"])
     agent.events({"type": "session", "session_id": "s", "token_cap": 1000})
-    with django_capture_on_commit_callbacks(execute=True):
-        agent.events(step("s", 500, 300))
+    agent.events(step("s", 500, 300))
+    assert receiver.requests == []  # the request never waits on the receiver
+
+    def sweep(after_seconds: float) -> None:  # guard_sweep's pass, that much later
+        OutboxItem.objects.filter(kind="alert.deliver").update(
+            next_attempt_at=F("next_attempt_at") - timedelta(seconds=after_seconds)
+        )
+        outbox_dispatch()
+
+    sweep(0)
     [delivery] = AlertDelivery.objects.filter(endpoint=endpoint)
-    assert (delivery.status, delivery.attempts, delivery.response_code) == ("failed", 1, 500)
+    assert (delivery.status, delivery.attempts, delivery.response_code) == ("pending", 1, 500)
     assert delivery.error.startswith("HTTP 500")
+    item = OutboxItem.objects.get(kind="alert.deliver")
+    assert item.attempts == 1 and item.last_error.startswith("DeliveryFailed: HTTP 500")
+    wait = (item.next_attempt_at - timezone.now()).total_seconds()
+    assert 25 < wait <= 30  # COSTBOARD_ALERT_RETRY_SECONDS × 2⁰
+    sweep(20)  # not yet due: nothing is sent
     assert len(receiver.to("/down")) == 1
+    sweep(10)
+    item.refresh_from_db()
+    wait = (item.next_attempt_at - timezone.now()).total_seconds()
+    assert 55 < wait <= 60  # × 2¹
+    sweep(60)
+    delivery.refresh_from_db()
+    assert (delivery.status, delivery.attempts, delivery.response_code) == ("delivered", 3, 200)
+    assert [r.status for r in receiver.to("/down")] == [500, 503, 200]
+    assert not OutboxItem.objects.exists()
 
 
-def test_an_endpoint_gets_only_the_kinds_it_asked_for(
-    agent: Agent, receiver: Receiver, django_capture_on_commit_callbacks: Any
-) -> None:
+def test_an_endpoint_gets_only_the_kinds_it_asked_for(agent: Agent, receiver: Receiver) -> None:
     add_price("test-sonnet")
     webhook(agent.project, receiver, "/runaway-only", kinds=["runaway"])
     webhook(agent.project, receiver, "/off", active=False)
     agent.events({"type": "session", "session_id": "s", "token_cap": 1000})
-    with django_capture_on_commit_callbacks(execute=True):
-        agent.events(step("s", 600, 400))
+    agent.events(step("s", 600, 400))
+    outbox_dispatch()
     assert receiver.requests == []
     assert not AlertDelivery.objects.exists()
     # positive control: the kind it asked for reaches it, and only it
     session = Session.objects.get(external_id="s")
-    with django_capture_on_commit_callbacks(execute=True):
-        session_flag_runaway(session_id=session.pk, flag=Flag(timezone.now(), "loop", "loop"))
+    session_flag_runaway(session_id=session.pk, flag=Flag(timezone.now(), "loop", "loop"))
+    outbox_dispatch()
     assert [r.path for r in receiver.requests] == ["/runaway-only"]
     assert json.loads(receiver.requests[0].body)["kind"] == "runaway"
 
@@ -571,7 +601,6 @@ def test_the_delivery_log_retries_failed_deliveries(
     staff: Client,
     emailed: Agent,
     mailoutbox: list[mail.EmailMessage],
-    django_capture_on_commit_callbacks: Any,
 ) -> None:
     emailed.events(step("s", 10, 10))
     session = Session.objects.get(external_id="s")
@@ -601,13 +630,14 @@ def test_the_delivery_log_retries_failed_deliveries(
     assert b"Retry selected deliveries" in page.content
     assert staff.get(f"/admin/costboard/alertdelivery/{failed.pk}/change/").status_code == 200
 
-    with django_capture_on_commit_callbacks(execute=True):
-        response = staff.post(
-            "/admin/costboard/alertdelivery/",
-            {"action": "retry_deliveries", "_selected_action": [failed.pk, done.pk]},
-            follow=True,
-        )
+    response = staff.post(
+        "/admin/costboard/alertdelivery/",
+        {"action": "retry_deliveries", "_selected_action": [failed.pk, done.pk]},
+        follow=True,
+    )
     assert response.status_code == 200
+    assert mailoutbox == []  # queued: the dispatcher sends it, not the admin's request
+    outbox_dispatch()
     failed.refresh_from_db()
     assert (failed.status, failed.attempts, failed.error) == ("delivered", 7, "")
     assert [m.to for m in mailoutbox] == [["ops@example.com"]]

@@ -12,6 +12,7 @@ from django.forms.models import model_to_dict
 from django.test import RequestFactory
 
 from costboard.models import BudgetEvent, Project, Session
+from costboard.outbox import outbox_dispatch
 from tests.conftest import Agent
 
 
@@ -52,7 +53,7 @@ def test_a_session_cap_raised_in_the_admin_recomputes_its_state(agent: Agent, pr
 
 
 def test_system_caps_edited_on_the_project_recheck_the_system_session(
-    agent: Agent, priced: Any, django_capture_on_commit_callbacks: Any
+    agent: Agent, priced: Any
 ) -> None:
     agent.events({"step_type": "embed", "model": "test-sonnet", "input_tokens": 90_000})
     system = Session.objects.get(external_id="system")
@@ -62,8 +63,8 @@ def test_system_caps_edited_on_the_project_recheck_the_system_session(
     )
     assert chat["sessions"]["chat"]["token_cap"] == 100_000
     project = Project.objects.get(pk=agent.project.pk)
-    with django_capture_on_commit_callbacks(execute=True):
-        admin_save(project, system_token_cap=1_000_000)
+    admin_save(project, system_token_cap=1_000_000)
+    outbox_dispatch()
     system.refresh_from_db()
     assert system.state == "ok"
     change = BudgetEvent.objects.get(session=system, kind="cap_changed")

@@ -14,6 +14,7 @@ from costboard.budgets import services
 from costboard.budgets.engine import Flag
 from costboard.dashboards import selectors
 from costboard.models import BudgetEvent, Project, Session
+from costboard.outbox import outbox_dispatch
 from tests.conftest import Agent, run_in_threads
 
 pytestmark = pytest.mark.django_db
@@ -57,7 +58,7 @@ def runaway_ahead_of_our_clock(agent: Agent) -> Session:
 
 
 def test_an_acknowledgement_holds_whatever_the_agents_clock_and_a_later_cap_change(
-    agent: Agent, priced: Any, django_capture_on_commit_callbacks: Any
+    agent: Agent, priced: Any
 ) -> None:
     session = runaway_ahead_of_our_clock(agent)
     assert flagged(agent) == ["s"]  # positive control: listed before the acknowledgement
@@ -69,8 +70,8 @@ def test_an_acknowledgement_holds_whatever_the_agents_clock_and_a_later_cap_chan
 
     # an unrelated change of the project's caps: the session's state is decided again
     project = Project.objects.get(pk=agent.project.pk)
-    with django_capture_on_commit_callbacks(execute=True):
-        services.project_caps_set(project=project, changes={"cost_cap_usd": Decimal("50")})
+    services.project_caps_set(project=project, changes={"cost_cap_usd": Decimal("50")})
+    outbox_dispatch()
     session.refresh_from_db()
     assert session.state == "ok" and flagged(agent) == []
     assert kinds(session) == ["runaway", "exhausted", "cap_changed"]

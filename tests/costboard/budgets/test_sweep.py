@@ -16,7 +16,7 @@ from django.db.models import Sum
 from costboard import tasks
 from costboard.budgets.retention import retention_sweep
 from costboard.budgets.sweep import runaway_sweep
-from costboard.models import BudgetEvent, DailyRollup, Session, Step, Turn
+from costboard.models import BudgetEvent, DailyRollup, IdempotentRequest, Session, Step, Turn
 from tests.conftest import Agent, make_agent, run_in_threads
 
 NOW = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)
@@ -335,6 +335,32 @@ def test_retention_deletes_old_steps_and_old_budget_state_but_keeps_the_totals(
     assert BudgetEvent.objects.filter(session__external_id="open").count() == 2  # still open
     again = retention_sweep()
     assert (again.steps_deleted, again.budget_events_deleted) == (0, 0)
+
+
+def test_idempotency_keys_are_kept_48_hours_then_deleted_by_the_hourly_sweep(
+    agent: Agent, clock: Any
+) -> None:
+    def send(key: str) -> Any:
+        return agent.client.post(
+            "/api/v1/events",
+            {"step_type": "search", "model": "m", "session_id": "s", "input_tokens": 10},
+            content_type="application/json",
+            headers={"Authorization": f"Bearer {agent.key}", "Idempotency-Key": key},
+        )
+
+    assert send("old").status_code == 200
+    clock.shift(timedelta(hours=24))
+    assert send("newer").status_code == 200
+    clock.shift(timedelta(hours=24, minutes=1))  # "old" is 48 h 1 min old, "newer" 24 h 1 min
+
+    assert send("newer")["Idempotent-Replayed"] == "true"  # kept at least 24 h
+    result = retention_sweep()
+    assert result.idempotency_keys_deleted == 1
+    assert list(IdempotentRequest.objects.values_list("key", flat=True)) == ["newer"]
+    assert retention_sweep().idempotency_keys_deleted == 0
+    # once forgotten, the key is a new one: sent again, the batch is ingested again
+    assert "Idempotent-Replayed" not in send("old")
+    assert Session.objects.get(project=agent.project, external_id="s").input_tokens == 30
 
 
 def test_without_retention_everything_is_kept(agent: Agent, priced: Any, clock: Any) -> None:

@@ -334,11 +334,13 @@ def test_query_counts_do_not_grow_with_the_data(
         ("/sessions/", {}),
         ("/sessions/?sort=-cost&state=ok", {}),
         ("/sessions/?model=test-haiku&page=2", {}),
+        ("/sessions/?model=test-haiku&exact=test-haiku", {}),
         ("/sessions/?state=ok&sort=-tokens", htmx),
         ("/sessions/export.csv?state=ok", {}),
         (f"/sessions/{session.pk}/", {}),
         ("/steps/", {}),
         ("/steps/?model=test-haiku", htmx),
+        ("/steps/?model=test-haiku&exact=test-haiku", {}),
     ]
 
     def get(path: str, headers: dict[str, str]) -> None:

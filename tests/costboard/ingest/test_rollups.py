@@ -1,5 +1,7 @@
 """Rollup invariant: after any sequence of batches, every turn, session and daily rollup equals
-the sums over its steps, exactly, and every step's cost equals its tokens × the rates."""
+the sums over its steps, exactly, and every step's cost equals its tokens × the rates. Steps
+sent under several names of one model land in their family's rollups; tool steps (no model)
+cost nothing and are never unpriced."""
 
 from __future__ import annotations
 
@@ -34,10 +36,22 @@ RATES = {
     "rollup-b": (Decimal("0.15"), Decimal("0.6"), Decimal("0.075"), Decimal("0.15")),
 }
 
+# Each name a step may be sent as → its family (and the price row it is priced by, if any).
+FAMILIES = {
+    "rollup-a": "rollup-a",
+    "rollup-a-2024-08-06": "rollup-a",
+    "openai/rollup-a": "rollup-a",
+    "rollup-b": "rollup-b",
+    "ROLLUP-B": "rollup-b",
+    "rollup-unknown": "rollup-unknown",
+    "rollup-unknown-20250101": "rollup-unknown",
+    "none": "none",  # a tool step
+}
+
 step_events = st.fixed_dictionaries(
     {
         "step_type": st.sampled_from(["intent", "search", "response", "compress"]),
-        "model": st.sampled_from([*RATES, "rollup-unknown"]),
+        "model": st.sampled_from(list(FAMILIES)),
         "input_tokens": st.integers(0, 300_000),
         "output_tokens": st.integers(0, 20_000),
         "cache_read_input_tokens": st.integers(0, 500_000),
@@ -128,10 +142,12 @@ class RollupInvariantTests(TestCase):
         assert len(event_ids) == len(set(event_ids))
 
         for step in steps:
-            price = ModelPrice.objects.filter(model=step.model).first()
+            assert step.family == FAMILIES[step.model]
+            price = ModelPrice.objects.filter(model=step.family).first()
             if price is None:
                 assert step.price_id is None and step.cost_usd == 0
                 continue
+            assert step.price_id == price.pk
             expected = (
                 Decimal(step.input_tokens) * price.input_mtok
                 + Decimal(step.output_tokens) * price.output_mtok
@@ -147,9 +163,8 @@ class RollupInvariantTests(TestCase):
             by_session[step.session_id].append(step)
             if step.turn_id:
                 by_turn[step.turn_id].append(step)
-            by_rollup[(step.timestamp.astimezone(UTC).date(), step.model, step.step_type)].append(
-                step
-            )
+            day = step.timestamp.astimezone(UTC).date()
+            by_rollup[(day, step.family, step.model, step.step_type)].append(step)
 
         for session in Session.objects.filter(project=self.project):
             mine = by_session.get(session.pk, [])
@@ -168,22 +183,24 @@ class RollupInvariantTests(TestCase):
             assert turn.step_count == len(mine)
 
         rollups = DailyRollup.objects.filter(project=self.project)
-        assert {(r.day, r.model, r.step_type) for r in rollups} == set(by_rollup)
+        assert {(r.day, r.family, r.model, r.step_type) for r in rollups} == set(by_rollup)
         for rollup in rollups:
-            mine = by_rollup[(rollup.day, rollup.model, rollup.step_type)]
+            mine = by_rollup[(rollup.day, rollup.family, rollup.model, rollup.step_type)]
             assert {n: getattr(rollup, n) for n in FIELDS} == _sums(mine)
             assert rollup.calls == len(mine)
             assert rollup.errors == sum(not s.success for s in mine)
-            assert rollup.unpriced_calls == sum(s.price_id is None for s in mine)
+            assert rollup.unpriced_calls == sum(s.price_id is None and not s.is_tool for s in mine)
             assert rollup.duration_ms == sum(s.duration_ms or 0 for s in mine)
+        tool_rollups = [r for r in rollups if r.family == "none"]
+        assert all(r.cost_usd == 0 and r.unpriced_calls == 0 for r in tool_rollups)
 
-        by_model: dict[tuple[int, str], list[Step]] = defaultdict(list)
+        by_model: dict[tuple[int, str, str], list[Step]] = defaultdict(list)
         for step in steps:
-            by_model[(step.session_id, step.model)].append(step)
+            by_model[(step.session_id, step.family, step.model)].append(step)
         usage = SessionModelUsage.objects.filter(session__project=self.project)
-        assert {(u.session_id, u.model) for u in usage} == set(by_model)
+        assert {(u.session_id, u.family, u.model) for u in usage} == set(by_model)
         for row in usage:
-            mine = by_model[(row.session_id, row.model)]
+            mine = by_model[(row.session_id, row.family, row.model)]
             assert row.calls == len(mine)
             assert row.tokens_used == sum(s.input_tokens + s.output_tokens for s in mine)
             assert row.cost_usd == sum((s.cost_usd for s in mine), Decimal(0))

@@ -2,14 +2,14 @@ from __future__ import annotations
 
 import time
 from decimal import Decimal
-from typing import Any
 
 import pytest
 from django.test import Client
 
-from costboard import tasks
 from costboard.models import DailyRollup, ModelPrice, Session, SessionModelUsage, Step, Turn
+from costboard.outbox import outbox_dispatch
 from costboard.pricing.repricing import PriceMatch, models_affected, steps_reprice
+from costboard.pricing.services import prices_reprice_later
 from tests.conftest import Agent, add_price, make_agent, usd
 
 
@@ -42,54 +42,70 @@ def traffic(agent: Agent) -> None:
     )
 
 
+ROLLUP_SUMS = ("input_tokens", "output_tokens", "cache_read_input_tokens", "cost_usd")
+
+
 def assert_rollups_match_steps() -> None:
+    """Every session, turn, daily rollup and model-mix row is the sum of its steps (rollups
+    and model mix keyed by family and exact model), and none is left without steps."""
     for session in Session.objects.all():
         steps = Step.objects.filter(session=session)
         assert session.cost_usd == sum((s.cost_usd for s in steps), Decimal(0))
     for turn in Turn.objects.all():
         assert turn.cost_usd == sum((s.cost_usd for s in turn.steps.all()), Decimal(0))
+    keys = set()
     for rollup in DailyRollup.objects.all():
         steps = [
             s
-            for s in Step.objects.filter(model=rollup.model, step_type=rollup.step_type)
+            for s in Step.objects.filter(
+                family=rollup.family, model=rollup.model, step_type=rollup.step_type
+            )
             if s.timestamp.date() == rollup.day
         ]
-        assert rollup.cost_usd == sum((s.cost_usd for s in steps), Decimal(0))
-        assert rollup.unpriced_calls == sum(s.price_id is None for s in steps)
+        assert rollup.calls == len(steps) > 0
+        for name in ROLLUP_SUMS:
+            assert getattr(rollup, name) == sum(getattr(s, name) for s in steps), name
+        assert rollup.unpriced_calls == sum(s.price_id is None and not s.is_tool for s in steps)
+        keys.add((rollup.day, rollup.family, rollup.model, rollup.step_type))
+    steps_keys = {(s.timestamp.date(), s.family, s.model, s.step_type) for s in Step.objects.all()}
+    assert keys == steps_keys
+    usage_keys = set()
     for usage in SessionModelUsage.objects.all():
-        steps = list(Step.objects.filter(session_id=usage.session_id, model=usage.model))
+        steps = list(
+            Step.objects.filter(session_id=usage.session_id, family=usage.family, model=usage.model)
+        )
         assert usage.calls == len(steps) > 0
         assert usage.cost_usd == sum((s.cost_usd for s in steps), Decimal(0))
+        assert usage.tokens_used == sum(s.input_tokens + s.output_tokens for s in steps)
+        usage_keys.add((usage.session_id, usage.family, usage.model))
+    assert usage_keys == {(s.session_id, s.family, s.model) for s in Step.objects.all()}
 
 
 @pytest.mark.django_db
-def test_editing_a_price_in_the_admin_reprices_its_steps(
-    staff: Client, agent: Agent, django_capture_on_commit_callbacks: Any
-) -> None:
+def test_editing_a_price_in_the_admin_reprices_its_steps(staff: Client, agent: Agent) -> None:
     price = add_price("test-sonnet")
     traffic(agent)
-    with django_capture_on_commit_callbacks(execute=True) as queued:
-        response = staff.post(
-            f"/admin/costboard/modelprice/{price.pk}/change/",
-            {
-                "provider": "testco",
-                "model": "test-sonnet",
-                "model_regex": "",
-                "input_mtok": "4",
-                "output_mtok": "15",
-                "cache_read_mtok": "0.4",
-                "cache_write_mtok": "3.75",
-                "cache_write_1h_mtok": "6",
-                "tiers": "[]",
-                "context_window": "",
-                "effective_from_0": "2000-01-01",
-                "effective_from_1": "00:00:00",
-                "source": "manual",
-                "external_id": "",
-            },
-        )
+    response = staff.post(
+        f"/admin/costboard/modelprice/{price.pk}/change/",
+        {
+            "provider": "testco",
+            "model": "test-sonnet",
+            "model_regex": "",
+            "input_mtok": "4",
+            "output_mtok": "15",
+            "cache_read_mtok": "0.4",
+            "cache_write_mtok": "3.75",
+            "cache_write_1h_mtok": "6",
+            "tiers": "[]",
+            "context_window": "",
+            "effective_from_0": "2000-01-01",
+            "effective_from_1": "00:00:00",
+            "source": "manual",
+            "external_id": "",
+        },
+    )
+    assert outbox_dispatch().kinds == {"prices.reprice": 1}  # one repricing, after commit
     assert response.status_code == 302, response.content.decode()[:3000]
-    assert len(queued) == 1  # one repricing, after the edit commits
     price.refresh_from_db()
     assert price.edited_by_admin
     s1 = Session.objects.get(external_id="s1")
@@ -102,32 +118,30 @@ def test_editing_a_price_in_the_admin_reprices_its_steps(
 
 
 @pytest.mark.django_db
-def test_adding_a_price_prices_the_unpriced_steps(
-    staff: Client, agent: Agent, django_capture_on_commit_callbacks: Any
-) -> None:
+def test_adding_a_price_prices_the_unpriced_steps(staff: Client, agent: Agent) -> None:
     add_price("test-sonnet")
     traffic(agent)
     assert DailyRollup.objects.get(model="house-llm").unpriced_calls == 1
-    with django_capture_on_commit_callbacks(execute=True):
-        response = staff.post(
-            "/admin/costboard/modelprice/add/",
-            {
-                "provider": "",
-                "model": "house-llm",
-                "model_regex": "",
-                "input_mtok": "1",
-                "output_mtok": "2",
-                "cache_read_mtok": "",
-                "cache_write_mtok": "",
-                "cache_write_1h_mtok": "",
-                "tiers": "[]",
-                "context_window": "",
-                "effective_from_0": "2000-01-01",
-                "effective_from_1": "00:00:00",
-                "source": "manual",
-                "external_id": "",
-            },
-        )
+    response = staff.post(
+        "/admin/costboard/modelprice/add/",
+        {
+            "provider": "",
+            "model": "house-llm",
+            "model_regex": "",
+            "input_mtok": "1",
+            "output_mtok": "2",
+            "cache_read_mtok": "",
+            "cache_write_mtok": "",
+            "cache_write_1h_mtok": "",
+            "tiers": "[]",
+            "context_window": "",
+            "effective_from_0": "2000-01-01",
+            "effective_from_1": "00:00:00",
+            "source": "manual",
+            "external_id": "",
+        },
+    )
+    outbox_dispatch()
     assert response.status_code == 302, response.content.decode()[:3000]
     step = Step.objects.get(model="house-llm")
     assert step.price_id is not None
@@ -137,13 +151,11 @@ def test_adding_a_price_prices_the_unpriced_steps(
 
 
 @pytest.mark.django_db
-def test_deleting_a_price_leaves_its_steps_unpriced(
-    staff: Client, agent: Agent, django_capture_on_commit_callbacks: Any
-) -> None:
+def test_deleting_a_price_leaves_its_steps_unpriced(staff: Client, agent: Agent) -> None:
     price = add_price("test-sonnet")
     traffic(agent)
-    with django_capture_on_commit_callbacks(execute=True):
-        response = staff.post(f"/admin/costboard/modelprice/{price.pk}/delete/", {"post": "yes"})
+    response = staff.post(f"/admin/costboard/modelprice/{price.pk}/delete/", {"post": "yes"})
+    outbox_dispatch()
     assert response.status_code == 302
     assert set(Step.objects.filter(model="test-sonnet").values_list("cost_usd", flat=True)) == {
         Decimal(0)
@@ -210,12 +222,12 @@ def test_a_price_match_covers_aliases_of_step_models(agent: Agent) -> None:
     assert models_affected([PriceMatch("house", r"^house-v\d$")]) == ["house-v2"]
 
 
-def test_a_worker_reprices_through_the_broker(celery_worker: str) -> None:
+def test_a_worker_reprices_through_the_broker(outbox_beat: None) -> None:
     agent = make_agent("worker")
     price = add_price("test-sonnet")
     traffic(agent)
     ModelPrice.objects.filter(pk=price.pk).update(input_mtok=Decimal(6))
-    tasks.prices_reprice.delay([PriceMatch("test-sonnet").as_dict()])
+    prices_reprice_later([PriceMatch("test-sonnet")])  # autocommit: queued at once
     expected = usd(3000, Decimal(6)) + usd(300, Decimal(15))
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -223,4 +235,74 @@ def test_a_worker_reprices_through_the_broker(celery_worker: str) -> None:
             break
         time.sleep(0.1)
     assert Session.objects.get(external_id="s2").cost_usd == expected
+    assert_rollups_match_steps()
+
+
+@pytest.mark.django_db
+def test_a_price_that_takes_over_a_model_moves_its_steps_to_the_new_family(
+    agent: Agent,
+) -> None:
+    """Unpriced, a dated name is its own name's family; once a price row covers it, the row's
+    model is its family: the step moves between rollup rows, whole, and back on delete."""
+    agent.events(
+        {"session_id": "s1", "step_type": "x", "model": "gpt-9-2031-01-01", "input_tokens": 1000},
+        {"session_id": "s1", "step_type": "x", "model": "gpt-9", "input_tokens": 2000},
+        {"session_id": "s1", "step_type": "tool", "model": "none", "duration_ms": 40},
+    )
+    assert set(Step.objects.values_list("model", "family")) == {
+        ("gpt-9-2031-01-01", "gpt-9"),
+        ("gpt-9", "gpt-9"),
+        ("none", "none"),
+    }
+    assert DailyRollup.objects.filter(family="gpt-9").count() == 2
+    assert_rollups_match_steps()
+
+    price = add_price("house-nine", input_mtok=Decimal(1), model_regex=r"^gpt-9-\d{4}")
+    prices_reprice_later([PriceMatch(price.model, price.model_regex)])
+    outbox_dispatch()
+    dated = Step.objects.get(model="gpt-9-2031-01-01")
+    assert (dated.price_id, dated.family, dated.cost_usd) == (
+        price.pk,
+        "house-nine",
+        usd(1000, Decimal(1)),
+    )
+    assert list(DailyRollup.objects.filter(family="house-nine").values_list("model", "calls")) == [
+        ("gpt-9-2031-01-01", 1)
+    ]
+    assert list(DailyRollup.objects.filter(family="gpt-9").values_list("model", "calls")) == [
+        ("gpt-9", 1)
+    ]
+    assert_rollups_match_steps()
+
+    ModelPrice.objects.filter(pk=price.pk).delete()
+    prices_reprice_later([PriceMatch(price.model, price.model_regex)])
+    outbox_dispatch()
+    dated.refresh_from_db()
+    assert (dated.price_id, dated.family, dated.cost_usd) == (None, "gpt-9", Decimal(0))
+    assert not DailyRollup.objects.filter(family="house-nine").exists()
+    assert not SessionModelUsage.objects.filter(family="house-nine").exists()
+    assert_rollups_match_steps()
+
+
+@pytest.mark.django_db
+def test_renaming_a_price_row_renames_the_family_of_its_steps(agent: Agent) -> None:
+    price = add_price("house-llm")
+    agent.events({"session_id": "s1", "step_type": "x", "model": "house-llm-2030-01-01"})
+    assert Step.objects.get().family == "house-llm"
+    ModelPrice.objects.filter(pk=price.pk).update(model="house-llm-pro", model_regex="^house-llm")
+    steps_reprice(models=models_affected([PriceMatch("house-llm"), PriceMatch("house-llm-pro")]))
+    assert Step.objects.get().family == "house-llm-pro"
+    assert list(DailyRollup.objects.values_list("family", "calls")) == [("house-llm-pro", 1)]
+    assert_rollups_match_steps()
+
+
+@pytest.mark.django_db
+def test_tool_steps_are_never_repriced_even_by_a_price_that_matches_none(agent: Agent) -> None:
+    agent.events({"session_id": "s1", "step_type": "tool", "model": "none", "input_tokens": 5})
+    add_price("catch-all", model_regex="one")  # its regex would match "none"
+    assert models_affected([PriceMatch("catch-all", "one")]) == []
+    steps_reprice(models=["none"])
+    step = Step.objects.get()
+    assert (step.price_id, step.cost_usd, step.family) == (None, Decimal(0), "none")
+    assert DailyRollup.objects.get().unpriced_calls == 0
     assert_rollups_match_steps()

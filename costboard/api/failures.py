@@ -1,0 +1,83 @@
+"""What the server answers when a request never reaches an endpoint's own refusals: an unknown
+path, a request Django refuses itself, an unhandled exception, a database outage.
+
+Under the API's paths (/api/, OTLP's /v1/) every one of them is the contract's JSON body
+`{"errors": [{"index", "field", "message"}]}` (CONTRACT §7); pages keep Django's HTML pages.
+A database that cannot be reached is not the server's bug: 503 with Retry-After, for the API
+and the pages alike, so clients and load balancers retry rather than give up.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from django.db import InterfaceError, OperationalError
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.views import defaults
+
+API_PREFIXES = ("/api/", "/v1/")
+RETRY_AFTER_SECONDS = 5
+DATABASE_DOWN = f"the database is unavailable: retry in {RETRY_AFTER_SECONDS} seconds"
+
+
+def is_api(request: HttpRequest) -> bool:
+    return request.path_info.startswith(API_PREFIXES)
+
+
+def _errors(status: int, field: str | None, message: str) -> JsonResponse:
+    return JsonResponse(
+        {"errors": [{"index": None, "field": field, "message": message}]}, status=status
+    )
+
+
+def database_unavailable(request: HttpRequest) -> HttpResponse:
+    """503 with Retry-After: JSON naming the database under the API, a short page elsewhere."""
+    response: HttpResponse
+    if is_api(request):
+        response = _errors(503, "database", DATABASE_DOWN)
+    else:
+        response = HttpResponse(
+            "<!doctype html><title>Costboard is unavailable</title><h1>Service unavailable</h1>"
+            "<p>Costboard cannot reach its database. Try again in a few seconds.</p>",
+            status=503,
+        )
+    response["Retry-After"] = str(RETRY_AFTER_SECONDS)
+    return response
+
+
+def bad_request(request: HttpRequest, exception: Exception) -> HttpResponse:
+    if is_api(request):
+        return _errors(400, None, f"bad request: {exception or 'Django refused it'}")
+    return defaults.bad_request(request, exception)
+
+
+def permission_denied(request: HttpRequest, exception: Exception) -> HttpResponse:
+    if is_api(request):
+        return _errors(403, None, f"forbidden: {exception or 'this key may not do this'}")
+    return defaults.permission_denied(request, exception)
+
+
+def page_not_found(request: HttpRequest, exception: Exception) -> HttpResponse:
+    if is_api(request):
+        return _errors(
+            404,
+            "path",
+            f"no endpoint {request.path!r}: the API's paths are listed at /api/v1/docs "
+            "(e.g. POST /api/v1/events)",
+        )
+    return defaults.page_not_found(request, exception)
+
+
+def server_error(request: HttpRequest) -> HttpResponse:
+    """Django calls this inside its handler of the exception (after logging it), so the
+    exception is sys.exc_info()'s: a database outage is a 503, anything else a 500."""
+    if isinstance(sys.exc_info()[1], OperationalError | InterfaceError):
+        return database_unavailable(request)
+    if is_api(request):
+        return _errors(
+            500,
+            None,
+            "the server failed on this request (its log has the details): retry later, and "
+            "report it if it persists",
+        )
+    return defaults.server_error(request)

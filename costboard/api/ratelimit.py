@@ -1,0 +1,222 @@
+"""The API's rate limit per key (CONTRACT §1 `COSTBOARD_API_RATE_LIMIT`): at most N requests
+in any one second per API key, N from the key's project (admin) or the setting, 0 for none.
+Beyond it the boundary answers 429 with Retry-After before the view runs: nothing is stored.
+
+A sliding-window log: each admitted request's time is kept one second, and a request is
+admitted while fewer than N are kept (a refused one is not kept, so a client that backs off
+gets in again). With Redis (the broker's URL) the log is a sorted set per key, checked and
+written by one Lua script — one round trip — so every gunicorn worker and machine shares the
+limit; the script also counts refusals per project for /metrics. Without Redis, the same log
+lives in each process's memory (`make run`: per worker).
+
+If Redis cannot be reached the request is served (fail open: an outage of the limiter must
+not take ingest down), with a warning at most once a minute, and Redis is not asked again for
+a second, so a dead Redis costs at most one timeout per process per second.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import re
+import threading
+import time
+from collections import Counter, deque
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+
+from costboard.models import ApiKey, Project
+
+log = logging.getLogger(__name__)
+
+WINDOW_SECONDS = 1
+REDIS_TIMEOUT_SECONDS = 0.25  # connect and reply: a slow limiter must not stall ingest
+REDIS_PAUSE_SECONDS = 1.0  # after a failure, serve without asking Redis this long
+WARN_EVERY_SECONDS = 60.0
+LOG_PREFIX = "costboard:ratelimit:key:"  # + the first 32 hex of the key's SHA-256
+REFUSED_KEY = "costboard:ratelimit:refused"  # hash: project id → 429s answered
+
+# KEYS[1] the key's log (member: a unique id, score: µs), KEYS[2] refusals per project
+# ARGV: limit, window in µs, a unique member, the project's id.
+# Returns 0 when admitted, else the µs until the oldest kept request leaves the window.
+_ADMIT = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local window = tonumber(ARGV[2])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - window)
+if redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[1]) then
+    redis.call('ZADD', KEYS[1], now, ARGV[3])
+    redis.call('PEXPIRE', KEYS[1], math.ceil(window / 1000))
+    return 0
+end
+redis.call('HINCRBY', KEYS[2], ARGV[4], 1)
+local oldest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+return math.max(1, tonumber(oldest[2]) + window - now)
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """A request over its key's limit: the limit and the whole seconds to wait (≥ 1)."""
+
+    limit: int
+    retry_after: int
+
+
+def limit_for(project: Project) -> int:
+    """Requests per second allowed per key of `project`; 0: no limit."""
+    if project.api_rate_limit is not None:
+        return project.api_rate_limit
+    return int(settings.COSTBOARD_API_RATE_LIMIT)
+
+
+def rate_limit_check(*, raw_key: str, project: Project) -> Refusal | None:
+    """Admit one request of this key (recording it), or say how long to wait."""
+    limit = limit_for(project)
+    if limit <= 0:
+        return None
+    key_id = ApiKey.hash_of(raw_key)[:32]
+    url = settings.COSTBOARD_RATE_LIMIT_REDIS_URL
+    if url:
+        wait = _redis_admit(url, key_id, project.pk, limit)
+    else:
+        wait = _LOCAL.admit(key_id, project.pk, limit)
+    if not wait:  # admitted, or Redis is down (served: fail open)
+        return None
+    return Refusal(limit=limit, retry_after=max(1, math.ceil(wait)))
+
+
+def rate_limited_counts() -> dict[int, int] | None:
+    """429s answered per project id since the store began (Redis: every worker's; else this
+    process's). None when Redis cannot be read: the scrape leaves the counter out."""
+    url = settings.COSTBOARD_RATE_LIMIT_REDIS_URL
+    if not url:
+        return _LOCAL.refused_counts()
+    client = _STATE.client(url)
+    try:
+        raw: dict[bytes, bytes] = client.hgetall(REFUSED_KEY)
+    except Exception as exc:  # redis' errors, and OSErrors under them
+        _STATE.failed(exc)
+        return None
+    return {int(project_id): int(count) for project_id, count in raw.items()}
+
+
+# --- Redis ------------------------------------------------------------------------------------
+
+
+class _RedisState:
+    """One client (a connection pool) per URL per process, and the fail-open bookkeeping."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._clients: dict[str, Any] = {}
+        self._scripts: dict[str, Any] = {}
+        self.paused_until = 0.0
+        self._warned_at = -math.inf
+
+    def client(self, url: str) -> Any:
+        client = self._clients.get(url)
+        if client is None:
+            import redis  # only where a Redis limiter is configured
+            from redis.backoff import NoBackoff
+            from redis.retry import Retry
+
+            with self._lock:
+                client = self._clients.get(url)
+                if client is None:
+                    client = redis.Redis.from_url(
+                        url,
+                        socket_timeout=REDIS_TIMEOUT_SECONDS,
+                        socket_connect_timeout=REDIS_TIMEOUT_SECONDS,
+                        retry=Retry(NoBackoff(), 0),  # fail fast; the next request tries again
+                    )
+                    self._scripts[url] = client.register_script(_ADMIT)
+                    self._clients[url] = client
+        return client
+
+    def script(self, url: str) -> Any:
+        self.client(url)
+        return self._scripts[url]
+
+    def failed(self, exc: BaseException) -> None:
+        now = time.monotonic()
+        self.paused_until = now + REDIS_PAUSE_SECONDS
+        with self._lock:
+            warn = now - self._warned_at >= WARN_EVERY_SECONDS
+            if warn:
+                self._warned_at = now
+        if warn:
+            log.warning(
+                "API rate limit not applied: Redis (%s) cannot be reached (%s: %s); requests "
+                "are served unlimited until it answers (this warning: at most once a minute)",
+                _redacted(settings.COSTBOARD_RATE_LIMIT_REDIS_URL),
+                type(exc).__name__,
+                exc,
+            )
+
+
+_STATE = _RedisState()
+
+
+def _redacted(url: str) -> str:
+    """The URL without its credentials, for the log."""
+    return re.sub(r"://[^@/]*@", "://***@", url)
+
+
+def _redis_admit(url: str, key_id: str, project_id: int, limit: int) -> float | None:
+    """Seconds to wait, or None (admitted, or Redis down: served)."""
+    if time.monotonic() < _STATE.paused_until:
+        return None
+    try:
+        wait_us = _STATE.script(url)(
+            keys=[LOG_PREFIX + key_id, REFUSED_KEY],
+            args=[limit, WINDOW_SECONDS * 1_000_000, os.urandom(8).hex(), project_id],
+        )
+    except Exception as exc:  # ConnectionError, TimeoutError, a Redis that refuses scripts…
+        _STATE.failed(exc)
+        return None
+    return int(wait_us) / 1_000_000 or None
+
+
+# --- in process -------------------------------------------------------------------------------
+
+
+class _LocalLimiter:
+    """The same sliding-window log in this process's memory, for a deployment without Redis."""
+
+    MAX_KEYS = 10_000  # past this many logs, the idle ones are dropped
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._logs: dict[str, deque[float]] = {}
+        self._refused: Counter[int] = Counter()
+
+    def admit(self, key_id: str, project_id: int, limit: int) -> float | None:
+        now = time.monotonic()
+        with self._lock:
+            log_ = self._logs.get(key_id)
+            if log_ is None:
+                if len(self._logs) >= self.MAX_KEYS:
+                    self._forget_idle(now)
+                log_ = self._logs[key_id] = deque()
+            while log_ and log_[0] <= now - WINDOW_SECONDS:
+                log_.popleft()
+            if len(log_) < limit:
+                log_.append(now)
+                return None
+            self._refused[project_id] += 1
+            return max(log_[0] + WINDOW_SECONDS - now, 1e-6)
+
+    def _forget_idle(self, now: float) -> None:
+        for key_id in [k for k, v in self._logs.items() if not v or v[-1] <= now - WINDOW_SECONDS]:
+            del self._logs[key_id]
+
+    def refused_counts(self) -> dict[int, int]:
+        with self._lock:
+            return dict(self._refused)
+
+
+_LOCAL = _LocalLimiter()

@@ -1,0 +1,242 @@
+"""The outbox: side effects written in the transaction that causes them, carried out after it.
+
+A request never waits on a webhook or a broker. Whatever has work to do once its data is
+committed — alerts to send, turns to read for memories, steps to reprice, sessions to
+recheck — adds an `OutboxItem` inside its own transaction (`outbox_add`): a rollback leaves
+no item, a commit always leaves one. A dispatcher carries the items out:
+
+- with a broker, the Celery task `costboard.tasks.outbox_dispatch` (beat runs it every
+  second; any number of workers may run it at once);
+- without one, `manage.py guard_sweep` (which `make run` starts) every second.
+
+`outbox_dispatch` claims due items with `SELECT … FOR UPDATE SKIP LOCKED` and pushes their
+next attempt a lease ahead in the same statement's transaction, so two dispatchers never take
+the same item; a dispatcher that dies mid-item leaves it to be taken again when the lease runs
+out. A handler that returns is done (its item is deleted, in the handler's own transaction
+when the handler is `atomic`); one that raises is retried after `retry_seconds × 2ⁿ`, and
+its item is marked failed when its attempts run out (the admin shows the backlog, the
+failures and their last error, and can retry them).
+
+Delivery is at least once: an item whose dispatcher died after the work and before the
+delete runs again. Handlers are written so that a second run changes nothing (alerts are
+deduplicated per event and target, and receivers dedupe on X-Costboard-Delivery).
+
+Handlers register by kind at import time (`outbox_handler`); the cost app's are in the modules
+that own the work, memory_ui's in memory_ui/hooks.py, so the cost app never imports memory_ui.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from costboard.models import OutboxItem
+
+log = logging.getLogger(__name__)
+
+_ERROR_CHARS = 300
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """What a handler is told about the attempt it is making."""
+
+    number: int  # 1 for the first
+    final: bool  # no retry follows if this one fails
+
+
+Run = Callable[[dict[str, Any], Attempt], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Handler:
+    kind: str
+    run: Run
+    # callables, so a test's settings override applies to items already queued
+    max_attempts: Callable[[], int]
+    retry_seconds: Callable[[], float]
+    lease_seconds: int  # longer than the work can take, so a live attempt is never taken over
+    atomic: bool  # the work and the item's delete commit together (exactly once)
+
+
+_HANDLERS: dict[str, Handler] = {}
+
+
+def outbox_handler(
+    kind: str,
+    *,
+    max_attempts: int | Callable[[], int] = 8,
+    retry_seconds: float | Callable[[], float] = 10.0,
+    lease_seconds: int = 300,
+    atomic: bool = True,
+) -> Callable[[Run], Run]:
+    """Register `run(payload, attempt)` as what carries out items of `kind`."""
+
+    def register(run: Run) -> Run:
+        _HANDLERS[kind] = Handler(
+            kind=kind,
+            run=run,
+            max_attempts=max_attempts if callable(max_attempts) else (lambda: max_attempts),
+            retry_seconds=retry_seconds if callable(retry_seconds) else (lambda: retry_seconds),
+            lease_seconds=lease_seconds,
+            atomic=atomic,
+        )
+        return run
+
+    return register
+
+
+def handler_of(kind: str) -> Handler | None:
+    return _HANDLERS.get(kind)
+
+
+def outbox_kinds() -> set[str]:
+    return set(_HANDLERS)
+
+
+# --- adding: inside the transaction that causes the work ------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Item:
+    kind: str
+    payload: dict[str, Any]
+    project_id: int | None = None
+
+
+def outbox_add(kind: str, payload: dict[str, Any], *, project_id: int | None = None) -> None:
+    """Queue one side effect; it goes out once the surrounding transaction commits."""
+    outbox_add_many([Item(kind, payload, project_id)])
+
+
+def outbox_add_many(items: Iterable[Item]) -> None:
+    rows = [OutboxItem(kind=i.kind, payload=i.payload, project_id=i.project_id) for i in items]
+    if rows:
+        OutboxItem.objects.bulk_create(rows)
+
+
+# --- dispatching: after the commit, outside any request -------------------------------------
+
+
+@dataclass(slots=True)
+class Dispatched:
+    done: int = 0
+    retried: int = 0
+    failed: int = 0
+    kinds: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def claimed(self) -> int:
+        return self.done + self.retried + self.failed
+
+    def __str__(self) -> str:
+        return f"outbox: {self.done} done, {self.retried} to retry, {self.failed} failed"
+
+
+def _lease(kind: str) -> int:
+    handler = _HANDLERS.get(kind)
+    return handler.lease_seconds if handler else 60
+
+
+def _claim(limit: int, now: datetime) -> list[OutboxItem]:
+    """Take up to `limit` due items for this dispatcher (others skip them)."""
+    with transaction.atomic():
+        items = list(
+            OutboxItem.objects.select_for_update(skip_locked=True)
+            .filter(status=OutboxItem.Status.PENDING, next_attempt_at__lte=now)
+            .order_by("next_attempt_at", "pk")[:limit]
+        )
+        for item in items:
+            item.attempts += 1
+            item.claimed_until = now + timedelta(seconds=_lease(item.kind))
+            item.next_attempt_at = item.claimed_until
+        OutboxItem.objects.bulk_update(items, ["attempts", "claimed_until", "next_attempt_at"])
+    return items
+
+
+def _describe(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    return text[:_ERROR_CHARS]
+
+
+def _carry_out(item: OutboxItem, result: Dispatched) -> None:
+    handler = _HANDLERS.get(item.kind)
+    mine = OutboxItem.objects.filter(pk=item.pk, attempts=item.attempts)  # unless taken over
+    error: str
+    final = True
+    if handler is None:
+        error = f"no handler for kind {item.kind!r} (is its app installed?)"
+    else:
+        final = item.attempts >= handler.max_attempts()
+        attempt = Attempt(number=item.attempts, final=final)
+        try:
+            if handler.atomic:
+                with transaction.atomic():
+                    handler.run(item.payload, attempt)
+                    mine.delete()
+            else:
+                handler.run(item.payload, attempt)
+                mine.delete()
+            result.done += 1
+            result.kinds[item.kind] = result.kinds.get(item.kind, 0) + 1
+            return
+        except Exception as exc:  # recorded on the item and retried: never lost
+            error = _describe(exc)
+            log.warning(
+                "outbox %s #%s: attempt %s failed: %s", item.kind, item.pk, item.attempts, error
+            )
+    now = timezone.now()
+    if final:
+        mine.update(status=OutboxItem.Status.FAILED, claimed_until=None, last_error=error)
+        result.failed += 1
+        log.error("outbox %s #%s: failed after %s attempts", item.kind, item.pk, item.attempts)
+        return
+    assert handler is not None
+    delay = handler.retry_seconds() * 2 ** (item.attempts - 1)
+    mine.update(
+        next_attempt_at=now + timedelta(seconds=delay), claimed_until=None, last_error=error
+    )
+    result.retried += 1
+
+
+def outbox_dispatch(*, limit: int = 20, seconds: float | None = None) -> Dispatched:
+    """Carry out due items, `limit` claimed at a time, until none is due or `seconds` have
+    passed. Safe to run in any number of processes at once."""
+    result = Dispatched()
+    started = time.monotonic()
+    while True:
+        items = _claim(limit, timezone.now())
+        if not items:
+            return result
+        for item in items:
+            _carry_out(item, result)  # may queue more (an alert's deliveries): the next pass
+        if seconds is not None and time.monotonic() - started > seconds:
+            return result
+
+
+def outbox_retry(*, item_ids: list[int]) -> int:
+    """Queue failed items again with fresh attempts (the admin's action). Returns how many."""
+    return OutboxItem.objects.filter(pk__in=item_ids, status=OutboxItem.Status.FAILED).update(
+        status=OutboxItem.Status.PENDING,
+        attempts=0,
+        next_attempt_at=timezone.now(),
+        claimed_until=None,
+    )
+
+
+def outbox_dispatch_without_broker() -> Dispatched | None:
+    """For a command that queued work and then ends (sync_prices, seed_demo): without a
+    broker, carry the due items out now rather than leave them to guard_sweep; with one,
+    the workers do (None)."""
+    from costboard.celery import app as celery_app
+
+    if not celery_app.conf.task_always_eager:
+        return None
+    return outbox_dispatch()

@@ -1,0 +1,107 @@
+"""OTLP's limits (CONTRACT §7): at most 10,000 spans a request, counted before any span is
+mapped; a session out of turn numbers takes no new trace; error bodies in JSON carry the API's
+`errors` beside google.rpc.Status's code and message."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pytest
+from django.test import Client
+from google.rpc import status_pb2
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from costboard.ingest.otlp import MAX_SPANS
+from costboard.ingest.schemas import MAX_TURN
+from costboard.models import Step, Turn
+from tests.conftest import Agent
+
+pytestmark = pytest.mark.django_db
+
+PROTOBUF = "application/x-protobuf"
+START = "1763805600000000000"
+FIX = "send at most 10000 spans per request; lower the exporter's max_export_batch_size"
+
+
+def json_span(n: int, session: str = "s1", trace: str = "5b8efff798038103d269b633813fc60c") -> Any:
+    return {
+        "traceId": trace,
+        "spanId": f"{n + 1:016x}",
+        "name": "chat",
+        "startTimeUnixNano": START,
+        "attributes": [{"key": "session.id", "value": {"stringValue": session}}],
+    }
+
+
+def export(*spans: Any) -> bytes:
+    return json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": list(spans)}]}]}).encode()
+
+
+def post(agent: Agent, body: bytes, content_type: str = "application/json") -> Any:
+    client = Client(raise_request_exception=False)
+    return client.post(
+        "/v1/traces",
+        body,
+        content_type=content_type,
+        headers={"Authorization": f"Bearer {agent.key}"},
+    )
+
+
+def test_more_than_10000_json_spans_are_413_naming_resource_spans_before_any_work(
+    agent: Agent,
+) -> None:
+    body = export(*(json_span(n) for n in range(MAX_SPANS + 1)))
+    started = time.monotonic()
+    response = post(agent, body)
+    assert time.monotonic() - started < 5  # counted, not mapped span by span
+    assert response.status_code == 413
+    answer = response.json()
+    assert answer["code"] == 8  # RESOURCE_EXHAUSTED
+    (error,) = answer["errors"]
+    assert error["field"] == "resourceSpans"
+    assert error["message"] == f"{MAX_SPANS + 1} spans: {FIX}"
+    assert not Step.objects.exists()
+
+
+def test_more_than_10000_protobuf_spans_are_413_with_a_protobuf_status(agent: Agent) -> None:
+    request = ExportTraceServiceRequest()
+    scope = request.resource_spans.add().scope_spans.add()
+    for n in range(MAX_SPANS + 1):
+        span = scope.spans.add()
+        span.trace_id, span.span_id = b"\x01" * 16, (n + 1).to_bytes(8, "big")
+        span.start_time_unix_nano, span.name = int(START), "chat"
+    response = post(agent, request.SerializeToString(), PROTOBUF)
+    assert response.status_code == 413
+    status = status_pb2.Status.FromString(response.content)
+    assert FIX in status.message
+    assert not Step.objects.exists()
+
+
+def test_an_undecodable_json_body_is_400_with_errors_naming_the_body(agent: Agent) -> None:
+    response = post(agent, b"[" * 5000 + b"]" * 5000)
+    assert response.status_code == 400
+    answer = response.json()
+    assert answer["code"] == 3
+    assert answer["errors"][0]["field"] == "body"
+
+
+def test_a_session_at_the_last_turn_number_takes_no_new_trace(agent: Agent) -> None:
+    agent.events({"type": "turn", "session_id": "s1", "turn": MAX_TURN})
+    response = post(agent, export(json_span(0)))
+    assert response.status_code == 200, response.content
+    partial = response.json()["partialSuccess"]
+    assert partial["rejectedSpans"] == "1"
+    assert f"has reached turn {MAX_TURN}" in partial["errorMessage"]
+    assert "start a new session" in partial["errorMessage"]
+    assert not Step.objects.exists()
+    assert list(Turn.objects.values_list("number", flat=True)) == [MAX_TURN]
+
+
+def test_other_sessions_of_the_request_are_stored_beside_a_full_one(agent: Agent) -> None:
+    agent.events({"type": "turn", "session_id": "full", "turn": MAX_TURN})
+    other = "6b8efff798038103d269b633813fc60c"
+    response = post(agent, export(json_span(0, "full"), json_span(1, "s2", trace=other)))
+    assert response.json()["partialSuccess"]["rejectedSpans"] == "1"
+    assert list(Step.objects.values_list("session__external_id", "turn__number")) == [("s2", 1)]

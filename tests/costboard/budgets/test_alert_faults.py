@@ -1,0 +1,185 @@
+"""Faults across process boundaries, with the real thing stopped: a Redis broker this test
+started goes down mid-stream and comes back; a webhook receiver is slow. Ingest answers every
+batch, stores each once, never waits, and every alert goes out once when it can."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery import Celery
+from django.db import connection
+
+from costboard.models import AlertDelivery, OutboxItem, Session, Step, WebhookEndpoint
+from costboard.outbox import outbox_dispatch
+from tests.conftest import Agent, add_price, make_agent
+from tests.servers import Receiver, RedisServer
+
+ROOT = Path(__file__).resolve().parents[3]
+
+QUIET = ["--loglevel", "WARNING", "--without-gossip", "--without-mingle"]
+pytestmark = pytest.mark.django_db(transaction=True)  # the worker process reads what we commit
+
+
+def crossing_batch(n: int) -> dict[str, Any]:
+    """A session of cap 1000 that passes 80% and then the cap: two alerts."""
+    session = f"s-{n}"
+    steps = [
+        {"session_id": session, "step_type": "x", "model": "test-sonnet", "input_tokens": tokens}
+        for tokens in (800, 200)
+    ]
+    for number, step in enumerate(steps):
+        step["event_id"] = f"{session}-{number}"
+    return {"events": [{"type": "session", "session_id": session, "token_cap": 1000}, *steps]}
+
+
+def eventually(check: Callable[[], bool], *, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def setup_project(receiver: Receiver) -> Agent:
+    agent = make_agent("faults")
+    add_price("test-sonnet")
+    WebhookEndpoint.objects.create(
+        project=agent.project, url=f"{receiver.base_url}/hook", secret="whsec-faults"
+    )
+    return agent
+
+
+@pytest.fixture
+def receiver(settings: Any) -> Iterator[Receiver]:
+    settings.COSTBOARD_WEBHOOK_ALLOW_HOSTS = ["127.0.0.1"]  # a receiver on this machine
+    server = Receiver().start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_a_broker_outage_mid_stream_loses_nothing_and_sends_each_alert_once(
+    receiver: Receiver, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    agent = setup_project(receiver)
+    broker = RedisServer()
+    broker.start()
+    # Celery prefers the environment's broker to the one it is given: make it this test's.
+    monkeypatch.setenv("CELERY_BROKER_URL", broker.url)
+    db = connection.settings_dict
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "costboard.settings",
+        "CELERY_BROKER_URL": broker.url,
+        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+        "COSTBOARD_WEBHOOK_ALLOW_HOSTS": "127.0.0.1",
+    }
+    log = (tmp_path / "worker.log").open("wb")
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "costboard", "worker", "--pool", "solo", *QUIET],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    # Celery beat's part: send the dispatcher every 200 ms; while the broker is down the
+    # sends fail, and that is all (the items wait in PostgreSQL).
+    beat_app = Celery(broker=broker.url)
+    stop = threading.Event()
+    refused = Counter[str]()
+
+    def beat() -> None:
+        while not stop.is_set():
+            try:
+                beat_app.send_task("costboard.tasks.outbox_dispatch", expires=10, retry=False)
+            except Exception as exc:  # the broker is down
+                refused[type(exc).__name__] += 1
+            stop.wait(0.2)
+
+    beat_thread = threading.Thread(target=beat, daemon=True)
+    beat_thread.start()
+    try:
+        statuses = []
+        for n in range(12):
+            if n == 4:
+                broker.stop()  # mid-stream
+            if n == 8:
+                broker.start()  # back, empty: whatever was queued in it is gone
+            response = agent.post(crossing_batch(n))
+            statuses.append(response.status_code)
+            if n == 7:  # the outage lasts until the beat has failed to send (some seconds)
+                eventually(lambda: bool(refused), timeout=30, what="the beat to meet the outage")
+        assert statuses == [200] * 12  # every batch answered, the outage invisible to agents
+        eventually(
+            lambda: len(receiver.received()) >= 24 and not OutboxItem.objects.exists(),
+            timeout=90,
+            what=f"24 alerts (have {len(receiver.received())}); worker log {tmp_path}",
+        )
+    finally:
+        stop.set()
+        beat_thread.join(timeout=5)
+        worker.terminate()
+        worker.wait(timeout=30)
+        log.close()
+        broker.stop()
+
+    # every acknowledged event stored once
+    assert Step.objects.filter(project=agent.project).count() == 24
+    for session in Session.objects.filter(project=agent.project, external_id__startswith="s-"):
+        assert (session.input_tokens, session.state) == (1000, "exhausted")
+    # every alert delivered, each once (the receiver saw each delivery id one time)
+    deliveries = AlertDelivery.objects.filter(project=agent.project)
+    assert deliveries.count() == 24
+    assert set(deliveries.values_list("status", flat=True)) == {"delivered"}
+    assert Counter(receiver.received()) == {
+        str(pk): 1 for pk in deliveries.values_list("pk", flat=True)
+    }
+
+
+def test_a_slow_receiver_never_slows_ingest(receiver: Receiver) -> None:
+    """Without a broker (make run): guard_sweep's dispatcher sends alerts while the agent
+    keeps sending; each batch is answered in the time it takes without any webhook."""
+    receiver.delay = 1.5
+    agent = setup_project(receiver)
+    stop = threading.Event()
+
+    def sweep() -> None:  # guard_sweep's outbox loop
+        try:
+            while not stop.is_set():
+                outbox_dispatch()
+                stop.wait(0.1)
+        finally:
+            connection.close()
+
+    dispatcher = threading.Thread(target=sweep, daemon=True)
+    dispatcher.start()
+    latencies = []
+    try:
+        for n in range(3):
+            started = time.monotonic()
+            response = agent.post(crossing_batch(n))
+            latencies.append(time.monotonic() - started)
+            assert response.status_code == 200
+            time.sleep(0.5)  # the dispatcher is mid-send when the next batch arrives
+        eventually(
+            lambda: len(receiver.received()) == 6 and not OutboxItem.objects.exists(),
+            timeout=60,
+            what="6 alerts",
+        )
+    finally:
+        stop.set()
+        dispatcher.join(timeout=30)
+    # The receiver takes 1.5 s per alert and each batch makes two: a batch that waited on
+    # it would take 3 s. Each took what ingest takes (well under a second here).
+    assert max(latencies) < 0.75, latencies
+    assert AlertDelivery.objects.filter(status="delivered").count() == 6

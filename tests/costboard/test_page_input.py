@@ -1,0 +1,176 @@
+"""Bad input to the pages and the admin (costboard/page_input.py, the admin's forms): a 4xx or
+the form shown again with its error, never a 500, and nothing saved."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.test import Client
+
+from costboard.models import ModelPrice, Project, WebhookEndpoint
+from memory_ui.models import Memory
+from tests.conftest import Agent
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def admin_client(staff: Client) -> Client:
+    staff.raise_request_exception = False
+    return staff
+
+
+@pytest.mark.parametrize(
+    ("path", "parameter"),
+    [
+        ("/steps/?model=%00", "model"),
+        ("/steps/?step_type=a%00b", "step_type"),
+        ("/sessions/?q=%00", "q"),
+        ("/sessions/?user=%00&model=m", "user"),
+        ("/sessions/export.csv?model=%00", "model"),
+        ("/?project=%00", "project"),
+        ("/memory/?q=%00", "q"),
+        ("/memory/review/?scope=user:%00", "scope"),
+        ("/admin/costboard/step/?model=%00", "model"),
+        ("/admin/costboard/modelprice/?provider=%00", "provider"),
+        ("/admin/costboard/session/?q=%00", "q"),
+        ("/sessions/?%00=1", "%00"),
+    ],
+)
+def test_a_nul_in_a_pages_query_is_400_naming_the_parameter(
+    admin_client: Client, path: str, parameter: str
+) -> None:
+    response = admin_client.get(path)
+    assert response.status_code == 400
+    assert f"<code>{parameter}</code> must not contain NUL" in response.content.decode()
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "since=0001-01-01",
+        "until=9999-12-31",
+        "since=0001-01-01&until=9999-12-31",
+        "since=9999-12-31&until=0001-01-01",
+        "since=2026-02-30",
+        "page=99999999999999999999999",
+    ],
+)
+@pytest.mark.parametrize("page", ["/steps/", "/sessions/", "/sessions/export.csv"])
+def test_a_date_no_data_can_have_is_no_filter(
+    admin_client: Client, agent: Agent, page: str, query: str
+) -> None:
+    agent.events({"session_id": "s1", "step_type": "x", "model": "m", "input_tokens": 1})
+    response = admin_client.get(f"{page}?{query}")
+    assert response.status_code == 200
+    if page.endswith(".csv"):
+        assert b"s1" in b"".join(response.streaming_content)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("selected", ["abc", "\x00", "1\x00", "²"])
+def test_an_admin_action_on_rows_that_are_not_ids_is_400(
+    admin_client: Client, selected: str
+) -> None:
+    response = admin_client.post(
+        "/admin/costboard/apikey/", {"action": "revoke", "_selected_action": [selected]}
+    )
+    assert response.status_code == 400
+    assert b"_selected_action" in response.content
+
+
+def test_an_admin_action_on_a_row_id_past_bigint_selects_nothing(admin_client: Client) -> None:
+    response = admin_client.post(
+        "/admin/costboard/apikey/", {"action": "revoke", "_selected_action": ["9" * 30]}
+    )
+    assert response.status_code in (200, 302)
+
+
+PRICE = {
+    "provider": "p",
+    "model": "m",
+    "input_mtok": "1",
+    "output_mtok": "1",
+    "cache_read_mtok": "1",
+    "cache_write_mtok": "1",
+    "cache_write_1h_mtok": "1",
+    "tiers": "[]",
+    "effective_from_0": "2026-01-01",
+    "effective_from_1": "00:00:00",
+    "source": "manual",
+}
+
+
+@pytest.mark.parametrize(
+    ("tiers", "says"),
+    [
+        ('[{"start": 1, "input_mtok": "\\u0000"}]', "NUL"),
+        ('[{"start": 1, "input_mtok": "\\ud800"}]', "unpaired surrogate"),
+        ('[{"start": 1, "x\\u0000": "1"}]', "NUL"),
+        ('[{"start": 1, "input_mtok": NaN}]', "NaN is not JSON"),
+        ('[{"start": 1, "input_mtok": Infinity}]', "Infinity is not JSON"),
+        ('[{"start": 1e400}]', "integer"),
+        ('[{"start": ' + "9" * 30 + "}]", "start"),
+        ('[{"start": true}]', "integer"),
+        ('[{"start": 1, "input_mtok": "abc"}]', "input_mtok"),
+        ('[{"start": 1, "input_mtok": "-1"}]', "input_mtok"),
+        ('[{"start": 1, "input_mtok": [1]}]', "input_mtok"),
+        ("[" * 5000 + "]" * 5000, "nests too deep"),
+        ('{"start": 1}', "a list like"),
+    ],
+)
+def test_a_price_tier_postgresql_or_pricing_would_fail_on_is_a_form_error(
+    admin_client: Client, tiers: str, says: str
+) -> None:
+    response = admin_client.post("/admin/costboard/modelprice/add/", {**PRICE, "tiers": tiers})
+    assert response.status_code == 200
+    assert says in response.content.decode()
+    assert not ModelPrice.objects.exists()
+
+
+def test_a_good_price_tier_is_saved(admin_client: Client) -> None:
+    tiers = '[{"start": 200000, "input_mtok": "6", "output_mtok": 22.5}]'
+    response = admin_client.post("/admin/costboard/modelprice/add/", {**PRICE, "tiers": tiers})
+    assert response.status_code == 302, response.content
+    assert ModelPrice.objects.get().tiers == [
+        {"start": 200000, "input_mtok": "6", "output_mtok": 22.5}
+    ]
+
+
+@pytest.mark.parametrize(
+    ("path", "data", "model"),
+    [
+        ("/admin/costboard/project/add/", {"name": "x\x00", "slug": "x"}, Project),
+        ("/admin/costboard/modelprice/add/", {**PRICE, "model": "m\x00"}, ModelPrice),
+        (
+            "/admin/costboard/webhookendpoint/add/",
+            {
+                "name": "n\x00",
+                "url": "https://example.com/hook",
+                "secret": "s" * 20,
+                "kinds": ["exhausted"],
+            },
+            WebhookEndpoint,
+        ),
+    ],
+)
+def test_the_admins_forms_refuse_nul_with_the_form_shown_again(
+    admin_client: Client, agent: Agent, path: str, data: dict[str, Any], model: Any
+) -> None:
+    before = model.objects.count()
+    response = admin_client.post(path, {"project": str(agent.project.pk), **data})
+    assert response.status_code == 200
+    assert "Null characters are not allowed." in response.content.decode()
+    assert model.objects.count() == before
+
+
+def test_the_memory_edit_form_refuses_nul(admin_client: Client, agent: Agent) -> None:
+    memory = Memory.objects.create(
+        project=agent.project, type="user", content="Use ruff", fingerprint="use ruff"
+    )
+    response = admin_client.post(
+        f"/memory/{memory.pk}/edit/", {"content": "Use\x00 ruff", "type": "user"}
+    )
+    assert response.status_code == 422
+    memory.refresh_from_db()
+    assert memory.content == "Use ruff"

@@ -1,0 +1,114 @@
+"""Real servers a test starts and stops: a Redis broker of its own, and HTTP receivers."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+NOTHING_SAVED = ["--save", "", "--appendonly", "no"]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_for_port(port: int, *, up: bool, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                reachable = True
+        except OSError:
+            reachable = False
+        if reachable == up:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"port {port} is still {'down' if up else 'up'} after {timeout}s")
+
+
+class RedisServer:
+    """A throwaway redis-server on a free port (nothing saved), started and stopped at will."""
+
+    def __init__(self) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise AssertionError("redis-server is not installed: apt-get install redis-server")
+        self.binary = binary
+        self.port = free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", *NOTHING_SAVED],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        wait_for_port(self.port, up=True)
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+            self.process = None
+        wait_for_port(self.port, up=False)
+
+
+@dataclass
+class Receiver:
+    """An HTTP receiver: records each POST's X-Costboard-Delivery header and answers 200,
+    after `delay` seconds."""
+
+    delay: float = 0.0
+    base_url: str = ""
+    deliveries: list[str] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    _stop: Callable[[], None] = lambda: None
+
+    def start(self) -> Receiver:
+        state = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                time.sleep(state.delay)
+                with state.lock:
+                    state.deliveries.append(self.headers.get("X-Costboard-Delivery", ""))
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.base_url = f"http://127.0.0.1:{server.server_address[1]}"
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+
+        def stop() -> None:
+            server.shutdown()
+            server.server_close()
+            thread.join(timeout=5)
+
+        self._stop = stop
+        return self
+
+    def stop(self) -> None:
+        self._stop()
+
+    def received(self) -> list[str]:
+        with self.lock:
+            return list(self.deliveries)
