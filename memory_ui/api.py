@@ -60,7 +60,10 @@ CANDIDATES = Operation(
     tag=TAG,
     body=MemoryCandidate,
     responses={
-        201: Reply("a new pending candidate", schemas.Memory),
+        201: Reply(
+            "a new pending candidate; conflicts_with lists the live memories it contradicts",
+            schemas.Memory,
+        ),
         200: Reply(
             "the scope already had it (or a near duplicate), pending or approved: that memory, "
             'proposed once more, "merged": true',

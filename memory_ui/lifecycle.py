@@ -10,8 +10,9 @@ proposal in the review queue — a pending Memory whose `proposal` says what app
   newest) — so approving it brings MEMORY.md back within the cap. One pending eviction per
   scope: while it waits, a later run brings its targets up to date rather than adding another.
 - merge: two live memories of a scope with trigram similarity ≥ services.DUPLICATE_SIMILARITY
-  (of any type); the proposal carries the better one's text (higher importance, then the
-  more credible source, then proposed more often, then the newer) and type.
+  (of any type) that do not contradict each other (memory_ui.conflicts); the proposal
+  carries the better one's text (higher importance, then the more credible source, then
+  proposed more often, then the newer) and type.
 - compress: at least 3 live memories of one scope and type, each pair similar ≥
   services.RELATED_SIMILARITY (grown greedily from the entry with the most similar
   neighbours, at most MAX_GROUP); the proposal carries the shortest member that has every
@@ -49,6 +50,7 @@ from django.utils import timezone
 
 from costboard.models import Project
 from memory_ui import services
+from memory_ui.conflicts import conflict
 from memory_ui.models import MAX_CONTENT, Memory
 from memory_ui.ranking import CREDIBILITY, terms
 from memory_ui.services import memories_expire_due
@@ -328,6 +330,8 @@ def scope_merges_propose(
     for a, b, score in merge_pairs(pairs, threshold=services.DUPLICATE_SIMILARITY, taken=taken):
         if len(made) >= room:
             break
+        if conflict(entries[a].content, entries[b].content):
+            continue  # two facts that disagree: merging them would lose one
         pair = sorted((entries[a], entries[b]), key=lambda e: e.value, reverse=True)
         better = pair[0]
         made.append(

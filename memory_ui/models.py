@@ -34,6 +34,7 @@ class Memory(models.Model):
         REJECTED = "rejected"
         EXPIRED = "expired"
         MERGED = "merged"
+        SUPERSEDED = "superseded"  # a newer, contradicting memory approved in its place
 
     class Source(models.TextChoices):
         USER_STATED = "user_stated", "stated by the user"
@@ -69,6 +70,9 @@ class Memory(models.Model):
     # normalized content's SHA-256 (services.fingerprint): exact duplicates and rejected
     # sentences are recognised by it
     fingerprint = models.CharField(max_length=64, blank=True, db_default="")
+    # the hash of its frame, the words but for numbers, negations and opposites
+    # (memory_ui.conflicts.frame_key): a proposal's duplicates and contradictions share it
+    frame_key = models.CharField(max_length=64, blank=True, db_default="")
     evidence = models.TextField(
         blank=True, db_default="", help_text="The sentence it came from, as redacted."
     )
@@ -80,6 +84,13 @@ class Memory(models.Model):
     targets = models.ManyToManyField("self", symmetrical=False, blank=True, related_name="+")
     merged_into = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="merged_from"
+    )
+    # live memories this candidate contradicts (memory_ui.conflicts), found when it was proposed
+    conflicts_with = models.ManyToManyField(
+        "self", symmetrical=False, blank=True, related_name="conflicted_by"
+    )
+    superseded_by = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="supersedes"
     )
     times_proposed = models.PositiveIntegerField(default=1)
     proposed_by = models.CharField(max_length=150, blank=True, db_default="")
@@ -99,6 +110,8 @@ class Memory(models.Model):
             models.Index(fields=["project", "status", "-created_at"], name="memory_queue"),
             # duplicates and rejected sentences: by fingerprint
             models.Index(fields=["project", "fingerprint"], name="memory_fingerprint"),
+            # duplicates and contradictions of a proposal: by frame, in its scope
+            models.Index(fields=["project", "scope", "frame_key"], name="memory_frame"),
             # MEMORY.md and search: a scope's approved memories
             models.Index(fields=["project", "scope", "status"], name="memory_scope"),
         ]
@@ -120,6 +133,7 @@ class MemoryEvent(models.Model):
         EXPIRED = "expired"
         MERGED = "merged"
         EVICTED = "evicted"
+        SUPERSEDED = "superseded"
 
     memory = models.ForeignKey(Memory, on_delete=models.CASCADE, related_name="events")
     action = models.CharField(max_length=12, choices=Action.choices)

@@ -312,6 +312,11 @@ class Memory(Answer):
         description="true: the sentence (or a near duplicate) was already pending or approved "
         "in the scope; this is that memory, proposed once more"
     )
+    conflicts_with: list[int] = Field(
+        description="ids of the live memories this candidate contradicts (the same sentence "
+        "but for a number, date, version, negation or always/never): it is a new pending "
+        "candidate, never merged; approving it supersedes them unless the reviewer keeps both"
+    )
 
     @classmethod
     def of(cls, memory: models.Memory, *, merged: bool = False) -> Memory:
@@ -328,6 +333,7 @@ class Memory(Answer):
             times_proposed=memory.times_proposed,
             created_at=memory.created_at.isoformat(),
             merged=merged,
+            conflicts_with=sorted(m.pk for m in memory.conflicts_with.all()),
         )
 
 

@@ -13,7 +13,6 @@ from functools import reduce
 from operator import or_
 from typing import Any
 
-from django.db import connection
 from django.db.models import (
     Case,
     Count,
@@ -32,17 +31,13 @@ from django.db.models.functions import RowNumber
 from django.utils import timezone
 
 from costboard.models import Project
-from memory_ui import ranking, services
+from memory_ui import ranking
 from memory_ui.models import Memory, MemoryEvent, MemoryFeedback, RetrievalLog
-from memory_ui.text import trigrams
 
 REVIEW_PAGE_SIZE = 50
-SIMILAR_SHOWN = 3
+SIMILAR_SHOWN = 3  # a candidate's "Similar approved" aside (views.memory_similar)
 SCOPE_CHOICES_SHOWN = 100  # the queue's scope filter lists at most this many scopes
 METRICS_DAYS = 30
-
-Similar = list[tuple[Memory, float]]
-
 
 # --- the review queue -----------------------------------------------------------------------
 
@@ -65,7 +60,10 @@ def memories_pending(
             "turn__assistant_response",
             "turn__context",
         )
-        .prefetch_related(Prefetch("targets", queryset=targets))
+        .prefetch_related(
+            Prefetch("targets", queryset=targets),
+            Prefetch("conflicts_with", queryset=targets.all(), to_attr="conflicting"),
+        )
         .order_by("-created_at", "-pk")
     )
 
@@ -109,88 +107,6 @@ def pending_scopes(*, project_ids: Sequence[int]) -> list[str]:
         .distinct()
     )
     return list(scopes[:SCOPE_CHOICES_SHOWN])
-
-
-def similar_for_page(candidates: Sequence[Memory]) -> dict[int, Similar]:
-    """For each candidate, what `services.similar_memories(project, scope, content,
-    exclude=pk, statuses=("approved",))` returns (the same measure, threshold and order), for
-    a whole page in one query instead of one per candidate."""
-    if not candidates:
-        return {}
-    if connection.vendor == "postgresql":
-        return _similar_postgresql(candidates)
-    return _similar_portable(candidates)
-
-
-def _similar_postgresql(candidates: Sequence[Memory]) -> dict[int, Similar]:
-    # one LATERAL subquery per candidate row, each the same query as similar_memories'
-    rows = Memory.objects.raw(
-        """
-        SELECT m.id, m.project_id, m.type, m.content, m.scope, m.status, m.importance,
-               m.sim, c.cid AS candidate_id
-        FROM unnest(%s::bigint[], %s::bigint[], %s::text[], %s::text[])
-             AS c(cid, project_id, scope, content)
-        CROSS JOIN LATERAL (
-            SELECT mm.id, mm.project_id, mm.type, mm.content, mm.scope, mm.status,
-                   mm.importance, similarity(lower(mm.content), lower(c.content)) AS sim
-            FROM memory_ui_memory mm
-            WHERE mm.project_id = c.project_id AND mm.scope = c.scope
-              AND mm.status = %s AND mm.id <> c.cid
-              AND similarity(lower(mm.content), lower(c.content)) >= %s
-            ORDER BY sim DESC, mm.id
-            LIMIT %s
-        ) m
-        ORDER BY c.cid, m.sim DESC, m.id
-        """,
-        [
-            [c.pk for c in candidates],
-            [c.project_id for c in candidates],
-            [c.scope for c in candidates],
-            [c.content for c in candidates],
-            Memory.Status.APPROVED,
-            services.RELATED_SIMILARITY,
-            SIMILAR_SHOWN,
-        ],
-    )
-    found: dict[int, Similar] = {c.pk: [] for c in candidates}
-    for memory in rows:
-        found[memory.candidate_id].append((memory, float(memory.sim)))  # type: ignore[attr-defined]
-    return found
-
-
-def _similar_portable(candidates: Sequence[Memory]) -> dict[int, Similar]:
-    # the same pool as similar_memories' (a scope's newest PORTABLE_SCAN), for every scope on
-    # the page in one query; trigrams computed once per memory
-    pairs = {(c.project_id, c.scope) for c in candidates}
-    in_pairs = reduce(or_, (Q(project_id=p, scope=s) for p, s in sorted(pairs)))
-    pool = (
-        Memory.objects.filter(in_pairs, status=Memory.Status.APPROVED)
-        .only("id", "project_id", "type", "content", "scope", "status", "importance")
-        .annotate(
-            rank=Window(
-                RowNumber(),
-                partition_by=[F("project_id"), F("scope")],
-                order_by=[F("updated_at").desc(), F("id").desc()],
-            )
-        )
-        .filter(rank__lte=services.PORTABLE_SCAN)
-    )
-    by_pair: dict[tuple[int, str], list[tuple[Memory, set[str]]]] = defaultdict(list)
-    for memory in pool:
-        by_pair[(memory.project_id, memory.scope)].append((memory, trigrams(memory.content)))
-    found: dict[int, Similar] = {}
-    for candidate in candidates:
-        mine = trigrams(candidate.content)
-        scored: Similar = []
-        for other, grams in by_pair[(candidate.project_id, candidate.scope)]:
-            if other.pk == candidate.pk or not mine or not grams:
-                continue
-            score = len(mine & grams) / len(mine | grams)
-            if score >= services.RELATED_SIMILARITY:
-                scored.append((other, score))
-        scored.sort(key=lambda pair: (-pair[1], pair[0].pk))
-        found[candidate.pk] = scored[:SIMILAR_SHOWN]
-    return found
 
 
 def candidate_sentence(memory: Memory) -> str:
@@ -348,6 +264,20 @@ def memory_history(memory: Memory) -> list[MemoryEvent]:
 def memory_targets(memory: Memory) -> list[Memory]:
     """What a lifecycle proposal acts on."""
     return list(memory.targets.order_by("pk"))
+
+
+def memory_contradicts(memory: Memory) -> list[Memory]:
+    """The memories it contradicted when it was proposed, and those that contradict it."""
+    return list(
+        Memory.objects.filter(Q(conflicted_by=memory) | Q(conflicts_with=memory))
+        .distinct()
+        .order_by("pk")
+    )
+
+
+def memory_supersedes(memory: Memory) -> list[Memory]:
+    """The memories its approval superseded."""
+    return list(memory.supersedes.order_by("pk"))
 
 
 def memory_merged_from(memory: Memory) -> list[Memory]:

@@ -27,13 +27,19 @@ from django.db.models import Q
 from django.utils import timezone
 
 from costboard.models import Project, Session, Turn
+from memory_ui.conflicts import frame_key, judge
 from memory_ui.models import MAX_CONTENT, Memory, MemoryEvent, MemoryFeedback, RetrievalLog
 from memory_ui.text import fingerprint, similarity
 
 MEMORY_MD_LINES = 200
 MEMORY_MD_BYTES = 25_000
-# near-duplicates: trigram similarity at or above this merges a proposal into a memory
+# the lifecycle proposes merging two live memories at least this similar (trigrams); a
+# proposal itself is merged only into one that means the same (conflicts.same_meaning)
 DUPLICATE_SIMILARITY = 0.6
+NEAR_SHOWN = 5  # the contradicted memories a proposal lists at most
+# memories of one frame a proposal is compared with at most, newest first: the bound on a
+# lookup's work however many memories a scope holds
+NEAR_POOL = 50
 # "similar existing memories" shown beside a candidate in the review queue
 RELATED_SIMILARITY = 0.3
 REPETITION_BONUS = Decimal("0.05")  # importance added each time a memory is proposed again
@@ -177,20 +183,36 @@ def similar_memories(
     limit: int = 3,
 ) -> list[tuple[Memory, float]]:
     """A scope's memories most like `content`, with their similarity (pg_trgm's on
-    PostgreSQL, the same measure in Python elsewhere), most similar first."""
+    PostgreSQL, the same measure in Python elsewhere), most similar first.
+
+    On PostgreSQL the GiST trigram index over lower(content) (migration 0004) answers it,
+    nearest first (`<->`), only rows at least `threshold` similar (`%`, with
+    pg_trgm.similarity_threshold set for this transaction): it reads the few nearest rows,
+    not the scope."""
     if connection.vendor == "postgresql":
-        rows = Memory.objects.raw(
-            """
-            SELECT *, similarity(lower(content), lower(%s)) AS sim
-            FROM memory_ui_memory
-            WHERE project_id = %s AND scope = %s AND status = ANY(%s) AND id <> %s
-              AND similarity(lower(content), lower(%s)) >= %s
-            ORDER BY sim DESC, id
-            LIMIT %s
-            """,
-            [content, project.pk, scope, list(statuses), exclude or 0, content, threshold, limit],
-        )
-        return [(m, float(m.sim)) for m in rows]  # type: ignore[attr-defined]
+        with transaction.atomic():
+            trigram_threshold(threshold)
+            rows = Memory.objects.raw(
+                """
+                SELECT *, similarity(lower(content), lower(%s)) AS sim
+                FROM memory_ui_memory
+                WHERE lower(content) %% lower(%s)
+                  AND project_id = %s AND scope = %s AND status = ANY(%s) AND id <> %s
+                ORDER BY lower(content) <-> lower(%s), id
+                LIMIT %s
+                """,
+                [
+                    content,
+                    content,
+                    project.pk,
+                    scope,
+                    list(statuses),
+                    exclude or 0,
+                    content,
+                    limit,
+                ],
+            )
+            return [(m, float(m.sim)) for m in rows]  # type: ignore[attr-defined]
     pool = (
         Memory.objects.filter(project=project, scope=scope, status__in=statuses)
         .exclude(pk=exclude or 0)
@@ -200,6 +222,50 @@ def similar_memories(
     scored = [(m, s) for m, s in scored if s >= threshold]
     scored.sort(key=lambda pair: (-pair[1], pair[0].pk))
     return scored[:limit]
+
+
+def trigram_threshold(threshold: float) -> None:
+    """pg_trgm's `%` threshold for the rest of this transaction (PostgreSQL only)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT set_config('pg_trgm.similarity_threshold', %s, true)", [str(threshold)]
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Near:
+    """What a proposal is to the memories nearest it: the one it repeats (same meaning),
+    and the ones it contradicts, each with why."""
+
+    duplicate: tuple[Memory, float] | None
+    conflicts: list[tuple[Memory, str]]
+
+
+def near_memories(
+    project: Project, scope: str, content: str, *, exclude: int | None = None
+) -> Near:
+    """The scope's live memories of the same frame as `content` (conflicts.frame_key, one
+    btree lookup), read as the one it repeats (same claims) or ones it contradicts."""
+    key = frame_key(content)
+    if not key:
+        return Near(duplicate=None, conflicts=[])
+    same_frame = (
+        Memory.objects.filter(project=project, scope=scope, frame_key=key, status__in=LIVE)
+        .filter(proposal=Memory.Proposal.NEW)
+        .exclude(pk=exclude or 0)
+        .only("id", "content", "status")
+        .order_by("-updated_at", "-pk")[:NEAR_POOL]
+    )
+    duplicate: tuple[Memory, float] | None = None
+    found: list[tuple[Memory, str]] = []
+    for memory in same_frame:
+        verdict = judge(content, memory.content)
+        if verdict:
+            if len(found) < NEAR_SHOWN:
+                found.append((memory, verdict))
+        elif verdict == "" and duplicate is None:
+            duplicate = (memory, similarity(content, memory.content))
+    return Near(duplicate=duplicate, conflicts=found)
 
 
 @transaction.atomic
@@ -221,8 +287,12 @@ def candidate_propose(
     now: datetime | None = None,
 ) -> Memory | None:
     """A pending candidate; or, when the scope already has the same sentence (or a near
-    duplicate) pending or approved, that memory proposed once more (its importance raised
-    for the repetition); or None when the same sentence was rejected before."""
+    duplicate that means the same) pending or approved, that memory proposed once more (its
+    importance raised for the repetition); or None when the same sentence was rejected before.
+
+    A sentence near-identical to a live memory but for a number, a date, a version, a
+    negation or an opposite (memory_ui.conflicts) is never merged: it is a new candidate whose
+    `conflicts_with` lists the memories it contradicts, for a person to decide between."""
     now = now or timezone.now()
     content = clean_content(content)
     type = clean_type(type)
@@ -237,17 +307,19 @@ def candidate_propose(
         Memory.objects.filter(project=project, scope=scope, fingerprint=fp)
         # a lifecycle proposal (evict/merge/compress) rejected is not its sentence rejected
         .filter(proposal=Memory.Proposal.NEW)
-        .exclude(status__in=[Memory.Status.EXPIRED, Memory.Status.MERGED])
+        .exclude(status__in=[Memory.Status.EXPIRED, Memory.Status.MERGED, Memory.Status.SUPERSEDED])
         .order_by("status", "pk")
         .first()
     )
     if same is not None and same.status == Memory.Status.REJECTED:
         return None
     note = ""
+    contradicts: list[tuple[Memory, str]] = []
     if same is None:
-        near = similar_memories(project, scope, content, threshold=DUPLICATE_SIMILARITY, limit=1)
-        if near:
-            same, score = near[0]
+        near = near_memories(project, scope, content)
+        contradicts = near.conflicts
+        if near.duplicate is not None:
+            same, score = near.duplicate
             note = f"near-duplicate ({score:.2f}) of a proposal: {content}"
     if same is not None:
         # a reviewer may be deciding on it or editing it now: wait for its row, read it again
@@ -282,18 +354,23 @@ def candidate_propose(
         session=session,
         turn=turn,
         fingerprint=fp,
+        frame_key=frame_key(content),
         evidence=evidence[:2000],
         redactions=sorted(set(redactions)),
         proposed_by=proposed_by[:150],
         created_at=now,
         updated_at=now,
     )
+    notes = [f"redacted: {', '.join(memory.redactions)}"] if memory.redactions else []
+    if contradicts:
+        memory.conflicts_with.set([other for other, _ in contradicts])
+        notes += [f"contradicts #{other.pk} ({why})" for other, why in contradicts]
     _event(
         memory,
         MemoryEvent.Action.PROPOSED,
         name=proposed_by,
         after=snapshot(memory),
-        note=f"redacted: {', '.join(memory.redactions)}" if memory.redactions else "",
+        note="; ".join(notes),
         at=now,
     )
     return memory
@@ -355,6 +432,7 @@ def memory_edit(
     for name, value in cleaned.items():
         setattr(memory, name, value)
     memory.fingerprint = fingerprint(memory.content)
+    memory.frame_key = frame_key(memory.content)
     if memory.status == Memory.Status.APPROVED:
         memory.expires_at = _expiry(memory, memory.decided_at or now)
     after = snapshot(memory)
@@ -385,20 +463,62 @@ class DecisionError(ValueError):
 
 @transaction.atomic
 def memory_approve(
-    memory: Memory, *, by: User, now: datetime | None = None, actor_name: str = ""
+    memory: Memory,
+    *,
+    by: User,
+    now: datetime | None = None,
+    actor_name: str = "",
+    keep_both: bool = False,
 ) -> Memory:
     """Approve a pending candidate. A lifecycle proposal takes effect: evict expires its
-    targets; merge and compress replace their targets with the proposal's text. `actor_name`
-    names a decider who is not a login (by=None), e.g. the demo's reviewer."""
+    targets; merge and compress replace their targets with the proposal's text. A candidate
+    that contradicts live memories (`conflicts_with`) supersedes them — they leave MEMORY.md
+    and search, their history kept — unless `keep_both`. `actor_name` names a decider who is
+    not a login (by=None), e.g. the demo's reviewer."""
     now = now or timezone.now()
     memory = _locked(memory)
     if memory.status != Memory.Status.PENDING:
         raise DecisionError(f"memory {memory.pk} is {memory.status}, not pending")
-    return _approve_locked(memory, by=by, now=now, actor_name=actor_name)
+    return _approve_locked(memory, by=by, now=now, actor_name=actor_name, keep_both=keep_both)
 
 
-def _approve_locked(memory: Memory, *, by: User, now: datetime, actor_name: str = "") -> Memory:
+def _supersede_locked(
+    memory: Memory, *, by: User, now: datetime, actor_name: str, keep_both: bool
+) -> str:
+    """The contradicted memories of a candidate being approved: superseded by it, or (with
+    `keep_both`) left as they are. Returns the note for the approval's event."""
+    others = list(memory.conflicts_with.select_for_update().filter(status__in=LIVE).order_by("pk"))
+    if not others:
+        return ""
+    listed = ", ".join(f"#{other.pk}" for other in others)
+    if keep_both:
+        return f"kept beside {listed}, which it contradicts"
+    for other in others:
+        other.status, other.superseded_by, other.updated_at = (
+            Memory.Status.SUPERSEDED,
+            memory,
+            now,
+        )
+        other.save(update_fields=["status", "superseded_by", "updated_at"])
+        _event(
+            other,
+            MemoryEvent.Action.SUPERSEDED,
+            user=by,
+            name=actor_name,
+            after={"status": other.status, "superseded_by": memory.pk},
+            note=memory.content,
+            at=now,
+        )
+    return f"supersedes {listed}"
+
+
+def _approve_locked(
+    memory: Memory, *, by: User, now: datetime, actor_name: str = "", keep_both: bool = False
+) -> Memory:
     """memory_approve's work on a pending memory its caller has locked."""
+    note = ""
+    if memory.proposal == Memory.Proposal.NEW:
+        note = _supersede_locked(memory, by=by, now=now, actor_name=actor_name, keep_both=keep_both)
     targets = list(memory.targets.select_for_update()) if memory.proposal != "new" else []
     if memory.proposal == Memory.Proposal.EVICT:
         for target in targets:
@@ -445,6 +565,7 @@ def _approve_locked(memory: Memory, *, by: User, now: datetime, actor_name: str 
         user=by,
         name=actor_name,
         after={"status": memory.status},
+        note=note,
         at=now,
     )
     return memory
@@ -615,6 +736,7 @@ def proposal_create(
         ttl_days=clean_ttl_days(ttl_days),
         # an eviction is not a sentence to remember; a merge or compression becomes one
         fingerprint="" if kind == Memory.Proposal.EVICT else fingerprint(content),
+        frame_key="" if kind == Memory.Proposal.EVICT else frame_key(content),
         evidence=evidence[:2000],
         proposal=kind,
         proposed_by=proposed_by[:150],
@@ -799,6 +921,7 @@ def memories_import(
             tags=clean_tags(entry.tags),
             ttl_days=clean_ttl_days(entry.ttl_days),
             fingerprint=fingerprint(content),
+            frame_key=frame_key(content),
             proposed_by=actor_name[:150],
             created_at=entry.proposed_at or decided,
             updated_at=decided,

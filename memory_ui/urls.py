@@ -13,6 +13,7 @@ urlpatterns = [
     path("metrics/", views.metrics_page, name="memory-metrics"),
     path("<int:pk>/", views.memory_detail, name="memory-detail"),
     path("<int:pk>/row/", views.memory_row, name="memory-row"),
+    path("<int:pk>/similar/", views.memory_similar, name="memory-similar"),
     path("<int:pk>/approve/", views.memory_approve_view, name="memory-approve"),
     path("<int:pk>/reject/", views.memory_reject_view, name="memory-reject"),
     path("<int:pk>/edit/", views.memory_edit_view, name="memory-edit"),

@@ -77,7 +77,6 @@ def _back(request: HttpRequest, name: str) -> HttpResponseRedirect:
 @dataclass(frozen=True)
 class CandidateRow:
     memory: Memory
-    similar: selectors.Similar
     sentence: str
     can_act: bool
     form: MemoryEditForm | None = None  # the edit form, open
@@ -86,11 +85,9 @@ class CandidateRow:
 def _rows(
     memories: list[Memory], *, can_act: bool, form_for: tuple[int, MemoryEditForm] | None = None
 ) -> list[CandidateRow]:
-    similar = selectors.similar_for_page(memories)
     return [
         CandidateRow(
             memory=m,
-            similar=similar.get(m.pk, []),
             sentence=selectors.candidate_sentence(m),
             can_act=can_act,
             form=form_for[1] if form_for and form_for[0] == m.pk else None,
@@ -160,7 +157,9 @@ def _decided(
 def memory_approve_view(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     scope, memory = _acting_on(request, pk)
     try:
-        memory = services.memory_approve(memory, by=request.user)
+        # a candidate that contradicts live memories supersedes them, unless "Keep both"
+        keep_both = request.POST.get("keep") == "both"
+        memory = services.memory_approve(memory, by=request.user, keep_both=keep_both)
     except services.DecisionError:
         memory.refresh_from_db()
         return _decided(request, scope, memory, error=f"already {memory.status}")
@@ -265,6 +264,24 @@ def _row(request: HtmxHttpRequest, scope: Scope, memory: Memory, **extra: Any) -
         return render(request, "memory_ui/_candidate.html", context)
     context["can_act"] = can_review_memory(request.user)
     return render(request, "memory_ui/_memory_item.html", context)
+
+
+@login_required
+def memory_similar(request: HttpRequest, pk: int) -> HttpResponse:
+    """A candidate's "Similar approved" aside, which the queue loads as the card comes into
+    view: the page of 50 renders without 50 trigram lookups, each card's when it is seen."""
+    scope = scope_for(request)
+    memory = _memory_in_scope(scope, pk)
+    similar = services.similar_memories(
+        memory.project,
+        memory.scope,
+        memory.content,
+        exclude=memory.pk,
+        statuses=(Memory.Status.APPROVED,),
+        limit=selectors.SIMILAR_SHOWN,
+    )
+    context = {"scope": scope, "memory": memory, "similar": similar}
+    return render(request, "memory_ui/_similar.html", context)
 
 
 @login_required
@@ -401,6 +418,8 @@ def memory_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "events": events,
         "targets": selectors.memory_targets(memory),
         "merged_from": selectors.memory_merged_from(memory),
+        "contradicts": selectors.memory_contradicts(memory),
+        "supersedes": selectors.memory_supersedes(memory),
         "proposed_by": memory.proposed_by or _actor(events, "proposed"),
         "decided_by": (
             memory.decided_by.get_username()

@@ -12,6 +12,7 @@ from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
 
 from memory_ui import selectors
+from memory_ui.conflicts import conflict
 from memory_ui.models import MemoryEvent
 from memory_ui.text import normalize
 
@@ -43,6 +44,33 @@ def highlight(sentence: str, content: str) -> SafeString:
             last = match.end()
     out.append(escape(text[last:]))
     return mark_safe("".join(out))
+
+
+# a number with its inner separators ("3.11", "2026-03-01") or a word: what differs is marked
+_TERM = re.compile(r"\d+(?:[.,:/-]\d+)*|\w+", re.UNICODE)
+
+
+@register.filter
+def differing(text: str, other: str) -> SafeString:
+    """`text`, escaped, with the words and numbers `other` lacks in <mark>: where a
+    contradicting pair differs ("port <mark>5433</mark>")."""
+    theirs = {t.casefold() for t in _TERM.findall(other or "")}
+    text = text or ""
+    out: list[str] = []
+    last = 0
+    for match in _TERM.finditer(text):
+        if match.group(0).casefold() not in theirs:
+            out.append(escape(text[last : match.start()]))
+            out.append(f'<mark class="differs">{escape(match.group(0))}</mark>')
+            last = match.end()
+    out.append(escape(text[last:]))
+    return mark_safe("".join(out))
+
+
+@register.filter
+def contradiction(new: str, old: str) -> str:
+    """Why `new` contradicts `old` ("differs in a number, date or version"), or ""."""
+    return conflict(new or "", old or "") or ""
 
 
 @register.simple_tag(takes_context=True)

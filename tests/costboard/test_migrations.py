@@ -156,3 +156,36 @@ def test_model_families_are_filled_for_what_was_stored_and_merged_back() -> None
         (4, Decimal("0.08"))
     ]
     MigrationExecutor(connection).migrate(latest)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_stored_memories_get_their_frame_key() -> None:
+    """memory_ui 0004 fills frame_key for the memories already stored, as services would (empty
+    for a sentence with no frame); the GiST index is made and dropped with it."""
+    from memory_ui.conflicts import frame_key
+
+    before = ("memory_ui", "0003_search_indexes_reviewers")
+    executor = MigrationExecutor(connection)
+    latest = [leaf("costboard"), leaf("memory_ui")]
+    executor.migrate([before])
+    old = executor.loader.project_state([before]).apps
+    project = old.get_model("costboard", "Project").objects.create(name="Old", slug="old")
+    Memory = old.get_model("memory_ui", "Memory")
+    texts = ["the staging database runs on port 5432", "Port 5433 for the staging database", "42"]
+    for text in texts:
+        Memory.objects.create(project=project, type="project", content=text)
+
+    executor = MigrationExecutor(connection)
+    executor.migrate(latest)
+    new = executor.loader.project_state(latest).apps
+    keys = dict(new.get_model("memory_ui", "Memory").objects.values_list("content", "frame_key"))
+    assert keys == {text: frame_key(text) for text in texts}
+    assert keys[texts[0]] and keys[texts[2]] == ""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT to_regclass('memory_content_trgm_gist') IS NOT NULL")
+        assert cursor.fetchone() == (connection.vendor == "postgresql",)
+    MigrationExecutor(connection).migrate([before])
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT to_regclass('memory_content_trgm_gist') IS NOT NULL")
+        assert cursor.fetchone() == (False,)
+    MigrationExecutor(connection).migrate(latest)

@@ -219,3 +219,52 @@ def test_review_memories_in_chromium(live_server: Any, page: Any) -> None:
     assert any(url.endswith("/static/costboard/review.js") for _, url in fetched)
     for kind, url in fetched:
         assert urlsplit(url).path.startswith("/static/"), (kind, url)
+
+
+def test_a_contradiction_side_by_side_and_superseded_in_chromium(
+    live_server: Any, page: Any
+) -> None:
+    """A correction of an approved memory waits beside it, the words that differ marked; the
+    similar approved memories load as the card shows; Approve supersedes the old one: gone
+    from MEMORY.md, kept in its history."""
+    agent = make_agent("acme")
+    reviewer(agent.project)
+    old = services.candidate_propose(
+        project=agent.project, type="project", content="The staging database runs on port 5432"
+    )
+    assert old is not None
+    services.memory_approve(old, by=None)
+    kin = services.candidate_propose(
+        project=agent.project, type="project", content="The staging database is backed up nightly"
+    )
+    assert kin is not None
+    services.memory_approve(kin, by=None)
+    new = services.candidate_propose(
+        project=agent.project, type="project", content="The staging database runs on port 5433"
+    )
+    assert new is not None and list(new.conflicts_with.all()) == [old]
+    base = live_server.url
+
+    log_in(page, base)
+    page.goto(f"{base}/memory/review/")
+    card = page.locator(f"#candidate-{new.pk}")
+    side = card.locator("[data-conflicts]")
+    expect(side.locator("[data-conflict-new] mark.differs")).to_have_text("5433")
+    expect(side.locator(f"[data-conflict-with='{old.pk}'] mark.differs")).to_have_text("5432")
+    expect(side.locator("[data-conflict-why]")).to_have_text("differs in a number, date or version")
+    # the aside, fetched when the card came into view: the old fact and its kin
+    expect(card.locator(f"[data-similar-to='{old.pk}']")).to_be_visible()
+    expect(card.locator(f"[data-similar-to='{kin.pk}']")).to_be_visible()
+    page.evaluate("window.__kept = 'same page'")
+    card.locator("[data-action=approve]").click()
+    expect(page.locator(f"#candidate-{new.pk}[data-decided=approved]")).to_be_visible()
+    assert page.evaluate("window.__kept") == "same page"
+
+    page.goto(f"{base}/memory/")
+    preview = page.text_content("section[data-scope=project] [data-md]")
+    assert "port 5433" in preview and "port 5432" not in preview
+    page.goto(f"{base}/memory/{old.pk}/")
+    expect(page.locator("[data-status]")).to_have_text("superseded")
+    expect(page.locator("[data-superseded-by]")).to_have_text(f"memory {new.pk}")
+    expect(page.locator("tr[data-event=superseded] [data-actor]")).to_have_text("viewer")
+    assert page.errors == []

@@ -83,6 +83,7 @@ def test_a_candidate_is_created_pending_and_never_approved(agent: Agent) -> None
         "times_proposed": 1,
         "created_at": memory.created_at.isoformat(),
         "merged": False,
+        "conflicts_with": [],
     }
     assert (memory.project, memory.status, memory.proposed_by, memory.source) == (
         agent.project,

@@ -223,13 +223,15 @@ def test_the_queue_lists_pending_candidates_newest_first_with_their_details(
     # the sentence is its turn's message, the candidate's words marked
     assert "<mark>Friday</mark>" in row and "<mark>staging</mark>" in row
     assert f'href="/sessions/{session.pk}/#turn-2" data-session-link>session chat-1, turn 2' in row
-    # the similar approved memory beside it, with its similarity
+    # the similar approved memory beside it, with its similarity, loaded as the card shows
+    assert f'hx-get="/memory/{old.pk}/similar/" hx-trigger="revealed"' in row
     similar = services.similar_memories(
         agent.project, "project", old.content, exclude=old.pk, statuses=("approved",)
     )
     assert [m.pk for m, _ in similar] == [existing.pk]
-    assert f'data-similar-to="{existing.pk}"' in row
-    assert f"{similar[0][1] * 100:.0f}%" in row
+    aside = staff.get(f"/memory/{old.pk}/similar/", headers=HTMX).content.decode()
+    assert f'data-similar-to="{existing.pk}"' in aside
+    assert f"{similar[0][1] * 100:.0f}%" in aside
     for label in ("Approve", "Edit", "Reject"):
         assert f">{label}</button>" in row
 
@@ -239,7 +241,8 @@ def test_the_queue_lists_pending_candidates_newest_first_with_their_details(
     assert "redacted before storing: email" in pref
     assert "stated by the user · by detector" in pref
     assert "proposed once" in pref
-    assert '<p class="muted">none</p>' in pref  # nothing similar in its scope
+    aside = staff.get(f"/memory/{user_pref.pk}/similar/").content.decode()
+    assert "data-similar-none" in aside  # nothing similar in its scope
 
     assert re.search(r'data-count="all">2<', html)
     assert re.search(r'data-count="project">1<', html)
@@ -265,7 +268,7 @@ def test_a_lifecycle_proposal_shows_its_kind_and_targets(staff: Client, agent: A
     assert "[project] The API server listens on port 8000" in row
 
 
-def test_similar_memories_for_a_page_are_the_services_own(staff: Client, agent: Agent) -> None:
+def test_a_candidates_similar_aside_is_the_services_own(staff: Client, agent: Agent) -> None:
     for text in (
         "Deploys happen on Fridays",
         "Deploys happen on Friday afternoons",
@@ -284,15 +287,23 @@ def test_similar_memories_for_a_page_are_the_services_own(staff: Client, agent: 
         stored(agent, "Deploys happen on Fridays, says x", status="pending", scope="user:x"),
         stored(agent, "Nothing like anything else here", status="pending"),
     ]
-    found = selectors.similar_for_page(pending)
+    shown = {}
     for memory in pending:
+        response = staff.get(f"/memory/{memory.pk}/similar/", headers=HTMX)
+        assert response.status_code == 200
+        html = response.content.decode()
         expected = services.similar_memories(
             agent.project, memory.scope, memory.content, exclude=memory.pk, statuses=("approved",)
         )
-        assert [(m.pk, round(s, 6)) for m, s in found[memory.pk]] == [
-            (m.pk, round(s, 6)) for m, s in expected
-        ]
-    assert len(found[pending[0].pk]) == 3 and found[pending[3].pk] == []
+        shown[memory.pk] = [int(pk) for pk in re.findall(r'data-similar-to="(\d+)"', html)]
+        assert shown[memory.pk] == [m.pk for m, _ in expected]
+        for _, score in expected:
+            assert f"{score * 100:.0f}%" in html
+    assert len(shown[pending[0].pk]) == 3 and shown[pending[3].pk] == []
+    assert "data-similar-none" in staff.get(f"/memory/{pending[3].pk}/similar/").content.decode()
+    # another project's memory: not found for someone outside it
+    _, outsider = person(other)
+    assert outsider.get(f"/memory/{pending[0].pk}/similar/").status_code == 404
 
 
 def test_filters_by_type_and_scope_and_links_keep_them(staff: Client, agent: Agent) -> None:
@@ -994,6 +1005,7 @@ def test_the_pages_run_a_bounded_number_of_queries(
         (staff, "/memory/metrics/", {}),
         (viewer, "/memory/metrics/?project=acme", {}),
         (staff, f"/memory/{memory.pk}/", {}),
+        (staff, f"/memory/{memory.pk}/similar/", HTMX),
     ]
     counts = {}
     for client, path, headers in pages:
