@@ -1047,6 +1047,7 @@ def _memories_seed(project: Project, theme: Theme, seed: int) -> int:
             ttl_days=90 if idea.type == "reference" else None,
             session=turn.session if turn else None,
             turn=turn,
+            evidence=idea.said,
             proposed_by=DETECTOR,
             now=proposed_at,
         )

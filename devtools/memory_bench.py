@@ -11,6 +11,14 @@
   words stored nowhere — p50/p95. PostgreSQL only: its figure is what the full-text and
   trigram indexes give; on SQLite it is not measured (the portable path scans in Python).
   Target < 30 ms.
+- lookup: `services.near_memories`, what proposing a candidate runs to find the memory it
+  repeats and the ones it contradicts, for sentences like stored ones (a number changed, a
+  word added, a word swapped) and new ones, p50/p95. Target < 5 ms on PostgreSQL (the
+  trigram index's `%` narrows the rows; elsewhere the portable path compares in Python).
+- review page: /memory/review/ with 50 pending candidates near the stored memories (many of
+  them contradicting one), rendered by Django's test client as a staff user, p50/p95.
+  Target < 300 ms. Each card's "Similar approved" aside is its own request, made as the card
+  comes into view (the GiST trigram index's nearest rows): timed per candidate, p50/p95.
 
 The memories belong to a project of the benchmark's own (`bench-memory-…`), written by
 services.memories_import (in bulk, each with its history) and deleted afterwards.
@@ -19,6 +27,7 @@ services.memories_import (in bulk, each with its history) and deleted afterwards
 from __future__ import annotations
 
 import random
+import re
 import statistics
 import time
 import uuid
@@ -31,12 +40,16 @@ from django.db import connection
 from django.utils import timezone
 
 from costboard.models import Project
+from devtools.page_bench import bench_client
 from memory_ui import ranking, services
 from memory_ui.models import MAX_CONTENT, Memory
 
 DETECT_TARGET_PER_S = 5_000.0
 MEMORY_MD_TARGET_MS = 50.0
 SEARCH_TARGET_MS = 30.0
+LOOKUP_TARGET_MS = 5.0
+REVIEW_TARGET_MS = 300.0
+REVIEW_CANDIDATES = 50
 SCOPE = "project"
 PROPOSED_BY = "bench"
 
@@ -98,6 +111,11 @@ class BenchResult:
     search_skipped: str = ""
     searches_with_results: int = 0
     slowest_query: str = ""
+    lookup: Timing | None = None
+    lookups_with_conflicts: int = 0
+    review: Timing | None = None
+    review_conflicts: int = 0
+    aside: Timing | None = None
     missed: list[str] = field(default_factory=list)
 
 
@@ -284,6 +302,74 @@ def detect_bench(options: BenchOptions, rng: random.Random) -> DetectResult:
     return DetectResult(messages=len(turns), seconds=time.perf_counter() - start, candidates=found)
 
 
+def lookup_sentences(contents: list[str], count: int, rng: random.Random) -> list[str]:
+    """Sentences a proposal might bring: a stored one with a number changed (a contradiction),
+    a word added (the same meaning), a word swapped (a near miss), or a new one."""
+    out = []
+    for i in range(count):
+        base = rng.choice(contents)
+        kind = i % 4
+        if kind == 0:
+            out.append(re.sub(r"\d+", lambda m: str(int(m.group(0)) + 1), base, count=1))
+        elif kind == 1:
+            out.append(f"{base} now")
+        elif kind == 2:
+            words = base.split()
+            words[rng.randrange(len(words))] = rng.choice(TOPICS)
+            out.append(" ".join(words))
+        else:
+            out.append(_fill(rng.choice(MEMORY_TEMPLATES)[1], rng, rng.randrange(10**6)))
+    return [s[:MAX_CONTENT] for s in out]
+
+
+def lookup_bench(
+    project: Project, contents: list[str], runs: int, rng: random.Random
+) -> tuple[Timing, int]:
+    sentences = lookup_sentences(contents, runs, rng)
+    for sentence in sentences[:5]:
+        services.near_memories(project, SCOPE, sentence)
+    times = []
+    conflicting = 0
+    for sentence in sentences:
+        start = time.perf_counter()
+        near = services.near_memories(project, SCOPE, sentence)
+        times.append((time.perf_counter() - start) * 1000)
+        conflicting += bool(near.conflicts)
+    return Timing(times), conflicting
+
+
+def review_bench(
+    project: Project, contents: list[str], runs: int, rng: random.Random
+) -> tuple[Timing, int, Timing]:
+    """The review page of REVIEW_CANDIDATES pending candidates near the stored memories."""
+    proposed: set[int] = set()
+    for sentence in lookup_sentences(contents, REVIEW_CANDIDATES * 3, rng):
+        memory = services.candidate_propose(
+            project=project, type="project", content=sentence, proposed_by=PROPOSED_BY
+        )
+        if memory is not None and memory.status == Memory.Status.PENDING:
+            proposed.add(memory.pk)
+        if len(proposed) >= REVIEW_CANDIDATES:
+            break
+    conflicting = Memory.objects.filter(pk__in=proposed, conflicts_with__isnull=False)
+    client = bench_client()
+    path = f"/memory/review/?project={project.slug}"
+
+    def page() -> None:
+        response = client.get(path)
+        if response.status_code != 200:
+            raise RuntimeError(f"{path} answered {response.status_code}")
+
+    asides = []
+    for pk in sorted(proposed):
+        start = time.perf_counter()
+        response = client.get(f"/memory/{pk}/similar/", headers={"HX-Request": "true"})
+        asides.append((time.perf_counter() - start) * 1000)
+        if response.status_code != 200:
+            raise RuntimeError(f"/memory/{pk}/similar/ answered {response.status_code}")
+    return _timed(page, runs), conflicting.distinct().count(), Timing(asides)
+
+
 def _timed(work: Callable[[], object], runs: int, warmup: int = 2) -> Timing:
     for _ in range(warmup):
         work()
@@ -350,6 +436,15 @@ def bench_run(
             result.search = Timing(times)
             result.searches_with_results = hits
             result.slowest_query = queries[times.index(max(times))]
+        say(f"lookups × {options.queries} …")
+        contents = [r.content for r in rows]
+        result.lookup, result.lookups_with_conflicts = lookup_bench(
+            project, contents, options.queries, rng
+        )
+        say(f"review page of {REVIEW_CANDIDATES} candidates × {options.runs} …")
+        result.review, result.review_conflicts, result.aside = review_bench(
+            project, contents, options.runs, rng
+        )
     finally:
         if not options.keep:
             project.delete()
@@ -365,6 +460,10 @@ def _missed(result: BenchResult) -> list[str]:
         missed.append("MEMORY.md")
     if result.search and result.search.p95 >= SEARCH_TARGET_MS:
         missed.append("search")
+    if result.lookup and result.vendor == "postgresql" and result.lookup.p95 >= LOOKUP_TARGET_MS:
+        missed.append("lookup")
+    if result.review and result.review.p95 >= REVIEW_TARGET_MS:
+        missed.append("review page")
     return missed
 
 
@@ -407,4 +506,31 @@ def report_lines(result: BenchResult) -> list[str]:
         )
     else:
         lines.append(f"search:     {result.search_skipped}")
+    if result.lookup is not None:
+        t = result.lookup
+        target = (
+            f"target < {LOOKUP_TARGET_MS:.0f} ms: {_verdict(t.p95 < LOOKUP_TARGET_MS)}"
+            if result.vendor == "postgresql"
+            else "no target off PostgreSQL (the portable path)"
+        )
+        lines.append(
+            f"lookup:     p50 {t.p50:.2f} ms, p95 {t.p95:.2f} ms, max {t.max:.2f} ms over "
+            f"{len(t.times_ms)} proposals' duplicate and conflict lookups "
+            f"({result.lookups_with_conflicts} found a contradiction); {target}"
+        )
+    if result.review is not None:
+        t = result.review
+        lines.append(
+            f"review:     p50 {t.p50:.2f} ms, p95 {t.p95:.2f} ms, max {t.max:.2f} ms over "
+            f"{len(t.times_ms)} renderings of /memory/review/ with {REVIEW_CANDIDATES} "
+            f"candidates ({result.review_conflicts} contradicting a memory); "
+            f"target < {REVIEW_TARGET_MS:.0f} ms: {_verdict(t.p95 < REVIEW_TARGET_MS)}"
+        )
+    if result.aside is not None:
+        t = result.aside
+        lines.append(
+            f"aside:      p50 {t.p50:.2f} ms, p95 {t.p95:.2f} ms, max {t.max:.2f} ms over "
+            f'{len(t.times_ms)} candidates\' "Similar approved" (each its own request, as the '
+            "card comes into view)"
+        )
     return lines

@@ -65,6 +65,7 @@ class MemoryIdea:
     type: str
     content: str
     approved: bool = False
+    said: str = ""  # the sentence it came from, quoted on its review card
 
 
 @dataclass(frozen=True)
@@ -145,6 +146,7 @@ class _MemoryFile(_File):
     type: Literal["user", "feedback", "project", "reference"]
     content: str = Field(min_length=1, max_length=MAX_CONTENT)
     approved: bool = False
+    said: str = Field(min_length=1, max_length=2000)
 
 
 class _ThemeFile(_File):
@@ -261,7 +263,7 @@ def _theme(raw: _ThemeFile, path: Path, models: Mapping[str, Llm]) -> Theme:
             error=raw.retry_loop.error,
             apology=raw.retry_loop.apology,
         ),
-        memories=tuple(MemoryIdea(m.type, m.content, m.approved) for m in raw.memories),
+        memories=tuple(MemoryIdea(m.type, m.content, m.approved, m.said) for m in raw.memories),
         canary=None if raw.canary is None else _model(models, raw.canary, path, "canary"),
         token_cap=raw.token_cap,
         cost_cap_usd=raw.cost_cap_usd,

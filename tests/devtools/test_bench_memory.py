@@ -41,8 +41,31 @@ def test_bench_memory_prints_each_figure_and_cleans_up() -> None:
         assert re.search(r"search:     p50 [\d.]+ ms, p95 [\d.]+ ms, .* over 20 varied", report)
     else:
         assert "search:     not measured on sqlite" in report and "DATABASE_URL=postgres" in report
+    lookup = re.search(
+        r"lookup:     p50 [\d.]+ ms, p95 [\d.]+ ms, .* over 20 proposals' "
+        r".*\((\d+) found a contradiction\)",
+        report,
+    )
+    assert lookup is not None and int(lookup.group(1)) > 0, report
+    review = re.search(
+        r"review:     p50 [\d.]+ ms, .* over 3 renderings of /memory/review/ "
+        r"with 50 candidates \((\d+) contradicting",
+        report,
+    )
+    assert review is not None and int(review.group(1)) > 0, report
+    assert re.search(r"aside:      p50 [\d.]+ ms, p95 [\d.]+ ms, .* over 50 candidates'", report)
     assert not Project.objects.filter(slug__startswith="bench-memory-").exists()
     assert not Memory.objects.exists()
+
+
+def test_lookup_sentences_contradict_repeat_and_miss_what_is_stored() -> None:
+    from memory_ui.conflicts import conflict, same_meaning
+
+    stored = ["The staging billing database is on port 5124 (#17)"]
+    made = bench.lookup_sentences(stored, 4, random.Random(1))
+    assert conflict(made[0], stored[0]) == "differs in a number, date or version"
+    assert same_meaning(made[1], stored[0])  # a filler word added
+    assert conflict(made[2], stored[0]) is None and not same_meaning(made[2], stored[0])
 
 
 def test_keep_leaves_the_project_and_strict_fails_a_missed_target(monkeypatch: Any) -> None:
@@ -52,6 +75,8 @@ def test_keep_leaves_the_project_and_strict_fails_a_missed_target(monkeypatch: A
     # only MEMORY.md's target can be missed: the others out of reach of a busy machine
     monkeypatch.setattr(bench, "DETECT_TARGET_PER_S", 0.0)
     monkeypatch.setattr(bench, "SEARCH_TARGET_MS", float("inf"))
+    monkeypatch.setattr(bench, "LOOKUP_TARGET_MS", float("inf"))
+    monkeypatch.setattr(bench, "REVIEW_TARGET_MS", float("inf"))
     monkeypatch.setattr(bench, "MEMORY_MD_TARGET_MS", 0.0)
     with pytest.raises(CommandError, match=r"missed the target: MEMORY\.md$"):
         run(strict=True)

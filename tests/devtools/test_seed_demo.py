@@ -153,6 +153,13 @@ def test_memory_candidates_wait_for_review_in_every_project(seeded: str) -> None
             assert memory.turn.session == memory.session
             expected = "user:" if memory.type == "user" else "project"
             assert memory.scope.startswith(expected)
+            assert memory.evidence  # each quotes the sentence it came from
+        # each project's correction of a memory waits as a conflict, side by side
+        corrections = pending.filter(conflicts_with__isnull=False).distinct()
+        assert corrections.count() >= 1, project.slug
+        for correction in corrections:
+            (old,) = correction.conflicts_with.all()
+            assert correction.frame_key == old.frame_key and correction.content != old.content
 
 
 def test_a_second_run_stores_nothing_new(seeded: str) -> None:
@@ -271,7 +278,7 @@ def test_the_same_seed_on_fresh_databases_gives_the_same_data() -> None:
     now = timezone.now() - timedelta(days=1)  # the same moment for both: the window ends there
     first = demo_seed(sessions=24, now=now, seed=5)
     seeded = _everything_seeded()
-    assert first.memories_created == 48 and first.accepted > 0
+    assert first.memories_created == 51 and first.accepted > 0
     _wipe()
     assert not Session.objects.exists() and not Memory.objects.exists()
     second = demo_seed(sessions=24, now=now, seed=5)

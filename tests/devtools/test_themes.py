@@ -25,7 +25,8 @@ def test_the_shipped_files_load_into_three_themes() -> None:
     assert (research.token_cap, research.cost_cap_usd) == (250_000, Decimal("10.00"))
     assert (review.token_cap, review.cost_cap_usd) == (200_000, None)
     for theme in data.themes:
-        assert len(theme.memories) == 16
+        assert len(theme.memories) == 17
+        assert all(m.said for m in theme.memories)
         assert {m.type for m in theme.memories} == {"user", "feedback", "project", "reference"}
         assert any(m.approved for m in theme.memories)
         assert theme.selection_key in theme.vocab
