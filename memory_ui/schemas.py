@@ -280,7 +280,19 @@ class SearchQuery(BaseModel):
     ]
     scope: Scope = "project"
     k: Annotated[
-        int, Field(ge=1, le=MAX_K, description="how many results at most"), BeforeValidator(_k)
+        int,
+        Field(ge=1, le=MAX_K),
+        BeforeValidator(_k),
+        # `k=` (a form's empty field) means the default: documented, so it is not "invalid"
+        WithJsonSchema(
+            {
+                "anyOf": [
+                    {"type": "integer", "minimum": 1, "maximum": MAX_K},
+                    {"type": "string", "maxLength": 0},
+                ],
+                "description": f"how many results at most; empty or absent: {DEFAULT_K}",
+            }
+        ),
     ] = DEFAULT_K
 
     @model_validator(mode="before")
