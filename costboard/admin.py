@@ -232,7 +232,7 @@ class ModelPriceAdmin(admin.ModelAdmin):
 class ApiKeyInline(admin.TabularInline):
     model = ApiKey
     extra = 0
-    fields = ("prefix", "name", "created_at", "last_used_at", "revoked_at")
+    fields = ("prefix", "name", "role", "created_at", "last_used_at", "revoked_at")
     readonly_fields = ("prefix", "created_at", "last_used_at")
     can_delete = False
     show_change_link = True
@@ -383,13 +383,21 @@ class ProjectAdmin(admin.ModelAdmin):
 class ApiKeyForm(forms.ModelForm):
     class Meta:
         model = ApiKey
-        fields = ("project", "name")
+        fields = ("project", "name", "role")
 
 
 @admin.register(ApiKey)
 class ApiKeyAdmin(admin.ModelAdmin):
-    list_display = ("prefix", "name", "project", "created_at", "last_used_at", "revoked_at")
-    list_filter = ("project", ("revoked_at", admin.EmptyFieldListFilter))
+    list_display = (
+        "prefix",
+        "name",
+        "role",
+        "project",
+        "created_at",
+        "last_used_at",
+        "revoked_at",
+    )
+    list_filter = ("project", "role", ("revoked_at", admin.EmptyFieldListFilter))
     readonly_fields = ("prefix", "created_at", "last_used_at", "revoked_at")
     actions = ["revoke"]
 
@@ -402,14 +410,14 @@ class ApiKeyAdmin(admin.ModelAdmin):
 
     def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         if obj is None:
-            return ("project", "name")
-        return ("project", "name", "prefix", "created_at", "last_used_at", "revoked_at")
+            return ("project", "name", "role")
+        return ("project", "name", "role", "prefix", "created_at", "last_used_at", "revoked_at")
 
     def save_model(self, request: HttpRequest, obj: ApiKey, form: Any, change: bool) -> None:
         if change:
             super().save_model(request, obj, form, change)
             return
-        key, raw_key = ApiKey.issue(project=obj.project, name=obj.name)
+        key, raw_key = ApiKey.issue(project=obj.project, name=obj.name, role=obj.role)
         obj.pk = key.pk
         obj.prefix, obj.key_hash, obj.created_at = key.prefix, key.key_hash, key.created_at
         messages.warning(

@@ -157,12 +157,24 @@ def _key_hash(raw_key: str) -> str:
 
 
 class ApiKey(models.Model):
-    """An ingest key. Only its SHA-256 is stored; the key itself is shown once."""
+    """An API key of a project. Only its SHA-256 is stored; the key itself is shown once.
+
+    Its role says what it may do: `ingest` (the default) sends usage and reads what an agent
+    reads (budgets, context, memory); `read` only reads (the spend export among them);
+    `admin` does everything, budgets' edits too (CONTRACT §7)."""
 
     PREFIX = "cb_"
 
+    class Role(models.TextChoices):
+        INGEST = "ingest", "ingest: send usage, read what an agent reads"
+        READ = "read", "read: reads only (spend export)"
+        ADMIN = "admin", "admin: everything, budget edits too"
+
     project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="api_keys")
     name = models.CharField(max_length=100, blank=True)
+    role = models.CharField(
+        max_length=8, choices=Role.choices, default=Role.INGEST, db_default=Role.INGEST
+    )
     prefix = models.CharField(max_length=12, editable=False)
     key_hash = models.CharField(max_length=64, unique=True, editable=False)
     created_at = models.DateTimeField(default=timezone.now, editable=False)
@@ -176,10 +188,16 @@ class ApiKey(models.Model):
         return f"{self.prefix}… ({self.project.slug})"
 
     @classmethod
-    def issue(cls, *, project: Project, name: str = "") -> tuple[ApiKey, str]:
+    def issue(
+        cls, *, project: Project, name: str = "", role: str = Role.INGEST
+    ) -> tuple[ApiKey, str]:
         raw_key = cls.PREFIX + secrets.token_urlsafe(32)
         key = cls.objects.create(
-            project=project, name=name, prefix=raw_key[:10], key_hash=_key_hash(raw_key)
+            project=project,
+            name=name,
+            role=role,
+            prefix=raw_key[:10],
+            key_hash=_key_hash(raw_key),
         )
         return key, raw_key
 
@@ -359,6 +377,8 @@ class Session(UsageTotals):
     acknowledged_at = models.DateTimeField(null=True, blank=True)
     acknowledged_by = models.CharField(max_length=150, blank=True, db_default="")
     metadata = models.JSONField(default=dict, blank=True)
+    # attribution (CONTRACT §7): merged key by key from session events; its steps carry them
+    tags = models.JSONField(default=dict, blank=True, db_default={})
 
     class Meta:
         constraints = [
@@ -509,6 +529,8 @@ class Step(models.Model):
     success = models.BooleanField(default=True, db_default=True)
     error = models.TextField(blank=True, db_default="")
     metadata = models.JSONField(null=True, blank=True)
+    # its session's tags when it arrived, its own merged over them; None: no tags
+    tags = models.JSONField(null=True, blank=True)
     # The price row used. Deleting a price leaves this pointing at it until the repricing
     # that follows clears it (it needs to know which steps were priced), hence no constraint;
     # nothing looks steps up by price, hence no index.

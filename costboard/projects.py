@@ -18,20 +18,25 @@ def api_keys_revoke(*, key_ids: list[int], at: datetime) -> int:
     return ApiKey.objects.filter(pk__in=key_ids, revoked_at__isnull=True).update(revoked_at=at)
 
 
-def project_key_create(*, slug: str, name: str = "") -> tuple[Project, bool, str]:
-    """A new key for the project `slug`, making the project if it is missing. Returns the
-    project, whether it was made, and the key (shown once: only its hash is stored)."""
+def project_key_create(
+    *, slug: str, name: str = "", role: str = ApiKey.Role.INGEST
+) -> tuple[Project, bool, str]:
+    """A new key with `role` for the project `slug`, making the project if it is missing.
+    Returns the project, whether it was made, and the key (shown once: only its hash is
+    stored)."""
+    if role not in ApiKey.Role.values:
+        raise ValueError(f"role must be one of {', '.join(ApiKey.Role.values)}, not {role!r}")
     with transaction.atomic():
         project, created = Project.objects.get_or_create(
             slug=slug, defaults={"name": slug.replace("-", " ").title()}
         )
-        _, raw_key = ApiKey.issue(project=project, name=name)
+        _, raw_key = ApiKey.issue(project=project, name=name, role=role)
     return project, created, raw_key
 
 
-def project_for_key(raw_key: str) -> Project | None:
-    """The project an active key belongs to (one query), noting the key's use at most once a
-    minute (so a busy agent's requests don't all write its row)."""
+def key_for(raw_key: str) -> ApiKey | None:
+    """The active key (with its project, one query), noting its use at most once a minute
+    (so a busy agent's requests don't all write its row)."""
     key = (
         ApiKey.objects.select_related("project")
         .filter(key_hash=ApiKey.hash_of(raw_key), revoked_at__isnull=True)
@@ -42,4 +47,4 @@ def project_for_key(raw_key: str) -> Project | None:
     now = timezone.now()
     if key.last_used_at is None or now - key.last_used_at > timedelta(minutes=1):
         ApiKey.objects.filter(pk=key.pk).update(last_used_at=now)
-    return key.project
+    return key

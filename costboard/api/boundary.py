@@ -34,8 +34,8 @@ from costboard.ingest.schemas import (
     too_deep,
     validation_errors,
 )
-from costboard.models import Project
-from costboard.projects import project_for_key
+from costboard.models import ApiKey, Project
+from costboard.projects import key_for
 
 # Longer query strings are refused (414) before anything reads them: the longest useful one
 # (a 500-character search in any script, percent-encoded, and a scope) fits well within.
@@ -46,9 +46,11 @@ Model = TypeVar("Model", bound=BaseModel)
 
 
 class ApiRequest(HttpRequest):
-    """A request whose key was checked: `project` is the key's project."""
+    """A request whose key was checked: `project` is the key's project, `api_key` the key
+    (its prefix and role)."""
 
     project: Project
+    api_key: ApiKey
 
 
 class ApiError(Exception):
@@ -113,21 +115,31 @@ def bearer_key(request: HttpRequest) -> str:
     return request.headers.get("X-Costboard-Key", "").strip()
 
 
-def _project_or_refusal(request: HttpRequest) -> Project | JsonResponse:
+def _key_or_refusal(request: HttpRequest, operation: Operation) -> ApiKey | JsonResponse:
     raw_key = bearer_key(request)
     if not raw_key:
         return error_response(
             401, "Authorization", "missing API key: send Authorization: Bearer <key>"
         )
-    project = project_for_key(raw_key)
-    if project is None:
+    key = key_for(raw_key)
+    if key is None:
         return error_response(
             401,
             "Authorization",
             "unknown or revoked API key: create one with "
             "`python manage.py create_api_key <project>`",
         )
-    return project
+    roles = operation.allowed_roles
+    if key.role not in roles:
+        needed = " or ".join(roles)
+        return error_response(
+            403,
+            "Authorization",
+            f"this key's role is {key.role}; {operation.method} here needs a key with the "
+            f"{needed} role: `python manage.py create_api_key {key.project.slug} --role "
+            f"{roles[-1]}`",
+        )
+    return key
 
 
 def _rate_limited(request: HttpRequest, project: Project) -> JsonResponse | None:
@@ -181,6 +193,17 @@ class Operation:
     headers: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     auth: bool = True
     tag: str = "usage"
+    # the key roles that may call it (ApiKey.Role); None: reads are open to every role,
+    # writes to ingest and admin keys
+    roles: tuple[str, ...] | None = None
+
+    @property
+    def allowed_roles(self) -> tuple[str, ...]:
+        if self.roles is not None:
+            return self.roles
+        if self.method == "GET":
+            return ("ingest", "read", "admin")
+        return ("ingest", "admin")
 
 
 def endpoint(operation: Operation) -> Callable[[View], View]:
@@ -205,10 +228,12 @@ def endpoint(operation: Operation) -> Callable[[View], View]:
                     f"{MAX_QUERY_STRING}: ask for less",
                 )
             if operation.auth:
-                project = _project_or_refusal(request)
-                if isinstance(project, JsonResponse):
-                    return project
+                key = _key_or_refusal(request, operation)
+                if isinstance(key, JsonResponse):
+                    return key
+                project = key.project
                 cast(ApiRequest, request).project = project
+                cast(ApiRequest, request).api_key = key
                 limited = _rate_limited(request, project)
                 if limited is not None:
                     return limited

@@ -60,6 +60,7 @@ document is generated from the models the server validates with."""
 STANDARD_ERRORS: dict[int, str] = {
     400: "malformed JSON",
     401: "missing, unknown or revoked key",
+    403: "a key whose role may not do this (field Authorization names the role needed)",
     405: "another method: the Allow header names the one",
     411: "a chunked body (Transfer-Encoding: chunked) this server could not read: send "
     "Content-Length (under gunicorn, as `make run` serves, chunked bodies are read)",
@@ -158,7 +159,7 @@ def _replies(operation: Operation, has_parameters: bool) -> dict[int, Reply]:
     replies = dict(operation.responses)
     standard = [405, 414]
     if operation.auth:  # the key is looked up in the database
-        standard += [401, 429, 503]
+        standard += [401, 403, 429, 503]
     if operation.body is not None:
         standard += [400, 411, 413, 415, 422]
     elif has_parameters:

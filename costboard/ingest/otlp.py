@@ -249,7 +249,8 @@ def otlp_spans(request: ExportTraceServiceRequest) -> OtlpMapping:
     for span, attrs, resource_attrs in raw:
         try:
             session = _session_of(attrs, resource_attrs) or trace_sessions.get(span.trace_id)
-            mapping.spans.append(_span_step(span, attrs, session))
+            tags = _tags_of(attrs, resource_attrs)
+            mapping.spans.append(_span_step(span, attrs, session, tags))
         except _SpanError as exc:
             mapping.rejected += 1
             mapping.errors.append(f"span {span.span_id.hex() or '?'}: {exc}")
@@ -265,7 +266,27 @@ def _session_of(attrs: dict[str, Any], resource_attrs: dict[str, Any]) -> str | 
     return None
 
 
-def _span_step(span: Span, attrs: dict[str, Any], session: str | None) -> OtlpSpan:
+TAG_PREFIX = "costboard.tag."
+
+
+def _tags_of(attrs: dict[str, Any], resource_attrs: dict[str, Any]) -> dict[str, Any] | None:
+    """`costboard.tag.<key>` attributes as tags: the resource's, the span's over them. A
+    number or boolean becomes its text; the step's checks refuse what is not a tag."""
+    tags: dict[str, Any] = {}
+    for source in (resource_attrs, attrs):
+        for key, value in source.items():
+            if key.startswith(TAG_PREFIX):
+                if isinstance(value, bool):
+                    value = "true" if value else "false"
+                elif isinstance(value, int | float | Decimal):
+                    value = str(value)
+                tags[key[len(TAG_PREFIX) :]] = value
+    return tags or None
+
+
+def _span_step(
+    span: Span, attrs: dict[str, Any], session: str | None, tags: dict[str, Any] | None = None
+) -> OtlpSpan:
     if len(span.trace_id) != 16 or not any(span.trace_id):
         raise _SpanError("trace_id must be 16 bytes, not all zero")
     if len(span.span_id) != 8 or not any(span.span_id):
@@ -310,6 +331,7 @@ def _span_step(span: Span, attrs: dict[str, Any], session: str | None) -> OtlpSp
         "duration_ms": duration_ms,
         "success": not failed,
         "error": error[:20_000] if error else None,
+        "tags": tags,
         "metadata": {
             "otlp": {
                 "trace_id": trace_hex,

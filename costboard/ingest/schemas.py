@@ -21,6 +21,7 @@ from typing import Annotated, Any, Literal, cast
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     RootModel,
@@ -43,6 +44,42 @@ MAX_MILLISECONDS = 2**31 - 1  # the step's duration column: about 24.8 days
 # Years outside these are typing mistakes, and near Python's year 1 and 9999 the conversion
 # to UTC (or a period's end) would overflow.
 FIRST_YEAR, LAST_YEAR = 1970, 2999
+
+MAX_TAGS = 20
+MAX_TAG_VALUE = 128
+_TAG_KEY = re.compile(r"[a-z0-9_.-]{1,64}")
+
+
+def tags_check(value: Any) -> dict[str, str]:
+    """`tags`: a flat object of strings (CONTRACT §7), e.g. {"feature": "search"}."""
+    if not isinstance(value, dict):
+        raise ValueError('must be an object of strings, e.g. {"feature": "search"}')
+    if len(value) > MAX_TAGS:
+        raise ValueError(f"has {len(value)} keys; at most {MAX_TAGS}")
+    for key, tag in value.items():
+        if not _TAG_KEY.fullmatch(key):
+            raise ValueError(
+                f"key {key[:80]!r} must be 1 to 64 of a-z 0-9 _ . - (lower case), e.g. "
+                '"feature" or "customer.tier"'
+            )
+        if not isinstance(tag, str):
+            raise ValueError(
+                f'"{key}" must be a string, e.g. "{key}": "search" (numbers too: "42")'
+            )
+        if len(tag) > MAX_TAG_VALUE:
+            raise ValueError(f'"{key}" is {len(tag)} characters; at most {MAX_TAG_VALUE}')
+    return value
+
+
+Tags = Annotated[
+    dict[str, str],
+    BeforeValidator(tags_check),
+    Field(
+        description="a flat object of strings to attribute spend by (feature, customer, env): "
+        f"at most {MAX_TAGS} keys of [a-z0-9_.-]{{1,64}}, values at most {MAX_TAG_VALUE} "
+        "characters"
+    ),
+]
 
 TokenCount = Annotated[StrictInt, Field(ge=0, le=MAX_TOKENS)]
 ExternalId = Annotated[str, Field(min_length=1, max_length=128)]
@@ -125,6 +162,10 @@ class SessionEvent(_Event):
     metadata: dict[str, Any] | None = Field(
         default=None, description="merged into the stored metadata, key by key"
     )
+    tags: Tags | None = Field(
+        default=None,
+        description="merged into the session's tags, key by key; its later steps carry them",
+    )
 
     @field_validator("cost_cap_usd", mode="before")
     @classmethod
@@ -180,6 +221,9 @@ class StepEvent(_Event):
         "or Responses, Gemini usageMetadata); explicit token fields win over it",
     )
     metadata: dict[str, Any] | None = None
+    tags: Tags | None = Field(
+        default=None, description="merged over its session's tags (this step's win)"
+    )
 
     def tokens(self) -> Tokens:
         """Token counts: the raw usage normalized, each explicit field taking precedence."""

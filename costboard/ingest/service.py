@@ -105,6 +105,7 @@ class _Step:
     success: bool
     error: str
     metadata: dict[str, Any] | None
+    tags: dict[str, str] | None  # its own; its session's are merged under them at insert
     price_id: int | None
     cache_creation_1h_input_tokens: int
     # What the step adds to its turn, session and rollups, in _Totals' field order: tokens,
@@ -219,6 +220,7 @@ class _SessionTouch:
     caps_given: bool = False
     ended_at: datetime | None = None
     metadata: dict[str, Any] | None = None
+    tags: dict[str, str] | None = None
     event_at: datetime | None = None
 
 
@@ -446,6 +448,7 @@ def _step(
         event.success,
         event.error or "",
         event.metadata,
+        event.tags,
         price_id,
         write_1h,
         counts,
@@ -469,9 +472,10 @@ def events_ingest(
         duplicates += dup_others
         _apply_other_events(accepted_others, sessions, turns, now)
         session_ids = {key: row["id"] for key, row in rows.items()}
+        session_tags = _session_tags(rows, sessions)
         turns_now = _turns_upsert(cursor, sql, project, session_ids, turns, steps)
         turn_ids = {key: turn.id for key, turn in turns_now.items()}
-        inserted = _steps_insert(cursor, sql, project, session_ids, turn_ids, steps)
+        inserted = _steps_insert(cursor, sql, project, session_ids, turn_ids, steps, session_tags)
         replays: list[_Step] = []
         if len(inserted) < len(steps):
             duplicates += len(steps) - len(inserted)
@@ -498,6 +502,28 @@ def events_ingest(
         sessions=dict(sorted(budgets.items())),
         budget_events=budget_events,
     )
+
+
+def _session_tags(
+    rows: dict[str, dict[str, Any]], sessions: dict[str, _SessionTouch]
+) -> dict[str, dict[str, str]]:
+    """Each touched session's tags after this batch's session events (theirs merged over the
+    stored ones): what its steps carry, under their own."""
+    tags = {}
+    for key, row in rows.items():
+        given = sessions[key].tags
+        merged = {**row["tags"], **given} if given else row["tags"]
+        if merged:
+            tags[key] = merged
+    return tags
+
+
+def step_tags(step: _Step, session_tags: dict[str, dict[str, str]]) -> dict[str, str] | None:
+    """A step's tags: its session's, its own merged over them; None when it has none."""
+    inherited = session_tags.get(step.session_key)
+    if not step.tags:
+        return inherited or None
+    return {**inherited, **step.tags} if inherited else step.tags
 
 
 def _turns_with_text(
@@ -535,14 +561,14 @@ def _sessions_upsert(
                                             excluded.last_active_at)
         RETURNING id, external_id, token_cap, cost_cap_usd, input_tokens, output_tokens,
                   cost_usd, state, warned_at, exhausted_at, runaway_at, runaway_reason,
-                  acknowledged_at, metadata
+                  acknowledged_at, metadata, tags
         """,
         [*params, project.pk],
     )
     rows = {}
     for row in cursor.fetchall():
         (id_, key, token_cap, cost_cap, inp, out, cost, state, warned, exhausted) = row[:10]
-        runaway, runaway_reason, acknowledged, meta = row[10:]
+        runaway, runaway_reason, acknowledged, meta, tags = row[10:]
         rows[key] = {
             "id": id_,
             "token_cap": token_cap,
@@ -556,6 +582,7 @@ def _sessions_upsert(
             "runaway_reason": runaway_reason,
             "acknowledged_at": _as_dt(acknowledged),
             "metadata": json.loads(meta) if isinstance(meta, str) else (meta or {}),
+            "tags": json.loads(tags) if isinstance(tags, str) else (tags or {}),
         }
     return rows
 
@@ -641,6 +668,8 @@ def _apply_other_events(
             touch.ended_at = ts
         if event.metadata is not None:
             touch.metadata = {**(touch.metadata or {}), **event.metadata}
+        if event.tags is not None:
+            touch.tags = {**(touch.tags or {}), **event.tags}
 
 
 _TURN_COLUMNS: list[Column] = [
@@ -770,6 +799,7 @@ _STEP_COLUMNS: list[Column] = [
     ("success", "boolean"),
     ("error", "text"),
     ("metadata", "text"),
+    ("tags", "text"),
     ("price_id", "bigint"),
     ("cost_input_usd", USD_PICO),
     ("cost_output_usd", USD_PICO),
@@ -781,7 +811,11 @@ STEP_COLUMN_NAMES = [name for name, _ in _STEP_COLUMNS]
 
 
 def _step_values(
-    step: _Step, session_ids: dict[str, int], turn_ids: dict[tuple[str, int], int], sql: _Dialect
+    step: _Step,
+    session_ids: dict[str, int],
+    turn_ids: dict[tuple[str, int], int],
+    sql: _Dialect,
+    session_tags: dict[str, dict[str, str]],
 ) -> list[Any]:
     inp, out, read, write, reasoning, c_in, c_out, c_read, c_write, c_total = step.counts[:10]
     money = sql.money
@@ -804,6 +838,7 @@ def _step_values(
         step.success,
         step.error,
         _json(step.metadata),
+        _json(step_tags(step, session_tags)),
         step.price_id,
         money(c_in),
         money(c_out),
@@ -820,8 +855,10 @@ def _steps_insert(
     session_ids: dict[str, int],
     turn_ids: dict[tuple[str, int], int],
     steps: list[_Step],
+    session_tags: dict[str, dict[str, str]],
 ) -> list[_Step]:
-    """Insert the steps; return those stored (a replayed event_id is not)."""
+    """Insert the steps, each with its tags (step_tags); return those stored (a replayed
+    event_id is not)."""
     if not steps:
         return []
     # Same order in every transaction, so two batches sharing event_ids cannot deadlock.
@@ -831,10 +868,11 @@ def _steps_insert(
 
     if sql.postgres:
         with_v, params = sql.rows(
-            _STEP_COLUMNS, [_step_values(s, session_ids, turn_ids, sql) for s in steps]
+            _STEP_COLUMNS,
+            [_step_values(s, session_ids, turn_ids, sql, session_tags) for s in steps],
         )
         select = ", ".join(
-            sql.jsonb(f"v.{name}") if name == "metadata" else f"v.{name}"
+            sql.jsonb(f"v.{name}") if name in ("metadata", "tags") else f"v.{name}"
             for name, _ in _STEP_COLUMNS
         )
         cursor.execute(
@@ -871,7 +909,10 @@ def _steps_insert(
         placeholders = ", ".join(["%s"] * (len(_STEP_COLUMNS) + 1))
         cursor.executemany(
             f"INSERT INTO {STEP_TABLE} (project_id, {names}) VALUES ({placeholders})",
-            [[project.pk, *_step_values(s, session_ids, turn_ids, sql)] for s in fresh],
+            [
+                [project.pk, *_step_values(s, session_ids, turn_ids, sql, session_tags)]
+                for s in fresh
+            ],
         )
     return fresh
 
@@ -887,6 +928,7 @@ _SESSION_UPDATE_COLUMNS: list[Column] = [
     ("user_id", "text"),
     ("ended_at", "timestamptz"),
     ("metadata", "text"),
+    ("tags", "text"),
     ("state", "text"),
     ("warned_at", "timestamptz"),
     ("exhausted_at", "timestamptz"),
@@ -963,9 +1005,11 @@ def _sessions_update(
         )
         after = outcome.ledger
 
-        metadata = None
+        metadata = tags = None
         if touch.metadata is not None:
             metadata = _json({**row["metadata"], **touch.metadata})
+        if touch.tags is not None:
+            tags = _json({**row["tags"], **touch.tags})
         parent_id = None
         if touch.parent_key is not None and touch.parent_key != key:
             parent_id = rows[touch.parent_key]["id"]
@@ -982,6 +1026,7 @@ def _sessions_update(
                 touch.user_id,
                 sql.dt(touch.ended_at),
                 metadata,
+                tags,
                 after.state,
                 sql.dt(after.warned_at),
                 sql.dt(after.exhausted_at),
@@ -1007,6 +1052,7 @@ def _sessions_update(
             user_id = COALESCE(v.user_id, {SESSION_TABLE}.user_id),
             ended_at = COALESCE(v.ended_at, {SESSION_TABLE}.ended_at),
             metadata = COALESCE({sql.jsonb("v.metadata")}, {SESSION_TABLE}.metadata),
+            tags = COALESCE({sql.jsonb("v.tags")}, {SESSION_TABLE}.tags),
             state = v.state,
             warned_at = v.warned_at,
             exhausted_at = v.exhausted_at,

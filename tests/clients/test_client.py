@@ -71,6 +71,18 @@ def test_a_wrapped_call_is_recorded_with_its_duration_and_tokens(
     assert cb.known_budget("s-1")["tokens_used"] == 150  # type: ignore[index]
 
 
+def test_tags_go_with_the_session_and_the_step(cb: Costboard) -> None:
+    cb.session("s-tags", tags={"customer": "acme", "env": "prod"})
+    with cb.step("s-tags", "search", "test-sonnet", tags={"feature": "search"}) as s:
+        s.record({"input_tokens": 1})
+    assert cb.flush(timeout=10)
+    assert Step.objects.get(event_id=s.event_id).tags == {
+        "customer": "acme",
+        "env": "prod",
+        "feature": "search",
+    }
+
+
 def test_an_exception_is_recorded_as_a_failed_step_and_reraised(cb: Costboard) -> None:
     with pytest.raises(TimeoutError, match="upstream took too long"):  # noqa: SIM117
         with cb.step("s-err", "response", "test-sonnet") as s:

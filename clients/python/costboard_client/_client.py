@@ -184,6 +184,7 @@ class Step:
         turn: int | None,
         provider: str | None,
         metadata: Mapping[str, Any] | None,
+        tags: Mapping[str, str] | None = None,
     ) -> None:
         self._client = client
         self.session_id = session_id
@@ -192,6 +193,7 @@ class Step:
         self.turn = turn
         self.provider = provider
         self.metadata = dict(metadata) if metadata else None
+        self.tags = dict(tags) if tags else None
         self.event_id = uuid.uuid4().hex
         self.usage: dict[str, Any] | None = None
         self.duration_ms: int | None = None
@@ -275,6 +277,7 @@ class Step:
             "error": self.error,
             "usage": self.usage,
             "metadata": self.metadata,
+            "tags": self.tags,
         }
         event.update({k: v for k, v in optional.items() if v is not None})
         return event
@@ -384,9 +387,11 @@ class Costboard:
         *,
         provider: str | None = None,
         metadata: Mapping[str, Any] | None = None,
+        tags: Mapping[str, str] | None = None,
     ) -> Step:
         """A context manager timing one call; raises BudgetExceeded on entry if the session
-        is known to be exhausted. Without `model`, the response's `.model` is used."""
+        is known to be exhausted. Without `model`, the response's `.model` is used. `tags`
+        (strings) are merged over the session's."""
         return Step(
             self,
             session_id=session_id,
@@ -395,6 +400,7 @@ class Costboard:
             turn=turn,
             provider=provider,
             metadata=metadata,
+            tags=tags,
         )
 
     def session(
@@ -407,8 +413,10 @@ class Costboard:
         parent_session_id: str | None = None,
         ended: bool | None = None,
         metadata: Mapping[str, Any] | None = None,
+        tags: Mapping[str, str] | None = None,
     ) -> None:
-        """Announce a session or change it (caps, end); `cost_cap_usd` is a decimal string."""
+        """Announce a session or change it (caps, end, tags merged key by key);
+        `cost_cap_usd` is a decimal string."""
         fields = {
             "token_cap": token_cap,
             "cost_cap_usd": None if cost_cap_usd is None else str(cost_cap_usd),
@@ -416,6 +424,7 @@ class Costboard:
             "parent_session_id": parent_session_id,
             "ended": ended,
             "metadata": dict(metadata) if metadata else None,
+            "tags": dict(tags) if tags else None,
         }
         self._enqueue({"type": "session", "session_id": session_id, **_present(fields)})
 

@@ -5,25 +5,36 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils.text import slugify
 
+from costboard.models import ApiKey
 from costboard.projects import project_key_create
 
 
 class Command(BaseCommand):
-    help = "Create a project (if missing) and a new ingest key; the key is the last line."
+    help = (
+        "Create a project (if missing) and a new API key (role ingest unless --role says "
+        "read or admin); the key is the last line."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("project", help="project slug, e.g. support-bot")
         parser.add_argument("--name", default="", help="a label for the key")
+        parser.add_argument(
+            "--role",
+            default=ApiKey.Role.INGEST,
+            choices=ApiKey.Role.values,
+            help="ingest (send usage; the default), read (reads only: the spend export) or "
+            "admin (everything, budget edits too)",
+        )
 
-    def handle(self, *args: Any, project: str, name: str, **options: Any) -> None:
+    def handle(self, *args: Any, project: str, name: str, role: str, **options: Any) -> None:
         slug = slugify(project)
         if not slug or slug != project:
             raise CommandError(
                 f"{project!r} is not a slug: use lower-case letters, digits and hyphens, "
                 f"e.g. {slug or 'my-project'!r}"
             )
-        _, created, raw_key = project_key_create(slug=slug, name=name)
+        _, created, raw_key = project_key_create(slug=slug, name=name, role=role)
         if created:
             self.stderr.write(f"created project {slug}")
-        self.stderr.write(f"new ingest key for {slug} (shown once; only its hash is stored):")
+        self.stderr.write(f"new {role} key for {slug} (shown once; only its hash is stored):")
         self.stdout.write(raw_key)
