@@ -14,6 +14,15 @@ from django.utils import timezone
 
 from costboard.budgets import services as budget_services
 from costboard.budgets.alerts import alert_deliveries_retry
+from costboard.budgets.period_services import (
+    FIELDS as BUDGET_FIELDS,
+)
+from costboard.budgets.period_services import (
+    BudgetInputError,
+    budget_check,
+    period_budget_create,
+    period_budget_update,
+)
 from costboard.budgets.services import PROJECT_CAP_FIELDS as CAP_FIELDS
 from costboard.ingest.schemas import MAX_TOKENS, bad_text
 from costboard.models import (
@@ -25,6 +34,8 @@ from costboard.models import (
     Membership,
     ModelPrice,
     OutboxItem,
+    PeriodBudget,
+    PeriodLedger,
     Project,
     Session,
     Step,
@@ -679,3 +690,61 @@ class OutboxItemAdmin(ReadOnlyAdmin):
         skipped = len(chosen) - queued
         note = f"; {skipped} not failed, left as they are" if skipped else ""
         messages.success(request, f"Queued {queued} item(s) again{note}.")
+
+
+class PeriodBudgetForm(forms.ModelForm):
+    class Meta:
+        model = PeriodBudget
+        fields = ("project", *BUDGET_FIELDS)
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
+        project = cleaned.get("project")
+        if project is not None and not self.errors:
+            try:
+                cleaned.update(budget_check(project, cleaned))
+            except BudgetInputError as exc:
+                self.add_error(exc.field if exc.field in self.fields else None, exc.message)
+        return cleaned
+
+
+class PeriodLedgerInline(admin.TabularInline):
+    model = PeriodLedger
+    extra = 0
+    fields = ("period_start", "period_end", "state", "tokens_used", "cost_usd", "warned_at")
+    readonly_fields = fields
+    can_delete = False
+    ordering = ("-period_start",)
+    max_num = 0  # written by the budget engine only
+
+
+@admin.register(PeriodBudget)
+class PeriodBudgetAdmin(admin.ModelAdmin):
+    """Budgets above the session: a project's, a user's, a key's or a tag's spend per day,
+    week, month or in total (the same checks as POST /api/v1/budgets)."""
+
+    form = PeriodBudgetForm
+    list_display = (
+        "name",
+        "project",
+        "scope",
+        "scope_value",
+        "period",
+        "token_limit",
+        "cost_limit_usd",
+        "action",
+    )
+    list_filter = ("project", "scope", "period", "action")
+    search_fields = ("name", "scope_value")
+    inlines = [PeriodLedgerInline]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        return ("project",) if obj is not None else ()
+
+    def save_model(self, request: HttpRequest, obj: PeriodBudget, form: Any, change: bool) -> None:
+        fields = {name: form.cleaned_data[name] for name in BUDGET_FIELDS}
+        if change:
+            saved = period_budget_update(obj, changes=fields)
+        else:
+            saved = period_budget_create(project=form.cleaned_data["project"], fields=fields)
+        obj.pk = saved.pk

@@ -639,6 +639,101 @@ class BudgetEvent(models.Model):
         }
 
 
+class PeriodBudget(models.Model):
+    """A budget above the session (CONTRACT §7): a project's, an end user's, an API key's or a
+    tag's spend in each day, week or month (in a timezone), or in total, held to a token
+    and/or USD limit. Every step whose scope matches counts toward it, in the period its
+    timestamp falls in (a PeriodLedger each); `stop` tells the agents of its sessions to
+    stop when it is exhausted, `warn` only warns."""
+
+    class Scope(models.TextChoices):
+        PROJECT = "project", "the whole project"
+        USER = "user", "an end user (the sessions' user_id)"
+        API_KEY = "api_key", "an API key (by its prefix)"
+        TAG = "tag", "a tag (key=value)"
+
+    class Period(models.TextChoices):
+        DAY = "day"
+        WEEK = "week", "week (from Monday)"
+        MONTH = "month"
+        TOTAL = "total", "total (never resets)"
+
+    class Action(models.TextChoices):
+        WARN = "warn", "warn: alert, never stop"
+        STOP = "stop", "stop: the sessions it covers report exhausted"
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="budgets")
+    name = models.CharField(max_length=100)
+    scope = models.CharField(max_length=8, choices=Scope.choices, default=Scope.PROJECT)
+    scope_value = models.CharField(
+        max_length=200,
+        blank=True,
+        help_text="the user_id, the key prefix (cb_…) or the tag as key=value; empty for the "
+        "project",
+    )
+    period = models.CharField(max_length=5, choices=Period.choices, default=Period.MONTH)
+    # (before `timezone`, which names a field from there on in this class)
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+    updated_at = models.DateTimeField(default=timezone.now, editable=False)
+    timezone = models.CharField(
+        max_length=64, default="UTC", help_text="where days, weeks and months begin"
+    )
+    token_limit = models.BigIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1)], help_text="input + output"
+    )
+    cost_limit_usd = models.DecimalField(
+        max_digits=14,
+        decimal_places=4,
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(Decimal("0.0001"))],
+    )
+    warn_at_pct = models.DecimalField(
+        max_digits=4,
+        decimal_places=3,
+        default=Decimal("0.8"),
+        validators=[MinValueValidator(Decimal("0.01")), MaxValueValidator(Decimal(1))],
+        help_text="the fraction of a limit that warns (0.8: at 80 %)",
+    )
+    action = models.CharField(max_length=4, choices=Action.choices, default=Action.WARN)
+
+    class Meta:
+        ordering = ["project", "name", "id"]
+        indexes = [models.Index(fields=["project", "scope"], name="periodbudget_scope")]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(token_limit__isnull=False) | Q(cost_limit_usd__isnull=False),
+                name="periodbudget_has_a_limit",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.project.slug})"
+
+
+class PeriodLedger(models.Model):
+    """A period budget in one period: what counted toward it, its state and its crossings
+    (written only by the budget engine's outcomes, under this row's lock)."""
+
+    budget = models.ForeignKey(PeriodBudget, on_delete=models.CASCADE, related_name="ledgers")
+    period_start = models.DateTimeField()
+    period_end = models.DateTimeField(null=True, blank=True)  # None: a total budget
+    tokens_used = models.BigIntegerField(default=0)
+    cost_usd = money_field()
+    state = models.CharField(max_length=10, default="ok")
+    warned_at = models.DateTimeField(null=True, blank=True)
+    exhausted_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["budget", "period_start"], name="ledger_period"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.budget_id} from {self.period_start:%Y-%m-%d}"
+
+
 class EventReceipt(models.Model):
     """The event_id of an accepted session or turn event, so a replay changes nothing.
 

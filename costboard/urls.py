@@ -3,9 +3,10 @@ from __future__ import annotations
 from django.contrib import admin
 from django.urls import include, path
 
-from costboard.api import context, metrics
+from costboard.api import context, metrics, period_budgets
 from costboard.api import events as api
 from costboard.api import otlp as otlp_api
+from costboard.api.boundary import methods
 from costboard.dashboards import views
 from memory_ui import api as memory_api
 
@@ -31,6 +32,18 @@ urlpatterns = [
         "api/v1/sessions/<str:session_id>/context",
         context.session_context_view,
         name="api-session-context",
+    ),
+    path(
+        "api/v1/budgets",
+        methods(period_budgets.budgets_list, period_budgets.budget_create),
+        name="api-budgets",
+    ),
+    path(
+        "api/v1/budgets/<int:budget_id>",
+        methods(
+            period_budgets.budget_read, period_budgets.budget_change, period_budgets.budget_delete
+        ),
+        name="api-budget",
     ),
     path("api/v1/openapi.json", api.openapi, name="api-openapi"),
     path("api/v1/docs", api.docs, name="api-docs"),

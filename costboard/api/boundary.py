@@ -180,7 +180,7 @@ class Operation:
     operation; 401, 429 and 503 to keyed ones; 400, 411, 413 and 415 to those with a body; 422
     to those that validate."""
 
-    method: Literal["GET", "POST"]
+    method: Literal["GET", "POST", "PATCH", "DELETE"]
     summary: str
     responses: Mapping[int, Reply]
     description: str = ""
@@ -257,8 +257,39 @@ def endpoint(operation: Operation) -> Callable[[View], View]:
 _OPERATIONS: dict[Callable[..., Any], Operation] = {}
 
 
-def operation_of(view: Callable[..., Any]) -> Operation | None:
-    return _OPERATIONS.get(view)
+# a view answering several methods at one URL → its endpoints, one per method
+_METHOD_VIEWS: dict[Callable[..., Any], list[Callable[..., Any]]] = {}
+
+
+def operations_of(view: Callable[..., Any]) -> list[Operation]:
+    """The operations a routed view answers: one, several (methods), or none (not an API
+    view)."""
+    if view in _METHOD_VIEWS:
+        return [_OPERATIONS[each] for each in _METHOD_VIEWS[view]]
+    operation = _OPERATIONS.get(view)
+    return [operation] if operation is not None else []
+
+
+def methods(*views: View) -> View:
+    """One URL answered by several endpoints, one per method (GET, PATCH, DELETE of a
+    budget); another method is a 405 naming those allowed."""
+    by_method: dict[str, View] = {_OPERATIONS[view].method: view for view in views}
+    allow = ", ".join(by_method)
+
+    @csrf_exempt
+    def dispatch(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        view = by_method.get(request.method or "")
+        if view is None:
+            message = f"{request.method} is not allowed here: use {allow}"
+            return errors_response(
+                405,
+                [{"index": None, "field": "method", "message": message}],
+                headers={"Allow": allow},
+            )
+        return view(request, *args, **kwargs)
+
+    _METHOD_VIEWS[dispatch] = list(views)
+    return dispatch
 
 
 # --- bodies: how they arrive -----------------------------------------------------------------
@@ -314,7 +345,7 @@ def parse(model: type[Model], data: Any) -> Model:
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        raise ApiError.of(422, validation_errors(exc)) from None
+        raise ApiError.of(422, validation_errors(exc, model)) from None
 
 
 def parse_query(request: HttpRequest, model: type[Model]) -> Model:

@@ -17,7 +17,7 @@ from django.urls import URLPattern, URLResolver, get_resolver
 from pydantic import BaseModel
 from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
-from costboard.api.boundary import MAX_QUERY_STRING, Operation, Reply, operation_of
+from costboard.api.boundary import MAX_QUERY_STRING, Operation, Reply, operations_of
 from costboard.api.schemas import Errors
 from costboard.ingest.schemas import MAX_DEPTH
 
@@ -84,8 +84,7 @@ def _walk(patterns: list[Any], prefix: str) -> Iterator[tuple[str, str, Operatio
         if isinstance(pattern, URLResolver):
             yield from _walk(pattern.url_patterns, route)
         elif isinstance(pattern, URLPattern):
-            operation = operation_of(pattern.callback)
-            if operation is not None:
+            for operation in operations_of(pattern.callback):
                 yield "/" + _PARAMETER.sub(r"{\g<name>}", route), route, operation
 
 
@@ -225,7 +224,7 @@ def _models(operations: list[Operation]) -> list[tuple[type[BaseModel], JsonSche
     return list(wanted)
 
 
-def _name(route: str, method: Literal["GET", "POST"]) -> str:
+def _name(route: str, method: Literal["GET", "POST", "PATCH", "DELETE"]) -> str:
     words = re.findall(r"[A-Za-z0-9]+", _PARAMETER.sub("", route).removeprefix("api/v1/"))
     return method.lower() + "".join(word.capitalize() for word in words)
 

@@ -167,3 +167,43 @@ class ExportTraceServiceRequest(OtlpJson):
     """OTLP JSON (the parts Costboard reads; other fields are ignored)."""
 
     resourceSpans: list[OtlpResourceSpans] | None = None
+
+
+# --- period budgets (CONTRACT §7) -------------------------------------------------------------
+
+
+class PeriodBudgetAnswer(Answer):
+    """`<period budget>`: a budget in its current period (or the one a batch touched)."""
+
+    id: int
+    name: str
+    scope: Literal["project", "user", "api_key", "tag"]
+    scope_value: str | None = Field(description="the user_id, key prefix or key=value")
+    period: Literal["day", "week", "month", "total"]
+    timezone: str = Field(description="where days, weeks and months begin")
+    period_start: IsoTime
+    period_end: IsoTime | None = Field(description="exclusive; null for a total budget")
+    state: Literal["ok", "warning", "exhausted"]
+    tokens_used: Count = Field(description="input + output tokens in the period")
+    token_limit: int | None
+    cost_usd: Money
+    cost_limit_usd: Money | None
+    warn_at_pct: float = Field(ge=0, le=1)
+    action: Literal["warn", "stop"] = Field(
+        description="stop: the sessions it covers report exhausted, stopped_by budget:<id>"
+    )
+    warned_at: IsoTime | None
+    exhausted_at: IsoTime | None
+    forecast_cost_usd: Money | None = Field(
+        description="the period's cost at its end at its rate so far; null for total"
+    )
+
+
+class PeriodBudgetList(Answer):
+    budgets: list[PeriodBudgetAnswer] = Field(description="by name")
+
+
+class PeriodBudgetDetail(PeriodBudgetAnswer):
+    events: list[BudgetEvent] = Field(
+        description="soft_warned and exhausted, once per period each, oldest first"
+    )

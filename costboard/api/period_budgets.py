@@ -1,0 +1,191 @@
+"""Period budgets through the API (CONTRACT §7), for keys with the `admin` role:
+`GET/POST /api/v1/budgets`, `GET/PATCH/DELETE /api/v1/budgets/<id>`."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Annotated, Any, Literal, cast
+
+from django.http import HttpRequest, HttpResponse
+from django.utils import timezone
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, WithJsonSchema
+
+from costboard.api.boundary import (
+    ApiError,
+    ApiRequest,
+    Operation,
+    Reply,
+    endpoint,
+    json_object,
+    model_response,
+    parse,
+)
+from costboard.api.schemas import PeriodBudgetAnswer, PeriodBudgetDetail, PeriodBudgetList
+from costboard.budgets.period_services import (
+    BudgetInputError,
+    period_budget_create,
+    period_budget_delete,
+    period_budget_update,
+)
+from costboard.budgets.periods import ledger_now, period_budget_view
+from costboard.models import PeriodBudget, Project
+
+ADMIN = ("admin",)
+MAX_BODY = 16 * 1024
+MAX_ID = 2**63 - 1
+
+_MONEY_SCHEMA = {
+    "anyOf": [
+        {"type": "number", "minimum": 0.0001, "maximum": 9999999999.9999},
+        {"type": "string", "pattern": r"^\s*\+?[0-9]{1,10}(\.[0-9]{0,4})?\s*$"},
+    ],
+    "description": 'USD: a decimal string such as "50.00", or a JSON number; at most 4 decimals',
+}
+
+
+class BudgetFields(BaseModel):
+    """A budget's fields as sent: all of them to make one (name and a limit at least), any
+    of them to change one. What the types let through is checked by budget_check."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: Annotated[str, Field(min_length=1, max_length=100)] | None = None
+    scope: Literal["project", "user", "api_key", "tag"] | None = Field(
+        default=None, description="project (the default), user, api_key or tag"
+    )
+    scope_value: Annotated[str, Field(max_length=200)] | None = Field(
+        default=None,
+        description='the user_id, the key prefix ("cb_AbCdEfG") or the tag ("feature=search"); '
+        "absent for the project",
+    )
+    period: Literal["day", "week", "month", "total"] | None = Field(
+        default=None, description="month (the default), day, week (from Monday) or total"
+    )
+    timezone: Annotated[str, Field(max_length=64)] | None = Field(
+        default=None, description='an IANA name where periods begin: "UTC" (the default)'
+    )
+    token_limit: Annotated[StrictInt, Field(ge=1, le=10**15)] | None = Field(
+        default=None, description="input + output tokens in a period"
+    )
+    cost_limit_usd: Annotated[Decimal, WithJsonSchema(_MONEY_SCHEMA)] | None = None
+    warn_at_pct: Annotated[Decimal, Field(ge=Decimal("0.01"), le=1)] | None = Field(
+        default=None, description="the fraction of a limit that warns: 0.8 (the default)"
+    )
+    action: Literal["warn", "stop"] | None = Field(
+        default=None, description="warn (the default) or stop: its sessions report exhausted"
+    )
+
+    @classmethod
+    def example(cls) -> str:
+        return '{"name": "monthly", "period": "month", "cost_limit_usd": "50.00", "action": "stop"}'
+
+    def given(self) -> dict[str, Any]:
+        """The fields the body named (null included: a limit removed)."""
+        return {name: getattr(self, name) for name in self.model_fields_set}
+
+
+def _budget_of(request: HttpRequest, budget_id: int) -> PeriodBudget:
+    project = cast(ApiRequest, request).project
+    budget = None
+    if 1 <= budget_id <= MAX_ID:
+        budget = PeriodBudget.objects.filter(project=project, pk=budget_id).first()
+    if budget is None:
+        raise ApiError(404, "budget_id", f"no budget {budget_id} in project {project.slug}")
+    return budget
+
+
+def _answer(budget: PeriodBudget) -> dict[str, Any]:
+    now = timezone.now()
+    return period_budget_view(budget, ledger_now(budget, now), now=now)
+
+
+def _refused(exc: BudgetInputError) -> ApiError:
+    return ApiError(422, exc.field, exc.message)
+
+
+ID = {"budget_id": "the budget's id"}
+NOT_FOUND = Reply("no such budget in this key's project (field budget_id)")
+
+LIST = Operation(
+    method="GET",
+    summary="The project's period budgets, each in its current period",
+    roles=ADMIN,
+    responses={200: Reply("by name", PeriodBudgetList)},
+)
+CREATE = Operation(
+    method="POST",
+    summary="Make a period budget",
+    description="A budget over the project, an end user, an API key or a tag, in each day, "
+    "week or month (in its timezone) or in total, held to a token and/or USD limit. Every "
+    "step of its scope counts toward it, in the period its timestamp falls in.",
+    roles=ADMIN,
+    body=BudgetFields,
+    responses={201: Reply("made: the budget in its current period", PeriodBudgetAnswer)},
+)
+READ = Operation(
+    method="GET",
+    summary="A period budget in its current period, with its events",
+    roles=ADMIN,
+    path_parameters=ID,
+    responses={200: Reply("the budget", PeriodBudgetDetail), 404: NOT_FOUND},
+)
+CHANGE = Operation(
+    method="PATCH",
+    summary="Change some of a period budget's fields",
+    roles=ADMIN,
+    body=BudgetFields,
+    path_parameters=ID,
+    responses={200: Reply("changed", PeriodBudgetAnswer), 404: NOT_FOUND},
+)
+DELETE = Operation(
+    method="DELETE",
+    summary="Delete a period budget and its ledgers",
+    roles=ADMIN,
+    path_parameters=ID,
+    responses={204: Reply("deleted"), 404: NOT_FOUND},
+)
+
+
+@endpoint(LIST)
+def budgets_list(request: HttpRequest) -> HttpResponse:
+    project: Project = cast(ApiRequest, request).project
+    budgets = PeriodBudget.objects.filter(project=project).order_by("name", "pk")
+    return model_response(
+        PeriodBudgetList(budgets=[PeriodBudgetAnswer(**_answer(b)) for b in budgets])
+    )
+
+
+@endpoint(CREATE)
+def budget_create(request: HttpRequest) -> HttpResponse:
+    project = cast(ApiRequest, request).project
+    body = json_object(request, limit=MAX_BODY, example=BudgetFields.example())
+    given = parse(BudgetFields, body).given()
+    try:
+        budget = period_budget_create(project=project, fields=given)
+    except BudgetInputError as exc:
+        raise _refused(exc) from None
+    return model_response(PeriodBudgetAnswer(**_answer(budget)), status=201)
+
+
+@endpoint(READ)
+def budget_read(request: HttpRequest, budget_id: int) -> HttpResponse:
+    budget = _budget_of(request, budget_id)
+    return model_response(PeriodBudgetDetail(**_answer(budget), events=[]))
+
+
+@endpoint(CHANGE)
+def budget_change(request: HttpRequest, budget_id: int) -> HttpResponse:
+    budget = _budget_of(request, budget_id)
+    body = json_object(request, limit=MAX_BODY, example=BudgetFields.example())
+    changes = parse(BudgetFields, body).given()
+    try:
+        budget = period_budget_update(budget, changes=changes)
+    except BudgetInputError as exc:
+        raise _refused(exc) from None
+    return model_response(PeriodBudgetAnswer(**_answer(budget)))
+
+
+@endpoint(DELETE)
+def budget_delete(request: HttpRequest, budget_id: int) -> HttpResponse:
+    period_budget_delete(_budget_of(request, budget_id))
+    return HttpResponse(status=204)

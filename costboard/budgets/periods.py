@@ -1,0 +1,167 @@
+"""Period budgets: which period a moment falls in, whether a step counts toward a budget, and
+the budget as the API shows it (CONTRACT §7 `<period budget>`).
+
+Pure functions but for `period_budget_view`'s reads; the writes are services in
+costboard/budgets/period_services.py, the decisions the budget engine's (engine.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, time, timedelta
+from decimal import Decimal
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from costboard.budgets.engine import EXHAUSTED, OK, WARNING
+from costboard.models import PeriodBudget, PeriodLedger, usd
+
+# a total budget's one period begins here
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def zone(name: str) -> ZoneInfo:
+    """The IANA timezone `name`; ValueError naming the fix if there is none."""
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise ValueError(
+            f"{name[:64]!r} is not a timezone: use an IANA name such as UTC or Europe/Berlin"
+        ) from None
+
+
+def period_bounds(period: str, tz_name: str, at: datetime) -> tuple[datetime, datetime | None]:
+    """The period of `at`: its start and end (exclusive; None for a total budget), in UTC.
+    Days, weeks (from Monday) and months begin at midnight in the budget's timezone, so a
+    day of a DST change is 23 or 25 hours long."""
+    if period == PeriodBudget.Period.TOTAL:
+        return EPOCH, None
+    tz = zone(tz_name)
+    local = at.astimezone(tz).date()
+    if period == PeriodBudget.Period.DAY:
+        first, after = local, local + timedelta(days=1)
+    elif period == PeriodBudget.Period.WEEK:
+        first = local - timedelta(days=local.weekday())
+        after = first + timedelta(days=7)
+    elif period == PeriodBudget.Period.MONTH:
+        first = local.replace(day=1)
+        after = (first + timedelta(days=32)).replace(day=1)
+    else:
+        raise ValueError(f"unknown period {period!r}")
+    return _midnight(first, tz), _midnight(after, tz)
+
+
+def _midnight(day: date, tz: ZoneInfo) -> datetime:
+    return datetime.combine(day, time.min, tzinfo=tz).astimezone(UTC)
+
+
+@dataclass(frozen=True, slots=True)
+class StepScope:
+    """What a step is, for matching budgets: its session's end user, the key that sent it
+    and its tags."""
+
+    user_id: str
+    key_prefix: str
+    tags: dict[str, str] | None
+
+
+def budget_covers(budget: PeriodBudget, step: StepScope) -> bool:
+    """Does this step count toward `budget`? (Its period is a separate question.)"""
+    if budget.scope == PeriodBudget.Scope.PROJECT:
+        return True
+    if budget.scope == PeriodBudget.Scope.USER:
+        return bool(step.user_id) and step.user_id == budget.scope_value
+    if budget.scope == PeriodBudget.Scope.API_KEY:
+        return bool(step.key_prefix) and step.key_prefix == budget.scope_value
+    if budget.scope == PeriodBudget.Scope.TAG:
+        key, _, value = budget.scope_value.partition("=")
+        return step.tags is not None and step.tags.get(key) == value
+    return False
+
+
+@dataclass(frozen=True, slots=True)
+class PeriodLimits:
+    """A period budget's limits, as the budget engine asks them (engine.Limits)."""
+
+    token_limit: int | None
+    cost_limit_usd: Decimal | None
+    warn_at: Decimal
+
+    @classmethod
+    def of(cls, budget: PeriodBudget) -> PeriodLimits:
+        return cls(budget.token_limit, budget.cost_limit_usd, budget.warn_at_pct)
+
+    def warned(self, tokens_used: int, cost_usd: Decimal) -> bool:
+        return (
+            self.token_limit is not None and tokens_used >= self.warn_at * self.token_limit
+        ) or (self.cost_limit_usd is not None and cost_usd >= self.warn_at * self.cost_limit_usd)
+
+    def exhausted(self, tokens_used: int, cost_usd: Decimal) -> bool:
+        return (self.token_limit is not None and tokens_used >= self.token_limit) or (
+            self.cost_limit_usd is not None and cost_usd >= self.cost_limit_usd
+        )
+
+    def describe(self) -> dict[str, object]:
+        return {"token_limit": self.token_limit, "cost_limit_usd": usd(self.cost_limit_usd)}
+
+
+def state_of(budget: PeriodBudget, tokens_used: int, cost_usd: Decimal) -> str:
+    limits = PeriodLimits.of(budget)
+    if limits.exhausted(tokens_used, cost_usd):
+        return EXHAUSTED
+    return WARNING if limits.warned(tokens_used, cost_usd) else OK
+
+
+def forecast_cost(
+    cost_usd: Decimal, start: datetime, end: datetime | None, now: datetime
+) -> Decimal | None:
+    """The period's cost at its end if it goes on at its rate so far (at least an hour of it
+    counted); None for a total budget, or a period not begun."""
+    if end is None or now < start:
+        return None
+    if now >= end:
+        return cost_usd
+    elapsed = max(now - start, timedelta(hours=1))
+    return (cost_usd * Decimal((end - start) / elapsed)).quantize(Decimal("0.000001"))
+
+
+def period_budget_view(
+    budget: PeriodBudget, ledger: PeriodLedger | None, *, now: datetime
+) -> dict[str, Any]:
+    """`<period budget>`: the budget in the period of `now` (the ledger's, when given)."""
+    if ledger is not None:
+        start, end = ledger.period_start, ledger.period_end
+        tokens, cost = ledger.tokens_used, ledger.cost_usd
+        warned, exhausted = ledger.warned_at, ledger.exhausted_at
+        state = ledger.state
+    else:
+        start, end = period_bounds(budget.period, budget.timezone, now)
+        tokens, cost, warned, exhausted = 0, Decimal(0), None, None
+        state = state_of(budget, 0, Decimal(0))
+    forecast = forecast_cost(cost, start, end, now)
+    return {
+        "id": budget.pk,
+        "name": budget.name,
+        "scope": budget.scope,
+        "scope_value": budget.scope_value or None,
+        "period": budget.period,
+        "timezone": budget.timezone,
+        "period_start": start.isoformat(),
+        "period_end": end.isoformat() if end is not None else None,
+        "state": state,
+        "tokens_used": tokens,
+        "token_limit": budget.token_limit,
+        "cost_usd": usd(cost),
+        "cost_limit_usd": usd(budget.cost_limit_usd),
+        "warn_at_pct": float(budget.warn_at_pct),
+        "action": budget.action,
+        "warned_at": warned.isoformat() if warned else None,
+        "exhausted_at": exhausted.isoformat() if exhausted else None,
+        "forecast_cost_usd": usd(forecast),
+    }
+
+
+def ledger_now(budget: PeriodBudget, now: datetime) -> PeriodLedger | None:
+    """The ledger of the period `now` falls in, if anything counted toward it yet."""
+    start, _ = period_bounds(budget.period, budget.timezone, now)
+    return PeriodLedger.objects.filter(budget=budget, period_start=start).first()
