@@ -94,7 +94,7 @@ def test_admin_lists_and_searches_prices(staff: Client) -> None:
 def test_admin_shows_a_new_key_once_and_can_revoke_it(staff: Client, agent: Agent) -> None:
     response = staff.post(
         "/admin/costboard/apikey/add/",
-        {"project": agent.project.pk, "name": "ci"},
+        {"project": agent.project.pk, "name": "ci", "role": "ingest"},
         follow=True,
     )
     assert response.status_code == 200
