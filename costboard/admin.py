@@ -633,7 +633,8 @@ class AlertDeliveryAdmin(ReadOnlyAdmin):
 
     @admin.display(description="session", ordering="budget_event__session__external_id")
     def event_session(self, obj: AlertDelivery) -> str:
-        return obj.budget_event.session.external_id
+        session = obj.budget_event.session
+        return session.external_id if session is not None else "—"
 
     def has_retry_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("costboard.change_alertdelivery")

@@ -614,7 +614,13 @@ class BudgetEvent(models.Model):
         CAP_CHANGED = "cap_changed"
 
     project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="+")
-    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="budget_events")
+    # a session's crossing, or a period budget's (its ledger: the budget and the period)
+    session = models.ForeignKey(
+        Session, null=True, blank=True, on_delete=models.CASCADE, related_name="budget_events"
+    )
+    ledger = models.ForeignKey(
+        "PeriodLedger", null=True, blank=True, on_delete=models.CASCADE, related_name="events"
+    )
     kind = models.CharField(max_length=20, choices=Kind.choices)
     at = models.DateTimeField()
     tokens_used = models.BigIntegerField()
@@ -625,9 +631,23 @@ class BudgetEvent(models.Model):
     class Meta:
         ordering = ["at", "id"]
         indexes = [models.Index(fields=["session", "at"], name="budgetevent_session")]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(session__isnull=False, ledger__isnull=True)
+                | Q(session__isnull=True, ledger__isnull=False),
+                name="budgetevent_session_or_ledger",
+            ),
+            # a period budget's crossing is recorded once per period, whatever races
+            models.UniqueConstraint(
+                fields=["ledger", "kind"],
+                condition=Q(ledger__isnull=False),
+                name="budgetevent_once_per_period",
+            ),
+        ]
 
     def __str__(self) -> str:
-        return f"{self.kind} {self.session_id} {self.at:%Y-%m-%d %H:%M}"
+        owner = f"session {self.session_id}" if self.session_id else f"ledger {self.ledger_id}"
+        return f"{self.kind} {owner} {self.at:%Y-%m-%d %H:%M}"
 
     def to_dict(self) -> dict[str, Any]:
         return {

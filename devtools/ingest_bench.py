@@ -36,6 +36,7 @@ from django.conf import settings
 from django.db import connection
 from django.db.models import Count, Sum
 
+from costboard.budgets.period_services import period_budget_create
 from costboard.models import (
     COST_FIELDS,
     TOKEN_FIELDS,
@@ -503,10 +504,34 @@ def prices_ensure() -> bool:
 BENCH_RATE_LIMIT = 1_000_000
 
 
-def project_create(run: str) -> tuple[Project, str]:
+def project_create(run: str, *, budgets: int = 0) -> tuple[Project, str]:
+    """The bench's project and key, with `budgets` period budgets over it (BENCH_BUDGETS in
+    turn), limits far above what the run spends: every batch decides them, none refuses."""
     project = Project.objects.create(name=f"Bench {run}", slug=run, api_rate_limit=BENCH_RATE_LIMIT)
-    _, key = ApiKey.issue(project=project, name="bench_ingest")
+    api_key, key = ApiKey.issue(project=project, name="bench_ingest")
+    for n in range(budgets):
+        scope, period, action = BENCH_BUDGETS[n % len(BENCH_BUDGETS)]
+        period_budget_create(
+            project=project,
+            fields={
+                "name": f"bench {n + 1}: {scope} {period}",
+                "scope": scope,
+                "scope_value": api_key.prefix if scope == "api_key" else None,
+                "period": period,
+                "cost_limit_usd": Decimal(10**9),
+                "token_limit": 10**15,
+                "action": action,
+            },
+        )
     return project, key
+
+
+# what `--budgets N` makes, in turn: a project's month and day, the bench key's month
+BENCH_BUDGETS = (
+    ("project", "month", "stop"),
+    ("project", "day", "warn"),
+    ("api_key", "month", "stop"),
+)
 
 
 def _sums(queryset: Any, fields: tuple[str, ...]) -> dict[str, Any]:
@@ -634,6 +659,7 @@ class BenchOptions:
     warmup: int
     keep: bool
     copy_table: str
+    budgets: int = 0
 
 
 @dataclass
@@ -667,7 +693,7 @@ def bench_run(options: BenchOptions, say: Callable[[str], None]) -> BenchResult:
     if prices_ensure():
         say("loaded the built-in prices (the rate table was empty)")
     run = datetime.now(UTC).strftime("bench-%Y%m%d-%H%M%S")
-    project, key = project_create(run)
+    project, key = project_create(run, budgets=options.budgets)
     try:
         return _measure(run, project, key, options, say)
     finally:
@@ -752,7 +778,8 @@ def report_lines(result: BenchResult) -> list[str]:
     runs = " / ".join(f"{result.copy.rows / s:,.0f}" for s in result.copy.runs)
     lines = [
         f"run:        {result.run}: {result.events:,} step events in {result.requests} requests "
-        f"of {o.batch} ({o.clients} clients, {o.warmup} warm-up batches each, not timed)",
+        f"of {o.batch} ({o.clients} clients, {o.warmup} warm-up batches each, not timed)"
+        + (f"; {o.budgets} period budgets over the project" if o.budgets else ""),
         f"server:     gunicorn, {o.workers} workers × {o.threads} threads, PostgreSQL "
         f"{connection.settings_dict.get('NAME')} (its tables vacuumed first, analyzed after the "
         "warm-up, as autovacuum would)",

@@ -7,6 +7,7 @@ from typing import Any, cast
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
+from django.utils import timezone
 
 from costboard.api.boundary import (
     ApiError,
@@ -27,6 +28,7 @@ from costboard.api.metrics import ingest_tally
 from costboard.api.openapi import openapi_document
 from costboard.api.schemas import EventsResponse, SessionBudgetDetail
 from costboard.budgets.caps import session_budget
+from costboard.budgets.period_ledgers import stopping_budget
 from costboard.ingest.schemas import (
     MAX_BODY_BYTES,
     MAX_EVENTS,
@@ -93,24 +95,30 @@ def events(request: HttpRequest) -> HttpResponse:
     except BatchError as exc:
         ingest_tally(project.pk, refused=exc.event_count or 1)
         raise
+    prefix = cast(ApiRequest, request).api_key.prefix
     if key is None:
-        return JsonResponse(_ingested(project, batch))
+        return JsonResponse(_ingested(project, batch, prefix))
     try:
         return idempotent_answer(
-            project=project, key=key, body=request.body, answer=lambda: _ingested(project, batch)
+            project=project,
+            key=key,
+            body=request.body,
+            answer=lambda: _ingested(project, batch, prefix),
         )
     except ApiError:  # the key was used with another body
         ingest_tally(project.pk, refused=len(batch))
         raise
 
 
-def _ingested(project: Project, batch: list[Event]) -> dict[str, Any]:
-    result = events_ingest(project=project, events=batch)  # it counts them for /metrics
+def _ingested(project: Project, batch: list[Event], key_prefix: str) -> dict[str, Any]:
+    # it counts them for /metrics; the key's own budgets count its steps
+    result = events_ingest(project=project, events=batch, key_prefix=key_prefix)
     # Built as a dict on the hot path: EventsResponse documents it, the contract test checks it.
     return {
         "accepted": result.accepted,
         "duplicates": result.duplicates,
         "sessions": result.sessions,
+        "budgets": result.budgets,
     }
 
 
@@ -143,9 +151,19 @@ def session_budget_view(request: HttpRequest, session_id: str) -> HttpResponse:
     if session is None:
         raise ApiError(404, "session_id", f"no session {session_id!r} in project {project.slug}")
     events = BudgetEvent.objects.filter(session=session).order_by("at", "id")
+    stopping = stopping_budget(
+        project,
+        user_id=session.user_id,
+        tags=session.tags,
+        key_prefix=cast(ApiRequest, request).api_key.prefix,
+        now=timezone.now(),
+    )
     return model_response(
         SessionBudgetDetail.model_validate(
-            {**session_budget(session, project), "events": [e.to_dict() for e in events]}
+            {
+                **session_budget(session, project, stopped_by_budget=stopping),
+                "events": [e.to_dict() for e in events],
+            }
         )
     )
 

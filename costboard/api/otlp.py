@@ -123,7 +123,11 @@ def traces(request: HttpRequest) -> HttpResponse:
         # One request is stored all or nothing, in batches of the events API's size.
         with transaction.atomic():
             for start in range(0, len(steps), MAX_EVENTS):
-                events_ingest(project=project, events=steps[start : start + MAX_EVENTS])
+                events_ingest(
+                    project=project,
+                    events=steps[start : start + MAX_EVENTS],
+                    key_prefix=cast(ApiRequest, request).api_key.prefix,
+                )
     # The stored spans were counted by the ingest itself; the spans that could not be mapped:
     ingest_tally(project.pk, refused=mapping.rejected)
     return HttpResponse(

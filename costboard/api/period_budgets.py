@@ -20,7 +20,12 @@ from costboard.api.boundary import (
     model_response,
     parse,
 )
-from costboard.api.schemas import PeriodBudgetAnswer, PeriodBudgetDetail, PeriodBudgetList
+from costboard.api.schemas import (
+    PeriodBudgetAnswer,
+    PeriodBudgetDetail,
+    PeriodBudgetEvent,
+    PeriodBudgetList,
+)
 from costboard.budgets.period_services import (
     BudgetInputError,
     period_budget_create,
@@ -28,7 +33,7 @@ from costboard.budgets.period_services import (
     period_budget_update,
 )
 from costboard.budgets.periods import ledger_now, period_budget_view
-from costboard.models import PeriodBudget, Project
+from costboard.models import BudgetEvent, PeriodBudget, Project
 
 ADMIN = ("admin",)
 MAX_BODY = 16 * 1024
@@ -124,7 +129,7 @@ CREATE = Operation(
 )
 READ = Operation(
     method="GET",
-    summary="A period budget in its current period, with its events",
+    summary="A period budget in its current period, with its events (every period's)",
     roles=ADMIN,
     path_parameters=ID,
     responses={200: Reply("the budget", PeriodBudgetDetail), 404: NOT_FOUND},
@@ -170,7 +175,23 @@ def budget_create(request: HttpRequest) -> HttpResponse:
 @endpoint(READ)
 def budget_read(request: HttpRequest, budget_id: int) -> HttpResponse:
     budget = _budget_of(request, budget_id)
-    return model_response(PeriodBudgetDetail(**_answer(budget), events=[]))
+    events = (
+        BudgetEvent.objects.filter(ledger__budget=budget)
+        .select_related("ledger")
+        .order_by("at", "id")
+    )
+    return model_response(
+        PeriodBudgetDetail(
+            **_answer(budget),
+            events=[
+                PeriodBudgetEvent(
+                    **event.to_dict(), period_start=event.ledger.period_start.isoformat()
+                )
+                for event in events
+                if event.ledger is not None
+            ],
+        )
+    )
 
 
 @endpoint(CHANGE)

@@ -59,6 +59,11 @@ class SessionBudget(Answer):
     steps: Count
     warned_at: IsoTime | None
     exhausted_at: IsoTime | None
+    stopped_by: str | None = Field(
+        description='what stops it: "session" (its caps), "runaway", "budget:<id>" (an '
+        "exhausted stop-budget above it), or null",
+        json_schema_extra={"pattern": r"^(session|runaway|budget:[0-9]+)$"},
+    )
 
 
 class BudgetEvent(Answer):
@@ -73,11 +78,60 @@ class SessionBudgetDetail(SessionBudget):
     events: list[BudgetEvent] = Field(description="oldest first")
 
 
+# --- period budgets (CONTRACT §7) -------------------------------------------------------------
+
+
+class PeriodBudgetAnswer(Answer):
+    """`<period budget>`: a budget in its current period (or the one a batch touched)."""
+
+    id: int
+    name: str
+    scope: Literal["project", "user", "api_key", "tag"]
+    scope_value: str | None = Field(description="the user_id, key prefix or key=value")
+    period: Literal["day", "week", "month", "total"]
+    timezone: str = Field(description="where days, weeks and months begin")
+    period_start: IsoTime
+    period_end: IsoTime | None = Field(description="exclusive; null for a total budget")
+    state: Literal["ok", "warning", "exhausted"]
+    tokens_used: Count = Field(description="input + output tokens in the period")
+    token_limit: int | None
+    cost_usd: Money
+    cost_limit_usd: Money | None
+    warn_at_pct: float = Field(ge=0, le=1)
+    action: Literal["warn", "stop"] = Field(
+        description="stop: the sessions it covers report exhausted, stopped_by budget:<id>"
+    )
+    warned_at: IsoTime | None
+    exhausted_at: IsoTime | None
+    forecast_cost_usd: Money | None = Field(
+        description="the period's cost at its end at its rate so far; null for total"
+    )
+
+
+class PeriodBudgetList(Answer):
+    budgets: list[PeriodBudgetAnswer] = Field(description="by name")
+
+
+class PeriodBudgetEvent(BudgetEvent):
+    period_start: IsoTime = Field(description="the period it happened in")
+
+
+class PeriodBudgetDetail(PeriodBudgetAnswer):
+    events: list[PeriodBudgetEvent] = Field(
+        description="soft_warned and exhausted, once per period each, oldest first; "
+        "tokens_used and cost_usd are the period's then"
+    )
+
+
 class EventsResponse(Answer):
     accepted: Count = Field(description="events stored")
     duplicates: Count = Field(description="replays of an event_id already stored: no change")
     sessions: dict[str, SessionBudget] = Field(
         description="every session the batch touched, by session_id"
+    )
+    budgets: dict[str, PeriodBudgetAnswer] = Field(
+        description="every period budget the batch's steps counted toward, by id, in the "
+        "period they counted in"
     )
 
 
@@ -167,43 +221,3 @@ class ExportTraceServiceRequest(OtlpJson):
     """OTLP JSON (the parts Costboard reads; other fields are ignored)."""
 
     resourceSpans: list[OtlpResourceSpans] | None = None
-
-
-# --- period budgets (CONTRACT §7) -------------------------------------------------------------
-
-
-class PeriodBudgetAnswer(Answer):
-    """`<period budget>`: a budget in its current period (or the one a batch touched)."""
-
-    id: int
-    name: str
-    scope: Literal["project", "user", "api_key", "tag"]
-    scope_value: str | None = Field(description="the user_id, key prefix or key=value")
-    period: Literal["day", "week", "month", "total"]
-    timezone: str = Field(description="where days, weeks and months begin")
-    period_start: IsoTime
-    period_end: IsoTime | None = Field(description="exclusive; null for a total budget")
-    state: Literal["ok", "warning", "exhausted"]
-    tokens_used: Count = Field(description="input + output tokens in the period")
-    token_limit: int | None
-    cost_usd: Money
-    cost_limit_usd: Money | None
-    warn_at_pct: float = Field(ge=0, le=1)
-    action: Literal["warn", "stop"] = Field(
-        description="stop: the sessions it covers report exhausted, stopped_by budget:<id>"
-    )
-    warned_at: IsoTime | None
-    exhausted_at: IsoTime | None
-    forecast_cost_usd: Money | None = Field(
-        description="the period's cost at its end at its rate so far; null for total"
-    )
-
-
-class PeriodBudgetList(Answer):
-    budgets: list[PeriodBudgetAnswer] = Field(description="by name")
-
-
-class PeriodBudgetDetail(PeriodBudgetAnswer):
-    events: list[BudgetEvent] = Field(
-        description="soft_warned and exhausted, once per period each, oldest first"
-    )

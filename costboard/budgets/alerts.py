@@ -90,6 +90,7 @@ from costboard.budgets.egress import (
     webhook_destination,
     webhook_opener,
 )
+from costboard.budgets.periods import period_budget_view
 from costboard.models import (
     AlertDelivery,
     BudgetEvent,
@@ -275,7 +276,7 @@ def alert_deliver(delivery_id: int, *, final: bool = True) -> str:
     if attempt_no is None:
         return "skipped"
     delivery = AlertDelivery.objects.select_related(
-        "project", "endpoint", "budget_event__session"
+        "project", "endpoint", "budget_event__session", "budget_event__ledger__budget"
     ).get(pk=delivery_id)
     try:
         if delivery.channel == AlertDelivery.Channel.WEBHOOK:
@@ -353,10 +354,38 @@ def _caps_crossed(
     return current_token_cap, current_cost_cap
 
 
+def _period_payload(delivery: AlertDelivery, event: BudgetEvent) -> dict[str, Any]:
+    """A period budget's crossing: `session_id` null, the budget in the period it crossed in
+    under `budget`, its limits as the caps."""
+    ledger = event.ledger
+    assert ledger is not None
+    budget = ledger.budget
+    view = period_budget_view(budget, ledger, now=timezone.now())
+    return {
+        "delivery_id": delivery.pk,
+        "event_id": event.pk,
+        "kind": event.kind,
+        "at": event.at.isoformat(),
+        "project": delivery.project.slug,
+        "session_id": None,
+        "budget": view,
+        "state": ledger.state,
+        "runaway": False,
+        "tokens_used": event.tokens_used,
+        "token_cap": budget.token_limit,
+        "cost_usd": usd(event.cost_usd),
+        "cost_cap_usd": usd(budget.cost_limit_usd),
+        "detail": event.detail,
+        "session_url": None,
+    }
+
+
 def alert_payload(delivery: AlertDelivery) -> dict[str, Any]:
     """What a webhook receives and an email says (module docstring)."""
     event = delivery.budget_event
     session = event.session
+    if session is None:
+        return _period_payload(delivery, event)
     project = delivery.project
     budget = session_budget(session, project)
     token_cap, cost_cap = _caps_crossed(event, budget["token_cap"], budget["cost_cap_usd"])
@@ -509,17 +538,25 @@ def alert_headline(payload: dict[str, Any]) -> str:
 def alert_email(payload: dict[str, Any]) -> tuple[str, str]:
     """The subject and plain-text body of an alert email."""
     headline = alert_headline(payload)
-    subject = f"[Costboard] {payload['project']}: session {payload['session_id']} {headline}"
+    budget = payload.get("budget")
+    if budget is not None:  # a period budget's crossing
+        who = f"budget {budget['name']!r} ({budget['period']} from {budget['period_start']})"
+        where = f"Budget:      {budget['name']} (id {budget['id']}, {budget['scope']})"
+    else:
+        who = f"session {payload['session_id']}"
+        where = f"Session:     {payload['session_url']}"
+    subject = f"[Costboard] {payload['project']}: {who} {headline}"
     cost_cap = f" of ${payload['cost_cap_usd']}" if payload["cost_cap_usd"] else ""
+    token_cap = f" of {payload['token_cap']:,}" if payload["token_cap"] is not None else ""
     lines = [
-        f"Session {payload['session_id']} of project {payload['project']} {headline}.",
+        f"{who[0].upper()}{who[1:]} of project {payload['project']} {headline}.",
         "",
         f"Event:       {payload['kind']} at {payload['at']}",
         f"State:       {payload['state']}" + (", runaway" if payload["runaway"] else ""),
-        f"Tokens used: {payload['tokens_used']:,} of {payload['token_cap']:,}",
+        f"Tokens used: {payload['tokens_used']:,}{token_cap}",
         f"Cost:        ${payload['cost_usd']}{cost_cap}",
         f"Detail:      {json.dumps(payload['detail'], sort_keys=True)}",
-        f"Session:     {payload['session_url']}",
+        where,
         "",
         f"Costboard alert delivery {payload['delivery_id']} (budget event {payload['event_id']}).",
         "These emails go to the addresses in the project's alert emails (admin, Projects).",

@@ -107,6 +107,9 @@ class SessionBudget(TypedDict):
     steps: int
     warned_at: str | None
     exhausted_at: str | None
+    # what stops it: its own caps ("session"), a runaway rule ("runaway"), an exhausted
+    # stop-budget above it ("budget:<id>"); None while it may go on
+    stopped_by: str | None
 
 
 class BudgetFields(Protocol):
@@ -136,16 +139,28 @@ class BudgetFields(Protocol):
     def exhausted_at(self) -> datetime | None: ...
 
 
-def session_budget(session: BudgetFields, project: Project) -> SessionBudget:
+def session_budget(
+    session: BudgetFields, project: Project, *, stopped_by_budget: int | None = None
+) -> SessionBudget:
+    """`<budget>`; `stopped_by_budget`: an exhausted stop-budget above the session, which
+    makes it `exhausted` (stopped_by "budget:<id>") when its own caps have not already."""
     caps = caps_for(
         project=project,
         token_cap=session.token_cap,
         cost_cap_usd=session.cost_cap_usd,
         system=session.external_id == SYSTEM_SESSION_ID,
     )
+    state, stopped_by = session.state, None
+    if state == Session.State.EXHAUSTED:
+        over = session.tokens_used >= caps.token_cap or (
+            caps.cost_cap_usd is not None and session.cost_usd >= caps.cost_cap_usd
+        )
+        stopped_by = "session" if over or not session.runaway else "runaway"
+    elif stopped_by_budget is not None:
+        state, stopped_by = Session.State.EXHAUSTED, f"budget:{stopped_by_budget}"
     return {
         "session_id": session.external_id,
-        "state": session.state,
+        "state": state,
         "runaway": session.runaway,
         "tokens_used": session.tokens_used,
         "token_cap": caps.token_cap,
@@ -155,4 +170,5 @@ def session_budget(session: BudgetFields, project: Project) -> SessionBudget:
         "steps": session.step_count,
         "warned_at": _iso(session.warned_at),
         "exhausted_at": _iso(session.exhausted_at),
+        "stopped_by": stopped_by,
     }

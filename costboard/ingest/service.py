@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from decimal import Context, Decimal
@@ -45,6 +45,8 @@ from django.utils import timezone
 from costboard.budgets.alerts import announce
 from costboard.budgets.caps import SessionBudget, caps_for, session_budget
 from costboard.budgets.engine import Flag, Ledger, budget_decide
+from costboard.budgets.period_ledgers import BudgetedStep, period_budgets_apply, project_budgets
+from costboard.budgets.periods import StepScope, period_budget_view
 from costboard.budgets.services import budget_events_of
 from costboard.hooks import Ingested, after_ingest_run
 from costboard.ingest.latency import latency_bucket
@@ -85,6 +87,8 @@ class IngestResult:
     duplicates: int
     sessions: dict[str, SessionBudget]
     budget_events: list[BudgetEvent] = field(default_factory=list)
+    # the period budgets the batch touched, each in the period it touched (`<period budget>`)
+    budgets: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 Column = tuple[str, str]  # a name and its PostgreSQL type
@@ -458,10 +462,12 @@ def _step(
 
 
 def events_ingest(
-    *, project: Project, events: list[Event], now: datetime | None = None
+    *, project: Project, events: list[Event], now: datetime | None = None, key_prefix: str = ""
 ) -> IngestResult:
-    """Store a validated batch all or nothing; see the module docstring for the statements."""
+    """Store a validated batch all or nothing; see the module docstring for the statements.
+    `key_prefix`: the API key that sent it (its api_key budgets count it)."""
     now = now or timezone.now()
+    budgets_above = project_budgets(project)
     sessions, turns, steps, others, duplicates = _plan(events, now, project)
     sql = _Dialect()
     hot = _hot_statements(sql, project, steps)
@@ -494,14 +500,55 @@ def events_ingest(
         hot.append(_tally_statement(sql, project, now, accepted, duplicates))
         for statement, params in hot:
             cursor.execute(statement, params)
-    budgets = {s.external_id: session_budget(s, project) for s in touched}
+        # last: the ledger rows a project's batches share are held only until the commit
+        periods = period_budgets_apply(
+            project=project,
+            budgets=budgets_above,
+            steps=_budgeted(inserted, rows, sessions, session_tags, key_prefix),
+            now=now,
+        )
+        announce(periods.events)
+    budgets = {
+        s.external_id: session_budget(
+            s, project, stopped_by_budget=periods.stopped.get(s.external_id)
+        )
+        for s in touched
+    }
 
     return IngestResult(
         accepted=accepted,
         duplicates=duplicates,
         sessions=dict(sorted(budgets.items())),
-        budget_events=budget_events,
+        budget_events=[*budget_events, *periods.events],
+        budgets={
+            str(budget.pk): period_budget_view(budget, ledger, now=now)
+            for budget, ledger in periods.ledgers
+        },
     )
+
+
+def _budgeted(
+    steps: list[_Step],
+    rows: dict[str, dict[str, Any]],
+    sessions: dict[str, _SessionTouch],
+    session_tags: dict[str, dict[str, str]],
+    key_prefix: str,
+) -> Iterator[BudgetedStep]:
+    """The stored steps as period budgets see them: their session's end user (as it stands
+    after this batch), the key that sent them and their tags."""
+    for step in steps:
+        user_id = sessions[step.session_key].user_id
+        if user_id is None:
+            user_id = rows[step.session_key]["user_id"]
+        yield BudgetedStep(
+            session_key=step.session_key,
+            at=step.ts,
+            tokens=step.tokens,
+            cost_usd=step.cost_usd,
+            scope=StepScope(
+                user_id=user_id, key_prefix=key_prefix, tags=step_tags(step, session_tags)
+            ),
+        )
 
 
 def _session_tags(
@@ -561,14 +608,14 @@ def _sessions_upsert(
                                             excluded.last_active_at)
         RETURNING id, external_id, token_cap, cost_cap_usd, input_tokens, output_tokens,
                   cost_usd, state, warned_at, exhausted_at, runaway_at, runaway_reason,
-                  acknowledged_at, metadata, tags
+                  acknowledged_at, metadata, tags, user_id
         """,
         [*params, project.pk],
     )
     rows = {}
     for row in cursor.fetchall():
         (id_, key, token_cap, cost_cap, inp, out, cost, state, warned, exhausted) = row[:10]
-        runaway, runaway_reason, acknowledged, meta, tags = row[10:]
+        runaway, runaway_reason, acknowledged, meta, tags, user_id = row[10:]
         rows[key] = {
             "id": id_,
             "token_cap": token_cap,
@@ -583,6 +630,7 @@ def _sessions_upsert(
             "acknowledged_at": _as_dt(acknowledged),
             "metadata": json.loads(meta) if isinstance(meta, str) else (meta or {}),
             "tags": json.loads(tags) if isinstance(tags, str) else (tags or {}),
+            "user_id": user_id or "",
         }
     return rows
 

@@ -27,7 +27,7 @@ import costboard_client
 import pytest
 from costboard_client import BudgetExceeded, Costboard
 
-from costboard.models import IngestTally, Session, Step
+from costboard.models import IngestTally, PeriodBudget, Session, Step
 from tests.conftest import TEST_RATES, Agent, add_price, make_agent, usd
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -118,6 +118,28 @@ def test_a_step_of_an_exhausted_session_is_refused_before_the_call(cb: Costboard
     with cb.step("s-cap", "response", "test-sonnet"):
         ran = True
     assert ran is True
+
+
+def test_a_stop_budget_above_the_session_refuses_and_is_named(cb: Costboard, acme: Agent) -> None:
+    budget = PeriodBudget.objects.create(
+        project=acme.project, name="daily tokens", period="day", token_limit=100, action="stop"
+    )
+    cb.session("s-team", user_id="u-2")
+    with cb.step("s-team", "search", "test-sonnet") as s:
+        s.record({"input_tokens": 70, "output_tokens": 40})  # 110 of the budget's 100
+    assert cb.flush(timeout=10)
+    known = cb.known_budget("s-team")
+    assert known is not None
+    assert (known["state"], known["stopped_by"]) == ("exhausted", f"budget:{budget.pk}")
+    assert known["tokens_used"] == 110  # the session's own: its own cap is far away
+
+    with pytest.raises(BudgetExceeded) as refused:  # noqa: SIM117
+        with cb.step("s-team", "response", "test-sonnet"):
+            pass
+    assert refused.value.stopped_by == f"budget:{budget.pk}"
+    assert refused.value.period is not None and refused.value.period["name"] == "daily tokens"
+    assert "stopped by budget 'daily tokens'" in str(refused.value)
+    assert "tokens 110/100" in str(refused.value)
 
 
 def test_budget_asks_the_server_and_refreshes_the_cache(cb: Costboard, acme: Agent) -> None:

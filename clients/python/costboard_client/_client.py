@@ -59,17 +59,42 @@ USER_AGENT = "costboard-python-client/1"
 
 
 class BudgetExceeded(Exception):
-    """A step was refused: its session's last known budget state is `exhausted`."""
+    """A step was refused: its session's last known budget state is `exhausted`, by its own
+    caps, a runaway rule, or a stop-budget above it (`stopped_by` "budget:<id>"; `period`
+    is that budget as the server last reported it, when it did)."""
 
-    def __init__(self, session_id: str, budget: Mapping[str, Any]) -> None:
+    def __init__(
+        self,
+        session_id: str,
+        budget: Mapping[str, Any],
+        period: Mapping[str, Any] | None = None,
+    ) -> None:
         self.session_id = session_id
         self.budget = dict(budget)
-        super().__init__(
-            f"session {session_id!r} has exhausted its budget "
-            f"(tokens {budget.get('tokens_used')}/{budget.get('token_cap')}, "
-            f"cost {budget.get('cost_usd')}/{budget.get('cost_cap_usd')} USD); raise its cap "
-            "and call cb.budget(session_id) to refresh, or start a new session"
-        )
+        self.stopped_by = budget.get("stopped_by")
+        self.period = dict(period) if period else None
+        if isinstance(self.stopped_by, str) and self.stopped_by.startswith("budget:"):
+            above = self.period or {}
+            name = f" {above['name']!r}" if above.get("name") else ""
+            spent = (
+                f" (tokens {above.get('tokens_used')}/{above.get('token_limit')}, cost "
+                f"{above.get('cost_usd')}/{above.get('cost_limit_usd')} USD this "
+                f"{above.get('period')})"
+                if above
+                else ""
+            )
+            message = (
+                f"session {session_id!r} is stopped by budget{name} "
+                f"({self.stopped_by}){spent}; raise its limit or wait for its next period"
+            )
+        else:
+            message = (
+                f"session {session_id!r} has exhausted its budget "
+                f"(tokens {budget.get('tokens_used')}/{budget.get('token_cap')}, "
+                f"cost {budget.get('cost_usd')}/{budget.get('cost_cap_usd')} USD); raise its "
+                "cap and call cb.budget(session_id) to refresh, or start a new session"
+            )
+        super().__init__(message)
 
 
 @dataclass(frozen=True)
@@ -352,6 +377,7 @@ class Costboard:
         self.max_retry_after = max_retry_after
         self.exit_timeout = exit_timeout
         self._budgets: dict[str, dict[str, Any]] = {}
+        self._periods: dict[str, dict[str, Any]] = {}  # "budget:<id>" → <period budget>
         self._init_runtime()
         self._counts = {"sent": 0, "duplicates": 0, "dropped": 0, "failed": 0, "retries": 0}
         self._last_error: str | None = None
@@ -546,8 +572,10 @@ class Costboard:
         key = session_id or "system"
         with self._lock:
             budget = self._budgets.get(key)
+            stopped_by = budget.get("stopped_by") if budget is not None else None
+            period = self._periods.get(stopped_by) if isinstance(stopped_by, str) else None
         if budget is not None and budget.get("state") == "exhausted":
-            raise BudgetExceeded(key, budget)
+            raise BudgetExceeded(key, budget, period)
 
     def _enqueue(self, event: dict[str, Any]) -> None:
         event.setdefault("event_id", uuid.uuid4().hex)
@@ -730,6 +758,11 @@ class Costboard:
                 for session_id, budget in sessions.items():
                     if isinstance(budget, dict):
                         self._budgets[str(session_id)] = budget
+            periods = body.get("budgets") if isinstance(body, dict) else None
+            if isinstance(periods, dict):
+                for budget_id, period in periods.items():
+                    if isinstance(period, dict):
+                        self._periods[f"budget:{budget_id}"] = period
         if isinstance(sessions, dict):
             for session_id, budget in sessions.items():
                 if isinstance(budget, dict) and budget.get("state") == "exhausted":

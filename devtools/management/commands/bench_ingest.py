@@ -38,6 +38,13 @@ class Command(BaseCommand):
         parser.add_argument(
             "--keep", action="store_true", help="keep the bench project instead of deleting it"
         )
+        parser.add_argument(
+            "--budgets",
+            type=int,
+            default=0,
+            help="period budgets over the bench project, decided by every batch (never "
+            "reached): a project's month and day and the bench key's month, in turn",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
@@ -53,6 +60,7 @@ class Command(BaseCommand):
             warmup=options["warmup"],
             keep=options["keep"],
             copy_table=options["copy_table"],
+            budgets=options["budgets"],
         )
         self._check(bench)
         try:
@@ -71,5 +79,7 @@ class Command(BaseCommand):
         for name in ("events", "clients", "workers", "threads"):
             if getattr(bench, name) < 1:
                 raise CommandError(f"--{name} must be at least 1")
+        if bench.budgets < 0:
+            raise CommandError("--budgets must be 0 or more")
         if bench.warmup < 0:
             raise CommandError("--warmup must be 0 or more")

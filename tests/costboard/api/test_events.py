@@ -44,6 +44,7 @@ def test_a_single_event_is_accepted_and_the_budget_returned(agent: Agent, priced
         "steps": 1,
         "warned_at": None,
         "exhausted_at": None,
+        "stopped_by": None,
     }
     assert Decimal(budget["cost_usd"]) == usd(1000, Decimal(3)) + usd(200, Decimal(15))
 

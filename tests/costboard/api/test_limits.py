@@ -171,7 +171,7 @@ def test_an_answer_that_breaks_its_model_is_a_server_error_not_a_422(
 ) -> None:
     agent.events(step(input_tokens=1))
     monkeypatch.setattr(
-        "costboard.api.events.session_budget", lambda session, project: {"state": "lost"}
+        "costboard.api.events.session_budget", lambda session, project, **_: {"state": "lost"}
     )
     with pytest.raises(ValidationError):  # Django's test client re-raises what became a 500
         agent.budget("s1")
