@@ -1,7 +1,8 @@
 """Period budgets decided with the spend: what ingest calls, inside the batch's transaction,
 after the steps are stored (and last, so the ledger rows are held only until the commit).
 
-For each of the project's budgets, the batch's steps it covers (periods.budget_covers) are
+For each of the project's budgets, the batch's steps it covers (periods.budget_covers's rule,
+asked once per batch, per session or per step as the scope needs) are
 grouped by the period their timestamps fall in; each (budget, period) ledger row is made if
 missing, then all of them are locked in one order (budget, period start), so two batches
 never deadlock and never decide on stale totals; the budget engine decides each (the same
@@ -12,28 +13,64 @@ the caller announces through the outbox.
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
+from typing import Any, Protocol
 
 from django.db.models import Q
 
-from costboard.budgets.engine import EXHAUSTED, Ledger, Spend, budget_decide
+from costboard.budgets.engine import EXHAUSTED, Ledger, budget_decide
 from costboard.budgets.periods import PeriodLimits, StepScope, budget_covers, period_bounds
 from costboard.models import BudgetEvent, PeriodBudget, PeriodLedger, Project
+from costboard.pricing.rates import pico_usd
 
 
-@dataclass(frozen=True, slots=True)
-class BudgetedStep:
-    """A stored step as period budgets see it."""
+class SpendStep(Protocol):
+    """A stored step as period budgets read it (ingest's steps): and a spend to the engine."""
 
-    session_key: str
-    at: datetime
-    tokens: int
-    cost_usd: Decimal
-    scope: StepScope
+    @property
+    def session_key(self) -> str: ...
+    @property
+    def at(self) -> datetime: ...
+    @property
+    def tokens(self) -> int: ...
+    @property
+    def cost_pico(self) -> int: ...  # USD × 10^12: sums are exact integer additions
+    @property
+    def cost_usd(self) -> Decimal: ...
+
+
+@dataclass(frozen=True)
+class SpendBatch:
+    """A batch's stored steps, with what budgets match them by: the key that sent them, each
+    session's end user (as it stands after the batch) and each step's tags."""
+
+    steps: Sequence[SpendStep]
+    key_prefix: str = ""
+    user_of: Mapping[str, str] = field(default_factory=dict)
+    tags_of: Callable[[Any], dict[str, str] | None] = lambda step: None
+
+    def covered_by(self, budget: PeriodBudget) -> Sequence[SpendStep]:
+        """The steps that count toward `budget` (its period aside): all of them for the
+        project's budgets and the sending key's, without looking at each."""
+        if budget.scope in (PeriodBudget.Scope.PROJECT, PeriodBudget.Scope.API_KEY):
+            # the same for every step of the batch: asked once
+            whole = StepScope(user_id="", key_prefix=self.key_prefix, tags=None)
+            return self.steps if budget_covers(budget, whole) else ()
+        if budget.scope == PeriodBudget.Scope.USER:
+            covered_sessions = {
+                key
+                for key, user_id in self.user_of.items()
+                if budget_covers(budget, StepScope(user_id=user_id, key_prefix="", tags=None))
+            }
+            return [s for s in self.steps if s.session_key in covered_sessions]
+        return [
+            s
+            for s in self.steps
+            if budget_covers(budget, StepScope(user_id="", key_prefix="", tags=self.tags_of(s)))
+        ]
 
 
 @dataclass
@@ -50,39 +87,52 @@ def project_budgets(project: Project) -> list[PeriodBudget]:
     return list(PeriodBudget.objects.filter(project=project).order_by("pk"))
 
 
+def _by_period(
+    budget: PeriodBudget, steps: Sequence[SpendStep]
+) -> dict[datetime, tuple[datetime | None, Sequence[SpendStep]]]:
+    """The steps grouped by the period of `budget` they fall in: start → (end, steps). A
+    batch mostly falls in one, found from its first and last step alone."""
+    first = min(steps, key=_AT).at
+    start, end = period_bounds(budget.period, budget.timezone, first)
+    if end is None or max(steps, key=_AT).at < end:
+        return {start: (end, steps)}
+    groups: dict[datetime, tuple[datetime | None, list[SpendStep]]] = {}
+    for step in steps:
+        start, end = period_bounds(budget.period, budget.timezone, step.at)
+        groups.setdefault(start, (end, []))[1].append(step)
+    return dict(groups)
+
+
+def _AT(step: SpendStep) -> datetime:
+    return step.at
+
+
 def period_budgets_apply(
     *,
     project: Project,
     budgets: Sequence[PeriodBudget],
-    steps: Iterable[BudgetedStep],
+    batch: SpendBatch,
     now: datetime,
 ) -> PeriodOutcome:
-    """Count `steps` toward the budgets that cover them and decide each (module docstring)."""
+    """Count the batch's steps toward the budgets that cover them and decide each (module
+    docstring)."""
     outcome = PeriodOutcome()
-    if not budgets:
+    if not budgets or not batch.steps:
         return outcome
-    groups: dict[tuple[int, datetime], list[BudgetedStep]] = defaultdict(list)
+    groups: dict[tuple[int, datetime], Sequence[SpendStep]] = {}
     ends: dict[tuple[int, datetime], datetime | None] = {}
-    sessions_of: dict[tuple[int, datetime], set[str]] = defaultdict(set)
     by_id = {budget.pk: budget for budget in budgets}
-    # each budget's last period seen: a batch's steps mostly share one
-    last: dict[int, tuple[datetime, datetime | None]] = {}
-    for step in steps:
-        for budget in budgets:
-            if not budget_covers(budget, step.scope):
-                continue
-            bounds = last.get(budget.pk)
-            if bounds is None or not (
-                bounds[0] <= step.at and (bounds[1] is None or step.at < bounds[1])
-            ):
-                bounds = period_bounds(budget.period, budget.timezone, step.at)
-                last[budget.pk] = bounds
-            key = (budget.pk, bounds[0])
-            groups[key].append(step)
-            ends[key] = bounds[1]
-            sessions_of[key].add(step.session_key)
+    for budget in budgets:
+        covered = batch.covered_by(budget)
+        if not covered:
+            continue
+        for start, (end, steps) in _by_period(budget, covered).items():
+            groups[(budget.pk, start)] = steps
+            ends[(budget.pk, start)] = end
     if not groups:
         return outcome
+    # sums once per list of steps: the budgets that cover the whole batch share one
+    sums: dict[int, tuple[int, Decimal]] = {}
 
     PeriodLedger.objects.bulk_create(
         [
@@ -106,9 +156,13 @@ def period_budgets_apply(
     events: list[BudgetEvent] = []
     for row in locked:
         budget = by_id[row.budget_id]
-        spends = [
-            Spend(s.at, s.tokens, s.cost_usd) for s in groups[(row.budget_id, row.period_start)]
-        ]
+        spends = groups[(row.budget_id, row.period_start)]
+        if id(spends) not in sums:
+            sums[id(spends)] = (
+                sum(s.tokens for s in spends),
+                pico_usd(sum(s.cost_pico for s in spends)),
+            )
+        tokens, cost = sums[id(spends)]
         decided = budget_decide(
             ledger=Ledger(
                 tokens_used=row.tokens_used,
@@ -119,7 +173,8 @@ def period_budgets_apply(
             ),
             limits=PeriodLimits.of(budget),
             at=now,
-            spends=spends,
+            spends=spends,  # read only to time a crossing
+            added=(tokens, cost),
         )
         after = decided.ledger
         row.tokens_used, row.cost_usd, row.state = after.tokens_used, after.cost_usd, after.state
@@ -144,7 +199,7 @@ def period_budgets_apply(
         )
         outcome.ledgers.append((budget, row))
         if budget.action == PeriodBudget.Action.STOP and row.state == EXHAUSTED:
-            for session_key in sessions_of[(row.budget_id, row.period_start)]:
+            for session_key in {step.session_key for step in spends}:
                 outcome.stopped.setdefault(session_key, budget.pk)
     PeriodLedger.objects.bulk_update(
         changed, ["tokens_used", "cost_usd", "state", "warned_at", "exhausted_at", "updated_at"]

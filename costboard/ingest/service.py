@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from decimal import Context, Decimal
@@ -45,8 +45,8 @@ from django.utils import timezone
 from costboard.budgets.alerts import announce
 from costboard.budgets.caps import SessionBudget, caps_for, session_budget
 from costboard.budgets.engine import Flag, Ledger, budget_decide
-from costboard.budgets.period_ledgers import BudgetedStep, period_budgets_apply, project_budgets
-from costboard.budgets.periods import StepScope, period_budget_view
+from costboard.budgets.period_ledgers import SpendBatch, period_budgets_apply, project_budgets
+from costboard.budgets.periods import period_budget_view
 from costboard.budgets.services import budget_events_of
 from costboard.hooks import Ingested, after_ingest_run
 from costboard.ingest.latency import latency_bucket
@@ -504,7 +504,7 @@ def events_ingest(
         periods = period_budgets_apply(
             project=project,
             budgets=budgets_above,
-            steps=_budgeted(inserted, rows, sessions, session_tags, key_prefix),
+            batch=_spend_batch(inserted, rows, sessions, session_tags, key_prefix),
             now=now,
         )
         announce(periods.events)
@@ -527,28 +527,24 @@ def events_ingest(
     )
 
 
-def _budgeted(
+def _spend_batch(
     steps: list[_Step],
     rows: dict[str, dict[str, Any]],
     sessions: dict[str, _SessionTouch],
     session_tags: dict[str, dict[str, str]],
     key_prefix: str,
-) -> Iterator[BudgetedStep]:
-    """The stored steps as period budgets see them: their session's end user (as it stands
-    after this batch), the key that sent them and their tags."""
-    for step in steps:
-        user_id = sessions[step.session_key].user_id
-        if user_id is None:
-            user_id = rows[step.session_key]["user_id"]
-        yield BudgetedStep(
-            session_key=step.session_key,
-            at=step.ts,
-            tokens=step.tokens,
-            cost_usd=step.cost_usd,
-            scope=StepScope(
-                user_id=user_id, key_prefix=key_prefix, tags=step_tags(step, session_tags)
-            ),
-        )
+) -> SpendBatch:
+    """The stored steps as period budgets see them: the key that sent them, their session's
+    end user (as it stands after this batch) and their tags."""
+    users = {}
+    for key, touch in sessions.items():
+        users[key] = touch.user_id if touch.user_id is not None else rows[key]["user_id"]
+    return SpendBatch(
+        steps=steps,
+        key_prefix=key_prefix,
+        user_of=users,
+        tags_of=lambda step: step_tags(step, session_tags),
+    )
 
 
 def _session_tags(
