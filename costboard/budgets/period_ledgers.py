@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 from django.db.models import Q
 
-from costboard.budgets.engine import EXHAUSTED, Ledger, budget_decide
+from costboard.budgets.engine import EXHAUSTED, Crossing, Ledger, budget_decide
 from costboard.budgets.periods import PeriodLimits, StepScope, budget_covers, period_bounds
 from costboard.models import BudgetEvent, PeriodBudget, PeriodLedger, Project
 from costboard.pricing.rates import pico_usd
@@ -180,23 +180,7 @@ def period_budgets_apply(
         row.tokens_used, row.cost_usd, row.state = after.tokens_used, after.cost_usd, after.state
         row.warned_at, row.exhausted_at, row.updated_at = after.warned_at, after.exhausted_at, now
         changed.append(row)
-        events.extend(
-            BudgetEvent(
-                project=project,
-                ledger=row,
-                kind=crossing.kind,
-                at=crossing.at,
-                tokens_used=crossing.tokens_used,
-                cost_usd=crossing.cost_usd,
-                detail={
-                    "budget_id": budget.pk,
-                    "budget": budget.name,
-                    **PeriodLimits.of(budget).describe(),
-                    "warn_at_pct": str(budget.warn_at_pct),
-                },
-            )
-            for crossing in decided.crossings
-        )
+        events.extend(_crossings_recorded(project, budget, row, decided.crossings))
         outcome.ledgers.append((budget, row))
         if budget.action == PeriodBudget.Action.STOP and row.state == EXHAUSTED:
             for session_key in {step.session_key for step in spends}:
@@ -204,9 +188,63 @@ def period_budgets_apply(
     PeriodLedger.objects.bulk_update(
         changed, ["tokens_used", "cost_usd", "state", "warned_at", "exhausted_at", "updated_at"]
     )
-    if events:
-        outcome.events = BudgetEvent.objects.bulk_create(events)
+    outcome.events = events
     return outcome
+
+
+def _crossings_recorded(
+    project: Project, budget: PeriodBudget, ledger: PeriodLedger, crossings: Sequence[Crossing]
+) -> list[BudgetEvent]:
+    """The crossings as BudgetEvents of the ledger, each kind once per period: one already
+    recorded (crossed before a limit was raised, then crossed again) is not recorded twice.
+    Returns those recorded now (to announce)."""
+    recorded = []
+    for crossing in crossings:
+        event, created = BudgetEvent.objects.get_or_create(
+            ledger=ledger,
+            kind=crossing.kind,
+            defaults={
+                "project": project,
+                "at": crossing.at,
+                "tokens_used": crossing.tokens_used,
+                "cost_usd": crossing.cost_usd,
+                "detail": {
+                    "budget_id": budget.pk,
+                    "budget": budget.name,
+                    **PeriodLimits.of(budget).describe(),
+                    "warn_at_pct": str(budget.warn_at_pct),
+                },
+            },
+        )
+        if created:
+            recorded.append(event)
+    return recorded
+
+
+def period_budget_recheck(budget: PeriodBudget, *, now: datetime) -> list[BudgetEvent]:
+    """After a budget's limits changed: its current period decided again under the new ones
+    (a raised limit clears a state, a lowered one may cross), in the caller's transaction,
+    under the ledger's lock. Returns the crossings recorded (to announce)."""
+    start, _ = period_bounds(budget.period, budget.timezone, now)
+    row = PeriodLedger.objects.select_for_update().filter(budget=budget, period_start=start).first()
+    if row is None:
+        return []
+    decided = budget_decide(
+        ledger=Ledger(
+            tokens_used=row.tokens_used,
+            cost_usd=row.cost_usd,
+            state=row.state,
+            warned_at=row.warned_at,
+            exhausted_at=row.exhausted_at,
+        ),
+        limits=PeriodLimits.of(budget),
+        at=now,
+    )
+    after = decided.ledger
+    row.state, row.warned_at, row.exhausted_at = after.state, after.warned_at, after.exhausted_at
+    row.updated_at = now
+    row.save(update_fields=["state", "warned_at", "exhausted_at", "updated_at"])
+    return _crossings_recorded(budget.project, budget, row, decided.crossings)
 
 
 def stopping_budget(

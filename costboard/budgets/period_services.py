@@ -12,6 +12,8 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
+from costboard.budgets.alerts import announce
+from costboard.budgets.period_ledgers import period_budget_recheck
 from costboard.budgets.periods import zone
 from costboard.models import ApiKey, PeriodBudget, Project
 
@@ -170,7 +172,8 @@ def period_budget_create(
 def period_budget_update(
     budget: PeriodBudget, *, changes: Mapping[str, Any], now: datetime | None = None
 ) -> PeriodBudget:
-    """Change some fields; the rest stay. The budget's row is locked while it changes."""
+    """Change some fields; the rest stay. The budget's row is locked while it changes, and
+    its current period is decided again under the new limits (period_budget_recheck)."""
     unknown = set(changes) - set(FIELDS)
     if unknown:
         raise BudgetInputError(sorted(unknown)[0], "is not a field of a budget")
@@ -181,6 +184,8 @@ def period_budget_update(
         setattr(locked, name, value)
     locked.updated_at = now or timezone.now()
     locked.save()
+    # its current period under the new limits, in this transaction; crossings to the outbox
+    announce(period_budget_recheck(locked, now=locked.updated_at))
     return locked
 
 

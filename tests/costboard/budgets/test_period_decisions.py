@@ -241,3 +241,28 @@ def test_the_crossings_are_alerted_through_the_outbox(agent: Agent) -> None:
         f"[Costboard] acme: {who} passed 80% of its cost cap",
     ]
     assert f"Budget:      monthly (id {b.pk}, project)" in mail.outbox[0].body
+
+
+def test_a_changed_limit_decides_the_current_period_again(agent: Agent) -> None:
+    b = budget(agent, cost_limit_usd=Decimal("0.60"))
+    assert agent.events(*steps("s", 2))["sessions"]["s"]["stopped_by"] == f"budget:{b.pk}"
+    _, admin_key = ApiKey.issue(project=agent.project, role="admin")
+
+    def patch(**changes: Any) -> dict[str, Any]:
+        response = Client().patch(
+            f"/api/v1/budgets/{b.pk}",
+            changes,
+            content_type="application/json",
+            headers={"Authorization": f"Bearer {admin_key}"},
+        )
+        assert response.status_code == 200, response.content
+        return dict(response.json())
+
+    raised = patch(cost_limit_usd="10.00")
+    assert (raised["state"], raised["exhausted_at"], raised["warned_at"]) == ("ok", None, None)
+    assert agent.budget("s").json()["stopped_by"] is None  # the session may go on
+    lowered = patch(cost_limit_usd="0.50")
+    assert lowered["state"] == "exhausted"
+    assert agent.budget("s").json()["stopped_by"] == f"budget:{b.pk}"
+    # crossed twice in one period, recorded once each
+    assert kinds(b) == ["soft_warned", "exhausted"]
