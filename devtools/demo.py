@@ -34,12 +34,15 @@ from django.db.models import Sum
 from django.utils import timezone
 
 from costboard.budgets.caps import caps_for
+from costboard.budgets.period_services import period_budget_create, period_budget_update
+from costboard.budgets.periods import ledger_now
 from costboard.ingest.schemas import MAX_EVENTS, Event, SessionEvent, StepEvent, TurnEvent
 from costboard.ingest.service import events_ingest
 from costboard.models import (
     SYSTEM_SESSION_ID,
     BudgetEvent,
     ModelPrice,
+    PeriodBudget,
     Project,
     Session,
     Turn,
@@ -134,8 +137,9 @@ def demo_seed(
     table = rate_table()
     tally = _Tally()
     feeds = []
-    for theme in themes:
+    for position, theme in enumerate(themes):
         project = _project_for(theme)
+        _budgets_seed(project, _user_id(theme, seed, 0, per_project[position]))
         feed = _ProjectFeed(project=project, tally=tally, now=now)
         feed.add([_system_budget_event(project.slug, seed, window.start)])
         feeds.append(feed)
@@ -161,6 +165,8 @@ def demo_seed(
         feed.close()
     say(_progress_line(total, total, tally, time.monotonic() - clock))
 
+    for feed in feeds:
+        _budgets_settle(feed.project, now=now)
     memories = sum(
         _memories_seed(feed.project, theme, seed) for feed, theme in zip(feeds, themes, strict=True)
     )
@@ -278,6 +284,53 @@ def _project_for(theme: Theme) -> Project:
         },
     )
     return project
+
+
+# --- period budgets ----------------------------------------------------------------------------
+
+# what every demo project is budgeted by; made before its traffic (so they count it) with
+# limits out of reach, which _budgets_settle then sets from what was spent
+DEMO_BUDGETS = (
+    ("Monthly spend", "project", "month", "warn"),
+    ("Enterprise customers", "tag", "month", "warn"),
+    ("Daily per user", "user", "day", "stop"),
+)
+UNREACHED = Decimal(10**9)
+PLANS = ("free", "pro", "enterprise")
+CUSTOMERS = ("northwind", "globex", "initech", "umbrella", "hooli", "acme-corp")
+
+
+def _budgets_seed(project: Project, busy_user: str) -> None:
+    """The demo's period budgets over `project`, once (a second run finds them)."""
+    values = {"project": "", "tag": "plan=enterprise", "user": busy_user}
+    for name, scope, period, action in DEMO_BUDGETS:
+        if not PeriodBudget.objects.filter(project=project, name=name).exists():
+            period_budget_create(
+                project=project,
+                fields={
+                    "name": name,
+                    "scope": scope,
+                    "scope_value": values[scope] or None,
+                    "period": period,
+                    "cost_limit_usd": UNREACHED,
+                    "action": action,
+                },
+            )
+
+
+def _budgets_settle(project: Project, *, now: datetime) -> None:
+    """Limits from what the demo spent this period: the month's spend near its limit (at
+    about 90 %), the enterprise tag's at half of it, the busy user's day well within."""
+    share = {"Monthly spend": Decimal("1.1"), "Enterprise customers": Decimal(2)}
+    for budget in PeriodBudget.objects.filter(
+        project=project, name__in=[b[0] for b in DEMO_BUDGETS]
+    ):
+        ledger = ledger_now(budget, now)
+        spent = ledger.cost_usd if ledger is not None else Decimal(0)
+        limit = (spent * share.get(budget.name, Decimal(3))).quantize(CENTS, rounding=ROUND_CEILING)
+        period_budget_update(
+            budget, changes={"cost_limit_usd": max(limit, Decimal("1.00"))}, now=now
+        )
 
 
 def _system_budget_event(slug: str, seed: int, at: datetime) -> Event:
@@ -539,6 +592,11 @@ class _SessionWriter:
             "event_id": self._event_id("open"),
             "session_id": self.external_id,
             "user_id": _user_id(self.theme, self.seed, self.index, self.count),
+            # attribution: which customer and plan (drawn apart from the session's stream)
+            "tags": {
+                "customer": CUSTOMERS[int(_digest(self.seed, self.index, "customer"), 16) % 6],
+                "plan": PLANS[int(_digest(self.seed, self.index, "plan"), 16) % 3],
+            },
         }
         rng = self.rng
         if rng.random() < 0.5:

@@ -294,3 +294,30 @@ def test_the_same_seed_on_fresh_databases_gives_the_same_data() -> None:
     other = demo_seed(sessions=24, now=now, seed=6)
     assert _everything_seeded()["steps"] != seeded["steps"]  # the seed matters
     assert other.sessions == first.sessions
+
+
+def test_the_demo_budgets_and_tags_count_what_was_sent(seeded: str) -> None:
+    from costboard.budgets.periods import ledger_now, period_bounds
+    from costboard.models import PeriodBudget
+
+    now = timezone.now()
+    for project in Project.objects.filter(slug__in=["support-bot", "research-agent"]):
+        names = set(PeriodBudget.objects.filter(project=project).values_list("name", flat=True))
+        assert names == {"Monthly spend", "Enterprise customers", "Daily per user"}
+        monthly = PeriodBudget.objects.get(project=project, name="Monthly spend")
+        ledger = ledger_now(monthly, now)
+        assert ledger is not None and ledger.state == "warning"  # near its limit, on purpose
+        start, end = period_bounds("month", "UTC", now)
+        steps = Step.objects.filter(project=project, timestamp__gte=start, timestamp__lt=end)
+        assert ledger.cost_usd == sum((s.cost_usd for s in steps), Decimal(0))
+        assert monthly.cost_limit_usd is not None
+        assert Decimal("0.8") <= ledger.cost_usd / monthly.cost_limit_usd < 1
+        enterprise = PeriodBudget.objects.get(project=project, name="Enterprise customers")
+        tagged = [s for s in steps if (s.tags or {}).get("plan") == "enterprise"]
+        assert tagged and len(tagged) < steps.count()
+        tag_ledger = ledger_now(enterprise, now)
+        assert tag_ledger is not None
+        assert tag_ledger.cost_usd == sum((s.cost_usd for s in tagged), Decimal(0))
+        sessions = Session.objects.filter(project=project).exclude(external_id="system")
+        assert all(set(s.tags) == {"customer", "plan"} for s in sessions)
+        assert len({s.tags["customer"] for s in sessions}) > 3  # a real spread
