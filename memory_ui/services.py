@@ -494,22 +494,34 @@ def _supersede_locked(
     if keep_both:
         return f"kept beside {listed}, which it contradicts"
     for other in others:
-        other.status, other.superseded_by, other.updated_at = (
-            Memory.Status.SUPERSEDED,
-            memory,
-            now,
-        )
-        other.save(update_fields=["status", "superseded_by", "updated_at"])
-        _event(
-            other,
-            MemoryEvent.Action.SUPERSEDED,
-            user=by,
-            name=actor_name,
-            after={"status": other.status, "superseded_by": memory.pk},
-            note=memory.content,
-            at=now,
-        )
+        _replaced(other, by=memory, link="superseded_by", user=by, actor_name=actor_name, now=now)
     return f"supersedes {listed}"
+
+
+_REPLACED = {
+    "superseded_by": (Memory.Status.SUPERSEDED, MemoryEvent.Action.SUPERSEDED),
+    "merged_into": (Memory.Status.MERGED, MemoryEvent.Action.MERGED),
+}
+
+
+def _replaced(
+    target: Memory, *, by: Memory, link: str, user: User, actor_name: str, now: datetime
+) -> None:
+    """`target` out of use, replaced by `by` (superseded by a newer fact, or merged into a
+    proposal's text), with its history event; its caller holds its lock."""
+    status, action = _REPLACED[link]
+    target.status, target.updated_at = status, now
+    setattr(target, link, by)
+    target.save(update_fields=["status", link, "updated_at"])
+    _event(
+        target,
+        action,
+        user=user,
+        name=actor_name,
+        after={"status": status, link: by.pk},
+        note=by.content,
+        at=now,
+    )
 
 
 def _approve_locked(
@@ -537,20 +549,8 @@ def _approve_locked(
     elif memory.proposal in (Memory.Proposal.MERGE, Memory.Proposal.COMPRESS):
         for target in targets:
             if target.status in LIVE:
-                target.status, target.merged_into, target.updated_at = (
-                    Memory.Status.MERGED,
-                    memory,
-                    now,
-                )
-                target.save(update_fields=["status", "merged_into", "updated_at"])
-                _event(
-                    target,
-                    MemoryEvent.Action.MERGED,
-                    user=by,
-                    name=actor_name,
-                    after={"status": target.status, "merged_into": memory.pk},
-                    note=memory.content,
-                    at=now,
+                _replaced(
+                    target, by=memory, link="merged_into", user=by, actor_name=actor_name, now=now
                 )
         memory.proposal = Memory.Proposal.NEW  # from now on an ordinary memory
     memory.status = Memory.Status.APPROVED

@@ -164,13 +164,7 @@ def period_budgets_apply(
             )
         tokens, cost = sums[id(spends)]
         decided = budget_decide(
-            ledger=Ledger(
-                tokens_used=row.tokens_used,
-                cost_usd=row.cost_usd,
-                state=row.state,
-                warned_at=row.warned_at,
-                exhausted_at=row.exhausted_at,
-            ),
+            ledger=_ledger_of(row),
             limits=PeriodLimits.of(budget),
             at=now,
             spends=spends,  # read only to time a crossing
@@ -190,6 +184,17 @@ def period_budgets_apply(
     )
     outcome.events = events
     return outcome
+
+
+def _ledger_of(row: PeriodLedger) -> Ledger:
+    """A ledger row as the budget engine reads a budget."""
+    return Ledger(
+        tokens_used=row.tokens_used,
+        cost_usd=row.cost_usd,
+        state=row.state,
+        warned_at=row.warned_at,
+        exhausted_at=row.exhausted_at,
+    )
 
 
 def _crossings_recorded(
@@ -229,17 +234,7 @@ def period_budget_recheck(budget: PeriodBudget, *, now: datetime) -> list[Budget
     row = PeriodLedger.objects.select_for_update().filter(budget=budget, period_start=start).first()
     if row is None:
         return []
-    decided = budget_decide(
-        ledger=Ledger(
-            tokens_used=row.tokens_used,
-            cost_usd=row.cost_usd,
-            state=row.state,
-            warned_at=row.warned_at,
-            exhausted_at=row.exhausted_at,
-        ),
-        limits=PeriodLimits.of(budget),
-        at=now,
-    )
+    decided = budget_decide(ledger=_ledger_of(row), limits=PeriodLimits.of(budget), at=now)
     after = decided.ledger
     row.state, row.warned_at, row.exhausted_at = after.state, after.warned_at, after.exhausted_at
     row.updated_at = now
