@@ -29,12 +29,15 @@ from django.db.models import (
 from django.db.models.functions import Coalesce, Greatest, Trunc
 
 from costboard.budgets.caps import Caps
+from costboard.budgets.periods import forecast_cost, period_bounds, state_of
 from costboard.ingest.latency import percentile
 from costboard.models import (
     TOOL_MODEL,
     BudgetEvent,
     DailyRollup,
     LatencyRollup,
+    PeriodBudget,
+    PeriodLedger,
     Session,
     SessionModelUsage,
     Step,
@@ -800,3 +803,68 @@ def turn_cost_distribution(
     )
     labels = [f"< ${high}" for high in TURN_COST_EDGES] + [f"≥ ${TURN_COST_EDGES[-1]}"]
     return [(label, counts.get(i, 0)) for i, label in enumerate(labels)]
+
+
+# --- period budgets ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BudgetRow:
+    """A period budget in its current period, as the overview lists it."""
+
+    budget: PeriodBudget
+    state: str
+    tokens_used: int
+    cost_usd: Decimal
+    forecast_usd: Decimal | None
+    period_end: datetime | None
+
+    @property
+    def used_pct(self) -> Decimal | None:
+        """The larger share of a limit used so far (tokens or USD), as a percentage."""
+        shares = []
+        if self.budget.token_limit:
+            shares.append(Decimal(self.tokens_used) / self.budget.token_limit * 100)
+        if self.budget.cost_limit_usd:
+            shares.append(self.cost_usd / self.budget.cost_limit_usd * 100)
+        return max(shares) if shares else None
+
+    @property
+    def forecast_over(self) -> bool:
+        """At its rate so far, the period ends past its USD limit."""
+        limit = self.budget.cost_limit_usd
+        return limit is not None and self.forecast_usd is not None and self.forecast_usd > limit
+
+
+def budgets_current(*, project_ids: list[int], now: datetime) -> list[BudgetRow]:
+    """The projects' period budgets in their current periods (two queries)."""
+    budgets = list(
+        PeriodBudget.objects.filter(project_id__in=project_ids)
+        .select_related("project")
+        .order_by("project__name", "name", "pk")
+    )
+    starts = {b.pk: period_bounds(b.period, b.timezone, now) for b in budgets}
+    current = Q(pk__in=[])
+    for b in budgets:
+        current |= Q(budget_id=b.pk, period_start=starts[b.pk][0])
+    ledgers = (
+        {row.budget_id: row for row in PeriodLedger.objects.filter(current)} if budgets else {}
+    )
+    rows = []
+    for b in budgets:
+        ledger = ledgers.get(b.pk)
+        start, end = starts[b.pk]
+        tokens = ledger.tokens_used if ledger is not None else 0
+        cost = ledger.cost_usd if ledger is not None else ZERO
+        state = ledger.state if ledger is not None else state_of(b, 0, ZERO)
+        rows.append(
+            BudgetRow(
+                budget=b,
+                state=state,
+                tokens_used=tokens,
+                cost_usd=cost,
+                forecast_usd=forecast_cost(cost, start, end, now),
+                period_end=end,
+            )
+        )
+    return rows

@@ -81,6 +81,7 @@ def overview(request: HttpRequest) -> HttpResponse:
         ),
         "flagged": flagged,
         "flagged_total": flagged_total,
+        "budgets": selectors.budgets_current(project_ids=ids, now=timezone.now()),
         "unpriced": (selectors.models_unpriced(project_ids=ids) if request.user.is_staff else []),
         "figures": _figures(
             daily=charts.daily_cost_by_model(breakdown),

@@ -266,3 +266,16 @@ def test_a_changed_limit_decides_the_current_period_again(agent: Agent) -> None:
     assert agent.budget("s").json()["stopped_by"] == f"budget:{b.pk}"
     # crossed twice in one period, recorded once each
     assert kinds(b) == ["soft_warned", "exhausted"]
+
+
+def test_the_overview_lists_each_budget_in_its_period(agent: Agent, staff: Client) -> None:
+    b = budget(agent, cost_limit_usd=Decimal("1.00"))
+    quiet = budget(agent, name="per user", scope="user", scope_value="nobody", period="day")
+    agent.events(*steps("s", 3))  # $0.90 of $1.00
+    html = staff.get("/").content.decode()
+    row = html[html.index(f'data-budget="{b.pk}"') :]
+    row = row[: row.index("</tr>")]
+    assert ">near limit<" in row and "$0.90" in row and ">90%<" in row
+    other = html[html.index(f'data-budget="{quiet.pk}"') :]
+    other = other[: other.index("</tr>")]
+    assert ">ok<" in other and "$0.00" in other
