@@ -612,6 +612,8 @@ class BudgetEvent(models.Model):
         EXHAUSTED = "exhausted"
         RUNAWAY = "runaway"
         CAP_CHANGED = "cap_changed"
+        # a period budget projected, at its recent daily rate, to pass its limit this period
+        FORECAST = "forecast"
 
     project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="+")
     # a session's crossing, or a period budget's (its ledger: the budget and the period)
@@ -754,6 +756,22 @@ class PeriodLedger(models.Model):
         return f"{self.budget_id} from {self.period_start:%Y-%m-%d}"
 
 
+class BudgetDay(models.Model):
+    """What counted toward a period budget on one day (in its timezone): the daily rate its
+    forecast projects from. Kept by ingest with the ledgers, under their locks."""
+
+    budget = models.ForeignKey(PeriodBudget, on_delete=models.CASCADE, related_name="days")
+    day = models.DateField()
+    tokens_used = models.BigIntegerField(default=0)
+    cost_usd = money_field()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["budget", "day"], name="budgetday_day")]
+
+    def __str__(self) -> str:
+        return f"{self.budget_id} {self.day}"
+
+
 class EventReceipt(models.Model):
     """The event_id of an accepted session or turn event, so a replay changes nothing.
 
@@ -875,7 +893,8 @@ class EnvironmentCaps(models.Model):
         return f"{self.token_cap} tokens, ${self.cost_cap_usd}, warn at {self.warn_at_pct}"
 
 
-ALERT_KINDS = ["soft_warned", "exhausted", "runaway"]
+# forecast: a period budget projected to pass its USD limit this period (once per period)
+ALERT_KINDS = ["soft_warned", "exhausted", "runaway", "forecast"]
 
 
 def _alert_kinds() -> list[str]:
@@ -894,7 +913,8 @@ class WebhookEndpoint(models.Model):
     kinds = models.JSONField(
         default=_alert_kinds,
         blank=True,
-        help_text='Which budget events to send: any of "soft_warned", "exhausted", "runaway".',
+        help_text='Which budget events to send: any of "soft_warned", "exhausted", "runaway", '
+        '"forecast".',
     )
     active = models.BooleanField(default=True)
     created_at = models.DateTimeField(default=timezone.now)

@@ -200,6 +200,7 @@ CELERY_BEAT_SCHEDULE = {
         "options": {"expires": 10},  # ticks queued behind a long run are dropped, not piled up
     },
     "runaway-sweep": {"task": "costboard.tasks.runaway_sweep", "schedule": 60.0},
+    "period-forecast": {"task": "costboard.tasks.period_forecast_sweep", "schedule": 900.0},
     "retention": {"task": "costboard.tasks.retention_sweep", "schedule": 3600.0},
     # memory_ui/lifecycle.py: TTL expiry; evict/merge/compress proposals for a person to decide
     "memory-ttl": {"task": "memory_ui.lifecycle.memory_ttl_sweep", "schedule": 900.0},

@@ -5,9 +5,10 @@ from __future__ import annotations
 import logging
 
 from celery import shared_task
+from django.utils import timezone
 
 from costboard import outbox
-from costboard.budgets import alerts, retention  # noqa: F401  (alerts: its outbox handlers)
+from costboard.budgets import alerts, period_ledgers, retention  # noqa: F401  (alerts: its outbox handlers)
 from costboard.budgets import services as budget_services  # noqa: F401  (outbox handler)
 from costboard.budgets import sweep as guard
 from costboard.pricing import services as pricing_services  # noqa: F401  (outbox handler)
@@ -31,6 +32,13 @@ def runaway_sweep() -> dict[str, int]:
     """Every minute: the window rules (burn rate, projected overrun, long sessions). Safe
     to run twice: a session is flagged with a conditional UPDATE."""
     return guard.runaway_sweep().flagged
+
+
+@shared_task(soft_time_limit=600, time_limit=660, acks_late=True)
+def period_forecast_sweep() -> int:
+    """Every 15 minutes: a forecast alert, once per period, for each period budget projected
+    at its recent daily rate to pass its USD limit."""
+    return period_ledgers.period_forecast_sweep(now=timezone.now())
 
 
 @shared_task(soft_time_limit=3000, time_limit=3300, acks_late=True)

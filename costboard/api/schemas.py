@@ -104,7 +104,18 @@ class PeriodBudgetAnswer(Answer):
     warned_at: IsoTime | None
     exhausted_at: IsoTime | None
     forecast_cost_usd: Money | None = Field(
-        description="the period's cost at its end at its rate so far; null for total"
+        description="the period's cost at its end at its recent daily rate (the mean of up "
+        "to 7 recent days); null for total"
+    )
+    forecast_range_usd: list[Money] | None = Field(
+        description="[low, high]: the period's end cost at the recent days' lowest and "
+        "highest daily rates"
+    )
+    forecast_daily_usd: Money | None = Field(description="the recent daily rate")
+    crossing_date: str | None = Field(
+        description="the day (in the budget's timezone) the USD limit is crossed at that "
+        "rate, if within the period; the day it was crossed once it is",
+        json_schema_extra={"format": "date"},
     )
 
 

@@ -90,7 +90,7 @@ from costboard.budgets.egress import (
     webhook_destination,
     webhook_opener,
 )
-from costboard.budgets.periods import period_budget_view
+from costboard.budgets.periods import budget_days, period_budget_view
 from costboard.models import (
     AlertDelivery,
     BudgetEvent,
@@ -105,7 +105,12 @@ from costboard.outbox import Item, outbox_add, outbox_add_many, outbox_handler
 log = logging.getLogger(__name__)
 
 ALERTED_KINDS = frozenset(
-    {BudgetEvent.Kind.SOFT_WARNED, BudgetEvent.Kind.EXHAUSTED, BudgetEvent.Kind.RUNAWAY}
+    {
+        BudgetEvent.Kind.SOFT_WARNED,
+        BudgetEvent.Kind.EXHAUSTED,
+        BudgetEvent.Kind.RUNAWAY,
+        BudgetEvent.Kind.FORECAST,
+    }
 )
 SIGNATURE_TOLERANCE_SECONDS = 300
 # A claimed attempt with no outcome after this long is taken to have died with its worker.
@@ -360,7 +365,8 @@ def _period_payload(delivery: AlertDelivery, event: BudgetEvent) -> dict[str, An
     ledger = event.ledger
     assert ledger is not None
     budget = ledger.budget
-    view = period_budget_view(budget, ledger, now=timezone.now())
+    now = timezone.now()
+    view = period_budget_view(budget, ledger, now=now, days=budget_days([budget], now)[budget.pk])
     return {
         "delivery_id": delivery.pk,
         "event_id": event.pk,
@@ -531,6 +537,12 @@ def alert_headline(payload: dict[str, Any]) -> str:
         except InvalidOperation:
             pct = settings.COSTBOARD_WARN_AT_PCT
         return f"passed {pct * 100:.0f}% of its {_caps_reached(payload, pct)}"
+    if kind == BudgetEvent.Kind.FORECAST:
+        return (
+            f"is projected to pass its cost cap on {detail.get('crossing_date')} "
+            f"(${detail.get('forecast_cost_usd')} by the period's end at "
+            f"${detail.get('forecast_daily_usd')}/day)"
+        )
     why = detail.get("reason") or detail.get("rule")
     return "looks runaway" + (f" ({why})" if why else "")
 

@@ -15,16 +15,28 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import date, datetime
 from decimal import Decimal
 from typing import Any, Protocol
 
+from django.db import connection, transaction
 from django.db.models import Q
 
+from costboard.budgets.alerts import announce
 from costboard.budgets.engine import EXHAUSTED, Crossing, Ledger, budget_decide
-from costboard.budgets.periods import PeriodLimits, StepScope, budget_covers, period_bounds
-from costboard.models import BudgetEvent, PeriodBudget, PeriodLedger, Project
+from costboard.budgets.periods import (
+    PeriodLimits,
+    StepScope,
+    budget_covers,
+    budget_days,
+    forecast,
+    period_bounds,
+    zone,
+)
+from costboard.models import BudgetDay, BudgetEvent, PeriodBudget, PeriodLedger, Project, usd
 from costboard.pricing.rates import pico_usd
+
+FORECAST = BudgetEvent.Kind.FORECAST
 
 
 class SpendStep(Protocol):
@@ -132,7 +144,7 @@ def period_budgets_apply(
     if not groups:
         return outcome
     # sums once per list of steps: the budgets that cover the whole batch share one
-    sums: dict[int, tuple[int, Decimal]] = {}
+    sums: dict[int, tuple[int, int]] = {}  # tokens and pico-dollars
 
     PeriodLedger.objects.bulk_create(
         [
@@ -158,11 +170,9 @@ def period_budgets_apply(
         budget = by_id[row.budget_id]
         spends = groups[(row.budget_id, row.period_start)]
         if id(spends) not in sums:
-            sums[id(spends)] = (
-                sum(s.tokens for s in spends),
-                pico_usd(sum(s.cost_pico for s in spends)),
-            )
-        tokens, cost = sums[id(spends)]
+            sums[id(spends)] = (sum(s.tokens for s in spends), sum(s.cost_pico for s in spends))
+        tokens, pico = sums[id(spends)]
+        cost = pico_usd(pico)
         decided = budget_decide(
             ledger=_ledger_of(row),
             limits=PeriodLimits.of(budget),
@@ -182,8 +192,48 @@ def period_budgets_apply(
     PeriodLedger.objects.bulk_update(
         changed, ["tokens_used", "cost_usd", "state", "warned_at", "exhausted_at", "updated_at"]
     )
+    _days_add(by_id, groups, sums)
     outcome.events = events
     return outcome
+
+
+def _days_add(
+    budgets: dict[int, PeriodBudget],
+    groups: dict[tuple[int, datetime], Sequence[SpendStep]],
+    sums: dict[int, tuple[int, int]],
+) -> None:
+    """Add the batch to each budget's days (in its timezone): one statement. A group within
+    one day adds its sums as they are."""
+    adds: dict[tuple[int, date], list[int]] = {}
+    for (budget_id, _), steps in sorted(groups.items()):
+        tz = zone(budgets[budget_id].timezone)
+        first, last = (
+            min(steps, key=_AT).at.astimezone(tz).date(),
+            max(steps, key=_AT).at.astimezone(tz).date(),
+        )
+        if first == last and id(steps) in sums:
+            adds[(budget_id, first)] = list(sums[id(steps)])
+            continue
+        for step in steps:
+            tally = adds.setdefault((budget_id, step.at.astimezone(tz).date()), [0, 0])
+            tally[0] += step.tokens
+            tally[1] += step.cost_pico
+    if not adds:
+        return
+    table = BudgetDay._meta.db_table
+    rows = sorted(adds.items())
+    values = ", ".join(["(%s, %s, %s, %s)"] * len(rows))
+    params: list[Any] = []
+    for (budget_id, day), (tokens, pico) in rows:
+        params += [budget_id, day, tokens, pico_usd(pico)]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {table} (budget_id, day, tokens_used, cost_usd) VALUES {values} "
+            f"ON CONFLICT (budget_id, day) DO UPDATE SET "
+            f"tokens_used = {table}.tokens_used + excluded.tokens_used, "
+            f"cost_usd = {table}.cost_usd + excluded.cost_usd",
+            params,
+        )
 
 
 def _ledger_of(row: PeriodLedger) -> Ledger:
@@ -198,7 +248,11 @@ def _ledger_of(row: PeriodLedger) -> Ledger:
 
 
 def _crossings_recorded(
-    project: Project, budget: PeriodBudget, ledger: PeriodLedger, crossings: Sequence[Crossing]
+    project: Project,
+    budget: PeriodBudget,
+    ledger: PeriodLedger,
+    crossings: Sequence[Crossing],
+    extra: dict[str, object] | None = None,
 ) -> list[BudgetEvent]:
     """The crossings as BudgetEvents of the ledger, each kind once per period: one already
     recorded (crossed before a limit was raised, then crossed again) is not recorded twice.
@@ -218,6 +272,7 @@ def _crossings_recorded(
                     "budget": budget.name,
                     **PeriodLimits.of(budget).describe(),
                     "warn_at_pct": str(budget.warn_at_pct),
+                    **(extra or {}),
                 },
             },
         )
@@ -262,3 +317,45 @@ def stopping_budget(
         )
     exhausted = PeriodLedger.objects.filter(current, state=EXHAUSTED).order_by("budget_id").first()
     return exhausted.budget_id if exhausted is not None else None
+
+
+def period_forecast_sweep(*, now: datetime) -> int:
+    """Alert, once per period, each budget whose current period is projected at its recent
+    daily rate to pass its USD limit before the period ends (a `forecast` event, through the
+    outbox). Run by beat and guard_sweep; safe to run twice (the event is once per ledger).
+    Returns how many were recorded."""
+    budgets = list(
+        PeriodBudget.objects.filter(cost_limit_usd__isnull=False).select_related("project")
+    )
+    days = budget_days(budgets, now)
+    recorded: list[BudgetEvent] = []
+    for budget in budgets:
+        start, end = period_bounds(budget.period, budget.timezone, now)
+        with transaction.atomic():
+            row = (
+                PeriodLedger.objects.select_for_update()
+                .filter(budget=budget, period_start=start)
+                .first()
+            )
+            if row is None or row.state == EXHAUSTED:
+                continue
+            ahead = forecast(
+                budget, row.cost_usd, start=start, end=end, days=days[budget.pk], now=now
+            )
+            if ahead is None or ahead.crossing_day is None:
+                continue
+            crossing = Crossing(FORECAST, now, row.tokens_used, row.cost_usd)
+            made = _crossings_recorded(
+                budget.project,
+                budget,
+                row,
+                [crossing],
+                extra={
+                    "crossing_date": ahead.crossing_day.isoformat(),
+                    "forecast_cost_usd": usd(ahead.cost_usd),
+                    "forecast_daily_usd": usd(ahead.daily_usd),
+                },
+            )
+            announce(made)
+            recorded += made
+    return len(recorded)

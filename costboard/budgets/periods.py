@@ -14,7 +14,7 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from costboard.budgets.engine import EXHAUSTED, OK, WARNING
-from costboard.models import PeriodBudget, PeriodLedger, usd
+from costboard.models import BudgetDay, PeriodBudget, PeriodLedger, usd
 
 # a total budget's one period begins here
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -112,11 +112,15 @@ def state_of(budget: PeriodBudget, tokens_used: int, cost_usd: Decimal) -> str:
     return WARNING if limits.warned(tokens_used, cost_usd) else OK
 
 
+RATE_DAYS = 7  # the daily rate is the mean of at most this many recent days
+
+
 def forecast_cost(
     cost_usd: Decimal, start: datetime, end: datetime | None, now: datetime
 ) -> Decimal | None:
     """The period's cost at its end if it goes on at its rate so far (at least an hour of it
-    counted); None for a total budget, or a period not begun."""
+    counted); None for a total budget, or a period not begun. (Without daily figures:
+    `forecast` projects from the recent days.)"""
     if end is None or now < start:
         return None
     if now >= end:
@@ -125,10 +129,75 @@ def forecast_cost(
     return (cost_usd * Decimal((end - start) / elapsed)).quantize(Decimal("0.000001"))
 
 
+@dataclass(frozen=True, slots=True)
+class Forecast:
+    """Where a period is heading at its recent daily rate: its cost at the period's end, the
+    range the recent days' lowest and highest rates give, and the day its USD limit is
+    crossed at the mean rate (None: not within the period, or no USD limit)."""
+
+    cost_usd: Decimal
+    low_usd: Decimal
+    high_usd: Decimal
+    daily_usd: Decimal
+    crossing_day: date | None
+
+
+def forecast(
+    budget: PeriodBudget,
+    cost_usd: Decimal,
+    *,
+    start: datetime,
+    end: datetime | None,
+    days: dict[date, Decimal],
+    now: datetime,
+) -> Forecast | None:
+    """The period's forecast from `days` (cost per day in the budget's timezone). The rate
+    is the mean of the recent complete days in the period (at most RATE_DAYS, a day without
+    spend counting as $0); on the period's first day, today's pace so far."""
+    if end is None or now < start:
+        return None
+    tz = zone(budget.timezone)
+    today = now.astimezone(tz).date()
+    first = max(start.astimezone(tz).date(), budget.created_at.astimezone(tz).date())
+    recent = [
+        days.get(today - timedelta(days=n), Decimal(0))
+        for n in range(1, RATE_DAYS + 1)
+        if today - timedelta(days=n) >= first
+    ]
+    if not recent:  # the first day: today's spend over the part of it gone
+        midnight = datetime.combine(today, time.min, tzinfo=tz)
+        gone = max((now - midnight) / timedelta(days=1), 1 / 24)
+        recent = [days.get(today, Decimal(0)) / Decimal(gone)]
+    mean = sum(recent, Decimal(0)) / len(recent)
+    left = Decimal(max(end - now, timedelta(0)) / timedelta(days=1))
+    cents = Decimal("0.000001")
+    crossing = None
+    limit = budget.cost_limit_usd
+    if limit is not None:
+        if cost_usd >= limit:
+            crossing = today
+        elif mean > 0:
+            at = now + timedelta(days=float((limit - cost_usd) / mean))
+            crossing = at.astimezone(tz).date() if at < end else None
+    return Forecast(
+        cost_usd=(cost_usd + mean * left).quantize(cents),
+        low_usd=(cost_usd + min(recent) * left).quantize(cents),
+        high_usd=(cost_usd + max(recent) * left).quantize(cents),
+        daily_usd=mean.quantize(cents),
+        crossing_day=crossing,
+    )
+
+
 def period_budget_view(
-    budget: PeriodBudget, ledger: PeriodLedger | None, *, now: datetime
+    budget: PeriodBudget,
+    ledger: PeriodLedger | None,
+    *,
+    now: datetime,
+    days: dict[date, Decimal] | None = None,
 ) -> dict[str, Any]:
-    """`<period budget>`: the budget in the period of `now` (the ledger's, when given)."""
+    """`<period budget>`: the budget in the period of `now` (the ledger's, when given);
+    `days` (its recent cost per day, `budget_days`) makes the forecast's range and crossing
+    day, else the forecast is the rate so far."""
     if ledger is not None:
         start, end = ledger.period_start, ledger.period_end
         tokens, cost = ledger.tokens_used, ledger.cost_usd
@@ -138,7 +207,12 @@ def period_budget_view(
         start, end = period_bounds(budget.period, budget.timezone, now)
         tokens, cost, warned, exhausted = 0, Decimal(0), None, None
         state = state_of(budget, 0, Decimal(0))
-    forecast = forecast_cost(cost, start, end, now)
+    ahead = (
+        forecast(budget, cost, start=start, end=end, days=days, now=now)
+        if days is not None
+        else None
+    )
+    projected = ahead.cost_usd if ahead is not None else forecast_cost(cost, start, end, now)
     return {
         "id": budget.pk,
         "name": budget.name,
@@ -157,7 +231,10 @@ def period_budget_view(
         "action": budget.action,
         "warned_at": warned.isoformat() if warned else None,
         "exhausted_at": exhausted.isoformat() if exhausted else None,
-        "forecast_cost_usd": usd(forecast),
+        "forecast_cost_usd": usd(projected),
+        "forecast_range_usd": [usd(ahead.low_usd), usd(ahead.high_usd)] if ahead else None,
+        "forecast_daily_usd": usd(ahead.daily_usd) if ahead else None,
+        "crossing_date": ahead.crossing_day.isoformat() if ahead and ahead.crossing_day else None,
     }
 
 
@@ -165,3 +242,17 @@ def ledger_now(budget: PeriodBudget, now: datetime) -> PeriodLedger | None:
     """The ledger of the period `now` falls in, if anything counted toward it yet."""
     start, _ = period_bounds(budget.period, budget.timezone, now)
     return PeriodLedger.objects.filter(budget=budget, period_start=start).first()
+
+
+def budget_days(budgets: list[PeriodBudget], now: datetime) -> dict[int, dict[date, Decimal]]:
+    """Each budget's cost per day over the recent days a forecast reads (one query)."""
+    if not budgets:
+        return {}
+    since = (now - timedelta(days=RATE_DAYS + 2)).date()
+    found: dict[int, dict[date, Decimal]] = {b.pk: {} for b in budgets}
+    rows = BudgetDay.objects.filter(budget__in=budgets, day__gte=since).values_list(
+        "budget_id", "day", "cost_usd"
+    )
+    for budget_id, day, cost in rows:
+        found[budget_id][day] = cost
+    return found

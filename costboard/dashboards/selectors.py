@@ -29,7 +29,13 @@ from django.db.models import (
 from django.db.models.functions import Coalesce, Greatest, Trunc
 
 from costboard.budgets.caps import Caps
-from costboard.budgets.periods import forecast_cost, period_bounds, state_of
+from costboard.budgets.periods import (
+    Forecast,
+    budget_days,
+    forecast,
+    period_bounds,
+    state_of,
+)
 from costboard.ingest.latency import percentile
 from costboard.models import (
     TOOL_MODEL,
@@ -816,8 +822,12 @@ class BudgetRow:
     state: str
     tokens_used: int
     cost_usd: Decimal
-    forecast_usd: Decimal | None
+    forecast: Forecast | None
     period_end: datetime | None
+
+    @property
+    def forecast_usd(self) -> Decimal | None:
+        return self.forecast.cost_usd if self.forecast is not None else None
 
     @property
     def used_pct(self) -> Decimal | None:
@@ -837,7 +847,8 @@ class BudgetRow:
 
 
 def budgets_current(*, project_ids: list[int], now: datetime) -> list[BudgetRow]:
-    """The projects' period budgets in their current periods (two queries)."""
+    """The projects' period budgets in their current periods, with their forecasts (three
+    queries)."""
     budgets = list(
         PeriodBudget.objects.filter(project_id__in=project_ids)
         .select_related("project")
@@ -850,6 +861,7 @@ def budgets_current(*, project_ids: list[int], now: datetime) -> list[BudgetRow]
     ledgers = (
         {row.budget_id: row for row in PeriodLedger.objects.filter(current)} if budgets else {}
     )
+    days = budget_days(budgets, now)
     rows = []
     for b in budgets:
         ledger = ledgers.get(b.pk)
@@ -863,7 +875,7 @@ def budgets_current(*, project_ids: list[int], now: datetime) -> list[BudgetRow]
                 state=state,
                 tokens_used=tokens,
                 cost_usd=cost,
-                forecast_usd=forecast_cost(cost, start, end, now),
+                forecast=forecast(b, cost, start=start, end=end, days=days[b.pk], now=now),
                 period_end=end,
             )
         )

@@ -46,7 +46,7 @@ from costboard.budgets.alerts import announce
 from costboard.budgets.caps import SessionBudget, caps_for, session_budget
 from costboard.budgets.engine import Flag, Ledger, budget_decide
 from costboard.budgets.period_ledgers import SpendBatch, period_budgets_apply, project_budgets
-from costboard.budgets.periods import period_budget_view
+from costboard.budgets.periods import budget_days, period_budget_view
 from costboard.budgets.services import budget_events_of
 from costboard.hooks import Ingested, after_ingest_run
 from costboard.ingest.latency import latency_bucket
@@ -60,6 +60,8 @@ from costboard.models import (
     EventReceipt,
     IngestTally,
     LatencyRollup,
+    PeriodBudget,
+    PeriodLedger,
     Project,
     Session,
     SessionModelUsage,
@@ -520,11 +522,21 @@ def events_ingest(
         duplicates=duplicates,
         sessions=dict(sorted(budgets.items())),
         budget_events=[*budget_events, *periods.events],
-        budgets={
-            str(budget.pk): period_budget_view(budget, ledger, now=now)
-            for budget, ledger in periods.ledgers
-        },
+        budgets=_period_views(periods.ledgers, now),
     )
+
+
+def _period_views(
+    ledgers: list[tuple[PeriodBudget, PeriodLedger]], now: datetime
+) -> dict[str, dict[str, Any]]:
+    """`<period budget>` of each budget the batch touched, with its forecast (one query)."""
+    if not ledgers:
+        return {}
+    days = budget_days([budget for budget, _ in ledgers], now)
+    return {
+        str(budget.pk): period_budget_view(budget, ledger, now=now, days=days[budget.pk])
+        for budget, ledger in ledgers
+    }
 
 
 def _spend_batch(

@@ -5,7 +5,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 from django.db import close_old_connections
+from django.utils import timezone
 
+from costboard.budgets.period_ledgers import period_forecast_sweep
 from costboard.budgets.retention import retention_sweep
 from costboard.budgets.sweep import runaway_sweep
 from costboard.hooks import hourly_run
@@ -57,6 +59,9 @@ class Command(BaseCommand):
         result = runaway_sweep()
         flagged = ", ".join(f"{n} by {rule}" for rule, n in result.flagged.items())
         line = f"checked {result.sessions_checked} active sessions; flagged {flagged or 0}"
+        forecasts = period_forecast_sweep(now=timezone.now())
+        if forecasts:
+            line += f"; {forecasts} budgets projected past their limit"
         if hourly:
             kept = retention_sweep()
             line += (

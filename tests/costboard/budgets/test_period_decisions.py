@@ -11,10 +11,12 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
+import time_machine
 from django.core import mail
 from django.test import Client
 
-from costboard.budgets.periods import period_bounds
+from costboard.budgets.period_ledgers import period_forecast_sweep
+from costboard.budgets.periods import budget_days, forecast, period_bounds
 from costboard.models import ApiKey, BudgetEvent, PeriodBudget, PeriodLedger, Step
 from costboard.outbox import outbox_dispatch
 from tests.conftest import Agent, add_price, make_agent, run_in_threads, usd
@@ -279,3 +281,45 @@ def test_the_overview_lists_each_budget_in_its_period(agent: Agent, staff: Clien
     other = html[html.index(f'data-budget="{quiet.pk}"') :]
     other = other[: other.index("</tr>")]
     assert ">ok<" in other and "$0.00" in other
+
+
+def test_the_forecast_projects_from_the_recent_days_and_alerts_once(agent: Agent) -> None:
+    agent.project.alert_emails = "ops@example.com"
+    agent.project.save(update_fields=["alert_emails"])
+    now = datetime(2026, 11, 10, 12, 0, tzinfo=UTC)
+    b = budget(agent, cost_limit_usd=Decimal("20.00"), action="warn")
+    PeriodBudget.objects.filter(pk=b.pk).update(created_at=now - timedelta(days=20))
+    b.refresh_from_db()
+    # $0.30, $0.60 … a day over the seven days before the 10th: a rising daily rate
+    for n in range(1, 8):
+        day = now - timedelta(days=n)
+        agent.events(
+            {"type": "session", "session_id": f"d{n}", "cost_cap_usd": "100"},
+            *steps(f"d{n}", 8 - n, at=day),
+        )
+    ledger = PeriodLedger.objects.get(budget=b)
+    spent = ledger.cost_usd
+    assert spent == STEP_COST * sum(range(1, 8))  # $8.40
+    days = budget_days([b], now)[b.pk]
+    assert days[(now - timedelta(days=1)).date()] == STEP_COST * 7
+    ahead = forecast(b, spent, start=ledger.period_start, end=ledger.period_end, days=days, now=now)
+    assert ahead is not None
+    mean = STEP_COST * sum(range(1, 8)) / 7  # $1.20 a day
+    left = Decimal((ledger.period_end - now) / timedelta(days=1))  # 20.5 days
+    assert ahead.daily_usd == mean.quantize(Decimal("0.000001"))
+    assert ahead.cost_usd == (spent + mean * left).quantize(Decimal("0.000001"))
+    assert (ahead.low_usd, ahead.high_usd) == (
+        (spent + STEP_COST * left).quantize(Decimal("0.000001")),
+        (spent + STEP_COST * 7 * left).quantize(Decimal("0.000001")),
+    )
+    # (20 - 8.40) / 1.20 = 9.67 days after noon on the 10th: the 20th
+    assert ahead.crossing_day == datetime(2026, 11, 20).date()
+
+    with time_machine.travel(now, tick=False):
+        assert period_forecast_sweep(now=now) == 1
+        assert period_forecast_sweep(now=now) == 0  # once per period
+        outbox_dispatch()
+    [event] = BudgetEvent.objects.filter(ledger__budget=b, kind="forecast")
+    assert event.detail["crossing_date"] == "2026-11-20"
+    [message] = [m for m in mail.outbox if "projected" in m.subject]
+    assert "is projected to pass its cost cap on 2026-11-20" in message.subject
