@@ -606,6 +606,46 @@ class DailyRollup(UsageTotals):
         return f"{self.project_id} {self.day} {self.model} {self.step_type}"
 
 
+class UserDailyRollup(UsageTotals):
+    """A project's usage per UTC day and end user (the session's user_id when the step
+    arrived; "" for steps of sessions without one), kept current at ingest: `/users/` and the
+    spend export read it, never the steps."""
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="+")
+    day = models.DateField()
+    user_id = models.CharField(max_length=128)
+    calls = models.BigIntegerField(default=0, db_default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["project", "day", "user_id"], name="user_rollup_key")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.project_id} {self.day} {self.user_id}"
+
+
+class TagDailyRollup(UsageTotals):
+    """A project's usage per UTC day and tag (key and value: a step with three tags counts
+    under each), kept current at ingest for the tag breakdowns and the spend export."""
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="+")
+    day = models.DateField()
+    key = models.CharField(max_length=64)
+    value = models.CharField(max_length=128)
+    calls = models.BigIntegerField(default=0, db_default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["project", "day", "key", "value"], name="tag_rollup_key"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.project_id} {self.day} {self.key}={self.value}"
+
+
 class BudgetEvent(models.Model):
     class Kind(models.TextChoices):
         SOFT_WARNED = "soft_warned"

@@ -66,7 +66,9 @@ from costboard.models import (
     Session,
     SessionModelUsage,
     Step,
+    TagDailyRollup,
     Turn,
+    UserDailyRollup,
 )
 from costboard.pricing.families import is_tool_model, model_family, price_families
 from costboard.pricing.rates import UNPRICED_PICO, RateTable, pico_usd, rate_table
@@ -77,6 +79,8 @@ SESSION_TABLE = Session._meta.db_table
 TURN_TABLE = Turn._meta.db_table
 STEP_TABLE = Step._meta.db_table
 ROLLUP_TABLE = DailyRollup._meta.db_table
+USER_ROLLUP_TABLE = UserDailyRollup._meta.db_table
+TAG_ROLLUP_TABLE = TagDailyRollup._meta.db_table
 RECEIPT_TABLE = EventReceipt._meta.db_table
 MODEL_USAGE_TABLE = SessionModelUsage._meta.db_table
 LATENCY_TABLE = LatencyRollup._meta.db_table
@@ -498,6 +502,8 @@ def events_ingest(
         announce(budget_events)
         after_ingest_run(Ingested(project, _turns_with_text(accepted_others, turn_ids)))
         _model_usage_upsert(cursor, sql, session_ids, inserted)
+        users = _users_of(rows, sessions)
+        hot += _attribution_statements(sql, project, inserted, users, session_tags)
         accepted = len(others) - dup_others + len(inserted)
         hot.append(_tally_statement(sql, project, now, accepted, duplicates))
         for statement, params in hot:
@@ -506,7 +512,12 @@ def events_ingest(
         periods = period_budgets_apply(
             project=project,
             budgets=budgets_above,
-            batch=_spend_batch(inserted, rows, sessions, session_tags, key_prefix),
+            batch=SpendBatch(
+                steps=inserted,
+                key_prefix=key_prefix,
+                user_of=users,
+                tags_of=lambda step: step_tags(step, session_tags),
+            ),
             now=now,
         )
         announce(periods.events)
@@ -539,24 +550,14 @@ def _period_views(
     }
 
 
-def _spend_batch(
-    steps: list[_Step],
-    rows: dict[str, dict[str, Any]],
-    sessions: dict[str, _SessionTouch],
-    session_tags: dict[str, dict[str, str]],
-    key_prefix: str,
-) -> SpendBatch:
-    """The stored steps as period budgets see them: the key that sent them, their session's
-    end user (as it stands after this batch) and their tags."""
-    users = {}
-    for key, touch in sessions.items():
-        users[key] = touch.user_id if touch.user_id is not None else rows[key]["user_id"]
-    return SpendBatch(
-        steps=steps,
-        key_prefix=key_prefix,
-        user_of=users,
-        tags_of=lambda step: step_tags(step, session_tags),
-    )
+def _users_of(
+    rows: dict[str, dict[str, Any]], sessions: dict[str, _SessionTouch]
+) -> dict[str, str]:
+    """Each touched session's end user as it stands after this batch ("" for none)."""
+    return {
+        key: touch.user_id if touch.user_id is not None else rows[key]["user_id"]
+        for key, touch in sessions.items()
+    }
 
 
 def _session_tags(
@@ -1298,6 +1299,74 @@ def _hot_statements(sql: _Dialect, project: Project, steps: list[_Step]) -> list
         )
         if statement is not None
     ]
+
+
+_USER_ROLLUP_COLUMNS: list[Column] = [
+    ("day", "date"),
+    ("user_id", "text"),
+    *USAGE,
+    ("calls", "bigint"),
+]
+_TAG_ROLLUP_COLUMNS: list[Column] = [
+    ("day", "date"),
+    ("key", "text"),
+    ("value", "text"),
+    *USAGE,
+    ("calls", "bigint"),
+]
+
+
+def _attribution_statements(
+    sql: _Dialect,
+    project: Project,
+    steps: list[_Step],
+    users: dict[str, str],
+    session_tags: dict[str, dict[str, str]],
+) -> list[Statement]:
+    """The per-user and per-tag daily rollup upserts of these steps (run with the other hot
+    statements, last): each step under its session's user and under each of its tags."""
+    by_user: dict[tuple[date, str], list[_Step]] = defaultdict(list)
+    by_tag: dict[tuple[date, str, str], list[_Step]] = defaultdict(list)
+    for step in steps:
+        by_user[(step.day, users.get(step.session_key) or "")].append(step)
+        tags = step_tags(step, session_tags)
+        if tags:
+            for key, value in tags.items():
+                by_tag[(step.day, key, value)].append(step)
+    statements = []
+    for table, columns, conflict, groups in (
+        (USER_ROLLUP_TABLE, _USER_ROLLUP_COLUMNS, "project_id, day, user_id", by_user),
+        (TAG_ROLLUP_TABLE, _TAG_ROLLUP_COLUMNS, "project_id, day, key, value", by_tag),
+    ):
+        if not groups:
+            continue
+        keys = len(columns) - len(USAGE) - 1
+        with_v, params = sql.rows(
+            columns,
+            [
+                [
+                    *(sql.day(part) if isinstance(part, date) else part for part in key),
+                    *(totals := _Totals.of(group)).usage_values(sql),
+                    totals.steps,
+                ]
+                for key, group in sorted(groups.items())
+            ],
+        )
+        names = ", ".join(name for name, _ in columns)
+        updates = ",\n".join(f"{c} = {table}.{c} + excluded.{c}" for c, _ in columns[keys:])
+        statements.append(
+            (
+                f"""
+                {with_v}
+                INSERT INTO {table} (project_id, {names})
+                SELECT %s, {names} FROM v WHERE true
+                ON CONFLICT ({conflict}) DO UPDATE SET
+                    {updates}
+                """,
+                [*params, project.pk],
+            )
+        )
+    return statements
 
 
 def _rollups_statement(sql: _Dialect, project: Project, steps: list[_Step]) -> Statement | None:
