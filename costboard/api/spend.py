@@ -1,0 +1,222 @@
+"""`GET /api/v1/spend` (CONTRACT §7, keys with the `read` or `admin` role): spend grouped by
+day, model (its family, as the pages show it), step type, end user or one tag key, between two
+UTC days, as JSON or CSV. Read from the daily rollups only, never the steps: day, model and
+step type from DailyRollup; user from UserDailyRollup; tag:<key> from TagDailyRollup."""
+
+from __future__ import annotations
+
+import csv
+import io
+from datetime import date, timedelta
+from decimal import Decimal
+from typing import Annotated, Any, cast
+
+from django.db.models import Model, Sum
+from django.http import HttpRequest, HttpResponse
+from django.utils import timezone
+from pydantic import BaseModel, ConfigDict, Field
+
+from costboard.api.boundary import (
+    ApiError,
+    ApiRequest,
+    Operation,
+    Reply,
+    endpoint,
+    model_response,
+    parse_query,
+)
+from costboard.api.schemas import Answer, Money
+from costboard.api.schemas import Count as CountField
+from costboard.models import DailyRollup, TagDailyRollup, UserDailyRollup, usd
+
+READERS = ("read", "admin")
+DEFAULT_DAYS = 30
+MAX_DAYS = 3660
+SUMS = (
+    "cost_usd",
+    "input_tokens",
+    "output_tokens",
+    "cache_read_input_tokens",
+    "cache_creation_input_tokens",
+)
+# a group's name → the rollup column it reads
+PLAIN = {"day": "day", "model": "family", "step_type": "step_type", "user": "user_id"}
+
+
+class SpendQuery(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    group_by: str = Field(
+        default="day",
+        description="comma-separated: day, model, step_type, user, tag:<key>. user and a "
+        "tag each go with day alone",
+    )
+    since: date | None = Field(default=None, description="the first UTC day (30 days ago)")
+    until: date | None = Field(default=None, description="the last UTC day, included (today)")
+
+
+class SpendTotals(Answer):
+    cost_usd: Money
+    input_tokens: CountField
+    output_tokens: CountField
+    cache_read_input_tokens: CountField
+    cache_creation_input_tokens: CountField
+    steps: CountField
+
+
+class SpendRow(SpendTotals):
+    """The group_by fields (day, model, step_type, user, tag:<key>), then the sums."""
+
+
+class SpendAnswer(Answer):
+    group_by: list[str]
+    since: str
+    until: str
+    rows: Annotated[list[SpendRow], Field(description="by the group_by fields")]
+    total: SpendTotals
+
+
+SPEND = Operation(
+    method="GET",
+    summary="Spend grouped by day, model, step type, user or a tag, as JSON or CSV",
+    description="Read from the daily rollups. `Accept: text/csv` answers CSV, a header row "
+    "first. `total` equals the overview's figure for the same days.",
+    roles=READERS,
+    query=SpendQuery,
+    responses={
+        200: Reply(
+            "the rows and their total",
+            SpendAnswer,
+            alternatives={"text/csv": {"schema": {"type": "string"}}},
+        ),
+    },
+)
+
+
+def _groups(text: str) -> list[str]:
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    if not names:
+        raise ApiError(
+            422, "group_by", "name at least one of day, model, step_type, user, tag:<key>"
+        )
+    seen: list[str] = []
+    for name in names:
+        if name not in PLAIN and not (name.startswith("tag:") and len(name) > 4):
+            raise ApiError(
+                422,
+                "group_by",
+                f"{name[:40]!r} is not a group: use day, model, step_type, user or tag:<key> "
+                '(e.g. "day,model" or "tag:feature")',
+            )
+        if name in seen:
+            raise ApiError(422, "group_by", f"{name!r} is named twice")
+        seen.append(name)
+    special = [n for n in seen if n == "user" or n.startswith("tag:")]
+    if special and len([n for n in seen if n != "day"]) > 1:
+        raise ApiError(
+            422,
+            "group_by",
+            f"{special[0]} goes with day alone (the rollup it reads has no model or step "
+            f"type, nor another user or tag): e.g. group_by=day,{special[0]}",
+        )
+    return seen
+
+
+def _days(asked: SpendQuery) -> tuple[date, date]:
+    today = timezone.now().date()
+    until = asked.until or today
+    since = asked.since or until - timedelta(days=DEFAULT_DAYS - 1)
+    if since > until:
+        raise ApiError(422, "since", f"{since} is after until ({until}): swap them")
+    if (until - since).days >= MAX_DAYS:
+        raise ApiError(422, "since", f"at most {MAX_DAYS} days at once: narrow since..until")
+    return since, until
+
+
+def _rows(project_id: int, names: list[str], since: date, until: date) -> list[dict[str, Any]]:
+    tag_key = next((n[4:] for n in names if n.startswith("tag:")), None)
+    source: type[Model]
+    filters: dict[str, Any] = {"project_id": project_id, "day__gte": since, "day__lte": until}
+    columns: dict[str, str] = {}
+    if tag_key is not None:
+        source, filters["key"] = TagDailyRollup, tag_key
+        columns = {n: ("value" if n.startswith("tag:") else PLAIN[n]) for n in names}
+    elif "user" in names:
+        source = UserDailyRollup
+        columns = {n: PLAIN[n] for n in names}
+    else:
+        source = DailyRollup
+        columns = {n: PLAIN[n] for n in names}
+    order = list(columns.values())
+    grouped = (
+        source._default_manager.filter(**filters)  # type: ignore[attr-defined]
+        .values(*order)
+        .annotate(
+            **{f"s_{name}": Sum(name) for name in SUMS},
+            s_steps=Sum("calls"),
+        )
+        .order_by(*order)
+    )
+    rows = []
+    for group in grouped:
+        row: dict[str, Any] = {
+            name: (group[column].isoformat() if name == "day" else group[column])
+            for name, column in columns.items()
+        }
+        row.update({name: group[f"s_{name}"] or 0 for name in SUMS})
+        row["steps"] = group["s_steps"] or 0
+        rows.append(row)
+    return rows
+
+
+def _total(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    total: dict[str, Any] = {
+        name: sum(row[name] for row in rows) for name in SUMS if name != "cost_usd"
+    }
+    total["cost_usd"] = sum((Decimal(row["cost_usd"]) for row in rows), Decimal(0))
+    total["steps"] = sum(row["steps"] for row in rows)
+    return total
+
+
+@endpoint(SPEND)
+def spend(request: HttpRequest) -> HttpResponse:
+    project = cast(ApiRequest, request).project
+    asked = parse_query(request, SpendQuery)
+    names = _groups(asked.group_by)
+    since, until = _days(asked)
+    rows = _rows(project.pk, names, since, until)
+    total = _total(rows)
+    for row in rows:
+        row["cost_usd"] = usd(row["cost_usd"])
+    total["cost_usd"] = usd(total["cost_usd"])
+    if "text/csv" in request.META.get("HTTP_ACCEPT", ""):
+        return _csv(names, rows, since, until)
+    return model_response(
+        SpendAnswer(
+            group_by=names,
+            since=since.isoformat(),
+            until=until.isoformat(),
+            rows=[SpendRow(**row) for row in rows],
+            total=SpendTotals(**total),
+        )
+    )
+
+
+def _cell(value: Any) -> Any:
+    """A CSV cell a spreadsheet will not run: text from users and tags that starts like a
+    formula (=, +, -, @) is quoted with a leading apostrophe."""
+    if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r"):
+        return f"'{value}"
+    return value
+
+
+def _csv(names: list[str], rows: list[dict[str, Any]], since: date, until: date) -> HttpResponse:
+    out = io.StringIO()
+    writer = csv.writer(out)
+    header = [*names, *SUMS, "steps"]
+    writer.writerow(header)
+    for row in rows:
+        writer.writerow([_cell(row[name]) for name in header])
+    response = HttpResponse(out.getvalue(), content_type="text/csv; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="spend-{since}-{until}.csv"'
+    return response

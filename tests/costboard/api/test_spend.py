@@ -1,0 +1,151 @@
+"""GET /api/v1/spend: spend grouped by day, model, step type, user or a tag, from the rollups;
+its total equals the overview's for the same days and the sum of the steps; CSV on request;
+read and admin keys only; every bad parameter a 422 naming it."""
+
+from __future__ import annotations
+
+import csv
+import io
+import re
+from datetime import timedelta
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from django.test import Client
+from django.utils import timezone
+
+from costboard.models import ApiKey, Step
+from tests.conftest import Agent, add_price
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def reader(agent: Agent) -> str:
+    add_price("test-sonnet")
+    add_price("test-haiku")
+    now = timezone.now()
+    yesterday = (now - timedelta(days=1)).isoformat()
+    agent.events(
+        {"type": "session", "session_id": "a", "user_id": "ann", "tags": {"plan": "pro"}},
+        {"type": "session", "session_id": "b", "user_id": "bob"},
+        *(
+            {
+                "session_id": "a",
+                "step_type": "search",
+                "model": "test-haiku",
+                "input_tokens": 100 * n,
+                "tags": {"feature": "search"},
+            }
+            for n in range(1, 4)
+        ),
+        {
+            "session_id": "b",
+            "step_type": "response",
+            "model": "test-sonnet",
+            "input_tokens": 5000,
+            "output_tokens": 700,
+            "cache_read_input_tokens": 900,
+            "timestamp": yesterday,
+            "tags": {"feature": "=HYPERLINK(1)"},
+        },
+        {"session_id": "c", "step_type": "response", "model": "test-sonnet", "output_tokens": 10},
+    )
+    return ApiKey.issue(project=agent.project, role="read")[1]
+
+
+def get(key: str, query: str = "", **headers: str) -> Any:
+    return Client().get(
+        f"/api/v1/spend{query}", headers={"Authorization": f"Bearer {key}", **headers}
+    )
+
+
+def cost_of(steps: Any) -> Decimal:
+    return sum((s.cost_usd for s in steps), Decimal(0))
+
+
+def test_totals_equal_the_steps_and_the_overview(reader: str, staff: Client) -> None:
+    answer = get(reader).json()
+    steps = Step.objects.all()
+    assert answer["group_by"] == ["day"]
+    assert Decimal(answer["total"]["cost_usd"]) == cost_of(steps)
+    assert answer["total"]["steps"] == steps.count() == 5
+    assert answer["total"]["input_tokens"] == sum(s.input_tokens for s in steps)
+    assert answer["total"]["cache_read_input_tokens"] == 900
+    assert len(answer["rows"]) == 2  # yesterday and today
+    # the overview's 7-day figure for the same days
+    html = staff.get("/").content.decode()
+    seven = re.search(r'data-spend="7 days">([^<]+)<', html)
+    assert seven is not None
+    assert seven.group(1) == f"${Decimal(answer['total']['cost_usd']).quantize(Decimal('0.01'))}"
+
+
+def test_grouped_by_model_user_and_tag(reader: str) -> None:
+    by_model = get(reader, "?group_by=model,step_type").json()
+    assert [(r["model"], r["step_type"], r["steps"]) for r in by_model["rows"]] == [
+        ("test-haiku", "search", 3),
+        ("test-sonnet", "response", 2),
+    ]
+    haiku = Step.objects.filter(model="test-haiku")
+    assert Decimal(by_model["rows"][0]["cost_usd"]) == cost_of(haiku)
+    by_user = get(reader, "?group_by=user").json()
+    assert {r["user"]: r["steps"] for r in by_user["rows"]} == {"": 1, "ann": 3, "bob": 1}
+    assert by_user["total"] == get(reader).json()["total"]
+    by_tag = get(reader, "?group_by=day,tag:feature").json()
+    assert {r["tag:feature"]: r["steps"] for r in by_tag["rows"]} == {
+        "search": 3,
+        "=HYPERLINK(1)": 1,
+    }
+    assert Decimal(by_tag["total"]["cost_usd"]) == cost_of(
+        Step.objects.exclude(session__external_id="c")
+    )
+    today = timezone.now().date()
+    only_today = get(reader, f"?since={today}&until={today}").json()
+    assert only_today["total"]["steps"] == 4
+
+
+def test_csv_has_a_header_and_quotes_formulas(reader: str) -> None:
+    response = Client().get(
+        "/api/v1/spend?group_by=tag:feature",
+        headers={"Authorization": f"Bearer {reader}", "Accept": "text/csv"},
+    )
+    assert response["Content-Type"].startswith("text/csv")
+    rows = list(csv.reader(io.StringIO(response.content.decode())))
+    assert rows[0] == [
+        "tag:feature",
+        "cost_usd",
+        "input_tokens",
+        "output_tokens",
+        "cache_read_input_tokens",
+        "cache_creation_input_tokens",
+        "steps",
+    ]
+    assert sorted(r[0] for r in rows[1:]) == ["'=HYPERLINK(1)", "search"]
+
+
+def test_only_read_and_admin_keys(agent: Agent, reader: str) -> None:
+    assert get(agent.key).status_code == 403
+    admin = ApiKey.issue(project=agent.project, role="admin")[1]
+    assert get(admin).status_code == 200 and get(reader).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("query", "field", "says"),
+    [
+        ("?group_by=hour", "group_by", "'hour' is not a group"),
+        ("?group_by=user,model", "group_by", "user goes with day alone"),
+        ("?group_by=tag:a,tag:b", "group_by", "goes with day alone"),
+        ("?group_by=day,day", "group_by", "named twice"),
+        ("?since=2026-02-10&until=2026-02-01", "since", "is after until"),
+        ("?since=notadate", "since", "date"),
+        ("?until=2026-13-01", "until", "date"),
+        ("?groupby=day", "groupby", "did you mean 'group_by'"),
+    ],
+)
+def test_a_bad_parameter_is_a_422_naming_it(reader: str, query: str, field: str, says: str) -> None:
+    response = get(reader, query)
+    assert response.status_code == 422, response.content
+    [error] = response.json()["errors"]
+    assert error["field"] == field
+    assert says in error["message"]
