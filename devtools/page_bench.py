@@ -135,6 +135,7 @@ def page_cases() -> list[PageCase]:
         PageCase("steps", "/steps/"),
         PageCase("steps, last 7 days", "/steps/?since=" + _days_ago(6)),
         PageCase("steps, one type", "/steps/?step_type=response"),
+        PageCase("users", "/users/"),
         PageCase("steps, one project", f"/steps/?{slug}"),
         PageCase("steps results (htmx)", f"/steps/?{urlencode({'model': model})}", htmx=True),
         PageCase("memory review", "/memory/review/"),

@@ -361,6 +361,32 @@ def steps_page(request: HtmxHttpRequest) -> HttpResponse:
     return render(request, template, context)
 
 
+# --- end users --------------------------------------------------------------------------------
+
+
+@login_required
+def users_page(request: HttpRequest) -> HttpResponse:
+    """Spend, tokens, sessions and steps per end user over a period, sortable; each user
+    linked to their sessions."""
+    scope = scope_for(request)
+    today = timezone.now().date()
+    since = _date(request.GET, "since") or today - timedelta(days=29)
+    until = _date(request.GET, "until") or today
+    sort = request.GET.get("sort", "-cost")
+    if sort.lstrip("-") not in selectors.USER_SORTS:
+        sort = "-cost"
+    rows = selectors.users_spend(project_ids=scope.project_ids, since=since, until=until, sort=sort)
+    context = {
+        "scope": scope,
+        "rows": rows,
+        "since": since,
+        "until": until,
+        "sort": sort,
+        "total": sum((r.cost_usd for r in rows), selectors.ZERO),
+    }
+    return render(request, "costboard/users.html", context)
+
+
 # --- flagged sessions -----------------------------------------------------------------------
 
 

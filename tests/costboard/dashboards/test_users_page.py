@@ -1,0 +1,103 @@
+"""/users/: spend per end user from the per-user rollups, equal to the sums of their steps;
+sortable; each user linked to their sessions; login required; a bounded number of queries."""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from django.test import Client
+
+from costboard.models import Step
+from costboard.templatetags.costboard_tags import usd
+from tests.conftest import Agent, add_price
+
+pytestmark = pytest.mark.django_db
+
+
+def traffic(agent: Agent, users: int = 3) -> None:
+    events: list[dict[str, Any]] = []
+    for u in range(users):
+        for s in range(u + 1):
+            sid = f"u{u}-s{s}"
+            events.append({"type": "session", "session_id": sid, "user_id": f"user-{u}"})
+            events += [
+                {
+                    "session_id": sid,
+                    "step_type": "x",
+                    "model": "test-sonnet",
+                    "input_tokens": 1000 * (u + 1),
+                    "output_tokens": 10,
+                }
+                for _ in range(2)
+            ]
+    events.append(
+        {"session_id": "anon", "step_type": "x", "model": "test-sonnet", "input_tokens": 5}
+    )
+    agent.events(*events)
+
+
+def rows(html: str) -> list[str]:
+    return re.findall(r'<tr data-user="([^"]*)">', html)
+
+
+def test_the_page_shows_each_users_spend_equal_to_their_steps(staff: Client, agent: Agent) -> None:
+    add_price("test-sonnet")
+    traffic(agent)
+    html = staff.get("/users/").content.decode()
+    assert rows(html) == ["user-2", "user-1", "user-0", ""]  # the costliest first
+    for user in ("user-0", "user-1", "user-2"):
+        steps = Step.objects.filter(session__user_id=user)
+        cost = sum((s.cost_usd for s in steps), Decimal(0))
+        row = html[html.index(f'<tr data-user="{user}">') :]
+        row = row[: row.index("</tr>")]
+        assert f"data-user-cost>{usd(cost)}<" in row
+        assert f'<td class="num">{steps.count()}</td>' in row
+        assert f'href="/sessions/?user={user}"' in row
+    assert "no user_id" in html
+    by_user = staff.get("/users/?sort=user").content.decode()
+    assert rows(by_user) == ["", "user-0", "user-1", "user-2"]
+    by_sessions = staff.get("/users/?sort=-sessions").content.decode()
+    assert rows(by_sessions)[0] == "user-2"  # three sessions
+
+
+def test_it_needs_a_login_and_keeps_to_the_project(client: Client, agent: Agent) -> None:
+    assert client.get("/users/").status_code == 302
+    from tests.conftest import make_agent
+
+    add_price("test-sonnet")
+    traffic(agent, users=1)
+    other = make_agent("other")
+    other.events(
+        {"type": "session", "session_id": "o", "user_id": "outsider"},
+        {"session_id": "o", "step_type": "x", "model": "test-sonnet", "input_tokens": 1},
+    )
+    from django.contrib.auth import get_user_model
+
+    from costboard.models import Membership
+
+    person = get_user_model().objects.create_user("member", "", "pw")
+    Membership.objects.create(user=person, project=agent.project)
+    member = Client()
+    member.force_login(person)
+    html = member.get("/users/").content.decode()
+    assert "user-0" in html and "outsider" not in html
+
+
+def test_its_queries_do_not_grow_with_the_users(
+    staff: Client, agent: Agent, django_assert_max_num_queries: Any
+) -> None:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    add_price("test-sonnet")
+    traffic(agent, users=2)
+    with CaptureQueriesContext(connection) as queries:
+        staff.get("/users/")
+    count = len(queries)  # (the next requests reset the connection's query log)
+    assert count <= 8
+    traffic(agent, users=12)
+    with django_assert_max_num_queries(count):
+        staff.get("/users/")
