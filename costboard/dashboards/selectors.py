@@ -26,6 +26,7 @@ from django.db.models import (
     Value,
     When,
 )
+from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Coalesce, Greatest, Trunc
 
 from costboard.budgets.caps import Caps
@@ -47,6 +48,7 @@ from costboard.models import (
     Session,
     SessionModelUsage,
     Step,
+    TagDailyRollup,
     Turn,
     UserDailyRollup,
 )
@@ -448,6 +450,7 @@ class SessionFilters:
     model: str = ""  # a family (or an exact name: links from before families still work)
     exact: str = ""  # an exact model name
     user: str = ""
+    tag: str = ""  # key=value: sessions with that tag
     q: str = ""
     since: date | None = None
     until: date | None = None
@@ -475,6 +478,12 @@ def sessions_filtered(*, project_ids: list[int], filters: SessionFilters) -> Que
         sessions = sessions.filter(pk__in=usage.values("session_id"))
     if filters.user:
         sessions = sessions.filter(user_id=filters.user)
+    if filters.tag:
+        key, _, value = filters.tag.partition("=")
+        # a key transform built by name (not a lookup path: a key may hold "__")
+        sessions = sessions.annotate(tag_value=KeyTextTransform(key, "tags")).filter(
+            tag_value=value
+        )
     if filters.q:
         sessions = sessions.filter(external_id__icontains=filters.q)
     if filters.since:
@@ -953,3 +962,53 @@ def users_spend(
     field_name = USER_SORTS.get(name, "cost_usd")
     rows.sort(key=lambda r: (getattr(r, field_name), r.user_id), reverse=sort.startswith("-"))
     return rows
+
+
+# --- tags ---------------------------------------------------------------------------------------
+
+TAG_KEYS_SHOWN = 50
+
+
+@dataclass(frozen=True)
+class TagSpend:
+    value: str
+    calls: int
+    tokens: int
+    cost_usd: Decimal
+
+
+def tag_keys(*, project_ids: list[int], since: date, until: date) -> list[str]:
+    """The tag keys steps carried between two UTC days, from the per-tag rollups."""
+    keys = (
+        TagDailyRollup.objects.filter(project_id__in=project_ids, day__gte=since, day__lte=until)
+        .values_list("key", flat=True)
+        .distinct()
+        .order_by("key")
+    )
+    return list(keys[:TAG_KEYS_SHOWN])
+
+
+def spend_by_tag(*, project_ids: list[int], since: date, until: date, key: str) -> list[TagSpend]:
+    """Spend per value of one tag key between two UTC days, costliest first (one query)."""
+    rows = (
+        TagDailyRollup.objects.filter(
+            project_id__in=project_ids, day__gte=since, day__lte=until, key=key
+        )
+        .values("value")
+        .annotate(
+            calls=Sum("calls"),
+            inp=Sum("input_tokens"),
+            out=Sum("output_tokens"),
+            cost=Sum("cost_usd"),
+        )
+        .order_by("-cost", "value")
+    )
+    return [
+        TagSpend(
+            value=r["value"],
+            calls=r["calls"] or 0,
+            tokens=(r["inp"] or 0) + (r["out"] or 0),
+            cost_usd=r["cost"] or ZERO,
+        )
+        for r in rows
+    ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import date, timedelta
@@ -82,6 +83,7 @@ def overview(request: HttpRequest) -> HttpResponse:
         "flagged": flagged,
         "flagged_total": flagged_total,
         "budgets": selectors.budgets_current(project_ids=ids, now=timezone.now()),
+        **_tag_breakdown(request, ids, since, today),
         "unpriced": (selectors.models_unpriced(project_ids=ids) if request.user.is_staff else []),
         "figures": _figures(
             daily=charts.daily_cost_by_model(breakdown),
@@ -90,6 +92,27 @@ def overview(request: HttpRequest) -> HttpResponse:
         ),
     }
     return render(request, "costboard/overview.html", context)
+
+
+_TAG = re.compile(r"[a-z0-9_.-]{1,64}=.{1,128}")
+
+
+def _tag(params: QueryDict) -> str:
+    """`?tag=key=value`, or "" when it is not a tag (as `tags` allows them)."""
+    value = params.get("tag", "").strip()
+    return value if _TAG.fullmatch(value) else ""
+
+
+def _tag_breakdown(
+    request: HttpRequest, ids: list[int], since: date, until: date
+) -> dict[str, Any]:
+    """The tag keys of the period and the spend per value of the one asked for
+    (`?tag_key=`), else the first."""
+    keys = selectors.tag_keys(project_ids=ids, since=since, until=until)
+    key = request.GET.get("tag_key", "")
+    key = key if key in keys else (keys[0] if keys else "")
+    rows = selectors.spend_by_tag(project_ids=ids, since=since, until=until, key=key) if key else []
+    return {"tag_keys": keys, "tag_key": key, "tag_rows": rows}
 
 
 def _session_filters(params: QueryDict) -> selectors.SessionFilters:
@@ -102,6 +125,7 @@ def _session_filters(params: QueryDict) -> selectors.SessionFilters:
         model=params.get("model", "").strip(),
         exact=params.get("exact", "").strip(),
         user=params.get("user", "").strip(),
+        tag=_tag(params),
         q=params.get("q", "").strip(),
         since=_date(params, "since"),
         until=_date(params, "until"),
@@ -332,6 +356,7 @@ def steps_page(request: HtmxHttpRequest) -> HttpResponse:
         project_ids=ids, since=since, until=until, step_type=step_type
     )
     turn_costs = selectors.turn_cost_distribution(project_ids=ids, since=since, until=until)
+
     by_type: dict[str, list[int]] = {}
     for row in rows:
         calls_errors = by_type.setdefault(row.step_type, [0, 0])
@@ -351,6 +376,7 @@ def steps_page(request: HtmxHttpRequest) -> HttpResponse:
         "exact": exact,
         "step_type": step_type,
         "models": selectors.models_seen(project_ids=ids),
+        **_tag_breakdown(request, ids, since, until),
         "figures": _figures(
             latency=charts.latency(latency), turn_costs=charts.turn_cost_histogram(turn_costs)
         ),

@@ -1,0 +1,71 @@
+"""Tag breakdowns on /steps/ and the overview (from the per-tag rollups, equal to the sums of
+the steps that carry each value) and the tag filter on /sessions/."""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal
+
+import pytest
+from django.test import Client
+
+from costboard.models import Step
+from costboard.templatetags.costboard_tags import usd
+from tests.conftest import Agent, add_price
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def tagged(agent: Agent) -> Agent:
+    add_price("test-sonnet")
+    agent.events(
+        {"type": "session", "session_id": "a", "tags": {"customer": "acme", "plan": "pro"}},
+        {"type": "session", "session_id": "b", "tags": {"customer": "globex"}},
+        *(
+            {"session_id": "a", "step_type": "x", "model": "test-sonnet", "input_tokens": 100}
+            for _ in range(3)
+        ),
+        *(
+            {"session_id": "b", "step_type": "x", "model": "test-sonnet", "input_tokens": 900}
+            for _ in range(2)
+        ),
+        {"session_id": "c", "step_type": "x", "model": "test-sonnet", "input_tokens": 5},
+    )
+    return agent
+
+
+def cost_where(key: str, value: str) -> Decimal:
+    return sum(
+        (s.cost_usd for s in Step.objects.all() if (s.tags or {}).get(key) == value), Decimal(0)
+    )
+
+
+def value_cost(html: str, value: str) -> str:
+    row = html[html.index(f'data-tag-value="{value}"') :]
+    found = re.search(r"data-tag-cost>([^<]+)<", row)
+    assert found is not None
+    return found.group(1)
+
+
+def test_steps_breaks_spend_down_by_a_tag_key(staff: Client, tagged: Agent) -> None:
+    html = staff.get("/steps/").content.decode()
+    assert re.findall(r'data-tag-key="([^"]+)"', html) == ["customer", "plan"]
+    assert value_cost(html, "globex") == usd(cost_where("customer", "globex"))
+    assert value_cost(html, "acme") == usd(cost_where("customer", "acme"))
+    assert html.index('data-tag-value="globex"') < html.index('data-tag-value="acme"')
+    plan = staff.get("/steps/?tag_key=plan").content.decode()
+    assert value_cost(plan, "pro") == usd(cost_where("plan", "pro"))
+    assert 'data-tag-value="acme"' not in plan
+    overview = staff.get("/?tag_key=customer").content.decode()
+    assert value_cost(overview, "acme") == usd(cost_where("customer", "acme"))
+
+
+def test_sessions_filter_by_a_tag(staff: Client, tagged: Agent) -> None:
+    html = staff.get("/sessions/?tag=customer=acme").content.decode()
+    assert ">a<" in html or "<code>a</code>" in html
+    assert "<code>b</code>" not in html and "<code>c</code>" not in html
+    everything = staff.get("/sessions/").content.decode()
+    assert "<code>b</code>" in everything  # positive control
+    ignored = staff.get("/sessions/?tag=not a tag").content.decode()
+    assert "<code>b</code>" in ignored  # a malformed filter filters nothing
