@@ -17,6 +17,7 @@ urlpatterns = [
     path("sessions/<int:pk>/", views.session_page, name="session"),
     path("steps/", views.steps_page, name="steps"),
     path("users/", views.users_page, name="users"),
+    path("users/export.csv", views.users_csv, name="users-csv"),
     path("flagged/", views.flagged_page, name="flagged"),
     path("flagged/<int:pk>/raise-cap/", views.flagged_raise_cap, name="flagged-raise-cap"),
     path("flagged/<int:pk>/acknowledge/", views.flagged_acknowledge, name="flagged-acknowledge"),

@@ -27,6 +27,7 @@ from costboard.api.boundary import (
 )
 from costboard.api.schemas import Answer, Money
 from costboard.api.schemas import Count as CountField
+from costboard.exports import csv_cell
 from costboard.models import DailyRollup, TagDailyRollup, UserDailyRollup, usd
 
 READERS = ("read", "admin")
@@ -202,21 +203,13 @@ def spend(request: HttpRequest) -> HttpResponse:
     )
 
 
-def _cell(value: Any) -> Any:
-    """A CSV cell a spreadsheet will not run: text from users and tags that starts like a
-    formula (=, +, -, @) is quoted with a leading apostrophe."""
-    if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r"):
-        return f"'{value}"
-    return value
-
-
 def _csv(names: list[str], rows: list[dict[str, Any]], since: date, until: date) -> HttpResponse:
     out = io.StringIO()
     writer = csv.writer(out)
     header = [*names, *SUMS, "steps"]
     writer.writerow(header)
     for row in rows:
-        writer.writerow([_cell(row[name]) for name in header])
+        writer.writerow([csv_cell(row[name]) for name in header])
     response = HttpResponse(out.getvalue(), content_type="text/csv; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="spend-{since}-{until}.csv"'
     return response

@@ -37,6 +37,7 @@ from costboard.budgets import services
 from costboard.budgets.caps import Caps, caps_for, session_caps
 from costboard.dashboards import charts, selectors
 from costboard.dashboards.scope import Scope, scope_for
+from costboard.exports import csv_cell
 from costboard.ingest.schemas import FIRST_YEAR, LAST_YEAR
 from costboard.models import SYSTEM_SESSION_ID, Project, Session, usd
 
@@ -241,8 +242,8 @@ def _csv_rows(sessions: QuerySet[Session], projects: dict[int, Project]) -> Iter
         writer.writerow(
             [
                 project.slug,
-                external_id,
-                user_id,
+                csv_cell(external_id),
+                csv_cell(user_id),
                 state,
                 runaway_at is not None,
                 input_tokens + output_tokens,
@@ -390,17 +391,50 @@ def steps_page(request: HtmxHttpRequest) -> HttpResponse:
 # --- end users --------------------------------------------------------------------------------
 
 
+USER_CSV_COLUMNS = ["user_id", "cost_usd", "input_tokens", "output_tokens", "sessions", "steps"]
+
+
 @login_required
-def users_page(request: HttpRequest) -> HttpResponse:
-    """Spend, tokens, sessions and steps per end user over a period, sortable; each user
-    linked to their sessions."""
+def users_csv(request: HttpRequest) -> HttpResponse:
+    """/users/'s rows as CSV, for the same period and order."""
     scope = scope_for(request)
+    since, until, sort = _users_period(request)
+    rows = selectors.users_spend(project_ids=scope.project_ids, since=since, until=until, sort=sort)
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow(USER_CSV_COLUMNS)
+    for r in rows:
+        writer.writerow(
+            [
+                csv_cell(r.user_id),
+                usd(r.cost_usd),
+                r.input_tokens,
+                r.output_tokens,
+                r.sessions,
+                r.steps,
+            ]
+        )
+    response = HttpResponse(buffer.getvalue(), content_type="text/csv")
+    response["Content-Disposition"] = f'attachment; filename="users-{since}-{until}.csv"'
+    return response
+
+
+def _users_period(request: HttpRequest) -> tuple[date, date, str]:
     today = timezone.now().date()
     since = _date(request.GET, "since") or today - timedelta(days=29)
     until = _date(request.GET, "until") or today
     sort = request.GET.get("sort", "-cost")
     if sort.lstrip("-") not in selectors.USER_SORTS:
         sort = "-cost"
+    return since, until, sort
+
+
+@login_required
+def users_page(request: HttpRequest) -> HttpResponse:
+    """Spend, tokens, sessions and steps per end user over a period, sortable; each user
+    linked to their sessions."""
+    scope = scope_for(request)
+    since, until, sort = _users_period(request)
     rows = selectors.users_spend(project_ids=scope.project_ids, since=since, until=until, sort=sort)
     context = {
         "scope": scope,

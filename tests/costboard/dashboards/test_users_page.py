@@ -101,3 +101,26 @@ def test_its_queries_do_not_grow_with_the_users(
     traffic(agent, users=12)
     with django_assert_max_num_queries(count):
         staff.get("/users/")
+
+
+def test_the_users_csv_is_the_page_in_rows_with_formulas_quoted(
+    staff: Client, agent: Agent
+) -> None:
+    import csv
+    import io
+
+    add_price("test-sonnet")
+    traffic(agent, users=2)
+    agent.events(
+        {"type": "session", "session_id": "f", "user_id": "=cmd|' /C calc'!A0"},
+        {"session_id": "f", "step_type": "x", "model": "test-sonnet", "input_tokens": 1},
+    )
+    assert 'href="/users/export.csv?' in staff.get("/users/").content.decode()
+    response = staff.get("/users/export.csv?sort=user")
+    assert response["Content-Type"] == "text/csv"
+    rows = list(csv.reader(io.StringIO(response.content.decode())))
+    assert rows[0] == ["user_id", "cost_usd", "input_tokens", "output_tokens", "sessions", "steps"]
+    assert [r[0] for r in rows[1:]] == ["", "'=cmd|' /C calc'!A0", "user-0", "user-1"]
+    user0 = Step.objects.filter(session__user_id="user-0")
+    assert rows[3][1] == usd(sum((s.cost_usd for s in user0), Decimal(0))).lstrip("$")
+    assert rows[3][5] == str(user0.count())
