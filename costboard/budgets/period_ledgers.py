@@ -297,26 +297,36 @@ def period_budget_recheck(budget: PeriodBudget, *, now: datetime) -> list[Budget
     return _crossings_recorded(budget.project, budget, row, decided.crossings)
 
 
-def stopping_budget(
-    project: Project, *, user_id: str, tags: dict[str, str] | None, key_prefix: str, now: datetime
-) -> int | None:
-    """The id of an exhausted stop-budget (in its current period) that covers a session of
-    this user and these tags asked about with this key; None if nothing stops it."""
-    scope = StepScope(user_id=user_id, key_prefix=key_prefix, tags=tags or None)
-    stops = [
-        budget
-        for budget in PeriodBudget.objects.filter(project=project, action=PeriodBudget.Action.STOP)
-        if budget_covers(budget, scope)
-    ]
+def exhausted_stops(budgets: Sequence[PeriodBudget], now: datetime) -> list[PeriodBudget]:
+    """Those of `budgets` that stop (action stop) and are exhausted in their current period
+    (one query; none when no budget stops)."""
+    stops = [b for b in budgets if b.action == PeriodBudget.Action.STOP]
     if not stops:
-        return None
+        return []
     current = Q()
     for budget in stops:
         current |= Q(
             budget=budget, period_start=period_bounds(budget.period, budget.timezone, now)[0]
         )
-    exhausted = PeriodLedger.objects.filter(current, state=EXHAUSTED).order_by("budget_id").first()
-    return exhausted.budget_id if exhausted is not None else None
+    exhausted = set(
+        PeriodLedger.objects.filter(current, state=EXHAUSTED).values_list("budget_id", flat=True)
+    )
+    return [b for b in stops if b.pk in exhausted]
+
+
+def first_stopping(stops: Sequence[PeriodBudget], scope: StepScope) -> int | None:
+    """The id of the first of these exhausted stop-budgets that covers `scope`."""
+    return next((b.pk for b in stops if budget_covers(b, scope)), None)
+
+
+def stopping_budget(
+    project: Project, *, user_id: str, tags: dict[str, str] | None, key_prefix: str, now: datetime
+) -> int | None:
+    """The id of an exhausted stop-budget (in its current period) that covers a session of
+    this user and these tags asked about with this key; None if nothing stops it."""
+    stops = exhausted_stops(list(PeriodBudget.objects.filter(project=project).order_by("pk")), now)
+    scope = StepScope(user_id=user_id, key_prefix=key_prefix, tags=tags or None)
+    return first_stopping(stops, scope)
 
 
 def period_forecast_sweep(*, now: datetime) -> int:

@@ -45,8 +45,14 @@ from django.utils import timezone
 from costboard.budgets.alerts import announce
 from costboard.budgets.caps import SessionBudget, caps_for, session_budget
 from costboard.budgets.engine import Flag, Ledger, budget_decide
-from costboard.budgets.period_ledgers import SpendBatch, period_budgets_apply, project_budgets
-from costboard.budgets.periods import budget_days, period_budget_view
+from costboard.budgets.period_ledgers import (
+    SpendBatch,
+    exhausted_stops,
+    first_stopping,
+    period_budgets_apply,
+    project_budgets,
+)
+from costboard.budgets.periods import StepScope, budget_days, period_budget_view
 from costboard.budgets.services import budget_events_of
 from costboard.hooks import Ingested, after_ingest_run
 from costboard.ingest.latency import latency_bucket
@@ -521,10 +527,17 @@ def events_ingest(
             now=now,
         )
         announce(periods.events)
+    stopped = _stopped_sessions(
+        periods.stopped,
+        budgets_above,
+        [s for s in touched if s.external_id not in {step.session_key for step in inserted}],
+        users,
+        session_tags,
+        key_prefix,
+        now,
+    )
     budgets = {
-        s.external_id: session_budget(
-            s, project, stopped_by_budget=periods.stopped.get(s.external_id)
-        )
+        s.external_id: session_budget(s, project, stopped_by_budget=stopped.get(s.external_id))
         for s in touched
     }
 
@@ -548,6 +561,34 @@ def _period_views(
         str(budget.pk): period_budget_view(budget, ledger, now=now, days=days[budget.pk])
         for budget, ledger in ledgers
     }
+
+
+def _stopped_sessions(
+    by_steps: dict[str, int],
+    budgets_above: list[PeriodBudget],
+    stepless: list[_SessionNow],
+    users: dict[str, str],
+    session_tags: dict[str, dict[str, str]],
+    key_prefix: str,
+    now: datetime,
+) -> dict[str, int]:
+    """Each touched session an exhausted stop-budget covers → that budget: those whose steps
+    counted toward it (decided in the periods their steps fall in), and `stepless`, the
+    sessions touched by a session or turn event alone, by the budgets' current periods (they
+    are told to stop too)."""
+    stopped = dict(by_steps)
+    if not stepless or not budgets_above:
+        return stopped
+    stops = exhausted_stops(budgets_above, now)
+    for session in stepless:
+        key = session.external_id
+        scope = StepScope(
+            user_id=users.get(key, ""), key_prefix=key_prefix, tags=session_tags.get(key)
+        )
+        found = first_stopping(stops, scope)
+        if found is not None:
+            stopped[key] = found
+    return stopped
 
 
 def _users_of(

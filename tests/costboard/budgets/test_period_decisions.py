@@ -147,8 +147,14 @@ def test_a_user_budget_stops_that_user_alone(agent: Agent) -> None:
     assert answer["sessions"]["bob-1"]["stopped_by"] is None
     assert answer["sessions"]["bob-1"]["state"] == "ok"
     # a new session of ann's is stopped at its first step; bob's are not
-    agent.events({"type": "session", "session_id": "ann-2", "user_id": "ann"})
+    opened = agent.events({"type": "session", "session_id": "ann-2", "user_id": "ann"})
+    # told at once, before it sends a step: a session event alone hears it too
+    assert opened["sessions"]["ann-2"]["stopped_by"] == f"budget:{b.pk}"
     assert agent.events(*steps("ann-2", 1))["sessions"]["ann-2"]["state"] == "exhausted"
+    bob_turn = agent.events(
+        {"type": "turn", "session_id": "bob-1", "turn": 1, "user_message": "hi"}
+    )
+    assert bob_turn["sessions"]["bob-1"]["stopped_by"] is None
     assert agent.budget("bob-1").json()["stopped_by"] is None
 
 
