@@ -176,9 +176,9 @@ def forecast(
     if limit is not None:
         if cost_usd >= limit:
             crossing = today
-        elif mean > 0:
+        elif mean > 0 and (limit - cost_usd) / mean < left:  # crossed before the end
             at = now + timedelta(days=float((limit - cost_usd) / mean))
-            crossing = at.astimezone(tz).date() if at < end else None
+            crossing = at.astimezone(tz).date()
     return Forecast(
         cost_usd=(cost_usd + mean * left).quantize(cents),
         low_usd=(cost_usd + min(recent) * left).quantize(cents),

@@ -70,6 +70,9 @@ def test_make_read_change_and_delete_a_budget(admin: Admin, agent: Agent) -> Non
         "warned_at": None,
         "exhausted_at": None,
         "forecast_cost_usd": "0.00",
+        "forecast_range_usd": ["0.00", "0.00"],
+        "forecast_daily_usd": "0.00",
+        "crossing_date": None,
     }
     budget_id = body["id"]
     user = admin.call(

@@ -329,3 +329,12 @@ def test_the_forecast_projects_from_the_recent_days_and_alerts_once(agent: Agent
     assert event.detail["crossing_date"] == "2026-11-20"
     [message] = [m for m in mail.outbox if "projected" in m.subject]
     assert "is projected to pass its cost cap on 2026-11-20" in message.subject
+
+
+def test_a_limit_far_out_of_reach_has_no_crossing_day(agent: Agent) -> None:
+    b = budget(agent, cost_limit_usd=Decimal(10**9), action="warn")
+    now = datetime(2026, 11, 10, 12, 0, tzinfo=UTC)
+    start, end = period_bounds("month", "UTC", now)
+    days = {(now - timedelta(days=1)).date(): Decimal("0.000001")}
+    ahead = forecast(b, Decimal("0.01"), start=start, end=end, days=days, now=now)
+    assert ahead is not None and ahead.crossing_day is None  # 10^15 days away: never
