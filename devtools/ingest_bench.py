@@ -41,15 +41,19 @@ from costboard.models import (
     COST_FIELDS,
     TOKEN_FIELDS,
     ApiKey,
+    BudgetDay,
     BudgetEvent,
     DailyRollup,
     LatencyRollup,
     ModelPrice,
+    PeriodLedger,
     Project,
     Session,
     SessionModelUsage,
     Step,
+    TagDailyRollup,
     Turn,
+    UserDailyRollup,
 )
 from costboard.pricing.rates import rate_table
 
@@ -706,7 +710,19 @@ def bench_run(options: BenchOptions, say: Callable[[str], None]) -> BenchResult:
 
 
 # The tables a run writes (and its deletion leaves dead rows in).
-WRITTEN = (Step, Turn, Session, SessionModelUsage, DailyRollup, LatencyRollup, BudgetEvent)
+WRITTEN = (
+    Step,
+    Turn,
+    Session,
+    SessionModelUsage,
+    DailyRollup,
+    LatencyRollup,
+    BudgetEvent,
+    UserDailyRollup,
+    TagDailyRollup,
+    PeriodLedger,
+    BudgetDay,
+)
 
 
 def vacuum(*, analyze: bool = False) -> None:
