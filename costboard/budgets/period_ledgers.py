@@ -100,13 +100,13 @@ def project_budgets(project: Project) -> list[PeriodBudget]:
 
 
 def _by_period(
-    budget: PeriodBudget, steps: Sequence[SpendStep]
+    budget: PeriodBudget, steps: Sequence[SpendStep], spans: Spans
 ) -> dict[datetime, tuple[datetime | None, Sequence[SpendStep]]]:
     """The steps grouped by the period of `budget` they fall in: start → (end, steps). A
     batch mostly falls in one, found from its first and last step alone."""
-    first = min(steps, key=_AT).at
+    first, last = _span(steps, spans)
     start, end = period_bounds(budget.period, budget.timezone, first)
-    if end is None or max(steps, key=_AT).at < end:
+    if end is None or last < end:
         return {start: (end, steps)}
     groups: dict[datetime, tuple[datetime | None, list[SpendStep]]] = {}
     for step in steps:
@@ -115,8 +115,17 @@ def _by_period(
     return dict(groups)
 
 
-def _AT(step: SpendStep) -> datetime:
-    return step.at
+Spans = dict[int, tuple[datetime, datetime]]  # a list of steps' id → its first and last moment
+
+
+def _span(steps: Sequence[SpendStep], spans: Spans) -> tuple[datetime, datetime]:
+    """The first and last moment of `steps`, read once per list in a batch (`spans`): the
+    budgets that cover a whole batch share one list."""
+    span = spans.get(id(steps))
+    if span is None:
+        moments = [step.at for step in steps]
+        span = spans[id(steps)] = (min(moments), max(moments))
+    return span
 
 
 def period_budgets_apply(
@@ -134,11 +143,12 @@ def period_budgets_apply(
     groups: dict[tuple[int, datetime], Sequence[SpendStep]] = {}
     ends: dict[tuple[int, datetime], datetime | None] = {}
     by_id = {budget.pk: budget for budget in budgets}
+    spans: Spans = {}
     for budget in budgets:
         covered = batch.covered_by(budget)
         if not covered:
             continue
-        for start, (end, steps) in _by_period(budget, covered).items():
+        for start, (end, steps) in _by_period(budget, covered, spans).items():
             groups[(budget.pk, start)] = steps
             ends[(budget.pk, start)] = end
     if not groups:
@@ -192,7 +202,7 @@ def period_budgets_apply(
     PeriodLedger.objects.bulk_update(
         changed, ["tokens_used", "cost_usd", "state", "warned_at", "exhausted_at", "updated_at"]
     )
-    _days_add(by_id, groups, sums)
+    _days_add(by_id, groups, sums, spans)
     outcome.events = events
     return outcome
 
@@ -201,16 +211,16 @@ def _days_add(
     budgets: dict[int, PeriodBudget],
     groups: dict[tuple[int, datetime], Sequence[SpendStep]],
     sums: dict[int, tuple[int, int]],
+    spans: Spans,
 ) -> None:
     """Add the batch to each budget's days (in its timezone): one statement. A group within
     one day adds its sums as they are."""
     adds: dict[tuple[int, date], list[int]] = {}
     for (budget_id, _), steps in sorted(groups.items()):
         tz = zone(budgets[budget_id].timezone)
-        first, last = (
-            min(steps, key=_AT).at.astimezone(tz).date(),
-            max(steps, key=_AT).at.astimezone(tz).date(),
-        )
+        earliest, latest = _span(steps, spans)
+        first, last = earliest.astimezone(tz).date(), latest.astimezone(tz).date()
+
         if first == last and id(steps) in sums:
             adds[(budget_id, first)] = list(sums[id(steps)])
             continue

@@ -530,7 +530,7 @@ def events_ingest(
     stopped = _stopped_sessions(
         periods.stopped,
         budgets_above,
-        [s for s in touched if s.external_id not in {step.session_key for step in inserted}],
+        _stepless(touched, inserted),
         users,
         session_tags,
         key_prefix,
@@ -561,6 +561,12 @@ def _period_views(
         str(budget.pk): period_budget_view(budget, ledger, now=now, days=days[budget.pk])
         for budget, ledger in ledgers
     }
+
+
+def _stepless(touched: list[_SessionNow], steps: list[_Step]) -> list[_SessionNow]:
+    """The touched sessions none of these steps belongs to."""
+    with_steps = {step.session_key for step in steps}
+    return [s for s in touched if s.external_id not in with_steps]
 
 
 def _stopped_sessions(
