@@ -3,9 +3,10 @@ after the steps are stored (and last, so the ledger rows are held only until the
 
 For each of the project's budgets, the batch's steps it covers (periods.budget_covers's rule,
 asked once per batch, per session or per step as the scope needs) are
-grouped by the period their timestamps fall in; each (budget, period) ledger row is made if
-missing, then all of them are locked in one order (budget, period start), so two batches
-never deadlock and never decide on stale totals; the budget engine decides each (the same
+grouped by the period their timestamps fall in; the sums are added to each (budget, period)
+ledger row in one upsert, made if missing, in one order (budget, period start), which locks the
+rows, so two batches never deadlock and never decide on stale totals; the budget engine
+decides each from its totals before the batch (the same
 `budget_decide` as a session's) and its crossings become BudgetEvents — soft_warned and
 exhausted once per budget and period (a unique constraint holds it under any race) — which
 the caller announces through the outbox.
@@ -14,7 +15,7 @@ the caller announces through the outbox.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import date, datetime
 from decimal import Decimal
 from typing import Any, Protocol
@@ -155,56 +156,78 @@ def period_budgets_apply(
         return outcome
     # sums once per list of steps: the budgets that cover the whole batch share one
     sums: dict[int, tuple[int, int]] = {}  # tokens and pico-dollars
-
-    PeriodLedger.objects.bulk_create(
-        [
-            PeriodLedger(
-                budget_id=budget_id, period_start=start, period_end=ends[(budget_id, start)]
-            )
-            for budget_id, start in sorted(groups)
-        ],
-        ignore_conflicts=True,
-    )
-    wanted = Q()
-    for budget_id, start in groups:
-        wanted |= Q(budget_id=budget_id, period_start=start)
-    locked = list(
-        PeriodLedger.objects.select_for_update()
-        .filter(wanted)
-        .order_by("budget_id", "period_start")
-    )
-
-    changed: list[PeriodLedger] = []
-    events: list[BudgetEvent] = []
-    for row in locked:
-        budget = by_id[row.budget_id]
-        spends = groups[(row.budget_id, row.period_start)]
+    for spends in groups.values():
         if id(spends) not in sums:
             sums[id(spends)] = (sum(s.tokens for s in spends), sum(s.cost_pico for s in spends))
-        tokens, pico = sums[id(spends)]
+    added = {key: sums[id(spends)] for key, spends in groups.items()}
+    rows = _ledgers_add(added, ends, now)
+
+    events: list[BudgetEvent] = []
+    for key in sorted(groups):
+        row = rows[key]
+        budget, spends = by_id[row.budget_id], groups[key]
+        tokens, pico = added[key]
         cost = pico_usd(pico)
+        # the row holds the totals with this batch: the engine decides from those before it
+        before = replace(
+            _ledger_of(row), tokens_used=row.tokens_used - tokens, cost_usd=row.cost_usd - cost
+        )
         decided = budget_decide(
-            ledger=_ledger_of(row),
+            ledger=before,
             limits=PeriodLimits.of(budget),
             at=now,
             spends=spends,  # read only to time a crossing
             added=(tokens, cost),
         )
         after = decided.ledger
-        row.tokens_used, row.cost_usd, row.state = after.tokens_used, after.cost_usd, after.state
-        row.warned_at, row.exhausted_at, row.updated_at = after.warned_at, after.exhausted_at, now
-        changed.append(row)
+        state = (after.state, after.warned_at, after.exhausted_at)
+        if state != (row.state, row.warned_at, row.exhausted_at):
+            row.state, row.warned_at, row.exhausted_at = state
+            row.save(update_fields=["state", "warned_at", "exhausted_at"])
         events.extend(_crossings_recorded(project, budget, row, decided.crossings))
         outcome.ledgers.append((budget, row))
         if budget.action == PeriodBudget.Action.STOP and row.state == EXHAUSTED:
             for session_key in {step.session_key for step in spends}:
                 outcome.stopped.setdefault(session_key, budget.pk)
-    PeriodLedger.objects.bulk_update(
-        changed, ["tokens_used", "cost_usd", "state", "warned_at", "exhausted_at", "updated_at"]
-    )
     _days_add(by_id, groups, sums, spans)
     outcome.events = events
     return outcome
+
+
+def _ledgers_add(
+    added: dict[tuple[int, datetime], tuple[int, int]],
+    ends: dict[tuple[int, datetime], datetime | None],
+    now: datetime,
+) -> dict[tuple[int, datetime], PeriodLedger]:
+    """Add each (budget, period)'s tokens and pico-dollars to its ledger row, made if missing:
+    one upsert, in (budget, period start) order so two batches never deadlock, which locks the
+    rows until the commit and returns them with the sums added (so the engine reads the totals
+    before the batch as these less what it added, no other batch between)."""
+    table = PeriodLedger._meta.db_table
+    keys = sorted(added)
+    ops = connection.ops
+    values = ", ".join(["(%s, %s, %s, %s, %s, 'ok', %s)"] * len(keys))
+    params: list[Any] = []
+    for budget_id, start in keys:
+        tokens, pico = added[(budget_id, start)]
+        end = ends[(budget_id, start)]
+        params += [
+            budget_id,
+            ops.adapt_datetimefield_value(start),
+            ops.adapt_datetimefield_value(end),
+            tokens,
+            ops.adapt_decimalfield_value(pico_usd(pico)),
+            ops.adapt_datetimefield_value(now),
+        ]
+    sql = (
+        f"INSERT INTO {table} (budget_id, period_start, period_end, tokens_used, cost_usd, "
+        f"state, updated_at) VALUES {values} ON CONFLICT (budget_id, period_start) DO UPDATE "
+        f"SET tokens_used = {table}.tokens_used + excluded.tokens_used, "
+        f"cost_usd = {table}.cost_usd + excluded.cost_usd, updated_at = excluded.updated_at "
+        f"RETURNING id, budget_id, period_start, period_end, tokens_used, cost_usd, state, "
+        f"warned_at, exhausted_at, updated_at"
+    )
+    return {(row.budget_id, row.period_start): row for row in PeriodLedger.objects.raw(sql, params)}
 
 
 def _days_add(
