@@ -136,10 +136,12 @@ def _batch_events(
     start: datetime,
     *,
     warmup: bool,
+    spread: int | None = None,
 ) -> list[dict[str, Any]]:
-    """Batch `number` of a client: `size` steps spread over its current group of sessions,
-    a few turns further into each (turn numbers keep growing across the group's batches)."""
-    spread = max(1, size // STEPS_PER_SESSION_PER_BATCH)
+    """Batch `number` of a client: `size` steps spread over its current group of `spread`
+    sessions (default: 20 steps each), a few turns further into each (turn numbers keep
+    growing across the group's batches)."""
+    spread = min(size, spread or max(1, size // STEPS_PER_SESSION_PER_BATCH))
     per_session = math.ceil(size / spread)
     group, round_ = divmod(number, BATCHES_PER_SESSION)
     ids = warmup_prefix(run) if warmup else f"{run}-"
@@ -180,7 +182,14 @@ def _sizes(total: int, batch: int, clients: int) -> list[list[int]]:
 
 
 def workload_build(
-    *, run: str, events: int, batch: int, clients: int, warmup_batches: int, seed: int = 7
+    *,
+    run: str,
+    events: int,
+    batch: int,
+    clients: int,
+    warmup_batches: int,
+    spread: int | None = None,
+    seed: int = 7,
 ) -> Workload:
     """Every request body, serialized before the clock starts."""
     rng = random.Random(seed)
@@ -192,7 +201,9 @@ def workload_build(
         bodies: list[Batch] = []
         for number, size in enumerate([batch] * warmup_batches + sizes):
             warm = number < warmup_batches
-            batch_events = _batch_events(rng, run, client, number, size, start, warmup=warm)
+            batch_events = _batch_events(
+                rng, run, client, number, size, start, warmup=warm, spread=spread
+            )
             _record(sent, batch_events)
             body = json.dumps({"events": batch_events}, separators=(",", ":")).encode()
             bodies.append(Batch(body=body, events=size))
@@ -664,6 +675,7 @@ class BenchOptions:
     keep: bool
     copy_table: str
     budgets: int = 0
+    spread: int | None = None  # sessions per batch (None: 20 steps a session)
 
 
 @dataclass
@@ -745,6 +757,7 @@ def _measure(
         batch=options.batch,
         clients=options.clients,
         warmup_batches=options.warmup,
+        spread=options.spread,
     )
     vacuum()
     with gunicorn(workers=options.workers, threads=options.threads) as server:
@@ -787,6 +800,12 @@ def _cpu_line(cpu: CpuMeter, events: int) -> str:
     )
 
 
+def _spread(options: BenchOptions) -> int:
+    return min(
+        options.batch, options.spread or max(1, options.batch // STEPS_PER_SESSION_PER_BATCH)
+    )
+
+
 def report_lines(result: BenchResult) -> list[str]:
     o = result.options
     p50 = percentile(result.latencies, 50) * 1000
@@ -794,7 +813,8 @@ def report_lines(result: BenchResult) -> list[str]:
     runs = " / ".join(f"{result.copy.rows / s:,.0f}" for s in result.copy.runs)
     lines = [
         f"run:        {result.run}: {result.events:,} step events in {result.requests} requests "
-        f"of {o.batch} ({o.clients} clients, {o.warmup} warm-up batches each, not timed)"
+        f"of {o.batch} from {_spread(o)} sessions each ({o.clients} clients, {o.warmup} "
+        "warm-up batches each, not timed)"
         + (f"; {o.budgets} period budgets over the project" if o.budgets else ""),
         f"server:     gunicorn, {o.workers} workers × {o.threads} threads, PostgreSQL "
         f"{connection.settings_dict.get('NAME')} (its tables vacuumed first, analyzed after the "

@@ -46,6 +46,14 @@ class Command(BaseCommand):
             "reached): a project's month and day and the bench key's month, in turn",
         )
 
+        parser.add_argument(
+            "--spread",
+            type=int,
+            default=None,
+            help="sessions per batch (1 to --batch): 500 is a gateway batching across its "
+            "users, one step per session; default: 20 steps a session (25 per batch of 500)",
+        )
+
     def handle(self, *args: Any, **options: Any) -> None:
         try:
             require_postgres()
@@ -61,6 +69,7 @@ class Command(BaseCommand):
             keep=options["keep"],
             copy_table=options["copy_table"],
             budgets=options["budgets"],
+            spread=options["spread"],
         )
         self._check(bench)
         try:
@@ -83,3 +92,5 @@ class Command(BaseCommand):
             raise CommandError("--budgets must be 0 or more")
         if bench.warmup < 0:
             raise CommandError("--warmup must be 0 or more")
+        if bench.spread is not None and not 1 <= bench.spread <= bench.batch:
+            raise CommandError("--spread must be 1 to --batch (sessions in a batch)")
