@@ -8,6 +8,7 @@ budget engine (engine.py).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
@@ -82,6 +83,32 @@ def caps_for(
     )
 
 
+CapsOf = Callable[[int | None, Decimal | None, bool], Caps]
+
+
+class CapsMemo:
+    """caps_for over one project, remembered by (token cap, cost cap, system): a batch asks
+    it for each of up to a thousand sessions, most of which share the project's caps."""
+
+    def __init__(self, project: Project) -> None:
+        self.project = project
+        self.defaults = environment_caps()
+        self.known: dict[tuple[int | None, Decimal | None, bool], Caps] = {}
+
+    def __call__(self, token_cap: int | None, cost_cap_usd: Decimal | None, system: bool) -> Caps:
+        key = (token_cap, cost_cap_usd, system)
+        caps = self.known.get(key)
+        if caps is None:
+            caps = self.known[key] = caps_for(
+                project=self.project,
+                token_cap=token_cap,
+                cost_cap_usd=cost_cap_usd,
+                system=system,
+                defaults=self.defaults,
+            )
+        return caps
+
+
 def session_caps(session: Session, project: Project | None = None) -> Caps:
     return caps_for(
         project=project or session.project,
@@ -140,15 +167,17 @@ class BudgetFields(Protocol):
 
 
 def session_budget(
-    session: BudgetFields, project: Project, *, stopped_by_budget: int | None = None
+    session: BudgetFields,
+    project: Project,
+    *,
+    stopped_by_budget: int | None = None,
+    caps_of: CapsOf | None = None,
 ) -> SessionBudget:
     """`<budget>`; `stopped_by_budget`: an exhausted stop-budget above the session, which
-    makes it `exhausted` (stopped_by "budget:<id>") when its own caps have not already."""
-    caps = caps_for(
-        project=project,
-        token_cap=session.token_cap,
-        cost_cap_usd=session.cost_cap_usd,
-        system=session.external_id == SYSTEM_SESSION_ID,
+    makes it `exhausted` (stopped_by "budget:<id>") when its own caps have not already.
+    `caps_of`: a batch's CapsMemo (else caps_for)."""
+    caps = (caps_of or CapsMemo(project))(
+        session.token_cap, session.cost_cap_usd, session.external_id == SYSTEM_SESSION_ID
     )
     state, stopped_by = session.state, None
     if state == Session.State.EXHAUSTED:

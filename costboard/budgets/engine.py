@@ -25,7 +25,7 @@ The rules (CONTRACT §3):
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
 from operator import attrgetter
@@ -67,11 +67,11 @@ class Ledger:
     @property
     def acknowledged(self) -> bool:
         """A person has seen the runaway flag (acknowledged at or after it)."""
-        return (
-            self.runaway_at is not None
-            and self.acknowledged_at is not None
-            and self.acknowledged_at >= self.runaway_at
-        )
+        return _acknowledged(self.runaway_at, self.acknowledged_at)
+
+
+def _acknowledged(runaway_at: datetime | None, acknowledged_at: datetime | None) -> bool:
+    return runaway_at is not None and acknowledged_at is not None and acknowledged_at >= runaway_at
 
 
 class SpendLike(Protocol):
@@ -161,7 +161,15 @@ def _totals_at(spends: Sequence[SpendLike], tokens: int, cost: Decimal, at: date
 
 def runaway_holds(ledger: Ledger, *, stops_runaways: bool) -> bool:
     """A flagged budget is held at exhausted (its agent told to stop) until acknowledged."""
-    return stops_runaways and ledger.runaway_at is not None and not ledger.acknowledged
+    return _holds(ledger.runaway_at, ledger.acknowledged_at, stops_runaways=stops_runaways)
+
+
+def _holds(
+    runaway_at: datetime | None, acknowledged_at: datetime | None, *, stops_runaways: bool
+) -> bool:
+    """runaway_holds of a ledger with these moments (Ledger.acknowledged's rule)."""
+    acknowledged = _acknowledged(runaway_at, acknowledged_at)
+    return stops_runaways and runaway_at is not None and not acknowledged
 
 
 def budget_decide(
@@ -198,15 +206,7 @@ def budget_decide(
         # everything flagged so far, even at a time ahead of ours (an agent's clock)
         seen = (acknowledged_at, acknowledged, runaway_at, ledger.warned_at, ledger.exhausted_at)
         acknowledged = max(moment for moment in seen if moment is not None)
-    after = replace(
-        ledger,
-        tokens_used=tokens,
-        cost_usd=cost,
-        runaway_at=runaway_at,
-        runaway_reason=runaway_reason,
-        acknowledged_at=acknowledged,
-    )
-    held = runaway_holds(after, stops_runaways=stops_runaways)
+    held = _holds(runaway_at, acknowledged, stops_runaways=stops_runaways)
     warned = limits.warned(tokens, cost)
     by_limits = limits.exhausted(tokens, cost)
     exhausted = by_limits or held
@@ -240,7 +240,16 @@ def budget_decide(
         exhausted_at = moment[0]
         crossings.append(Crossing(EXHAUSTED_KIND, *moment, detail=stop_detail))
 
-    after = replace(after, state=state, warned_at=warned_at, exhausted_at=exhausted_at)
+    after = Ledger(  # built once: ingest decides a ledger per session of every batch
+        tokens_used=tokens,
+        cost_usd=cost,
+        state=state,
+        warned_at=warned_at,
+        exhausted_at=exhausted_at,
+        runaway_at=runaway_at,
+        runaway_reason=runaway_reason,
+        acknowledged_at=acknowledged,
+    )
     return Outcome(ledger=after, crossings=tuple(crossings))
 
 
