@@ -2,17 +2,19 @@
 
 One transaction, a fixed number of statements whatever the batch size:
 
-1. upsert the touched sessions (sorted, so concurrent batches lock in the same order);
-   the upsert locks each row and returns its totals and caps as they are now;
+1. create the missing sessions (an insert that skips the existing), then lock all touched
+   ones in key order (so concurrent batches lock in the same order) and read their totals
+   and caps as they are now;
 2. record the event_ids of session and turn events (replays are skipped);
-3. upsert the touched turns, adding the sums of the batch's steps (one write per turn);
+3. read the touched turns and create the missing ones, empty (their sessions' locks keep
+   them to this batch);
 4. insert the steps; a replayed event_id is skipped by the unique index (PostgreSQL returns
-   what it inserted, so a concurrent replay can never be counted twice); then, per turn
-   (locked since 3), advance the retry-loop streaks over the inserted steps and take back
-   the sums of any replays, checking the per-turn runaway rules (turn_rules);
-5. add the inserted steps' sums to their sessions, deciding budget crossings and runaway
-   flags in SQL (`warned_at IS NULL AND …`), returning the sessions' new state for the
-   response;
+   what it inserted, so a concurrent replay can never be counted twice); then write each
+   touched turn once: the inserted steps' sums, its messages, and its retry-loop streaks
+   advanced over those steps, checking the per-turn runaway rules (turn_rules);
+5. write each touched session once: the inserted steps' sums and the new turns, with the
+   budget engine's decision (crossings, runaway flag), returning the sessions' new state
+   for the response;
 6. record the crossings as BudgetEvents;
 7. add the inserted steps to their sessions' per-model usage (the model mix);
 8. add them to the daily rollups and the latency histograms, and the batch's events to the
@@ -29,8 +31,8 @@ server-side binding: the SQL text is the same for every batch and nothing is int
 from __future__ import annotations
 
 import json
-from collections import defaultdict
-from collections.abc import Iterable
+from collections import Counter, defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from decimal import Context, Decimal
@@ -43,7 +45,7 @@ from django.db.models import Field
 from django.utils import timezone
 
 from costboard.budgets.alerts import announce
-from costboard.budgets.caps import SessionBudget, caps_for, session_budget
+from costboard.budgets.caps import CapsMemo, CapsOf, SessionBudget, session_budget
 from costboard.budgets.engine import Flag, Ledger, budget_decide
 from costboard.budgets.period_ledgers import (
     SpendBatch,
@@ -178,7 +180,10 @@ class _Totals:
         """Column by column (zip and sum run in C: a fraction of adding step by step)."""
         if not steps:
             return cls()
-        totals = cls(*(sum(column) for column in zip(*(s.counts for s in steps), strict=True)))
+        if len(steps) == 1:  # a wide batch's usual session: one step
+            totals = cls(*steps[0].counts)
+        else:
+            totals = cls(*map(sum, zip(*(s.counts for s in steps), strict=True)))
         totals.steps = len(steps)
         return totals
 
@@ -299,6 +304,10 @@ class _Dialect:
         params = [value for values in rows for value in values]
         return f"WITH v ({names}) AS (VALUES {', '.join([row] * len(rows))})", params
 
+    def for_update(self, table: str) -> str:
+        """Row locks, on PostgreSQL (SQLite locks the whole database for the transaction)."""
+        return f"FOR UPDATE OF {table}" if self.postgres else ""
+
     def jsonb(self, expression: str) -> str:
         return f"CAST({expression} AS jsonb)" if self.postgres else expression
 
@@ -318,11 +327,13 @@ class _Dialect:
 _AS_TEXT = frozenset({"numeric", "bigint", "integer", USD_PICO})
 
 
-def _array_literal(values: Iterable[Decimal | int | str | None]) -> str:
+def _array_literal(values: Sequence[Decimal | int | str | None]) -> str:
     """An array literal of numbers: exact (the str() of an int or a Decimal is valid input
     for PostgreSQL), and several times cheaper to build than psycopg's element-by-element
     array dump."""
-    return "{" + ",".join("NULL" if v is None else str(v) for v in values) + "}"
+    if None in values:
+        return "{" + ",".join("NULL" if v is None else str(v) for v in values) + "}"
+    return "{" + ",".join(map(str, values)) + "}"  # the usual case: twice as fast
 
 
 def _json_default(value: Any) -> Any:
@@ -446,8 +457,8 @@ def _step(
         c_read,
         c_write,
         c_in + c_out + c_read + c_write,
-        not event.success,
-        unpriced,
+        0 if event.success else 1,  # counts, summed as ints (errors, unpriced)
+        1 if unpriced else 0,
         duration or 0,
     )
     return _Step(
@@ -485,24 +496,23 @@ def events_ingest(
     hot = _hot_statements(sql, project, steps)
 
     with transaction.atomic(), sql.cursor() as cursor:
-        rows = _sessions_upsert(cursor, sql, project, sessions)
+        rows = _sessions_lock(cursor, sql, project, sessions)
         accepted_others, dup_others = _receipts_insert(cursor, sql, project, others, now)
         duplicates += dup_others
         _apply_other_events(accepted_others, sessions, turns, now)
         session_ids = {key: row["id"] for key, row in rows.items()}
         session_tags = _session_tags(rows, sessions)
-        turns_now = _turns_upsert(cursor, sql, project, session_ids, turns, steps)
+        turns_now = _turns_ensure(cursor, sql, project, session_ids, turns)
         turn_ids = {key: turn.id for key, turn in turns_now.items()}
         inserted = _steps_insert(cursor, sql, project, session_ids, turn_ids, steps, session_tags)
-        replays: list[_Step] = []
         if len(inserted) < len(steps):
             duplicates += len(steps) - len(inserted)
-            kept = {id(step) for step in inserted}
-            replays = [step for step in steps if id(step) not in kept]
             hot = _hot_statements(sql, project, inserted)
-        runaways = _turns_after_insert(cursor, sql, project, turns_now, inserted, replays)
+        runaways = _turns_update(cursor, sql, project, turns_now, turns, inserted)
+        new_turns = Counter(turn.session_key for turn in turns_now.values() if turn.new)
+        caps_of = CapsMemo(project)
         crossings, touched = _sessions_update(
-            cursor, sql, project, rows, sessions, inserted, now, runaways
+            cursor, sql, project, rows, sessions, inserted, now, runaways, caps_of, new_turns
         )
         budget_events = BudgetEvent.objects.bulk_create(crossings) if crossings else []
         announce(budget_events)
@@ -537,7 +547,9 @@ def events_ingest(
         now,
     )
     budgets = {
-        s.external_id: session_budget(s, project, stopped_by_budget=stopped.get(s.external_id))
+        s.external_id: session_budget(
+            s, project, stopped_by_budget=stopped.get(s.external_id), caps_of=caps_of
+        )
         for s in touched
     }
 
@@ -642,10 +654,15 @@ def _turns_with_text(
     )
 
 
-def _sessions_upsert(
+def _sessions_lock(
     cursor: Any, sql: _Dialect, project: Project, sessions: dict[str, _SessionTouch]
 ) -> dict[str, dict[str, Any]]:
-    """Create missing sessions, lock all touched ones, and return their current state."""
+    """Create the missing sessions, lock all touched ones and return their current state: an
+    insert that skips the existing ones, then a locking read. A session is written once a
+    batch, by _sessions_update (an upsert here would write every row twice, with an entry in
+    each of its indexes each time). Deadlock-free: the insert locks nothing that exists, and
+    both go in key order (locking the existing first and inserting the missing after would
+    let two batches each hold what the other waits for)."""
     if not sessions:
         return {}
     ordered = sorted(sessions.values(), key=lambda s: s.key)
@@ -658,13 +675,28 @@ def _sessions_upsert(
         {with_v}
         INSERT INTO {SESSION_TABLE} (project_id, external_id, started_at, last_active_at, metadata)
         SELECT %s, v.external_id, v.started_at, v.last_active_at, '{{}}' FROM v WHERE true
-        ON CONFLICT (project_id, external_id) DO UPDATE SET
-            started_at = {sql.least}({SESSION_TABLE}.started_at, excluded.started_at),
-            last_active_at = {sql.greatest}({SESSION_TABLE}.last_active_at,
-                                            excluded.last_active_at)
-        RETURNING id, external_id, token_cap, cost_cap_usd, input_tokens, output_tokens,
-                  cost_usd, state, warned_at, exhausted_at, runaway_at, runaway_reason,
-                  acknowledged_at, metadata, tags, user_id
+        ON CONFLICT (project_id, external_id) DO NOTHING
+        """,
+        [*params, project.pk],
+    )
+    # a statement of its own: its snapshot sees the sessions another batch just made
+    return _sessions_locked(cursor, sql, project, [touch.key for touch in ordered])
+
+
+def _sessions_locked(
+    cursor: Any, sql: _Dialect, project: Project, keys: list[str]
+) -> dict[str, dict[str, Any]]:
+    """These sessions, locked in key order, as _sessions_lock returns them."""
+    with_v, params = sql.rows([("external_id", "text")], [[key] for key in keys])
+    cursor.execute(
+        f"""
+        {with_v}
+        SELECT s.id, s.external_id, s.token_cap, s.cost_cap_usd, s.input_tokens,
+               s.output_tokens, s.cost_usd, s.state, s.warned_at, s.exhausted_at, s.runaway_at,
+               s.runaway_reason, s.acknowledged_at, s.metadata, s.tags, s.user_id
+        FROM {SESSION_TABLE} s JOIN v ON s.external_id = v.external_id
+        WHERE s.project_id = %s
+        ORDER BY s.external_id {sql.for_update("s")}
         """,
         [*params, project.pk],
     )
@@ -776,112 +808,77 @@ def _apply_other_events(
             touch.tags = {**(touch.tags or {}), **event.tags}
 
 
-_TURN_COLUMNS: list[Column] = [
-    ("session_id", "bigint"),
-    ("number", "integer"),
-    ("started_at", "timestamptz"),
-    ("last_active_at", "timestamptz"),
-    ("user_message", "text"),
-    ("assistant_response", "text"),
-    ("context", "text"),
-    *USAGE,
-    ("step_count", "integer"),
-    ("error_count", "integer"),
-    ("context_tokens", "bigint"),
-    ("context_window", "integer"),
-]
-
-
 @dataclass(slots=True)
 class _TurnNow:
-    """A turn as the upsert left it (its streaks untouched by the upsert: as stored)."""
+    """A turn as it stood before the batch (a new one: as made, empty)."""
 
     id: int
     session_key: str
     number: int
     step_count: int
     streaks: TurnStreaks
+    new: bool = False
 
 
-def _turns_upsert(
+def _turns_ensure(
     cursor: Any,
     sql: _Dialect,
     project: Project,
     session_ids: dict[str, int],
     turns: dict[tuple[str, int], _TurnTouch],
-    steps: list[_Step],
 ) -> dict[tuple[str, int], _TurnNow]:
-    """Create or update the touched turns, adding the sums of all the batch's steps and
-    keeping the largest prompt (context pressure): one write per turn. (A step then refused
-    as a replay is taken back by _turns_after_insert.)"""
+    """The touched turns as they stand, the missing ones made (empty): a read, then an insert
+    of those it did not find. Their sessions are locked (_sessions_lock), and only ingest
+    writes turns, so no other batch makes or changes them meanwhile; _turns_update writes
+    each once, after the steps."""
     if not turns:
         return {}
-    groups: dict[tuple[str, int], list[_Step]] = defaultdict(list)
-    for step in steps:
-        if step.turn_no is not None:
-            groups[(step.session_key, step.turn_no)].append(step)
+    by_id = {v: k for k, v in session_ids.items()}
     ordered = sorted(turns.values(), key=lambda t: (session_ids[t.session_key], t.number))
-    values = []
-    for t in ordered:
-        group = groups.get((t.session_key, t.number), [])
-        totals = _Totals.of(group)
-        largest = max(group, key=lambda s: s.prompt_tokens, default=None)
-        values.append(
-            [
-                session_ids[t.session_key],
-                t.number,
-                sql.dt(t.first),
-                sql.dt(t.last),
-                t.user_message,
-                t.assistant_response,
-                _json(t.context),
-                *totals.usage_values(sql),
-                totals.steps,
-                totals.errors,
-                largest.prompt_tokens if largest else 0,
-                largest.context_window if largest else None,
-            ]
-        )
-    with_v, params = sql.rows(_TURN_COLUMNS, values)
-    counters = [*USAGE_COLUMNS, "step_count", "error_count"]
-    sums = ",\n".join(f"{c} = {TURN_TABLE}.{c} + excluded.{c}" for c in counters)
-    # user_message and assistant_response are '' when not given: keep what is stored.
+    with_v, params = sql.rows(
+        [("session_id", "bigint"), ("number", "integer")],
+        [[session_ids[t.session_key], t.number] for t in ordered],
+    )
     cursor.execute(
         f"""
         {with_v}
-        INSERT INTO {TURN_TABLE} (project_id, session_id, number, started_at, last_active_at,
-                                  user_message, assistant_response, context,
-                                  {", ".join(counters)}, context_tokens, context_window)
-        SELECT %s, v.session_id, v.number, v.started_at, v.last_active_at,
-               COALESCE(v.user_message, ''), COALESCE(v.assistant_response, ''),
-               {sql.jsonb("v.context")}, {", ".join(f"v.{c}" for c in counters)},
-               v.context_tokens, v.context_window
-        FROM v WHERE true
-        ON CONFLICT (session_id, number) DO UPDATE SET
-            started_at = {sql.least}({TURN_TABLE}.started_at, excluded.started_at),
-            last_active_at = {sql.greatest}({TURN_TABLE}.last_active_at, excluded.last_active_at),
-            user_message = COALESCE(NULLIF(excluded.user_message, ''),
-                                    {TURN_TABLE}.user_message),
-            assistant_response = COALESCE(NULLIF(excluded.assistant_response, ''),
-                                          {TURN_TABLE}.assistant_response),
-            context = COALESCE(excluded.context, {TURN_TABLE}.context),
-            context_window = CASE WHEN excluded.context_tokens > {TURN_TABLE}.context_tokens
-                                  THEN excluded.context_window
-                                  ELSE {TURN_TABLE}.context_window END,
-            context_tokens = {sql.greatest}({TURN_TABLE}.context_tokens,
-                                            excluded.context_tokens),
-            {sums}
-        RETURNING id, session_id, number, step_count,
-                  fail_streak, fail_peak, repeat_sig, repeat_streak, repeat_peak
+        SELECT t.id, t.session_id, t.number, t.step_count,
+               t.fail_streak, t.fail_peak, t.repeat_sig, t.repeat_streak, t.repeat_peak
+        FROM {TURN_TABLE} t JOIN v ON t.session_id = v.session_id AND t.number = v.number
         """,
-        [*params, project.pk],
+        params,
     )
-    by_id = {v: k for k, v in session_ids.items()}
-    result = {}
+    result: dict[tuple[str, int], _TurnNow] = {}
     for id_, session_id, number, step_count, *streaks in cursor.fetchall():
         key = by_id[session_id]
         result[(key, number)] = _TurnNow(id_, key, number, step_count, TurnStreaks(*streaks))
+    missing = [t for t in ordered if (t.session_key, t.number) not in result]
+    if missing:
+        with_v, params = sql.rows(
+            [("session_id", "bigint"), ("number", "integer"), ("started_at", "timestamptz")],
+            [[session_ids[t.session_key], t.number, sql.dt(t.first)] for t in missing],
+        )
+        cursor.execute(
+            f"""
+            {with_v}
+            INSERT INTO {TURN_TABLE} (project_id, session_id, number, started_at, last_active_at,
+                                      user_message, assistant_response,
+                                      {", ".join(_TURN_COUNTERS)}, context_tokens,
+                                      fail_streak, fail_peak, repeat_streak, repeat_peak)
+            SELECT %s, v.session_id, v.number, v.started_at, v.started_at, '', '',
+                   {", ".join("0" for _ in _TURN_COUNTERS)}, 0, 0, 0, 0, 0
+            FROM v WHERE true
+            RETURNING id, session_id, number
+            """,
+            [*params, project.pk],
+        )
+        for id_, session_id, number in cursor.fetchall():
+            key = by_id[session_id]
+            result[(key, number)] = _TurnNow(id_, key, number, 0, TurnStreaks(), new=True)
     return result
+
+
+_TURN_COUNTERS = [*USAGE_COLUMNS, "step_count", "error_count"]
 
 
 _STEP_COLUMNS: list[Column] = [
@@ -1023,9 +1020,12 @@ def _steps_insert(
 
 _SESSION_UPDATE_COLUMNS: list[Column] = [
     ("id", "bigint"),
+    ("started_at", "timestamptz"),
+    ("last_active_at", "timestamptz"),
     *USAGE,
     ("d_steps", "integer"),
     ("d_errors", "integer"),
+    ("d_turns", "integer"),
     ("token_cap", "bigint"),
     ("cost_cap_usd", "numeric"),
     ("parent_id", "bigint"),
@@ -1050,12 +1050,15 @@ def _sessions_update(
     inserted: list[_Step],
     now: datetime,
     runaways: dict[str, Flag],
+    caps_of: CapsOf,
+    new_turns: dict[str, int],
 ) -> tuple[list[BudgetEvent], list[_SessionNow]]:
-    """Add the steps' sums to each touched session, and apply what the budget engine decides
-    of its budget (its state, crossings and runaway flag); return the crossings to record and
-    the sessions as they now are (for their budgets).
+    """Add the steps' sums (and `new_turns`, the turns the batch made, by session) to each
+    touched session, and apply what the budget engine decides of its budget (its state,
+    crossings and runaway flag): the session's one write of the batch. Return the crossings
+    to record and the sessions as they now are (for their budgets).
 
-    The rows were locked by the upsert, so the ledger read there is current: the engine's
+    The rows were locked by _sessions_lock, so the ledger read there is current: the engine's
     outcome is written as it is, and each crossing is decided exactly once.
     """
     if not sessions:
@@ -1075,15 +1078,10 @@ def _sessions_update(
         token_cap = touch.token_cap if touch.token_cap is not None else row["token_cap"]
         cost_cap = touch.cost_cap_usd if touch.cost_cap_usd is not None else row["cost_cap_usd"]
         system = key == SYSTEM_SESSION_ID
-        caps = caps_for(project=project, token_cap=token_cap, cost_cap_usd=cost_cap, system=system)
+        caps = caps_of(token_cap, cost_cap, system)
         old_caps = None
         if row["tokens_used"] or row["cost_usd"]:  # caps given before any usage: no change
-            old_caps = caps_for(
-                project=project,
-                token_cap=row["token_cap"],
-                cost_cap_usd=row["cost_cap_usd"],
-                system=system,
-            )
+            old_caps = caps_of(row["token_cap"], row["cost_cap_usd"], system)
         outcome = budget_decide(
             ledger=Ledger(
                 tokens_used=row["tokens_used"],
@@ -1121,9 +1119,12 @@ def _sessions_update(
         values.append(
             [
                 row["id"],
+                sql.dt(touch.first),
+                sql.dt(touch.last),
                 *totals.usage_values(sql),
                 totals.steps,
                 totals.errors,
+                new_turns.get(key, 0),
                 token_cap,
                 cost_cap,
                 parent_id,
@@ -1145,11 +1146,12 @@ def _sessions_update(
         f"""
         {with_v}
         UPDATE {SESSION_TABLE} SET
+            started_at = {sql.least}({SESSION_TABLE}.started_at, v.started_at),
+            last_active_at = {sql.greatest}({SESSION_TABLE}.last_active_at, v.last_active_at),
             {sums},
             step_count = {SESSION_TABLE}.step_count + v.d_steps,
             error_count = {SESSION_TABLE}.error_count + v.d_errors,
-            turn_count = (SELECT COUNT(*) FROM {TURN_TABLE} t
-                          WHERE t.session_id = {SESSION_TABLE}.id),
+            turn_count = {SESSION_TABLE}.turn_count + v.d_turns,
             token_cap = v.token_cap,
             cost_cap_usd = v.cost_cap_usd,
             parent_id = COALESCE(v.parent_id, {SESSION_TABLE}.parent_id),
@@ -1239,45 +1241,50 @@ def _sessions_read(rows: list[tuple[Any, ...]]) -> list[_SessionNow]:
     return sessions
 
 
-def _turns_after_insert(
+def _turns_update(
     cursor: Any,
     sql: _Dialect,
     project: Project,
     turns_now: dict[tuple[str, int], _TurnNow],
+    turns: dict[tuple[str, int], _TurnTouch],
     inserted: list[_Step],
-    replays: list[_Step],
 ) -> dict[str, Flag]:
-    """Advance the turns' retry-loop streaks over their inserted steps and subtract the steps
-    the upsert added but the insert refused as replays (the turns are locked since the
-    upsert): one statement. Returns the per-turn runaway rules broken, by session key (the
-    first turn's, in turn order)."""
+    """Each touched turn's one write of the batch: its times, its messages and context, the
+    sums of its inserted steps (a replay refused by the insert is not among them), the
+    largest prompt (context pressure), and its retry-loop streaks advanced over those steps.
+    Returns the per-turn runaway rules broken, by session key (the first turn's, in turn
+    order)."""
+    if not turns_now:
+        return {}
     new_steps: dict[tuple[str, int], list[_Step]] = defaultdict(list)
     for step in inserted:
         if step.turn_no is not None:
             new_steps[(step.session_key, step.turn_no)].append(step)
-    taken_back: dict[tuple[str, int], list[_Step]] = defaultdict(list)
-    for step in replays:
-        if step.turn_no is not None:
-            taken_back[(step.session_key, step.turn_no)].append(step)
-    keys = sorted(new_steps.keys() | taken_back.keys(), key=lambda k: turns_now[k].id)
-    if not keys:
-        return {}
     flags: dict[str, Flag] = {}
     values = []
-    for key in keys:
-        turn = turns_now[key]
-        back = _Totals.of(taken_back.get(key, []))
+    for key in sorted(turns_now, key=lambda k: turns_now[k].id):
+        turn, touch = turns_now[key], turns[key]
         added = sorted(new_steps.get(key, []), key=lambda s: s.ts)
-        steps_before = turn.step_count - back.steps - len(added)
-        streaks, flag = turn_check(project, turn.number, turn.streaks, added, steps_before)
-        if flag is not None and turn.session_key not in flags:
-            flags[turn.session_key] = flag
+        streaks = turn.streaks
+        if added:
+            streaks, flag = turn_check(project, turn.number, streaks, added, turn.step_count)
+            if flag is not None and turn.session_key not in flags:
+                flags[turn.session_key] = flag
+        totals = _Totals.of(added)
+        largest = max(added, key=lambda s: s.prompt_tokens, default=None)
         values.append(
             [
                 turn.id,
-                *back.usage_values(sql),
-                back.steps,
-                back.errors,
+                sql.dt(touch.first),
+                sql.dt(touch.last),
+                touch.user_message,
+                touch.assistant_response,
+                _json(touch.context),
+                *totals.usage_values(sql),
+                totals.steps,
+                totals.errors,
+                largest.prompt_tokens if largest else 0,
+                largest.context_window if largest else None,
                 streaks.fail_streak,
                 streaks.fail_peak,
                 streaks.repeat_sig,
@@ -1285,16 +1292,27 @@ def _turns_after_insert(
                 streaks.repeat_peak,
             ]
         )
-    with_v, params = sql.rows(_TURN_AFTER_COLUMNS, values)
-    assignments = ",\n".join(f"{c} = {TURN_TABLE}.{c} - v.{c}" for c in USAGE_COLUMNS)
+    with_v, params = sql.rows(_TURN_UPDATE_COLUMNS, values)
+    sums = ",\n".join(f"{c} = {TURN_TABLE}.{c} + v.{c}" for c in USAGE_COLUMNS)
     streak_columns = ",\n".join(f"{c} = v.{c}" for c in _STREAK_COLUMNS)
+    # user_message and assistant_response are '' or NULL when not given: keep what is stored.
     cursor.execute(
         f"""
         {with_v}
         UPDATE {TURN_TABLE} SET
-            {assignments},
-            step_count = {TURN_TABLE}.step_count - v.d_steps,
-            error_count = {TURN_TABLE}.error_count - v.d_errors,
+            started_at = {sql.least}({TURN_TABLE}.started_at, v.started_at),
+            last_active_at = {sql.greatest}({TURN_TABLE}.last_active_at, v.last_active_at),
+            user_message = COALESCE(NULLIF(v.user_message, ''), {TURN_TABLE}.user_message),
+            assistant_response = COALESCE(NULLIF(v.assistant_response, ''),
+                                          {TURN_TABLE}.assistant_response),
+            context = COALESCE({sql.jsonb("v.context")}, {TURN_TABLE}.context),
+            context_window = CASE WHEN v.context_tokens > {TURN_TABLE}.context_tokens
+                                  THEN v.context_window
+                                  ELSE {TURN_TABLE}.context_window END,
+            context_tokens = {sql.greatest}({TURN_TABLE}.context_tokens, v.context_tokens),
+            {sums},
+            step_count = {TURN_TABLE}.step_count + v.d_steps,
+            error_count = {TURN_TABLE}.error_count + v.d_errors,
             {streak_columns}
         FROM v
         WHERE {TURN_TABLE}.id = v.id
@@ -1305,11 +1323,18 @@ def _turns_after_insert(
 
 
 _STREAK_COLUMNS = ["fail_streak", "fail_peak", "repeat_sig", "repeat_streak", "repeat_peak"]
-_TURN_AFTER_COLUMNS: list[Column] = [
+_TURN_UPDATE_COLUMNS: list[Column] = [
     ("id", "bigint"),
+    ("started_at", "timestamptz"),
+    ("last_active_at", "timestamptz"),
+    ("user_message", "text"),
+    ("assistant_response", "text"),
+    ("context", "text"),
     *USAGE,
     ("d_steps", "integer"),
     ("d_errors", "integer"),
+    ("context_tokens", "bigint"),
+    ("context_window", "integer"),
     ("fail_streak", "integer"),
     ("fail_peak", "integer"),
     ("repeat_sig", "bigint"),
