@@ -352,7 +352,11 @@ class Session(UsageTotals):
         WARNING = "warning"
         EXHAUSTED = "exhausted"
 
-    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="sessions")
+    # No lone project index: session_external_id and session_recent lead with it, and each
+    # index is one more write for every session a batch touches.
+    project = models.ForeignKey(
+        Project, on_delete=models.CASCADE, related_name="sessions", db_index=False
+    )
     external_id = models.CharField(max_length=128)
     user_id = models.CharField(max_length=128, blank=True, db_default="")
     parent = models.ForeignKey(
@@ -433,8 +437,11 @@ class Session(UsageTotals):
 class Turn(UsageTotals):
     # The session's project, copied: the steps page reads a period's turns of some projects
     # (its cost-per-turn distribution) from one covering index, without joining sessions.
-    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="+")
-    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="turns")
+    # No lone indexes: turn_project_time leads with project, turn_session_number with session.
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="+", db_index=False)
+    session = models.ForeignKey(
+        Session, on_delete=models.CASCADE, related_name="turns", db_index=False
+    )
     number = models.PositiveIntegerField()
     user_message = models.TextField(blank=True, db_default="")
     assistant_response = models.TextField(blank=True, db_default="")
@@ -582,7 +589,10 @@ class DailyRollup(UsageTotals):
     """A project's usage per UTC day, model family, exact model and step type, kept current
     at ingest. Pages group by `family`; the exact names are one level down."""
 
-    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="rollups")
+    # no lone index: its unique key leads with it
+    project = models.ForeignKey(
+        Project, on_delete=models.CASCADE, related_name="rollups", db_index=False
+    )
     day = models.DateField()
     family = models.CharField(max_length=200, default="", db_default="")
     model = models.CharField(max_length=200)
@@ -611,7 +621,8 @@ class UserDailyRollup(UsageTotals):
     arrived; "" for steps of sessions without one), kept current at ingest: `/users/` and the
     spend export read it, never the steps."""
 
-    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="+")
+    # no lone index: its unique key leads with it
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="+", db_index=False)
     day = models.DateField()
     user_id = models.CharField(max_length=128)
     calls = models.BigIntegerField(default=0, db_default=0)
@@ -629,7 +640,8 @@ class TagDailyRollup(UsageTotals):
     """A project's usage per UTC day and tag (key and value: a step with three tags counts
     under each), kept current at ingest for the tag breakdowns and the spend export."""
 
-    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="+")
+    # no lone index: its unique key leads with it
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="+", db_index=False)
     day = models.DateField()
     key = models.CharField(max_length=64)
     value = models.CharField(max_length=128)
@@ -777,7 +789,10 @@ class PeriodLedger(models.Model):
     """A period budget in one period: what counted toward it, its state and its crossings
     (written only by the budget engine's outcomes, under this row's lock)."""
 
-    budget = models.ForeignKey(PeriodBudget, on_delete=models.CASCADE, related_name="ledgers")
+    # no lone index: its unique key leads with it
+    budget = models.ForeignKey(
+        PeriodBudget, on_delete=models.CASCADE, related_name="ledgers", db_index=False
+    )
     period_start = models.DateTimeField()
     period_end = models.DateTimeField(null=True, blank=True)  # None: a total budget
     tokens_used = models.BigIntegerField(default=0)
@@ -853,7 +868,10 @@ class SessionModelUsage(models.Model):
     """A session's calls per model family and exact model, kept at ingest: the model mix shown
     beside each session and the model filter of the sessions list, without reading steps."""
 
-    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="model_usage")
+    # No lone session index: session_model_key leads with it.
+    session = models.ForeignKey(
+        Session, on_delete=models.CASCADE, related_name="model_usage", db_index=False
+    )
     family = models.CharField(max_length=200, default="", db_default="")
     model = models.CharField(max_length=200)
     calls = models.BigIntegerField(default=0, db_default=0)
@@ -882,7 +900,8 @@ class LatencyRollup(models.Model):
     """A latency histogram per project, UTC day and step type, kept at ingest: bucket b counts
     calls of duration in [10^((b-1)/20), 10^(b/20)) ms (bucket 0: under 1 ms)."""
 
-    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="+")
+    # no lone index: its unique key leads with it
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="+", db_index=False)
     day = models.DateField()
     step_type = models.CharField(max_length=64)
     bucket = models.SmallIntegerField()
@@ -903,7 +922,8 @@ class IngestTally(models.Model):
     """Events a project sent per UTC day: accepted, duplicates, refused (the /metrics
     counters, kept in the database so every worker's count is in one place)."""
 
-    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="+")
+    # no lone index: its unique key leads with it
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="+", db_index=False)
     day = models.DateField()
     accepted = models.BigIntegerField(default=0, db_default=0)
     duplicates = models.BigIntegerField(default=0, db_default=0)
