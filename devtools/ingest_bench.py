@@ -60,6 +60,7 @@ from costboard.pricing.rates import rate_table
 EVENTS_PATH = "/api/v1/events"
 STEPS_PER_TURN = 5
 STEPS_PER_SESSION_PER_BATCH = 20
+SINGLE_SESSIONS = 10  # the one-step posts go to this many sessions in turn
 BATCHES_PER_SESSION = 5  # a session gets 100 steps (20 turns) over 5 of its client's batches
 STEP_TYPES = ("intent", "filter", "search", "response", "compress")
 # (model, provider as sent): priced models of two providers, two thirds Claude.
@@ -90,6 +91,7 @@ class Workload:
     warmup: list[list[Batch]]  # per client
     measured: list[list[Batch]]  # per client
     sent: Sent
+    singles: list[Batch] = field(default_factory=list)  # one step each, posted one by one
 
     @property
     def measured_events(self) -> int:
@@ -125,6 +127,14 @@ def _step_event(
 
 def warmup_prefix(run: str) -> str:
     return f"{run}-warmup-"
+
+
+def single_prefix(run: str) -> str:
+    return f"{run}-agent-"
+
+
+def single_event_prefix(run: str) -> str:
+    return f"{run}-single-"
 
 
 def _batch_events(
@@ -189,6 +199,7 @@ def workload_build(
     clients: int,
     warmup_batches: int,
     spread: int | None = None,
+    single: int = 0,
     seed: int = 7,
 ) -> Workload:
     """Every request body, serialized before the clock starts."""
@@ -209,7 +220,22 @@ def workload_build(
             bodies.append(Batch(body=body, events=size))
         warmup.append(bodies[:warmup_batches])
         measured.append(bodies[warmup_batches:])
-    return Workload(warmup=warmup, measured=measured, sent=sent)
+    singles = []
+    for number in range(single):
+        # an agent reporting each call as it happens: SINGLE_SESSIONS sessions, turns growing
+        at = start + timedelta(minutes=20, milliseconds=number)
+        step_no, session = divmod(number, SINGLE_SESSIONS)
+        event = _step_event(
+            rng,
+            f"{single_event_prefix(run)}{number}",
+            f"{single_prefix(run)}{session}",
+            step_no // STEPS_PER_TURN + 1,
+            at,
+        )
+        _record(sent, [event])
+        body = json.dumps({"events": [event]}, separators=(",", ":")).encode()
+        singles.append(Batch(body=body, events=1))
+    return Workload(warmup=warmup, measured=measured, sent=sent, singles=singles)
 
 
 # --- the server ------------------------------------------------------------------------------
@@ -391,6 +417,38 @@ def clients_run(port: int, key: str, per_client: list[list[Batch]]) -> tuple[flo
         merged.latencies += result.latencies
         merged.failures += result.failures
     return elapsed, merged
+
+
+def singles_run(
+    port: int, key: str, singles: list[Batch], run: str
+) -> tuple[ClientResult, ClientResult]:
+    """One client posting one step at a time, then reading a session's budget as many times
+    (an agent checking before each call): the latency of each, in order, on a quiet server."""
+    headers = {"Authorization": f"Bearer {key}", "Connection": "keep-alive"}
+    posts, reads = ClientResult(), ClientResult()
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    for batch in singles:
+        began = time.perf_counter()
+        failure = _post(conn, {**headers, "Content-Type": "application/json"}, batch)
+        posts.latencies.append(time.perf_counter() - began)
+        if failure is not None:
+            posts.failures.append(failure)
+    for number in range(len(singles)):
+        path = f"/api/v1/sessions/{single_prefix(run)}{number % SINGLE_SESSIONS}/budget"
+        began = time.perf_counter()
+        try:
+            conn.request("GET", path, headers=headers)
+            response = conn.getresponse()
+            data = response.read()
+        except (OSError, http.client.HTTPException) as exc:
+            conn.close()
+            reads.failures.append(f"budget read: {type(exc).__name__}: {exc}")
+            continue
+        reads.latencies.append(time.perf_counter() - began)
+        if response.status != 200:
+            reads.failures.append(f"budget read: HTTP {response.status}: {data[:300]!r}")
+    conn.close()
+    return posts, reads
 
 
 def percentile(values: list[float], pct: float) -> float:
@@ -633,8 +691,9 @@ def copy_baseline(project: Project, run: str, *, table: str, runs: int = 3) -> C
     with psycopg.connect(**connection.get_connection_params()) as conn, conn.cursor() as cur:
         cur.execute(
             f"SELECT {columns} FROM {Step._meta.db_table} "
-            "WHERE project_id = %s AND NOT starts_with(event_id, %s)",
-            [project.pk, warmup_prefix(run)],
+            "WHERE project_id = %s AND NOT starts_with(event_id, %s) "
+            "AND NOT starts_with(event_id, %s)",
+            [project.pk, warmup_prefix(run), single_event_prefix(run)],
         )
         rows = cur.fetchall()
         seconds = [_copy_once(conn, rows, columns, COPY_TABLES[table]) for _ in range(runs)]
@@ -676,6 +735,7 @@ class BenchOptions:
     copy_table: str
     budgets: int = 0
     spread: int | None = None  # sessions per batch (None: 20 steps a session)
+    single: int = 0  # one-step posts (and as many budget reads) after the batches
 
 
 @dataclass
@@ -690,6 +750,8 @@ class BenchResult:
     problems: list[str]
     copy: CopyResult
     cpu: CpuMeter
+    single_posts: list[float] = field(default_factory=list)
+    budget_reads: list[float] = field(default_factory=list)
 
     @property
     def events_per_second(self) -> float:
@@ -758,6 +820,7 @@ def _measure(
         clients=options.clients,
         warmup_batches=options.warmup,
         spread=options.spread,
+        single=options.single,
     )
     vacuum()
     with gunicorn(workers=options.workers, threads=options.threads) as server:
@@ -768,7 +831,10 @@ def _measure(
         say(f"posting {work.measured_events:,} events from {options.clients} clients …")
         with cpu_meter(server) as cpu:
             seconds, measured = clients_run(server.port, key, work.measured)
-        failures = warm.failures + measured.failures
+        if work.singles:
+            say(f"posting {len(work.singles)} one-step batches one by one, then budget reads …")
+        posts, reads = singles_run(server.port, key, work.singles, run)
+        failures = warm.failures + measured.failures + posts.failures + reads.failures
         if failures:
             say(server.log_tail())
     say("verifying stored totals …")
@@ -786,6 +852,8 @@ def _measure(
         problems=problems,
         copy=copy,
         cpu=cpu,
+        single_posts=posts.latencies,
+        budget_reads=reads.latencies,
     )
 
 
@@ -797,6 +865,13 @@ def _cpu_line(cpu: CpuMeter, events: int) -> str:
         f"{cpu.cores('postgres'):.2f}, clients {cpu.cores('clients'):.2f}, other processes "
         f"{others / cpu.seconds:.2f} (of {cpu.cores('capacity'):.0f}); server + database "
         f"{ours / events * 1e6:.0f} µs CPU per event"
+    )
+
+
+def _percentiles(latencies: list[float]) -> str:
+    return (
+        ", ".join(f"p{pct} {percentile(latencies, pct) * 1000:.1f} ms" for pct in (50, 95, 99))
+        + f", max {max(latencies) * 1000:.1f} ms"
     )
 
 
@@ -826,6 +901,15 @@ def report_lines(result: BenchResult) -> list[str]:
         f"{len(result.copy.runs)} runs: {runs}",
         f"ratio:      {result.ratio:.3f} of raw COPY",
     ]
+    if result.single_posts:
+        lines.append(
+            f"one step:   {len(result.single_posts)} one-step posts in a row, "
+            f"{_percentiles(result.single_posts)}"
+        )
+        lines.append(
+            f"budget:     {len(result.budget_reads)} budget reads in a row, "
+            f"{_percentiles(result.budget_reads)}"
+        )
     if result.cpu.used:
         lines.append(_cpu_line(result.cpu, result.events))
     if result.failures:

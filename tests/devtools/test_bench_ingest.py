@@ -31,6 +31,8 @@ def test_bench_ingest_posts_verifies_and_compares_with_copy() -> None:
         clients=2,
         workers=1,
         warmup=1,
+        spread=100,
+        single=20,
         stdout=out,
         stderr=err,
     )
@@ -41,6 +43,10 @@ def test_bench_ingest_posts_verifies_and_compares_with_copy() -> None:
     copy = re.search(r"raw COPY:\s+([\d,]+) rows/s, the same 3,000 rows", report)
     assert copy is not None, report
     assert re.search(r"ratio:\s+0\.\d{3} of raw COPY", report)
+    assert "in 6 requests of 500 from 100 sessions each" in report, report
+    # The one-step posts are in the verified totals; each phase reports its percentiles.
+    assert re.search(r"one step:\s+20 one-step posts in a row, p50 [\d.]+ ms, p95 ", report)
+    assert re.search(r"budget:\s+20 budget reads in a row, p50 [\d.]+ ms, .*, max ", report)
     # The bench project is deleted afterwards, its steps with it.
     assert not Project.objects.filter(slug__startswith="bench-").exists()
     assert not Step.objects.exists()

@@ -54,6 +54,15 @@ class Command(BaseCommand):
             "users, one step per session; default: 20 steps a session (25 per batch of 500)",
         )
 
+        parser.add_argument(
+            "--single",
+            type=int,
+            default=200,
+            help="after the batches, this many one-step posts one after another (an agent "
+            "reporting each call), then as many budget reads: their latency percentiles "
+            "(0: skip)",
+        )
+
     def handle(self, *args: Any, **options: Any) -> None:
         try:
             require_postgres()
@@ -70,6 +79,7 @@ class Command(BaseCommand):
             copy_table=options["copy_table"],
             budgets=options["budgets"],
             spread=options["spread"],
+            single=options["single"],
         )
         self._check(bench)
         try:
@@ -90,6 +100,8 @@ class Command(BaseCommand):
                 raise CommandError(f"--{name} must be at least 1")
         if bench.budgets < 0:
             raise CommandError("--budgets must be 0 or more")
+        if bench.single < 0:
+            raise CommandError("--single must be 0 or more")
         if bench.warmup < 0:
             raise CommandError("--warmup must be 0 or more")
         if bench.spread is not None and not 1 <= bench.spread <= bench.batch:
