@@ -145,27 +145,35 @@ SESSION_BUDGET = Operation(
 @api_endpoint(SESSION_BUDGET)
 def session_budget_view(request: HttpRequest, session_id: str) -> HttpResponse:
     project = cast(ApiRequest, request).project
-    session = Session.objects.filter(
-        project=project, external_id=path_text("session_id", session_id)
-    ).first()
-    if session is None:
+    external_id = path_text("session_id", session_id)
+    detail = session_budget_read(
+        project, external_id, key_prefix=cast(ApiRequest, request).api_key.prefix
+    )
+    if detail is None:
         raise ApiError(404, "session_id", f"no session {session_id!r} in project {project.slug}")
+    return model_response(SessionBudgetDetail.model_validate(detail))
+
+
+def session_budget_read(
+    project: Project, external_id: str, *, key_prefix: str
+) -> dict[str, Any] | None:
+    """A session's budget and its budget events (None: no such session): what an agent reads
+    before each call."""
+    session = Session.objects.filter(project=project, external_id=external_id).first()
+    if session is None:
+        return None
     events = BudgetEvent.objects.filter(session=session).order_by("at", "id")
     stopping = stopping_budget(
         project,
         user_id=session.user_id,
         tags=session.tags,
-        key_prefix=cast(ApiRequest, request).api_key.prefix,
+        key_prefix=key_prefix,
         now=timezone.now(),
     )
-    return model_response(
-        SessionBudgetDetail.model_validate(
-            {
-                **session_budget(session, project, stopped_by_budget=stopping),
-                "events": [e.to_dict() for e in events],
-            }
-        )
-    )
+    return {
+        **session_budget(session, project, stopped_by_budget=stopping),
+        "events": [e.to_dict() for e in events],
+    }
 
 
 OPENAPI = Operation(
