@@ -26,7 +26,7 @@ run: install
 	@# No request-line limit in gunicorn: the API answers a query string past 8 KB with its
 	@# own JSON 414, which gunicorn's 4 KB default would pre-empt with a bare 400.
 	$(PY) manage.py guard_sweep --every 60 & sweep=$$!; trap "kill $$sweep" EXIT INT TERM; \
-	$(VENV)/bin/gunicorn costboard.wsgi --bind 127.0.0.1:$(PORT) --workers 2 --threads 4 \
+	$(VENV)/bin/gunicorn --config python:costboard.gunicorn_conf costboard.wsgi --bind 127.0.0.1:$(PORT) --workers 2 --threads 4 \
 		--limit-request-line 0 --access-logfile -
 
 test: install

@@ -265,6 +265,8 @@ def gunicorn_command(port: int, workers: int, threads: int) -> list[str]:
         sys.executable,
         "-m",
         "gunicorn",
+        "--config",
+        "python:costboard.gunicorn_conf",
         "costboard.wsgi",
         "--bind",
         f"127.0.0.1:{port}",

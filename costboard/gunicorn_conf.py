@@ -1,0 +1,17 @@
+"""gunicorn settings for Costboard: `gunicorn -c python:costboard.gunicorn_conf costboard.wsgi`
+(`make run` and `bench_ingest` use it). Command-line flags still override these."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+log = logging.getLogger("gunicorn.error")
+
+
+def post_worker_init(worker: Any) -> None:
+    """Each worker runs ingest once, rolled back, before it accepts (costboard/warmup.py)."""
+    from costboard.warmup import worker_warm
+
+    seconds = worker_warm()
+    log.info("worker %s warmed up in %.0f ms", worker.pid, seconds * 1000)
