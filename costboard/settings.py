@@ -106,7 +106,9 @@ TEMPLATES = [
 _database_url = env_str("DATABASE_URL")
 if _database_url:
     try:
-        _db = dj_database_url.parse(_database_url, conn_max_age=60, conn_health_checks=True)
+        # Persistent connections (checked before reuse): a reconnect every minute gave each
+        # worker a cold PostgreSQL backend, its next request several times slower.
+        _db = dj_database_url.parse(_database_url, conn_max_age=None, conn_health_checks=True)
     except Exception as exc:  # dj-database-url raises several types for a bad URL
         raise ImproperlyConfigured(
             f"DATABASE_URL={_database_url!r} is not a database URL ({exc}); "
