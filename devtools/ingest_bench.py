@@ -380,13 +380,19 @@ def _post(conn: http.client.HTTPConnection, headers: dict[str, str], batch: Batc
 
 
 def client_run(
-    port: int, key: str, batches: list[Batch], result: ClientResult, start: threading.Barrier
+    port: int,
+    key: str,
+    batches: list[Batch],
+    result: ClientResult,
+    start: threading.Barrier,
+    minimal: bool = False,
 ) -> None:
     """One keep-alive connection posting its batches in order, timing each request."""
     headers = {
         "Authorization": f"Bearer {key}",
         "Content-Type": "application/json",
         "Connection": "keep-alive",
+        **({"Prefer": "return=minimal"} if minimal else {}),
     }
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
     start.wait()
@@ -399,12 +405,14 @@ def client_run(
     conn.close()
 
 
-def clients_run(port: int, key: str, per_client: list[list[Batch]]) -> tuple[float, ClientResult]:
+def clients_run(
+    port: int, key: str, per_client: list[list[Batch]], *, minimal: bool = False
+) -> tuple[float, ClientResult]:
     """All clients at once; the wall time from the common start to the last response."""
     results = [ClientResult() for _ in per_client]
     barrier = threading.Barrier(len(per_client) + 1)
     threads = [
-        threading.Thread(target=client_run, args=(port, key, batches, result, barrier))
+        threading.Thread(target=client_run, args=(port, key, batches, result, barrier, minimal))
         for batches, result in zip(per_client, results, strict=True)
     ]
     for thread in threads:
@@ -738,6 +746,7 @@ class BenchOptions:
     budgets: int = 0
     spread: int | None = None  # sessions per batch (None: 20 steps a session)
     single: int = 0  # one-step posts (and as many budget reads) after the batches
+    minimal: bool = False  # the batches sent with Prefer: return=minimal
 
 
 @dataclass
@@ -827,12 +836,14 @@ def _measure(
     vacuum()
     with gunicorn(workers=options.workers, threads=options.threads) as server:
         say(f"gunicorn on 127.0.0.1:{server.port}; warming up …")
-        _, warm = clients_run(server.port, key, work.warmup)
+        _, warm = clients_run(server.port, key, work.warmup, minimal=options.minimal)
         vacuum(analyze=True)
         connection.close()  # the server's connections are the ones that matter from here on
         say(f"posting {work.measured_events:,} events from {options.clients} clients …")
         with cpu_meter(server) as cpu:
-            seconds, measured = clients_run(server.port, key, work.measured)
+            seconds, measured = clients_run(
+                server.port, key, work.measured, minimal=options.minimal
+            )
         if work.singles:
             say(f"posting {len(work.singles)} one-step batches one by one, then budget reads …")
         posts, reads = singles_run(server.port, key, work.singles, run)
@@ -892,7 +903,8 @@ def report_lines(result: BenchResult) -> list[str]:
         f"run:        {result.run}: {result.events:,} step events in {result.requests} requests "
         f"of {o.batch} from {_spread(o)} sessions each ({o.clients} clients, {o.warmup} "
         "warm-up batches each, not timed)"
-        + (f"; {o.budgets} period budgets over the project" if o.budgets else ""),
+        + (f"; {o.budgets} period budgets over the project" if o.budgets else "")
+        + ("; Prefer: return=minimal" if o.minimal else ""),
         f"server:     gunicorn, {o.workers} workers × {o.threads} threads, PostgreSQL "
         f"{connection.settings_dict.get('NAME')} (its tables vacuumed first, analyzed after the "
         "warm-up, as autovacuum would)",

@@ -41,6 +41,8 @@ from costboard.ingest.service import events_ingest
 from costboard.models import BudgetEvent, Project, Session
 
 SESSION_ID = "the session_id your events use"
+PREFER_HEADER = "Prefer"
+APPLIED_HEADER = "Preference-Applied"
 
 EVENTS = Operation(
     method="POST",
@@ -60,18 +62,29 @@ EVENTS = Operation(
             "the same key with another body is 422. Only a 200 is stored: after a refusal, "
             "the corrected batch may be sent under the same key. Kept at least 24 hours.",
             "schema": {"type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[!-~]+$"},
-        }
+        },
+        PREFER_HEADER: {
+            "description": "`return=minimal` (RFC 7240): `sessions` holds only the touched "
+            "sessions that are not ok (warning, exhausted, runaway or stopped by a budget) and "
+            "`sessions_ok` counts the others: a gateway batching across hundreds of users "
+            "reads only the ones to act on. Answered with Preference-Applied.",
+            "schema": {"type": "string"},
+        },
     },
     responses={
         200: Reply(
             "stored (or replayed): the touched sessions' budgets",
             EventsResponse,
             headers={
+                APPLIED_HEADER: {
+                    "description": "return=minimal when the Prefer header asked for it",
+                    "schema": {"type": "string", "enum": ["return=minimal"]},
+                },
                 REPLAYED_HEADER: {
                     "description": "true when this is the stored answer to an earlier request "
                     "with the same Idempotency-Key (nothing was ingested again)",
                     "schema": {"type": "string", "enum": ["true"]},
-                }
+                },
             },
         ),
         422: Reply(
@@ -96,30 +109,52 @@ def events(request: HttpRequest) -> HttpResponse:
         ingest_tally(project.pk, refused=exc.event_count or 1)
         raise
     prefix = cast(ApiRequest, request).api_key.prefix
+    minimal = prefers_minimal(request.headers.get(PREFER_HEADER, ""))
     if key is None:
-        return JsonResponse(_ingested(project, batch, prefix))
-    try:
-        return idempotent_answer(
-            project=project,
-            key=key,
-            body=request.body,
-            answer=lambda: _ingested(project, batch, prefix),
-        )
-    except ApiError:  # the key was used with another body
-        ingest_tally(project.pk, refused=len(batch))
-        raise
+        response = JsonResponse(_ingested(project, batch, prefix, minimal))
+    else:
+        try:
+            response = idempotent_answer(
+                project=project,
+                key=key,
+                body=request.body,
+                answer=lambda: _ingested(project, batch, prefix, minimal),
+            )
+        except ApiError:  # the key was used with another body
+            ingest_tally(project.pk, refused=len(batch))
+            raise
+    if minimal:
+        response[APPLIED_HEADER] = "return=minimal"
+    return response
 
 
-def _ingested(project: Project, batch: list[Event], key_prefix: str) -> dict[str, Any]:
+def prefers_minimal(prefer: str) -> bool:
+    """Whether a Prefer header (RFC 7240: preferences split by commas, each `name[=value]`
+    with `;`-parameters) holds return=minimal; names case-insensitive, values maybe quoted."""
+    for preference in prefer.split(","):
+        name, _, value = preference.split(";", 1)[0].partition("=")
+        if name.strip().lower() == "return" and value.strip().strip('"') == "minimal":
+            return True
+    return False
+
+
+def _ingested(
+    project: Project, batch: list[Event], key_prefix: str, minimal: bool
+) -> dict[str, Any]:
     # it counts them for /metrics; the key's own budgets count its steps
-    result = events_ingest(project=project, events=batch, key_prefix=key_prefix)
+    result = events_ingest(
+        project=project, events=batch, key_prefix=key_prefix, flagged_only=minimal
+    )
     # Built as a dict on the hot path: EventsResponse documents it, the contract test checks it.
-    return {
+    answer = {
         "accepted": result.accepted,
         "duplicates": result.duplicates,
         "sessions": result.sessions,
         "budgets": result.budgets,
     }
+    if minimal:
+        answer["sessions_ok"] = result.sessions_ok
+    return answer
 
 
 def _idempotency_key(request: HttpRequest, project: Project) -> str | None:

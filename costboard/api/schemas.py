@@ -144,6 +144,14 @@ class EventsResponse(Answer):
         description="every period budget the batch's steps counted toward, by id, in the "
         "period they counted in"
     )
+    # optional in the document: present only in the minimal answer
+    model_config = ConfigDict(json_schema_serialization_defaults_required=False)
+
+    sessions_ok: Count = Field(
+        default=0,
+        description="with Prefer: return=minimal only: the touched sessions that are ok, "
+        "left out of `sessions`",
+    )
 
 
 # --- OTLP (documented; the view speaks protobuf's own JSON mapping) --------------------------

@@ -103,6 +103,8 @@ class IngestResult:
     budget_events: list[BudgetEvent] = field(default_factory=list)
     # the period budgets the batch touched, each in the period it touched (`<period budget>`)
     budgets: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # touched sessions left out of `sessions` because they may go on (flagged_only)
+    sessions_ok: int = 0
 
 
 Column = tuple[str, str]  # a name and its PostgreSQL type
@@ -485,10 +487,17 @@ def _step(
 
 
 def events_ingest(
-    *, project: Project, events: list[Event], now: datetime | None = None, key_prefix: str = ""
+    *,
+    project: Project,
+    events: list[Event],
+    now: datetime | None = None,
+    key_prefix: str = "",
+    flagged_only: bool = False,
 ) -> IngestResult:
     """Store a validated batch all or nothing; see the module docstring for the statements.
-    `key_prefix`: the API key that sent it (its api_key budgets count it)."""
+    `key_prefix`: the API key that sent it (its api_key budgets count it). `flagged_only`:
+    answer only for the touched sessions that are not ok (`Prefer: return=minimal`), the
+    others counted in `sessions_ok`."""
     now = now or timezone.now()
     budgets_above = project_budgets(project)
     sessions, turns, steps, others, duplicates = _plan(events, now, project)
@@ -552,11 +561,17 @@ def events_ingest(
         key_prefix,
         now,
     )
+    if flagged_only:
+        flagged = [
+            s
+            for s in touched
+            if s.state != Session.State.OK or s.runaway or s.external_id in stopped
+        ]
     budgets = {
         s.external_id: session_budget(
             s, project, stopped_by_budget=stopped.get(s.external_id), caps_of=caps_of
         )
-        for s in touched
+        for s in (flagged if flagged_only else touched)
     }
 
     return IngestResult(
@@ -565,6 +580,7 @@ def events_ingest(
         sessions=dict(sorted(budgets.items())),
         budget_events=[*budget_events, *periods.events],
         budgets=_period_views(periods.ledgers, now),
+        sessions_ok=len(touched) - len(budgets),
     )
 
 

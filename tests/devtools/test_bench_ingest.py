@@ -33,6 +33,7 @@ def test_bench_ingest_posts_verifies_and_compares_with_copy() -> None:
         warmup=1,
         spread=100,
         single=20,
+        minimal=True,
         stdout=out,
         stderr=err,
     )
@@ -44,6 +45,7 @@ def test_bench_ingest_posts_verifies_and_compares_with_copy() -> None:
     assert copy is not None, report
     assert re.search(r"ratio:\s+0\.\d{3} of raw COPY", report)
     assert "in 6 requests of 500 from 100 sessions each" in report, report
+    assert "; Prefer: return=minimal" in report
     # The one-step posts are in the verified totals; each phase reports its percentiles.
     assert re.search(r"one step:\s+20 one-step posts in a row, p50 [\d.]+ ms, p95 ", report)
     assert re.search(r"budget:\s+20 budget reads in a row, p50 [\d.]+ ms, .*, max ", report)

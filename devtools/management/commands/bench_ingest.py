@@ -63,6 +63,13 @@ class Command(BaseCommand):
             "(0: skip)",
         )
 
+        parser.add_argument(
+            "--minimal",
+            action="store_true",
+            help="send the batches with Prefer: return=minimal (the answer names only the "
+            "sessions that are not ok), as a gateway batching across its users would",
+        )
+
     def handle(self, *args: Any, **options: Any) -> None:
         try:
             require_postgres()
@@ -80,6 +87,7 @@ class Command(BaseCommand):
             budgets=options["budgets"],
             spread=options["spread"],
             single=options["single"],
+            minimal=options["minimal"],
         )
         self._check(bench)
         try:

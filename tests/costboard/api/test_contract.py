@@ -170,6 +170,8 @@ def test_events_answers_conform(used: Agent) -> None:
     assert body["sessions"]["s1"]["state"] == "warning"
     assert body["sessions"]["s1"]["warned_at"] == "2026-11-22T10:00:00+00:00"
     assert conforms(post(used, path, [step(input_tokens=1)]), path, "POST")["accepted"] == 1
+    minimal = post(used, path, [step(input_tokens=1)], headers={"Prefer": "return=minimal"})
+    assert conforms(minimal, path, "POST")["sessions_ok"] == 0  # s1 is past its warning
     batch = {"events": [step(event_id="a", input_tokens=1), step(event_id="a", input_tokens=1)]}
     assert conforms(post(used, path, batch), path, "POST")["duplicates"] == 1
 

@@ -5,6 +5,7 @@ from decimal import Decimal
 
 import pytest
 
+from costboard.api.events import prefers_minimal
 from costboard.models import BudgetEvent, DailyRollup, EventReceipt, Session, Step, Turn
 from tests.conftest import Agent, make_agent, usd
 
@@ -347,3 +348,51 @@ def test_openapi_document_describes_the_api(client: object) -> None:
     step_schema = doc["components"]["schemas"]["StepEvent"]
     assert {"step_type", "model"} <= set(step_schema["required"])
     assert "cache_read_input_tokens" in step_schema["properties"]
+
+
+def test_prefer_return_minimal_answers_only_the_sessions_to_act_on(
+    agent: Agent, priced: object
+) -> None:
+    caps = [
+        {"type": "session", "session_id": s, "token_cap": 100} for s in ("fine", "near", "over")
+    ]
+    batch = {
+        "events": [
+            *caps,
+            {**step(input_tokens=10), "session_id": "fine"},
+            {**step(input_tokens=85), "session_id": "near"},  # past 80 %: warning
+            {**step(input_tokens=150), "session_id": "over"},  # past the cap: exhausted
+        ]
+    }
+    response = agent.post(batch, Prefer="respond-async, return=minimal")
+    assert response.status_code == 200, response.content
+    assert response["Preference-Applied"] == "return=minimal"
+    body = response.json()
+    assert body["accepted"] == 6
+    assert sorted(body["sessions"]) == ["near", "over"]
+    assert body["sessions"]["near"]["state"] == "warning"
+    assert body["sessions"]["over"]["state"] == "exhausted"
+    assert body["sessions"]["over"]["stopped_by"] == "session"
+    assert body["sessions_ok"] == 1
+    # the ok session is stored all the same, only left out of the answer
+    assert agent.budget("fine").json()["tokens_used"] == 10
+
+    full = agent.post({"events": [{**step(input_tokens=1), "session_id": "fine"}]})
+    assert "Preference-Applied" not in full
+    assert full.json()["sessions"]["fine"]["tokens_used"] == 11
+    assert "sessions_ok" not in full.json()
+
+
+@pytest.mark.parametrize(
+    ("prefer", "minimal"),
+    [
+        ("return=minimal", True),
+        ('RETURN="minimal"; foo=bar', True),
+        ("wait=5, return=minimal", True),
+        ("return=representation", False),
+        ("return-minimal", False),
+        ("", False),
+    ],
+)
+def test_the_prefer_header_is_read_as_rfc_7240_says(prefer: str, minimal: bool) -> None:
+    assert prefers_minimal(prefer) is minimal
