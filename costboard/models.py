@@ -359,8 +359,16 @@ class Session(UsageTotals):
     )
     external_id = models.CharField(max_length=128)
     user_id = models.CharField(max_length=128, blank=True, db_default="")
+    # No database constraint on this or any foreign key between ingest's tables: each is
+    # keyed by (id, project_id), as a table distributed by project must be (README: scale
+    # out), and deletes go through Django's collector.
     parent = models.ForeignKey(
-        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="forks"
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="forks",
+        db_constraint=False,
     )
     token_cap = models.PositiveBigIntegerField(null=True, blank=True)
     cost_cap_usd = cap_field()
@@ -440,7 +448,7 @@ class Turn(UsageTotals):
     # No lone indexes: turn_project_time leads with project, turn_session_number with session.
     project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="+", db_index=False)
     session = models.ForeignKey(
-        Session, on_delete=models.CASCADE, related_name="turns", db_index=False
+        Session, on_delete=models.CASCADE, related_name="turns", db_index=False, db_constraint=False
     )
     number = models.PositiveIntegerField()
     user_message = models.TextField(blank=True, db_default="")
@@ -465,7 +473,9 @@ class Turn(UsageTotals):
     class Meta:
         ordering = ["session", "number"]
         constraints = [
-            models.UniqueConstraint(fields=["session", "number"], name="turn_session_number")
+            models.UniqueConstraint(
+                fields=["session", "number", "project"], name="turn_session_number"
+            )
         ]
         indexes = [
             # steps page: the cost-per-turn distribution of some projects over a period
@@ -670,10 +680,20 @@ class BudgetEvent(models.Model):
     project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="+")
     # a session's crossing, or a period budget's (its ledger: the budget and the period)
     session = models.ForeignKey(
-        Session, null=True, blank=True, on_delete=models.CASCADE, related_name="budget_events"
+        Session,
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="budget_events",
+        db_constraint=False,
     )
     ledger = models.ForeignKey(
-        "PeriodLedger", null=True, blank=True, on_delete=models.CASCADE, related_name="events"
+        "PeriodLedger",
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="events",
+        db_constraint=False,
     )
     kind = models.CharField(max_length=20, choices=Kind.choices)
     at = models.DateTimeField()
@@ -693,7 +713,7 @@ class BudgetEvent(models.Model):
             ),
             # a period budget's crossing is recorded once per period, whatever races
             models.UniqueConstraint(
-                fields=["ledger", "kind"],
+                fields=["ledger", "kind", "project"],
                 condition=Q(ledger__isnull=False),
                 name="budgetevent_once_per_period",
             ),
@@ -789,9 +809,15 @@ class PeriodLedger(models.Model):
     """A period budget in one period: what counted toward it, its state and its crossings
     (written only by the budget engine's outcomes, under this row's lock)."""
 
+    # the budget's project, copied: the distribution column (README: scale out)
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="+", db_index=False)
     # no lone index: its unique key leads with it
     budget = models.ForeignKey(
-        PeriodBudget, on_delete=models.CASCADE, related_name="ledgers", db_index=False
+        PeriodBudget,
+        on_delete=models.CASCADE,
+        related_name="ledgers",
+        db_index=False,
+        db_constraint=False,
     )
     period_start = models.DateTimeField()
     period_end = models.DateTimeField(null=True, blank=True)  # None: a total budget
@@ -804,7 +830,9 @@ class PeriodLedger(models.Model):
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["budget", "period_start"], name="ledger_period"),
+            models.UniqueConstraint(
+                fields=["budget", "period_start", "project"], name="ledger_period"
+            ),
         ]
 
     def __str__(self) -> str:
@@ -815,13 +843,24 @@ class BudgetDay(models.Model):
     """What counted toward a period budget on one day (in its timezone): the daily rate its
     forecast projects from. Kept by ingest with the ledgers, under their locks."""
 
-    budget = models.ForeignKey(PeriodBudget, on_delete=models.CASCADE, related_name="days")
+    # the budget's project, copied: the distribution column (README: scale out)
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="+", db_index=False)
+    # no lone index: its unique key leads with it
+    budget = models.ForeignKey(
+        PeriodBudget,
+        on_delete=models.CASCADE,
+        related_name="days",
+        db_index=False,
+        db_constraint=False,
+    )
     day = models.DateField()
     tokens_used = models.BigIntegerField(default=0)
     cost_usd = money_field()
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["budget", "day"], name="budgetday_day")]
+        constraints = [
+            models.UniqueConstraint(fields=["budget", "day", "project"], name="budgetday_day")
+        ]
 
     def __str__(self) -> str:
         return f"{self.budget_id} {self.day}"
@@ -868,9 +907,15 @@ class SessionModelUsage(models.Model):
     """A session's calls per model family and exact model, kept at ingest: the model mix shown
     beside each session and the model filter of the sessions list, without reading steps."""
 
+    # the session's project, copied: the distribution column (README: scale out)
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="+", db_index=False)
     # No lone session index: session_model_key leads with it.
     session = models.ForeignKey(
-        Session, on_delete=models.CASCADE, related_name="model_usage", db_index=False
+        Session,
+        on_delete=models.CASCADE,
+        related_name="model_usage",
+        db_index=False,
+        db_constraint=False,
     )
     family = models.CharField(max_length=200, default="", db_default="")
     model = models.CharField(max_length=200)
@@ -880,7 +925,9 @@ class SessionModelUsage(models.Model):
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["session", "family", "model"], name="session_model_key")
+            models.UniqueConstraint(
+                fields=["session", "family", "model", "project"], name="session_model_key"
+            )
         ]
         indexes = [
             # sessions list filtered by an exact model name: the sessions that called it
@@ -1023,8 +1070,9 @@ class AlertDelivery(models.Model):
         FAILED = "failed"
 
     project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="+")
+    # no database constraint: budget events are keyed by (id, project_id) (README: scale out)
     budget_event = models.ForeignKey(
-        BudgetEvent, on_delete=models.CASCADE, related_name="deliveries"
+        BudgetEvent, on_delete=models.CASCADE, related_name="deliveries", db_constraint=False
     )
     channel = models.CharField(max_length=10, choices=Channel.choices)
     endpoint = models.ForeignKey(

@@ -61,11 +61,23 @@ class Memory(models.Model):
     source = models.CharField(max_length=20, choices=Source.choices, default=Source.AGENT_INFERRED)
     tags = models.JSONField(default=list, blank=True)
     ttl_days = models.PositiveIntegerField(null=True, blank=True)
+    # No database constraints: sessions and turns are keyed by (id, project_id) (README:
+    # scale out); Django's collector nulls these when they are deleted.
     session = models.ForeignKey(
-        Session, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+        Session,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        db_constraint=False,
     )
     turn = models.ForeignKey(
-        Turn, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+        Turn,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        db_constraint=False,
     )
     # normalized content's SHA-256 (services.fingerprint): exact duplicates and rejected
     # sentences are recognised by it

@@ -42,6 +42,7 @@ from decimal import Decimal
 from typing import Annotated, Any, TypedDict, cast
 
 from django.db.models import Count, F, IntegerField, OuterRef, Subquery, Sum, Value
+from django.db.models.functions import Coalesce
 from django.http import HttpRequest, HttpResponse
 from pydantic import BaseModel, BeforeValidator, Field, model_validator
 from pydantic_core import PydanticCustomError
@@ -132,6 +133,16 @@ def parse_budget(raw: str | None) -> int:
             "ask for less history"
         )
     return magnitude
+
+
+def _turn_count() -> Subquery:
+    return Subquery(
+        Turn.objects.filter(session=OuterRef("pk"))
+        .order_by()
+        .values("session")
+        .annotate(n=Count("*"))
+        .values("n")
+    )
 
 
 def _stored_response_tokens() -> Subquery:
@@ -307,7 +318,9 @@ def session_context_view(request: HttpRequest, session_id: str) -> HttpResponse:
     budget = parse_query(request, ContextQuery).budget
     session = (
         Session.objects.filter(project=project, external_id=path_text("session_id", session_id))
-        .annotate(total_turns=Count("turns"))
+        # a subquery, not a join grouped by the session's id: sessions are keyed by
+        # (id, project_id), so PostgreSQL no longer takes the id alone to fix the other columns
+        .annotate(total_turns=Coalesce(_turn_count(), 0))
         .only("pk", "external_id")
         .first()
     )

@@ -160,7 +160,7 @@ def period_budgets_apply(
         if id(spends) not in sums:
             sums[id(spends)] = (sum(s.tokens for s in spends), sum(s.cost_pico for s in spends))
     added = {key: sums[id(spends)] for key, spends in groups.items()}
-    rows = _ledgers_add(added, ends, now)
+    rows = _ledgers_add(project.pk, added, ends, now)
 
     events: list[BudgetEvent] = []
     for key in sorted(groups):
@@ -189,12 +189,13 @@ def period_budgets_apply(
         if budget.action == PeriodBudget.Action.STOP and row.state == EXHAUSTED:
             for session_key in {step.session_key for step in spends}:
                 outcome.stopped.setdefault(session_key, budget.pk)
-    _days_add(by_id, groups, sums, spans)
+    _days_add(project.pk, by_id, groups, sums, spans)
     outcome.events = events
     return outcome
 
 
 def _ledgers_add(
+    project_id: int,
     added: dict[tuple[int, datetime], tuple[int, int]],
     ends: dict[tuple[int, datetime], datetime | None],
     now: datetime,
@@ -206,12 +207,13 @@ def _ledgers_add(
     table = PeriodLedger._meta.db_table
     keys = sorted(added)
     ops = connection.ops
-    values = ", ".join(["(%s, %s, %s, %s, %s, 'ok', %s)"] * len(keys))
+    values = ", ".join(["(%s, %s, %s, %s, %s, %s, 'ok', %s)"] * len(keys))
     params: list[Any] = []
     for budget_id, start in keys:
         tokens, pico = added[(budget_id, start)]
         end = ends[(budget_id, start)]
         params += [
+            project_id,
             budget_id,
             ops.adapt_datetimefield_value(start),
             ops.adapt_datetimefield_value(end),
@@ -220,17 +222,19 @@ def _ledgers_add(
             ops.adapt_datetimefield_value(now),
         ]
     sql = (
-        f"INSERT INTO {table} (budget_id, period_start, period_end, tokens_used, cost_usd, "
-        f"state, updated_at) VALUES {values} ON CONFLICT (budget_id, period_start) DO UPDATE "
+        f"INSERT INTO {table} (project_id, budget_id, period_start, period_end, tokens_used, "
+        f"cost_usd, state, updated_at) VALUES {values} "
+        f"ON CONFLICT (budget_id, period_start, project_id) DO UPDATE "
         f"SET tokens_used = {table}.tokens_used + excluded.tokens_used, "
         f"cost_usd = {table}.cost_usd + excluded.cost_usd, updated_at = excluded.updated_at "
-        f"RETURNING id, budget_id, period_start, period_end, tokens_used, cost_usd, state, "
-        f"warned_at, exhausted_at, updated_at"
+        f"RETURNING id, project_id, budget_id, period_start, period_end, tokens_used, "
+        f"cost_usd, state, warned_at, exhausted_at, updated_at"
     )
     return {(row.budget_id, row.period_start): row for row in PeriodLedger.objects.raw(sql, params)}
 
 
 def _days_add(
+    project_id: int,
     budgets: dict[int, PeriodBudget],
     groups: dict[tuple[int, datetime], Sequence[SpendStep]],
     sums: dict[int, tuple[int, int]],
@@ -255,14 +259,14 @@ def _days_add(
         return
     table = BudgetDay._meta.db_table
     rows = sorted(adds.items())
-    values = ", ".join(["(%s, %s, %s, %s)"] * len(rows))
+    values = ", ".join(["(%s, %s, %s, %s, %s)"] * len(rows))
     params: list[Any] = []
     for (budget_id, day), (tokens, pico) in rows:
-        params += [budget_id, day, tokens, pico_usd(pico)]
+        params += [project_id, budget_id, day, tokens, pico_usd(pico)]
     with connection.cursor() as cursor:
         cursor.execute(
-            f"INSERT INTO {table} (budget_id, day, tokens_used, cost_usd) VALUES {values} "
-            f"ON CONFLICT (budget_id, day) DO UPDATE SET "
+            f"INSERT INTO {table} (project_id, budget_id, day, tokens_used, cost_usd) "
+            f"VALUES {values} ON CONFLICT (budget_id, day, project_id) DO UPDATE SET "
             f"tokens_used = {table}.tokens_used + excluded.tokens_used, "
             f"cost_usd = {table}.cost_usd + excluded.cost_usd",
             params,

@@ -532,7 +532,7 @@ def events_ingest(
         budget_events = BudgetEvent.objects.bulk_create(crossings) if crossings else []
         announce(budget_events)
         after_ingest_run(Ingested(project, _turns_with_text(accepted_others, turn_ids)))
-        _model_usage_upsert(cursor, sql, session_ids, inserted)
+        _model_usage_upsert(cursor, sql, project, session_ids, inserted)
         users = _users_of(rows, sessions)
         hot += _attribution_statements(sql, project, inserted, users, session_tags)
         accepted = len(others) - dup_others + len(inserted)
@@ -1503,7 +1503,11 @@ def _rollups_statement(sql: _Dialect, project: Project, steps: list[_Step]) -> S
 
 
 def _model_usage_upsert(
-    cursor: Any, sql: _Dialect, session_ids: dict[str, int], inserted: list[_Step]
+    cursor: Any,
+    sql: _Dialect,
+    project: Project,
+    session_ids: dict[str, int],
+    inserted: list[_Step],
 ) -> None:
     """Add the inserted steps to their session's row per family and model (its sessions are
     locked)."""
@@ -1536,15 +1540,15 @@ def _model_usage_upsert(
     cursor.execute(
         f"""
         {with_v}
-        INSERT INTO {MODEL_USAGE_TABLE} (session_id, family, model, calls, tokens_used,
-                                         cost_usd)
-        SELECT session_id, family, model, calls, tokens_used, cost_usd FROM v WHERE true
-        ON CONFLICT (session_id, family, model) DO UPDATE SET
+        INSERT INTO {MODEL_USAGE_TABLE} (project_id, session_id, family, model, calls,
+                                         tokens_used, cost_usd)
+        SELECT %s, session_id, family, model, calls, tokens_used, cost_usd FROM v WHERE true
+        ON CONFLICT (session_id, family, model, project_id) DO UPDATE SET
             calls = {MODEL_USAGE_TABLE}.calls + excluded.calls,
             tokens_used = {MODEL_USAGE_TABLE}.tokens_used + excluded.tokens_used,
             cost_usd = {MODEL_USAGE_TABLE}.cost_usd + excluded.cost_usd
         """,
-        params,
+        [*params, project.pk],
     )
 
 

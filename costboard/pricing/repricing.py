@@ -174,7 +174,7 @@ def _reprice_chunk(steps: list[Step], table: Any, result: RepriceResult) -> None
     sessions: dict[int, _Delta] = defaultdict(_Delta)
     turns: dict[int, _Delta] = defaultdict(_Delta)
     # (session, family, model) → calls, tokens used, cost
-    model_usage: dict[tuple[int, str, str], list[Any]] = defaultdict(lambda: [0, 0, ZERO])
+    model_usage: dict[tuple[int, str, str, int], list[Any]] = defaultdict(lambda: [0, 0, ZERO])
     # (project, day, family, model, step type) → ROLLUP_COUNTERS
     rollups: dict[tuple[int, date, str, str, str], list[Any]] = defaultdict(
         lambda: [0] * len(ROLLUP_TOKENS) + [ZERO] * len(COST_COLUMNS) + [0] * 4
@@ -220,11 +220,14 @@ def _reprice_chunk(steps: list[Step], table: Any, result: RepriceResult) -> None
         _add(rollups[old_key], _rollup_share(step, before, unpriced_before), -1)
         _add(rollups[new_key], _rollup_share(step, after, unpriced_after))
         _add(
-            model_usage[(step.session_id, old_family, step.model)],
+            model_usage[(step.session_id, old_family, step.model, step.project_id)],
             [1, step.tokens_used, before[-1]],
             -1,
         )
-        _add(model_usage[(step.session_id, family, step.model)], [1, step.tokens_used, after[-1]])
+        _add(
+            model_usage[(step.session_id, family, step.model, step.project_id)],
+            [1, step.tokens_used, after[-1]],
+        )
     if not changed:
         return
     Step.objects.bulk_update(changed, ["price", "family", *COST_COLUMNS], batch_size=500)
@@ -243,7 +246,7 @@ def _reprice_chunk(steps: list[Step], table: Any, result: RepriceResult) -> None
             Session.objects.filter(pk=session_id).update(**updates)
     _counters_add(
         SessionModelUsage,
-        ("session_id", "family", "model"),
+        ("session_id", "family", "model", "project_id"),
         USAGE_COUNTERS,
         {key: values for key, values in model_usage.items() if any(values)},
     )
