@@ -24,6 +24,7 @@ from contextlib import contextmanager
 from datetime import UTC, date, datetime
 from typing import Any
 
+import psycopg
 from django.db import OperationalError, connection, transaction
 
 from costboard.models import Step
@@ -65,6 +66,11 @@ def partition_name(month: date) -> str:
 def _bound(month: date) -> str:
     """A partition bound as SQL text (DDL takes no parameters): midnight UTC."""
     return f"'{month:%Y-%m-%d} 00:00:00+00'"
+
+
+def lock_busy(exc: OperationalError) -> bool:
+    """Whether the error is a lock not had within LOCK_TIMEOUT (anything else is raised)."""
+    return isinstance(exc.__cause__, psycopg.errors.LockNotAvailable)
 
 
 def partitioned() -> bool:
@@ -153,9 +159,16 @@ def _partition_make(cursor: Any, month: date) -> str:
 
 
 def step_partitions_ahead(*, now: datetime) -> list[str]:
-    """The sweep's part: this month's partition and the next MONTHS_AHEAD's."""
+    """The sweep's part: this month's partition and the next MONTHS_AHEAD's. Locks busy past
+    LOCK_TIMEOUT: nothing made now, the next hour's sweep tries again (two months early)."""
     this = month_of(now)
-    return step_partitions_ensure(months=[month_add(this, n) for n in range(MONTHS_AHEAD + 1)])
+    try:
+        return step_partitions_ensure(months=[month_add(this, n) for n in range(MONTHS_AHEAD + 1)])
+    except OperationalError as exc:
+        if not lock_busy(exc):
+            raise
+        log.warning("step partitions not made ahead now: %s", exc)
+        return []
 
 
 def step_partitions_cover(*, days: Iterable[date], now: datetime) -> None:
@@ -178,7 +191,9 @@ def step_partitions_cover(*, days: Iterable[date], now: datetime) -> None:
         return
     try:
         step_partitions_ensure(months=missing)
-    except OperationalError as exc:  # a lock wait past LOCK_TIMEOUT
+    except OperationalError as exc:
+        if not lock_busy(exc):
+            raise
         _retry_at = time.monotonic() + RETRY_AFTER_S
         log.warning("could not make step partitions now (%s); the DEFAULT one takes them", exc)
 

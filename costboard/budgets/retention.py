@@ -27,6 +27,7 @@ from django.utils import timezone
 
 from costboard.models import BudgetEvent, IdempotentRequest, Project, Step
 from costboard.partitions import (
+    lock_busy,
     month_add,
     step_partition_drop,
     step_partitions,
@@ -104,7 +105,9 @@ def step_months_drop(now: datetime) -> int:
 
         try:
             dropped += step_partition_drop(month, droppable=past_every_cutoff)
-        except OperationalError as exc:  # a lock not had within the partitions' timeout
+        except OperationalError as exc:
+            if not lock_busy(exc):
+                raise
             log.warning("step partition of %s not dropped now: %s", month, exc)
     return dropped
 

@@ -5,6 +5,8 @@ SQLite has one plain table: these read PostgreSQL's catalog, and CI runs them th
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
@@ -59,6 +61,22 @@ def exists(table: str) -> bool:
     with connection.cursor() as cursor:
         cursor.execute("SELECT to_regclass(%s) IS NOT NULL", [table])
         return bool(cursor.fetchone()[0])
+
+
+@contextmanager
+def reading(table: str) -> Iterator[None]:
+    """Another connection in the middle of a long read of `table`."""
+    from django.db import connections
+
+    reader = connections.create_connection("default")
+    try:
+        reader.set_autocommit(False)
+        with reader.cursor() as cursor:
+            cursor.execute(f"LOCK TABLE {table} IN ACCESS SHARE MODE")
+            yield
+    finally:
+        reader.rollback()
+        reader.close()
 
 
 @pytest.mark.django_db
@@ -195,22 +213,13 @@ def test_a_busy_default_partition_delays_a_new_month_but_never_a_batch(
 ) -> None:
     """A long reader holds the DEFAULT partition: making a month waits LOCK_TIMEOUT, gives
     up, and the batch goes on into the DEFAULT partition; a later ensure moves it."""
-    from django.db import connections
-
     monkeypatch.setattr(partitions, "LOCK_TIMEOUT", "200ms")
     agent = make_agent("busy")
     month = date(2026, 7, 1)
     assert month not in step_partitions()
-    reader = connections.create_connection("default")
-    try:
-        reader.set_autocommit(False)
-        with reader.cursor() as cursor:
-            cursor.execute(f"LOCK TABLE {DEFAULT_PARTITION} IN ACCESS SHARE MODE")
-            agent.events(step("held", datetime(2026, 7, 4, tzinfo=UTC)))
-        assert where_stored() == [(DEFAULT_PARTITION, "held")]
-    finally:
-        reader.rollback()
-        reader.close()
+    with reading(DEFAULT_PARTITION):
+        agent.events(step("held", datetime(2026, 7, 4, tzinfo=UTC)))
+    assert where_stored() == [(DEFAULT_PARTITION, "held")]
     try:
         assert step_partitions_ensure(months=[month]) == ["costboard_step_p202607"]
         assert where_stored() == [("costboard_step_p202607", "held")]
@@ -366,3 +375,25 @@ def test_a_month_with_a_project_whose_cutoff_is_later_is_not_dropped(
     assert exists("costboard_step_p202608")  # ends 1 September: after long's cutoff
     assert result.steps_deleted == 2
     assert where_stored() == [("costboard_step_p202608", "l-aug")]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_busy_locks_put_off_the_sweep_and_the_drop_but_not_retention(
+    priced: Any, clock: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(partitions, "LOCK_TIMEOUT", "200ms")
+    a = make_agent("a", retention_days=30)
+    a.events(step("aug", datetime(2026, 8, 2, tzinfo=UTC), 10))
+    try:
+        with reading(DEFAULT_PARTITION):
+            assert step_partitions_ahead(now=datetime(2041, 5, 1, tzinfo=UTC)) == []
+        assert not {date(2041, 5, 1), date(2041, 6, 1)} & set(step_partitions())
+
+        with reading("costboard_step_p202608"):
+            result = retention_sweep()
+        assert result.steps_deleted == 1  # deleted row by row instead
+        assert exists("costboard_step_p202608") and where_stored() == []
+        assert retention_sweep().steps_deleted == 0
+        assert not exists("costboard_step_p202608")  # an hour later: the empty month dropped
+    finally:
+        step_partition_drop(date(2026, 8, 1), droppable=lambda projects: True)
