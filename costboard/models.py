@@ -568,7 +568,9 @@ class Step(models.Model):
 
     class Meta:
         constraints = [
-            # idempotency: a replayed event_id is a duplicate within its project
+            # idempotency: a replayed event_id is a duplicate within its project. On
+            # PostgreSQL the table is partitioned by month (migration 0022) and this index is
+            # each partition's own (costboard/partitions.py): a duplicate within its month.
             models.UniqueConstraint(
                 fields=["project", "event_id"],
                 name="step_event_id",

@@ -204,6 +204,8 @@ CELERY_BEAT_SCHEDULE = {
     "runaway-sweep": {"task": "costboard.tasks.runaway_sweep", "schedule": 60.0},
     "period-forecast": {"task": "costboard.tasks.period_forecast_sweep", "schedule": 900.0},
     "retention": {"task": "costboard.tasks.retention_sweep", "schedule": 3600.0},
+    # costboard/partitions.py: the step table's month partitions, made ahead (PostgreSQL)
+    "step-partitions": {"task": "costboard.tasks.step_partitions_ahead", "schedule": 3600.0},
     # memory_ui/lifecycle.py: TTL expiry; evict/merge/compress proposals for a person to decide
     "memory-ttl": {"task": "memory_ui.lifecycle.memory_ttl_sweep", "schedule": 900.0},
     "memory-proposals": {"task": "memory_ui.lifecycle.memory_proposals_sweep", "schedule": 3600.0},

@@ -7,7 +7,7 @@ import logging
 from celery import shared_task
 from django.utils import timezone
 
-from costboard import outbox
+from costboard import outbox, partitions
 from costboard.budgets import alerts, period_ledgers, retention  # noqa: F401  (alerts: its outbox handlers)
 from costboard.budgets import services as budget_services  # noqa: F401  (outbox handler)
 from costboard.budgets import sweep as guard
@@ -45,3 +45,11 @@ def period_forecast_sweep() -> int:
 def retention_sweep() -> int:
     """Every hour: delete steps past their project's retention."""
     return retention.retention_sweep().steps_deleted
+
+
+@shared_task(soft_time_limit=300, time_limit=330, acks_late=True)
+def step_partitions_ahead() -> list[str]:
+    """Every hour: this month's and the next two months' step partitions made (PostgreSQL),
+    so ingest never makes one itself. Safe to run twice: the partition DDL is serialized by
+    an advisory lock and makes only what is missing."""
+    return partitions.step_partitions_ahead(now=timezone.now())

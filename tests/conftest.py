@@ -22,6 +22,7 @@ from django.test import Client
 
 from costboard.celery import app as celery_app
 from costboard.models import ApiKey, ModelPrice, Project
+from costboard.partitions import forget_step_partitions
 from costboard.pricing.rates import forget_rate_table
 
 
@@ -44,6 +45,14 @@ def _fresh_rate_table() -> Iterator[None]:
     forget_rate_table()
     yield
     forget_rate_table()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_step_partitions() -> Iterator[None]:
+    """A test rolled back takes the step partitions it made with it: forget them."""
+    forget_step_partitions()
+    yield
+    forget_step_partitions()
 
 
 @dataclass

@@ -5,6 +5,11 @@ their budget events and alert deliveries (the session row and its totals stay).
 Idempotency-Key answers (costboard/api/idempotency.py) are deleted 48 hours after they were
 stored: the contract keeps them at least 24.
 
+On PostgreSQL the steps are partitioned by month (costboard/partitions.py): a month whose
+every step is past its project's retention is dropped whole (no row-by-row delete, no dead
+rows to vacuum). A project without retention keeps its steps forever, so a month it has steps
+in is never dropped; there, as in the DEFAULT partition and on SQLite, older steps are deleted.
+
 Run hourly by Celery beat (and by `manage.py guard_sweep`); deletes go in chunks, each its
 own short transaction, and running it twice deletes nothing twice.
 """
@@ -13,14 +18,20 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, time, timedelta
 from typing import Any
 
-from django.db import transaction
+from django.db import OperationalError, transaction
 from django.db.models import Model, QuerySet
 from django.utils import timezone
 
 from costboard.models import BudgetEvent, IdempotentRequest, Project, Step
+from costboard.partitions import (
+    lock_busy,
+    month_add,
+    step_partition_drop,
+    step_partitions,
+)
 
 log = logging.getLogger(__name__)
 
@@ -69,9 +80,42 @@ def idempotency_prune(now: datetime) -> int:
     )
 
 
+def step_months_drop(now: datetime) -> int:
+    """Drop the month partitions whose steps are all past their projects' retention (the
+    month ends at or before each one's cutoff); return how many steps they held. A month
+    whose locks are busy is left to the chunked deletes, and tried again next hour."""
+    cutoffs = {
+        pk: now - timedelta(days=days or 0)  # never 0: the filter
+        for pk, days in Project.objects.filter(retention_days__gt=0).values_list(
+            "pk", "retention_days"
+        )
+    }
+    if not cutoffs:
+        return 0
+    latest = max(cutoffs.values())
+    dropped = 0
+    for month in sorted(step_partitions()):
+        end = datetime.combine(month_add(month, 1), time(), tzinfo=UTC)
+        if end > latest:
+            break  # every later month ends past every cutoff
+
+        def past_every_cutoff(projects: list[int], end: datetime = end) -> bool:
+            # a project without retention (not in cutoffs) keeps its steps: no drop
+            return all(pk in cutoffs and end <= cutoffs[pk] for pk in projects)
+
+        try:
+            dropped += step_partition_drop(month, droppable=past_every_cutoff)
+        except OperationalError as exc:
+            if not lock_busy(exc):
+                raise
+            log.warning("step partition of %s not dropped now: %s", month, exc)
+    return dropped
+
+
 def retention_sweep(now: datetime | None = None) -> RetentionResult:
     now = now or timezone.now()
-    steps = events = 0
+    steps = step_months_drop(now)
+    events = 0
     for project in Project.objects.filter(retention_days__isnull=False).order_by("pk"):
         result = project_retention(project, now)
         steps += result.steps_deleted

@@ -9,7 +9,8 @@ One transaction, a fixed number of statements whatever the batch size:
 3. read the touched turns and create the missing ones, empty (their sessions' locks keep
    them to this batch);
 4. insert the steps; a replayed event_id is skipped by the unique index (PostgreSQL returns
-   what it inserted, so a concurrent replay can never be counted twice); then write each
+   what it inserted, so a concurrent replay can never be counted twice; there the index is
+   each month partition's, made before the transaction if missing); then write each
    touched turn once: the inserted steps' sums, its messages, and its retry-loop streaks
    advanced over those steps, checking the per-turn runaway rules (turn_rules);
 5. write each touched session once: the inserted steps' sums and the new turns, with the
@@ -78,6 +79,7 @@ from costboard.models import (
     Turn,
     UserDailyRollup,
 )
+from costboard.partitions import step_partitions_cover
 from costboard.pricing.families import is_tool_model, model_family, price_families
 from costboard.pricing.rates import UNPRICED_PICO, RateTable, pico_usd, rate_table
 
@@ -503,6 +505,8 @@ def events_ingest(
     sessions, turns, steps, others, duplicates = _plan(events, now, project)
     sql = _Dialect()
     hot = _hot_statements(sql, project, steps)
+    if steps and sql.postgres:
+        step_partitions_cover(days={step.day for step in steps}, now=now)
 
     with transaction.atomic(), sql.cursor() as cursor:
         if sql.postgres:
@@ -990,6 +994,8 @@ def _steps_insert(
     with_ids = any(s.event_id is not None for s in steps)
 
     if sql.postgres:
+        # No conflict target: the unique (project, event_id) index is each month partition's
+        # own (costboard/partitions.py), so a replay is a duplicate within its month.
         with_v, params = sql.rows(
             _STEP_COLUMNS,
             [_step_values(s, session_ids, turn_ids, sql, session_tags) for s in steps],
@@ -1003,7 +1009,7 @@ def _steps_insert(
             {with_v}
             INSERT INTO {STEP_TABLE} (project_id, {names})
             SELECT %s, {select} FROM v
-            ON CONFLICT (project_id, event_id) WHERE event_id IS NOT NULL DO NOTHING
+            ON CONFLICT DO NOTHING
             {"RETURNING event_id" if with_ids else ""}
             """,
             [*params, project.pk],

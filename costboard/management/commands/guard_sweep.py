@@ -12,6 +12,7 @@ from costboard.budgets.retention import retention_sweep
 from costboard.budgets.sweep import runaway_sweep
 from costboard.hooks import hourly_run
 from costboard.outbox import outbox_dispatch
+from costboard.partitions import step_partitions_ahead
 
 RETENTION_EVERY_S = 3600
 OUTBOX_EVERY_S = 1.0
@@ -20,12 +21,12 @@ OUTBOX_SECONDS = 10.0  # one pass's budget, so a backlog never holds up the runa
 
 class Command(BaseCommand):
     help = (
-        "Run the runaway sweep (burn rate, projected overrun, long sessions), then retention "
-        "and the memory lifecycle (TTL expiry; eviction, merge and compression proposals), "
-        "and carry out the outbox (alerts, memory detection, repricing), once, or with "
-        "--every N seconds in a loop (the outbox every second, retention and the lifecycle "
-        "hourly): Celery beat's periodic jobs for a deployment without a broker (make run "
-        "starts it)."
+        "Run the runaway sweep (burn rate, projected overrun, long sessions), then the step "
+        "partitions ahead (PostgreSQL), retention and the memory lifecycle (TTL expiry; "
+        "eviction, merge and compression proposals), and carry out the outbox (alerts, "
+        "memory detection, repricing), once, or with --every N seconds in a loop (the outbox "
+        "every second; partitions, retention and the lifecycle hourly): Celery beat's "
+        "periodic jobs for a deployment without a broker (make run starts it)."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -63,6 +64,9 @@ class Command(BaseCommand):
         if forecasts:
             line += f"; {forecasts} budgets projected past their limit"
         if hourly:
+            made = step_partitions_ahead(now=timezone.now())
+            if made:
+                line += f"; made step partitions {', '.join(made)}"
             kept = retention_sweep()
             line += (
                 f"; retention deleted {kept.steps_deleted} steps and "
