@@ -50,6 +50,6 @@ def retention_sweep() -> int:
 @shared_task(soft_time_limit=300, time_limit=330, acks_late=True)
 def step_partitions_ahead() -> list[str]:
     """Every hour: this month's and the next two months' step partitions made (PostgreSQL),
-    so ingest never makes one itself. Safe to run twice: the partition DDL is serialized by
-    an advisory lock and makes only what is missing."""
+    so ingest makes one itself only for a late or early step. Safe to run twice: the
+    partition DDL is serialized by an advisory lock and makes only what is missing."""
     return partitions.step_partitions_ahead(now=timezone.now())

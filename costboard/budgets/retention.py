@@ -85,7 +85,7 @@ def step_months_drop(now: datetime) -> int:
     month ends at or before each one's cutoff); return how many steps they held. A month
     whose locks are busy is left to the chunked deletes, and tried again next hour."""
     cutoffs = {
-        pk: now - timedelta(days=days or 0)  # never 0: the filter
+        pk: now - timedelta(days=days or 0)  # never None here: the filter
         for pk, days in Project.objects.filter(retention_days__gt=0).values_list(
             "pk", "retention_days"
         )
