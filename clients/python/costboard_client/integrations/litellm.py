@@ -33,6 +33,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
+import time
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
@@ -56,6 +58,8 @@ STEP_TYPES = {
     "anthropic_messages": "chat",
 }
 ALIAS_TAGS = (("team", "user_api_key_team_alias"), ("key_alias", "user_api_key_alias"))
+REFUSAL = "costboard: "  # how the proxy's refusals begin
+SETTLE_SECONDS = 2.0  # flush() waits at most this long for LiteLLM to log calls it made
 
 
 def openai_usage(usage: Any) -> dict[str, Any] | None:
@@ -131,6 +135,10 @@ class CostboardLogger(CustomLogger):  # type: ignore[misc]
         self.base_url = client.base_url
         self.key_prefix = client.api_key[:11]
         self._users: set[tuple[str, str]] = set()  # (session, user) already announced
+        # calls begun and not yet logged: LiteLLM logs a sync call from a thread of its own,
+        # after the call returns, and flush() waits for those
+        self._pending: set[str] = set()
+        self._settled = threading.Condition()
 
     # --- before a call ----------------------------------------------------------------------
 
@@ -174,7 +182,7 @@ class CostboardLogger(CustomLogger):  # type: ignore[misc]
         except BudgetExceeded as refused:
             from fastapi import HTTPException
 
-            raise HTTPException(status_code=400, detail=f"costboard: {refused}") from None
+            raise HTTPException(status_code=400, detail=f"{REFUSAL}{refused}") from None
         return data
 
     # --- after a call -----------------------------------------------------------------------
@@ -199,18 +207,38 @@ class CostboardLogger(CustomLogger):  # type: ignore[misc]
     ) -> None:
         self._record(kwargs, response_obj, start_time, end_time, failed=True)
 
+    def log_pre_api_call(self, model: Any, messages: Any, kwargs: dict[str, Any]) -> None:
+        call_id = text_from((kwargs or {}).get("litellm_call_id"))
+        if call_id:
+            with self._settled:
+                self._pending.add(call_id)
+
     def flush(self, timeout: float | None = 10.0) -> bool:
-        """Send what is buffered now (see Costboard.flush)."""
-        return self.client.flush(timeout)
+        """Send what is buffered now (see Costboard.flush), after waiting (at most
+        `settle` seconds of the timeout) for the calls LiteLLM has yet to log."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        settle = time.monotonic() + min(SETTLE_SECONDS, timeout or SETTLE_SECONDS)
+        with self._settled:
+            while self._pending and time.monotonic() < settle:
+                self._settled.wait(timeout=settle - time.monotonic())
+        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+        return self.client.flush(remaining)
 
     def _record(
         self, kwargs: dict[str, Any], response: Any, start: Any, end: Any, *, failed: bool
     ) -> None:
         try:
+            if failed and _refused_here(kwargs.get("exception")):
+                return  # our own refusal: no call was made, so no step
             for event in self._events(kwargs, response, start, end, failed=failed):
                 self.client.event(event)
         except Exception:  # a surprising call must never break the agent
             log.warning("costboard: could not record a LiteLLM call", exc_info=True)
+        finally:
+            call_id = text_from(kwargs.get("litellm_call_id"))
+            with self._settled:
+                self._pending.discard(call_id or "")
+                self._settled.notify_all()
 
     def _events(
         self, kwargs: dict[str, Any], response: Any, start: Any, end: Any, *, failed: bool
@@ -249,7 +277,7 @@ class CostboardLogger(CustomLogger):  # type: ignore[misc]
             "success": not failed,
             "usage": usage,
             "tags": tags_from(
-                logged.get("request_tags"),
+                _request_tags(logged.get("request_tags")),
                 metadata.get("tags"),
                 {tag: metadata.get(key) for tag, key in ALIAS_TAGS},
             ),
@@ -281,6 +309,20 @@ def _session_of(
     metadata: Mapping[str, Any], session_id: Any = None, trace_id: Any = None
 ) -> str | None:
     return text_from(metadata.get("session_id"), session_id, trace_id)
+
+
+def _refused_here(exception: Any) -> bool:
+    if isinstance(exception, BudgetExceeded):
+        return True
+    detail = getattr(exception, "detail", None) or getattr(exception, "message", None)
+    return isinstance(detail, str) and detail.startswith(REFUSAL)
+
+
+def _request_tags(tags: Any) -> list[str] | None:
+    """The request's tags less the `User-Agent: …` one the proxy adds to every request."""
+    if not isinstance(tags, (list, tuple)):
+        return None
+    return [t for t in tags if not (isinstance(t, str) and t.lower().startswith("user-agent:"))]
 
 
 def _check_args(kwargs: Mapping[str, Any]) -> dict[str, Any]:
