@@ -65,11 +65,13 @@ SESSION_KEYS = (
     "metadata.session_id",  # LiteLLM: the call's metadata, when its logger exports it
     "traceloop.association.properties.session_id",  # OpenLLMetry's association properties
 )
-# The end user: OTel's `user.id` (OpenInference too), the older `enduser.id`, `llm.user`
-# (LiteLLM, OpenLLMetry: the request's `user`), the LiteLLM proxy's end user.
+# The end user: OTel's `user.id` (OpenInference too), the older `enduser.id`, the request's
+# `user` as OpenLLMetry (`gen_ai.user`) and LiteLLM (`llm.user`) record it, the LiteLLM
+# proxy's end user.
 USER_KEYS = (
     "user.id",
     "enduser.id",
+    "gen_ai.user",
     "llm.user",
     "metadata.user_api_key_end_user_id",
     "traceloop.association.properties.user_id",

@@ -249,3 +249,20 @@ def test_an_exhausted_session_refuses_the_next_call_before_it_is_made(
     assert "tokens 30/25" in str(refused.value)
     time.sleep(0.3)  # had LiteLLM made the call, its step would be logged by now
     assert len(stored(costboard, 1, session__external_id="s-cap")) == 1
+
+
+def test_the_proxys_team_and_key_aliases_and_end_user_become_tags_and_user(
+    costboard: CostboardLogger,
+) -> None:
+    # what the proxy puts in a call's metadata for a virtual key of a team
+    gateway = {
+        "session_id": "s-team",
+        "user_api_key_team_alias": "growth",
+        "user_api_key_alias": "ci-key",
+        "user_api_key_end_user_id": "erin",
+        "tags": ["feature:search"],
+    }
+    litellm.completion(model="gpt-4o", messages=MESSAGES, mock_response="ok", metadata=gateway)
+    [step] = stored(costboard, 1, session__external_id="s-team")
+    assert step.tags == {"feature": "search", "team": "growth", "key_alias": "ci-key"}
+    assert Session.objects.get(external_id="s-team").user_id == "erin"

@@ -1,6 +1,8 @@
 """POST /v1/traces from gateways and SDKs: the real LiteLLM OpenTelemetry callback's spans
 (offline `mock_response` calls) land one step per call, with their end user, team and key
-aliases as tags, priced as genai-prices prices them."""
+aliases as tags, priced as genai-prices prices them; OpenInference's and OpenLLMetry's OpenAI
+instrumentations (the real OpenAI SDK answered by a mock transport) with their session, user
+and cache reads."""
 
 from __future__ import annotations
 
@@ -9,10 +11,15 @@ from collections.abc import Callable, Iterator
 from decimal import Decimal
 from typing import Any
 
+import httpx
 import litellm
+import openai
 import pytest
 from genai_prices import Usage, calc_price
 from litellm.integrations.opentelemetry import OpenTelemetry, OpenTelemetryConfig
+from openinference.instrumentation import using_attributes
+from openinference.instrumentation.openai import OpenAIInstrumentor
+from opentelemetry.instrumentation.openai import OpenAIInstrumentor as OpenLLMetryInstrumentor
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -185,3 +192,106 @@ def test_a_raw_request_span_with_usage_of_its_own_is_kept(genai_priced: Agent) -
         ("litellm_request", 0),
         ("raw_gen_ai_request", 5),
     ]
+
+
+def openai_client(usage: dict[str, Any]) -> Any:
+    """The real OpenAI SDK, answered offline by an httpx mock transport."""
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(
+            200,
+            json={
+                "id": "chatcmpl-offline",
+                "object": "chat.completion",
+                "created": 1,
+                "model": "gpt-4o-2024-08-06",
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": "ok"},
+                        "finish_reason": "stop",
+                    }
+                ],
+                "usage": usage,
+            },
+        )
+
+    return openai.OpenAI(
+        api_key="sk-never-used", http_client=httpx.Client(transport=httpx.MockTransport(answer))
+    )
+
+
+def test_openinference_spans_carry_session_user_and_cache_reads(genai_priced: Agent) -> None:
+    memory = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    instrumentor = OpenAIInstrumentor()
+    instrumentor.instrument(tracer_provider=provider)
+    try:
+        client = openai_client(
+            {
+                "prompt_tokens": 1200,
+                "completion_tokens": 20,
+                "total_tokens": 1220,
+                "prompt_tokens_details": {"cached_tokens": 1000},
+            }
+        )
+        with using_attributes(session_id="oi-1", user_id="frank"):
+            client.chat.completions.create(
+                model="gpt-4o", messages=[{"role": "user", "content": "hi"}]
+            )
+    finally:
+        instrumentor.uninstrument()
+    spans = list(memory.get_finished_spans())
+    assert [s.attributes.get("llm.token_count.prompt") for s in spans] == [1200]
+
+    parsed(post_spans(genai_priced, spans))
+    step = Step.objects.get()
+    assert (step.session.external_id, step.session.user_id) == ("oi-1", "frank")
+    assert (step.model, step.provider) == ("gpt-4o-2024-08-06", "openai")
+    assert (step.input_tokens, step.cache_read_input_tokens, step.output_tokens) == (200, 1000, 20)
+    expected = calc_price(
+        Usage(input_tokens=1200, cache_read_tokens=1000, output_tokens=20),
+        "gpt-4o-2024-08-06",
+        provider_id="openai",
+    ).total_price
+    assert step.cost_usd == expected
+
+
+def test_openllmetry_spans_carry_the_user_and_cache_reads(genai_priced: Agent) -> None:
+    memory = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    instrumentor = OpenLLMetryInstrumentor()
+    instrumentor.instrument(tracer_provider=provider)
+    try:
+        client = openai_client(
+            {
+                "prompt_tokens": 1200,
+                "completion_tokens": 20,
+                "total_tokens": 1220,
+                "prompt_tokens_details": {"cached_tokens": 1000},
+            }
+        )
+        # OpenLLMetry's session is traceloop-sdk's association property; here an app span's
+        tracer = provider.get_tracer("agent")
+        with tracer.start_as_current_span("turn", attributes={"session.id": "ol-1"}):
+            client.chat.completions.create(
+                model="gpt-4o", messages=[{"role": "user", "content": "hi"}], user="gina"
+            )
+    finally:
+        instrumentor.uninstrument()
+    spans = list(memory.get_finished_spans())
+    assert sorted(s.name for s in spans) == ["openai.chat", "turn"]
+
+    parsed(post_spans(genai_priced, spans))
+    step = Step.objects.get(step_type="chat")
+    assert (step.session.external_id, step.session.user_id) == ("ol-1", "gina")
+    assert (step.model, step.provider) == ("gpt-4o-2024-08-06", "openai")
+    assert (step.input_tokens, step.cache_read_input_tokens, step.output_tokens) == (200, 1000, 20)
+    expected = calc_price(
+        Usage(input_tokens=1200, cache_read_tokens=1000, output_tokens=20),
+        "gpt-4o-2024-08-06",
+        provider_id="openai",
+    ).total_price
+    assert step.cost_usd == expected
