@@ -58,8 +58,9 @@ TRACES = Operation(
     "gen_ai.usage.input_tokens includes cached tokens: cache reads and writes are subtracted. "
     "A span is a step (event_id otlp:<trace_id>:<span_id>, so a replay is a duplicate); its "
     "session is gen_ai.conversation.id, else session.id (or LiteLLM's metadata.session_id), else "
-    "the system session; its end user is user.id, else enduser.id, else llm.user; the LiteLLM "
-    "proxy's team and key aliases become the tags team and key_alias. A span that only repeats "
+    "the system session; its end user is user.id, else enduser.id, else gen_ai.user or llm.user; "
+    "the LiteLLM proxy's team and key aliases become the tags team and key_alias. A span that "
+    "only repeats "
     "its parent (LiteLLM's raw_gen_ai_request) is not stored. Spans that cannot be mapped are "
     "counted in partialSuccess and the rest stored.",
     tag="usage",
