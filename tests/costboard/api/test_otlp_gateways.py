@@ -2,7 +2,7 @@
 (offline `mock_response` calls) land one step per call, with their end user, team and key
 aliases as tags, priced as genai-prices prices them; OpenInference's and OpenLLMetry's OpenAI
 instrumentations (the real OpenAI SDK answered by a mock transport) with their session, user
-and cache reads."""
+and cache reads; a Pydantic AI agent run (its TestModel) in its conversation."""
 
 from __future__ import annotations
 
@@ -23,6 +23,9 @@ from opentelemetry.instrumentation.openai import OpenAIInstrumentor as OpenLLMet
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from pydantic_ai import Agent as PydanticAgent
+from pydantic_ai.models.instrumented import InstrumentationSettings
+from pydantic_ai.models.test import TestModel
 
 from costboard.models import TOOL_MODEL, Session, Step, UserDailyRollup
 from costboard.pricing.sync import prices_sync
@@ -295,3 +298,30 @@ def test_openllmetry_spans_carry_the_user_and_cache_reads(genai_priced: Agent) -
         provider_id="openai",
     ).total_price
     assert step.cost_usd == expected
+
+
+def test_a_pydantic_ai_run_is_its_conversations_turn_with_one_model_step(agent: Agent) -> None:
+    memory = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    pydantic_agent = PydanticAgent(TestModel(), name="planner")
+    pydantic_agent.instrument = InstrumentationSettings(tracer_provider=provider)
+    result = pydantic_agent.run_sync("What did we spend?", conversation_id="pa-1")
+    spans = list(memory.get_finished_spans())
+    assert sorted(s.name for s in spans) == ["chat test", "invoke_agent planner"]
+
+    parsed(post_spans(agent, spans))
+    chat = Step.objects.get(step_type="chat")
+    assert chat.session.external_id == "pa-1"
+    usage = result.usage
+    assert (chat.model, chat.input_tokens, chat.output_tokens) == (
+        "test",
+        usage.input_tokens,
+        usage.output_tokens,
+    )
+    # the run's span carries the aggregated usage under other names: a $0 step, not a second
+    run = Step.objects.get(step_type="invoke_agent")
+    assert (run.model, run.input_tokens, run.output_tokens) == (TOOL_MODEL, 0, 0)
+    assert Session.objects.get(external_id="pa-1").tokens_used == (
+        usage.input_tokens + usage.output_tokens
+    )

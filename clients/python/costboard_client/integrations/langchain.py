@@ -14,7 +14,8 @@ once), the run id as `event_id`, its model and provider from the response (else 
 metadata, which a chain passes to every run inside it. A failed run is a failed step; a tool
 run is a tool step (model "none", $0). A model run of a session known to be exhausted is
 refused with `BudgetExceeded` before the model is called (the handler sets `raise_error`, so
-LangChain lets that one exception through; its own other errors are only logged).
+LangChain lets that one exception through; its own other errors are only logged). Steps still
+buffered are sent before that check, so it reads a current budget.
 """
 
 from __future__ import annotations
@@ -165,6 +166,8 @@ class CostboardCallbackHandler(BaseCallbackHandler):  # type: ignore[misc]
             log.warning("costboard: could not start a LangChain run", exc_info=True)
             return
         try:
+            if self.client.stats.buffered:  # the steps before this one first: a current budget
+                self.client.flush(timeout=self.client.timeout)
             self.client.check(run.session_id)
         except BudgetExceeded:
             self._pop(run_id)
