@@ -60,6 +60,7 @@ STEP_TYPES = {
 ALIAS_TAGS = (("team", "user_api_key_team_alias"), ("key_alias", "user_api_key_alias"))
 REFUSAL = "costboard: "  # how the proxy's refusals begin
 SETTLE_SECONDS = 2.0  # flush() waits at most this long for LiteLLM to log calls it made
+MAX_PENDING = 10_000
 
 
 def openai_usage(usage: Any) -> dict[str, Any] | None:
@@ -211,6 +212,8 @@ class CostboardLogger(CustomLogger):  # type: ignore[misc]
         call_id = text_from((kwargs or {}).get("litellm_call_id"))
         if call_id:
             with self._settled:
+                if len(self._pending) >= MAX_PENDING:  # calls never logged (an unread stream)
+                    self._pending.clear()
                 self._pending.add(call_id)
 
     def flush(self, timeout: float | None = 10.0) -> bool:
