@@ -7,6 +7,7 @@ run eagerly here unless a test starts a real worker (see test_repricing).
 from __future__ import annotations
 
 import json
+import os
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -24,6 +25,10 @@ from costboard.celery import app as celery_app
 from costboard.models import ApiKey, ModelPrice, Project
 from costboard.partitions import forget_step_partitions
 from costboard.pricing.rates import forget_rate_table
+
+# LiteLLM (tests/clients/test_litellm.py, the OTLP gateway tests) reads its bundled price map
+# instead of retrying a download for seconds on an offline machine.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 
 @pytest.fixture(autouse=True)

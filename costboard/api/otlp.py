@@ -36,6 +36,7 @@ from costboard.ingest.schemas import (
     MAX_EVENTS,
     MAX_TURN,
     Event,
+    SessionEvent,
     StepEvent,
     bad_text,
     validation_errors,
@@ -56,8 +57,12 @@ TRACES = Operation(
     f"{MAX_SPANS} spans). The key as Authorization: Bearer or x-costboard-key. "
     "gen_ai.usage.input_tokens includes cached tokens: cache reads and writes are subtracted. "
     "A span is a step (event_id otlp:<trace_id>:<span_id>, so a replay is a duplicate); its "
-    "session is gen_ai.conversation.id, else session.id, else the system session. Spans that "
-    "cannot be mapped are counted in partialSuccess and the rest stored.",
+    "session is gen_ai.conversation.id, else session.id (or LiteLLM's metadata.session_id), else "
+    "the system session; its end user is user.id, else enduser.id, else gen_ai.user or llm.user; "
+    "the LiteLLM proxy's team and key aliases become the tags team and key_alias. A span that "
+    "only repeats "
+    "its parent (LiteLLM's raw_gen_ai_request) is not stored. Spans that cannot be mapped are "
+    "counted in partialSuccess and the rest stored.",
     tag="usage",
     body=ExportTraceServiceRequest,
     body_alternatives={PROTOBUF: BINARY},
@@ -120,6 +125,8 @@ def traces(request: HttpRequest) -> HttpResponse:
     mapping = _without_bad_text(otlp_spans(export))
     steps: list[Event] = list(_with_turns(project, mapping)) if mapping.spans else []
     if steps:
+        steps = _session_users(mapping, steps) + steps
+    if steps:
         # One request is stored all or nothing, in batches of the events API's size.
         with transaction.atomic():
             for start in range(0, len(steps), MAX_EVENTS):
@@ -134,6 +141,25 @@ def traces(request: HttpRequest) -> HttpResponse:
         otlp_response(mapping.rejected, mapping.error_message(), content_type),
         content_type=content_type,
     )
+
+
+def _session_users(mapping: OtlpMapping, steps: list[Event]) -> list[Event]:
+    """A session event setting the end user of each session whose spans name one (`user.id`,
+    `llm.user`, …; the latest span's wins). Spans in the `system` session keep their user in
+    their step's metadata only: that session is the project's, not one user's."""
+    user_of = {span.step.event_id: (span.start_ns, span.user_id) for span in mapping.spans}
+    latest: dict[str, tuple[int, str]] = {}
+    for step in steps:
+        assert isinstance(step, StepEvent)
+        start, user = user_of.get(step.event_id, (0, None))
+        if step.session_id is None or not user:
+            continue
+        if step.session_id not in latest or latest[step.session_id][0] <= start:
+            latest[step.session_id] = (start, user)
+    return [
+        SessionEvent(type="session", session_id=session, user_id=user)
+        for session, (_, user) in sorted(latest.items())
+    ]
 
 
 def _documented_shape(payload: dict[str, Any]) -> None:

@@ -59,7 +59,32 @@ REASONING_KEYS = (
 )
 MODEL_KEYS = ("gen_ai.response.model", "gen_ai.request.model", "llm.model_name")
 PROVIDER_KEYS = ("gen_ai.provider.name", "gen_ai.system", "llm.provider", "llm.system")
-SESSION_KEYS = ("gen_ai.conversation.id", "session.id")
+SESSION_KEYS = (
+    "gen_ai.conversation.id",
+    "session.id",
+    "metadata.session_id",  # LiteLLM: the call's metadata, when its logger exports it
+    "traceloop.association.properties.session_id",  # OpenLLMetry's association properties
+)
+# The end user: OTel's `user.id` (OpenInference too), the older `enduser.id`, the request's
+# `user` as OpenLLMetry (`gen_ai.user`) and LiteLLM (`llm.user`) record it, the LiteLLM
+# proxy's end user.
+USER_KEYS = (
+    "user.id",
+    "enduser.id",
+    "gen_ai.user",
+    "llm.user",
+    "metadata.user_api_key_end_user_id",
+    "traceloop.association.properties.user_id",
+)
+# Gateway attributes that become tags (tag key ← attribute): the LiteLLM proxy's team and key.
+ALIAS_TAGS = (
+    ("team", "metadata.user_api_key_team_alias"),
+    ("key_alias", "metadata.user_api_key_alias"),
+)
+# Spans that only repeat their parent LLM span (no usage, no model): not steps. LiteLLM's
+# child span holding the provider's raw response is one.
+DUPLICATE_SPAN_NAMES = frozenset({"raw_gen_ai_request"})
+MAX_TAG_VALUE = 128
 STEP_TYPE_KEYS = ("gen_ai.operation.name",)
 
 
@@ -213,12 +238,14 @@ class OtlpSpan:
     trace_id: str
     start_ns: int
     step: StepEvent
+    user_id: str | None = None
 
 
 @dataclass
 class OtlpMapping:
     spans: list[OtlpSpan] = field(default_factory=list)
     rejected: int = 0
+    skipped: int = 0  # duplicates of their parent span (DUPLICATE_SPAN_NAMES): not stored
     errors: list[str] = field(default_factory=list)
 
     def error_message(self) -> str:
@@ -247,14 +274,27 @@ def otlp_spans(request: ExportTraceServiceRequest) -> OtlpMapping:
                 if session and span.trace_id not in trace_sessions:
                     trace_sessions[span.trace_id] = session
     for span, attrs, resource_attrs in raw:
+        if _duplicates_its_parent(span, attrs):
+            mapping.skipped += 1
+            continue
         try:
             session = _session_of(attrs, resource_attrs) or trace_sessions.get(span.trace_id)
             tags = _tags_of(attrs, resource_attrs)
-            mapping.spans.append(_span_step(span, attrs, session, tags))
+            user = _text(attrs, USER_KEYS) or _text(resource_attrs, USER_KEYS)
+            mapping.spans.append(_span_step(span, attrs, session, tags, user))
         except _SpanError as exc:
             mapping.rejected += 1
             mapping.errors.append(f"span {span.span_id.hex() or '?'}: {exc}")
     return mapping
+
+
+def _duplicates_its_parent(span: Span, attrs: dict[str, Any]) -> bool:
+    """A child span that only repeats its parent LLM call: named so, with no usage or model of
+    its own (were it to carry them, it would be stored like any span)."""
+    if span.name not in DUPLICATE_SPAN_NAMES or not span.parent_span_id:
+        return False
+    keys = (*INPUT_KEYS, *OUTPUT_KEYS, *CACHE_READ_KEYS, *CACHE_WRITE_KEYS, *MODEL_KEYS)
+    return all(attrs.get(key) in (None, "") for key in keys)
 
 
 def _session_of(attrs: dict[str, Any], resource_attrs: dict[str, Any]) -> str | None:
@@ -270,9 +310,15 @@ TAG_PREFIX = "costboard.tag."
 
 
 def _tags_of(attrs: dict[str, Any], resource_attrs: dict[str, Any]) -> dict[str, Any] | None:
-    """`costboard.tag.<key>` attributes as tags: the resource's, the span's over them. A
-    number or boolean becomes its text; the step's checks refuse what is not a tag."""
+    """`costboard.tag.<key>` attributes as tags: the resource's, the span's over them, over a
+    gateway's team and key aliases (ALIAS_TAGS). A number or boolean becomes its text; the
+    step's checks refuse what is not a tag."""
     tags: dict[str, Any] = {}
+    for source in (resource_attrs, attrs):
+        for tag, key in ALIAS_TAGS:
+            alias = _text(source, (key,))
+            if alias:
+                tags[tag] = alias[:MAX_TAG_VALUE]
     for source in (resource_attrs, attrs):
         for key, value in source.items():
             if key.startswith(TAG_PREFIX):
@@ -285,7 +331,11 @@ def _tags_of(attrs: dict[str, Any], resource_attrs: dict[str, Any]) -> dict[str,
 
 
 def _span_step(
-    span: Span, attrs: dict[str, Any], session: str | None, tags: dict[str, Any] | None = None
+    span: Span,
+    attrs: dict[str, Any],
+    session: str | None,
+    tags: dict[str, Any] | None = None,
+    user: str | None = None,
 ) -> OtlpSpan:
     if len(span.trace_id) != 16 or not any(span.trace_id):
         raise _SpanError("trace_id must be 16 bytes, not all zero")
@@ -338,6 +388,7 @@ def _span_step(
                 "span_id": span_hex,
                 "parent_span_id": span.parent_span_id.hex() or None,
                 "name": span.name[:200],
+                **({"user_id": user[:128]} if user else {}),
             }
         },
     }
@@ -355,7 +406,12 @@ def _span_step(
         first = exc.errors(include_url=False)[0]
         where = ".".join(str(part) for part in first["loc"]) or "span"
         raise _SpanError(f"{where}: {first['msg']}") from None
-    return OtlpSpan(trace_id=trace_hex, start_ns=span.start_time_unix_nano, step=step)
+    return OtlpSpan(
+        trace_id=trace_hex,
+        start_ns=span.start_time_unix_nano,
+        step=step,
+        user_id=user[:128] if user else None,
+    )
 
 
 def _time(unix_nano: int) -> datetime:

@@ -471,6 +471,17 @@ class Costboard:
         }
         self._enqueue({"type": "turn", "session_id": session_id, "turn": turn, **_present(fields)})
 
+    def event(self, event: Mapping[str, Any]) -> None:
+        """Queue one raw event (`type` "session", "turn" or "step", CONTRACT §3) as it is;
+        it gets an `event_id` and a `timestamp` if it has none. For integrations that time
+        calls themselves (costboard_client.integrations)."""
+        self._enqueue(dict(event))
+
+    def check(self, session_id: str | None) -> None:
+        """Raise BudgetExceeded if the session (None: `system`) is known to be exhausted, by
+        its own caps, a runaway rule or a stop-budget above it; no request is made."""
+        self._refuse_if_exhausted(session_id)
+
     def budget(self, session_id: str) -> dict[str, Any] | None:
         """The session's `<budget>` from the server (one GET, bounded by `timeout`), which
         also refreshes the cached state; None for an unknown session. When the server cannot

@@ -1,0 +1,183 @@
+"""README's "From LiteLLM", "From the LiteLLM proxy" and "From LangChain" snippets, run as
+written (offline: their models answer with mock responses) against a live test server; the
+proxy is the real `litellm` proxy, started on a free 127.0.0.1 port and stopped."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import litellm
+import openai
+import pytest
+from genai_prices import Usage, calc_price
+
+from costboard.models import Session, Step
+from costboard.pricing.sync import prices_sync
+from tests.conftest import Agent, make_agent
+from tests.servers import free_port
+
+pytestmark = pytest.mark.django_db(transaction=True)
+README = Path(__file__).resolve().parents[2] / "README.md"
+MASTER_KEY = "sk-costboard-test-0123456789abcdef"
+
+
+def snippet(heading: str, language: str, index: int = 0) -> str:
+    """The `index`-th fenced `language` block of the README section `### heading`."""
+    text = README.read_text()
+    start = text.index(f"\n### {heading}\n")
+    end = text.find("\n## ", start + 1)
+    section = text[start : end if end != -1 else None]
+    section = section[: (section.find("\n### ", 1) + 1) or None]
+    return re.findall(rf"```{language}\n(.*?)```", section, re.S)[index]
+
+
+@pytest.fixture
+def acme(transactional_db: None) -> Agent:
+    prices_sync()
+    return make_agent("acme")
+
+
+@pytest.fixture
+def costboard_env(live_server: Any, acme: Agent, monkeypatch: pytest.MonkeyPatch) -> Agent:
+    monkeypatch.setenv("COSTBOARD_URL", live_server.url)
+    monkeypatch.setenv("COSTBOARD_API_KEY", acme.key)
+    return acme
+
+
+def gpt_4o(**tokens: int) -> Any:
+    return calc_price(Usage(**tokens), "gpt-4o", provider_id="openai").total_price
+
+
+def test_from_litellm(costboard_env: Agent) -> None:
+    namespace: dict[str, Any] = {}
+    before = list(litellm.callbacks)
+    try:
+        exec(snippet("From LiteLLM", "python"), namespace)
+    finally:
+        logger = namespace.get("costboard")
+        litellm.callbacks = before
+        if logger is not None:
+            litellm.logging_callback_manager.remove_callback_from_all_lists(logger)
+            logger.client.close(timeout=5)
+    [step] = Step.objects.filter(session__external_id="chat-42")
+    assert step.event_id == namespace["response"].id
+    assert (step.model, step.input_tokens, step.output_tokens, step.turn.number) == (  # type: ignore[union-attr]
+        "gpt-4o",
+        10,
+        20,
+        1,
+    )
+    assert step.cost_usd == gpt_4o(input_tokens=10, output_tokens=20)
+    assert step.tags == {"feature": "search"}
+    assert Session.objects.get(external_id="chat-42").user_id == "u-7"
+
+
+def test_from_langchain(costboard_env: Agent) -> None:
+    namespace: dict[str, Any] = {}
+    try:
+        exec(snippet("From LangChain", "python"), namespace)
+    finally:
+        if "costboard" in namespace:
+            namespace["costboard"].client.close(timeout=5)
+    [step] = Step.objects.filter(session__external_id="chat-42")
+    assert (step.input_tokens, step.cache_read_input_tokens, step.output_tokens) == (200, 1000, 20)
+    assert step.cost_usd == gpt_4o(input_tokens=1200, cache_read_tokens=1000, output_tokens=20)
+    assert step.tags == {"feature": "search"}
+    assert Session.objects.get(external_id="chat-42").user_id == "u-7"
+
+
+@pytest.fixture
+def proxy(costboard_env: Agent, live_server: Any, tmp_path: Path) -> Iterator[str]:
+    """The real LiteLLM proxy with the README's config, on a free port; its URL."""
+    config = tmp_path / "litellm.yaml"
+    config.write_text(snippet("From the LiteLLM proxy", "yaml"))
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}  # no proxy database
+    env.update(
+        COSTBOARD_URL=live_server.url,
+        COSTBOARD_API_KEY=costboard_env.key,
+        LITELLM_MASTER_KEY=MASTER_KEY,
+        OPENAI_API_KEY="sk-never-used",
+        LITELLM_LOCAL_MODEL_COST_MAP="True",
+    )
+    binary = str(Path(sys.executable).with_name("litellm"))
+    log = (tmp_path / "proxy.log").open("wb")
+    process = subprocess.Popen(
+        [binary, "--config", str(config), "--host", "127.0.0.1", "--port", str(port)],
+        cwd=tmp_path,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            assert process.poll() is None, (tmp_path / "proxy.log").read_text()[-3000:]
+            try:
+                with urllib.request.urlopen(f"{url}/health/liveliness", timeout=1):
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, "the LiteLLM proxy did not start in 90 s"
+                time.sleep(0.25)
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)
+        log.close()
+
+
+def stored_steps(session: str, count: int) -> list[Step]:
+    deadline = time.monotonic() + 15
+    while True:
+        steps = list(Step.objects.filter(session__external_id=session))
+        if len(steps) >= count or time.monotonic() > deadline:
+            return steps
+        time.sleep(0.1)
+
+
+def test_from_the_litellm_proxy(
+    proxy: str, costboard_env: Agent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    costboard_env.events({"type": "session", "session_id": "chat-42", "token_cap": 25})
+    monkeypatch.setenv("LITELLM_MASTER_KEY", MASTER_KEY)
+    caller = snippet("From the LiteLLM proxy", "python").replace("http://127.0.0.1:4000", proxy)
+
+    namespace: dict[str, Any] = {}
+    exec(caller, namespace)
+    assert namespace["answer"].choices[0].message.content == "Three flights found."
+    [step] = stored_steps("chat-42", 1)
+    assert step.event_id == namespace["answer"].id
+    assert (step.model, step.provider, step.input_tokens, step.output_tokens) == (
+        "gpt-4o",
+        "openai",
+        10,
+        20,
+    )
+    assert step.cost_usd == gpt_4o(input_tokens=10, output_tokens=20)
+    assert step.tags == {"feature": "search"}
+    session = Session.objects.get(external_id="chat-42")
+    assert session.user_id == "u-7"
+    assert session.tokens_used == 30  # of 25: exhausted
+
+    # The proxy's client learns the state from the ingest response it is reading now.
+    time.sleep(0.5)
+    with pytest.raises(openai.BadRequestError) as refused:
+        exec(caller, {})
+    message = str(refused.value)
+    assert "costboard: session 'chat-42' has exhausted its budget" in message
+    assert "tokens 30/25" in message
+    time.sleep(0.5)
+    assert len(stored_steps("chat-42", 1)) == 1  # the provider was not called
