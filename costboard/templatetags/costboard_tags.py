@@ -6,6 +6,7 @@ from typing import Any
 
 from django import template
 from django.http import QueryDict
+from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.safestring import mark_safe
 
@@ -28,6 +29,24 @@ def usd(amount: Decimal | None) -> str:
     places = 2 - amount.copy_abs().adjusted()  # three significant digits
     text = f"{amount.quantize(Decimal(1).scaleb(-places), rounding=ROUND_HALF_UP):f}"
     return f"${text.rstrip('0')}"
+
+
+# A page about one thing of one project lists that kind of thing when the project changes.
+_SWITCH_TO = {"session": "sessions", "memory-detail": "memory-browser"}
+
+
+@register.simple_tag(takes_context=True)
+def switcher_action(context: template.Context) -> str:
+    """Where the project switcher goes: the page you are on, or, from a session's or a
+    memory's own page, the list it belongs to (the other project has neither)."""
+    request = context.get("request")
+    if request is None:
+        return ""
+    match = request.resolver_match
+    name = match.url_name if match is not None else None
+    if name in _SWITCH_TO:
+        return reverse(_SWITCH_TO[name])
+    return str(request.path)
 
 
 TOOL_LABEL = "— (tool)"

@@ -1,0 +1,129 @@
+"""The finish a user sees, in a real Chromium over seeded demo data: every page fits a 390 px
+phone (no horizontal scrolling of the document), charts read right, the project switcher keeps
+you on the equivalent page, and counts change with the action that changes them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from io import StringIO
+from typing import Any
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.core.management import call_command
+
+from costboard.models import SYSTEM_SESSION_ID, Project, Session
+from memory_ui.models import Memory
+from tests.e2e.test_dashboards_browser import log_in
+
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+
+PHONE = {"width": 390, "height": 844}
+
+
+@pytest.fixture
+def demo() -> None:
+    call_command("seed_demo", sessions=30, stdout=StringIO())
+    get_user_model().objects.create_superuser("viewer", "", "pw-viewer-123")
+
+
+@pytest.fixture
+def phone(browser: Any) -> Iterator[Any]:
+    from tests.e2e.conftest import Page
+
+    context = browser.new_context(viewport=PHONE)
+    page = Page(context.new_page())
+    page.set_default_timeout(15_000)
+    yield page
+    context.close()
+
+
+def every_page() -> list[str]:
+    costliest = Session.objects.exclude(external_id=SYSTEM_SESSION_ID).order_by("-cost_usd")[0]
+    system = Session.objects.filter(external_id=SYSTEM_SESSION_ID).order_by("pk")[0]
+    memory = Memory.objects.order_by("pk")[0]
+    return [
+        "/",
+        "/sessions/",
+        f"/sessions/{costliest.pk}/",
+        f"/sessions/{system.pk}/",
+        "/flagged/",
+        "/steps/",
+        "/steps/?since=2026-12-01&until=2026-11-01",
+        "/users/",
+        "/memory/review/",
+        "/memory/",
+        "/memory/metrics/",
+        f"/memory/{memory.pk}/",
+        "/admin/",
+        "/admin/costboard/modelprice/",
+        "/api/v1/docs",
+        "/no-such-page/",
+    ]
+
+
+# Elements past the viewport's right edge that no scrolling box of theirs clips: what makes the
+# document itself scroll sideways.
+OVERFLOWING = """() => {
+  const width = document.documentElement.clientWidth, out = [];
+  for (const el of document.querySelectorAll("body *")) {
+    const box = el.getBoundingClientRect();
+    if (box.width === 0 || box.right <= width + 1) continue;
+    let up = el.parentElement, clipped = false;
+    for (; up; up = up.parentElement) {
+      const scrolls = ["auto", "hidden", "scroll"].includes(getComputedStyle(up).overflowX);
+      if (scrolls) { clipped = true; break; }
+    }
+    const name = `${el.tagName.toLowerCase()}.${el.className}`;
+    if (!clipped) out.push(`${name} right=${Math.round(box.right)}`);
+  }
+  return out.slice(0, 5);
+}"""
+
+
+def test_no_page_scrolls_sideways_at_390_px(live_server: Any, demo: None, phone: Any) -> None:
+    base = live_server.url
+    log_in(phone, base)
+    for path in every_page():
+        phone.goto(base + path)
+        phone.wait_for_load_state("networkidle")
+        width = phone.evaluate("document.documentElement.scrollWidth")
+        assert (path, width, phone.evaluate(OVERFLOWING)) == (path, 390, [])
+        if not path.startswith(("/admin/", "/api/")):
+            # the header's every control is on screen: switcher and Log out included
+            for control in ("nav", "button:has-text('Log out')"):
+                box = phone.locator(f"header.topbar {control}").first.bounding_box()
+                assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= 390, (
+                    path,
+                    control,
+                    box,
+                )
+
+
+def test_the_switcher_on_a_session_page_lands_on_that_projects_sessions(
+    live_server: Any, demo: None, page: Any
+) -> None:
+    session = Session.objects.exclude(external_id=SYSTEM_SESSION_ID).order_by("-cost_usd")[0]
+    other = next(p for p in Project.objects.order_by("slug") if p.pk != session.project_id)
+    base = live_server.url
+    log_in(page, base)
+    page.goto(f"{base}/sessions/{session.pk}/")
+    page.select_option("#project-switcher", other.slug)
+    page.wait_for_url(f"{base}/sessions/?project={other.slug}")
+    assert page.locator("header.topbar nav").is_visible()
+    assert page.locator("#project-switcher").input_value() == other.slug
+    rows = page.locator("tr[data-session]")
+    assert rows.count() > 0
+    assert Session.objects.filter(
+        project=other, external_id=rows.first.get_attribute("data-session")
+    ).exists()
+
+    # a page that is not there: the site's own page, header and all, with a way back
+    page.goto(f"{base}/sessions/999999/?project={other.slug}")
+    assert page.locator("[data-not-found]").is_visible()
+    assert page.locator("header.topbar nav").is_visible()
+    page.click("text=Go to the overview")
+    page.wait_for_url(f"{base}/?project={other.slug}")
+    assert page.errors == [
+        "Failed to load resource: the server responded with a status of 404 (Not Found)"
+    ]
