@@ -22,11 +22,13 @@ from django.http import (
     Http404,
     HttpRequest,
     HttpResponse,
+    HttpResponsePermanentRedirect,
     HttpResponseRedirect,
     QueryDict,
     StreamingHttpResponse,
 )
 from django.shortcuts import render
+from django.templatetags.static import static
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.dateparse import parse_date
@@ -721,3 +723,11 @@ def flagged_acknowledge(request: HtmxHttpRequest, pk: int) -> HttpResponse:
         session_id=session.pk, by=request.user.get_username(), at=timezone.now()
     )
     return _acted(request, scope, session.pk)
+
+
+def favicon(request: HttpRequest) -> HttpResponse:
+    """/favicon.ico: what a browser asks for on a page without an icon link; ours (its hashed
+    name is known only once the static files are, so it is looked up per request)."""
+    response = HttpResponsePermanentRedirect(static("costboard/favicon.svg"))
+    response["Cache-Control"] = "public, max-age=86400"
+    return response

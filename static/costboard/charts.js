@@ -19,9 +19,10 @@
       colorway: COLORWAY,
       font: Object.assign({ color: fg, family: "system-ui, sans-serif", size: 12 }, layout.font || {}),
     });
+    // automargin: tick labels and axis titles get the room they need, never overlapping
     ["xaxis", "yaxis"].forEach(function (axis) {
-      out[axis] = Object.assign({ gridcolor: line, zerolinecolor: line, linecolor: line },
-                                layout[axis] || {});
+      out[axis] = Object.assign({ gridcolor: line, zerolinecolor: line, linecolor: line,
+                                  automargin: true }, layout[axis] || {});
     });
     return out;
   }

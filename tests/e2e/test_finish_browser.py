@@ -127,3 +127,39 @@ def test_the_switcher_on_a_session_page_lands_on_that_projects_sessions(
     assert page.errors == [
         "Failed to load resource: the server responded with a status of 404 (Not Found)"
     ]
+
+
+# every drawn axis's tick labels, per chart: Plotly writes each as an svg text
+TICKS = """() => Array.from(document.querySelectorAll("[data-chart]")).map(chart => ({
+  name: chart.dataset.chart,
+  axes: Array.from(chart.querySelectorAll(".xaxislayer-above, .yaxislayer-above, .angularaxis"))
+    .map(axis => Array.from(axis.querySelectorAll("text")).map(t => t.textContent)),
+}))"""
+
+
+def test_no_chart_repeats_a_tick_label(live_server: Any, demo: None, page: Any) -> None:
+    cheapest = (
+        Session.objects.exclude(external_id=SYSTEM_SESSION_ID)
+        .filter(turn_count__gte=3)
+        .order_by("cost_usd")[0]
+    )
+    system = Session.objects.filter(external_id=SYSTEM_SESSION_ID).order_by("pk")[0]
+    base = live_server.url
+    log_in(page, base)
+    seen = 0
+    for path in ("/", f"/sessions/{cheapest.pk}/", f"/sessions/{system.pk}/", "/steps/"):
+        page.goto(base + path)
+        page.wait_for_load_state("networkidle")
+        page.wait_for_selector("[data-chart] svg.main-svg", state="attached")
+        for chart in page.evaluate(TICKS):
+            for labels in chart["axes"]:
+                assert len(labels) == len(set(labels)), (path, chart["name"], labels)
+                seen += 1
+        # the money axes start at $0 and say so once; no "< $0" buckets
+        assert "< $0<" not in page.content()
+    assert seen >= 10
+    page.goto(f"{base}/steps/")
+    page.wait_for_selector('[data-chart="turn_costs"] svg.main-svg', state="attached")
+    buckets = page.locator('[data-chart="turn_costs"] .yaxislayer-above text').all_text_contents()
+    assert buckets and all("$0." in b or "$1" in b or "$3" in b for b in buckets), buckets
+    assert page.errors == []
