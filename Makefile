@@ -17,6 +17,7 @@ install: $(VENV)/.installed
 
 run: install
 	$(PY) manage.py migrate --noinput
+	$(PY) manage.py collectstatic --noinput --verbosity 0
 	$(PY) manage.py sync_prices
 	$(PY) manage.py seed_demo --if-empty
 	$(PY) manage.py ensure_admin

@@ -42,10 +42,25 @@
     });
   }
 
-  document.addEventListener("DOMContentLoaded", function () { render(document); });
-  document.addEventListener("htmx:afterSettle", function (event) { render(event.target); });
+  // plotly.js loads async (templates/costboard/_charts.html): draw when both it and the page
+  // are there, whichever comes last
+  function whenPlotly(draw) {
+    if (window.Plotly) { draw(); return; }
+    var script = document.getElementById("plotly-js");
+    if (script) { script.addEventListener("load", function () { draw(); }, { once: true }); }
+  }
+
+  function start() { whenPlotly(function () { render(document); }); }
+  if (document.readyState === "loading") {
+    document.addEventListener("DOMContentLoaded", start);
+  } else {
+    start();
+  }
+  document.addEventListener("htmx:afterSettle", function (event) {
+    whenPlotly(function () { render(event.target); });
+  });
   if (window.matchMedia) {
     window.matchMedia("(prefers-color-scheme: dark)")
-      .addEventListener("change", function () { render(document); });
+      .addEventListener("change", function () { whenPlotly(function () { render(document); }); });
   }
 })();
