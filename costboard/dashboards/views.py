@@ -606,10 +606,8 @@ def _flagged_render(
     form_session: int | None = None,
     status: int = 200,
 ) -> HttpResponse:
-    acknowledged = request.GET.get("acknowledged") == "1"
-    kind = request.GET.get("kind", "")
-    if kind not in selectors.FLAG_KINDS:
-        kind = ""
+    counts_context = _flag_counts(request, scope)
+    acknowledged, kind = counts_context["acknowledged"], counts_context["kind"]
     ids = scope.project_ids
     sessions = selectors.sessions_flagged_list(
         project_ids=ids, kind=kind, acknowledged=acknowledged
@@ -626,11 +624,29 @@ def _flagged_render(
         )
         for s in page
     ]
-    counts = selectors.sessions_flagged_counts(project_ids=ids, acknowledged=acknowledged)
     context = {
         "scope": scope,
         "page": page,
         "rows": rows,
+        **counts_context,
+        "can_act": can_act,
+    }
+    template = "costboard/flagged.html"
+    if request.htmx and request.method == "GET":
+        template += "#list"
+    return render(request, template, context, status=status)
+
+
+def _flag_counts(request: HttpRequest, scope: Scope) -> dict[str, Any]:
+    """/flagged/'s counts by kind, for the list's filters (kind, acknowledged) in the URL."""
+    acknowledged = request.GET.get("acknowledged") == "1"
+    kind = request.GET.get("kind", "")
+    if kind not in selectors.FLAG_KINDS:
+        kind = ""
+    counts = selectors.sessions_flagged_counts(
+        project_ids=scope.project_ids, acknowledged=acknowledged
+    )
+    return {
         "counts": counts,
         "kinds": [
             ("runaway", "Runaway", counts.runaway),
@@ -639,12 +655,7 @@ def _flagged_render(
         ],
         "kind": kind,
         "acknowledged": acknowledged,
-        "can_act": can_act,
     }
-    template = "costboard/flagged.html"
-    if request.htmx and request.method == "GET":
-        template += "#list"
-    return render(request, template, context, status=status)
 
 
 def _acting_on(request: HttpRequest, pk: int) -> tuple[Scope, Session]:
@@ -679,8 +690,9 @@ def _acted(
                 "events": selectors.session_budget_events(session=session),
             }
             return render(request, "costboard/_session_flag.html", context, status=status)
-        context = {"scope": scope, "row": row}
-        return render(request, "costboard/_flagged_row.html", context, status=status)
+        # the row, and the list's counts out of band: an acknowledged session leaves "All"
+        context = {"scope": scope, "row": row, "oob": True, **_flag_counts(request, scope)}
+        return render(request, "costboard/_flagged_row_acted.html", context, status=status)
     if form is not None:
         if on_session_page:
             return _session_render(request, scope, session, form=form, status=422)

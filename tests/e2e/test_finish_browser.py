@@ -163,3 +163,45 @@ def test_no_chart_repeats_a_tick_label(live_server: Any, demo: None, page: Any) 
     buckets = page.locator('[data-chart="turn_costs"] .yaxislayer-above text').all_text_contents()
     assert buckets and all("$0." in b or "$1" in b or "$3" in b for b in buckets), buckets
     assert page.errors == []
+
+
+def test_header_counts_change_with_the_action_that_changes_them(
+    live_server: Any, demo: None, page: Any
+) -> None:
+    pending = Memory.objects.filter(status="pending").count()
+    assert pending >= 4
+    base = live_server.url
+    log_in(page, base)
+    page.goto(f"{base}/memory/review/")
+    header, queue = page.locator("#nav-pending"), page.locator("[data-count=all]")
+    assert header.text_content() == queue.text_content() == str(pending)
+    page.evaluate("window.__kept = 'same page'")  # gone if the page reloads
+
+    for box in page.locator("input[data-select]").all()[:3]:
+        box.check()
+    page.locator("button", has_text="Approve selected").click()
+    page.wait_for_selector("[data-note]")
+    assert "Approved 3 candidates." in page.text_content("[data-note]")
+    assert queue.text_content() == str(pending - 3)
+    assert header.text_content() == str(pending - 3)
+    assert page.locator("#tab-pending").text_content() == str(pending - 3)
+
+    # one at a time too: the header follows each decision
+    page.locator("article.candidate [data-action=approve]").first.click()
+    page.wait_for_function(
+        f"document.querySelector('#nav-pending').textContent === '{pending - 4}'"
+    )
+    assert queue.text_content() == str(pending - 4)
+    assert page.evaluate("window.__kept") == "same page"
+
+    # /flagged/: an acknowledged session leaves "All" as the row changes
+    page.goto(f"{base}/flagged/")
+    everything = page.locator("[data-count=all]")
+    before = int(everything.text_content() or "0")
+    assert before >= 1
+    page.locator("tr.flag-row button.acknowledge").first.click()
+    page.wait_for_function(
+        f"document.querySelector('[data-count=all]').textContent === '{before - 1}'"
+    )
+    assert page.locator("[data-count=acknowledged]").text_content() == "1"
+    assert page.errors == []
