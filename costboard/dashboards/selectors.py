@@ -478,8 +478,8 @@ def sessions_filtered(*, project_ids: list[int], filters: SessionFilters) -> Que
         if filters.exact:
             usage = usage.filter(model=filters.exact)
         sessions = sessions.filter(pk__in=usage.values("session_id"))
-    if filters.user:
-        sessions = sessions.filter(user_id=filters.user)
+    if filters.user:  # a prefix: "acme-" finds acme-1, acme-2…
+        sessions = sessions.filter(user_id__startswith=filters.user)
     if filters.tag:
         key, _, value = filters.tag.partition("=")
         # a key transform built by name (not a lookup path: a key may hold "__")

@@ -57,15 +57,45 @@ def _figures(**figures: dict[str, Any]) -> dict[str, Any]:
     return figures
 
 
-def _date(params: QueryDict, name: str) -> date | None:
-    """A date filter, or None (no filter) if it is not a date the data can have: the API
-    refuses timestamps outside FIRST_YEAR..LAST_YEAR, and at year 9999 a day's end overflows."""
-    value = params.get(name, "")
+def _date(params: QueryDict, name: str) -> tuple[date | None, str]:
+    """A date filter and what is wrong with it: no filter (None) if it is absent or not a
+    date the data can have (the API refuses timestamps outside FIRST_YEAR..LAST_YEAR, and at
+    year 9999 a day's end overflows)."""
+    value = params.get(name, "").strip()
+    if not value:
+        return None, ""
     try:
-        day = parse_date(value) if value else None
-    except ValueError:
-        return None
-    return day if day is not None and FIRST_YEAR <= day.year <= LAST_YEAR else None
+        day = parse_date(value)
+    except ValueError:  # the shape of a date, not a day of the calendar (2026-02-30)
+        day = None
+    if day is None:
+        return None, f"“{value}” is not a date: write it as YYYY-MM-DD, e.g. 2026-11-01"
+    if not FIRST_YEAR <= day.year <= LAST_YEAR:
+        return None, f"{value} is outside the years {FIRST_YEAR}–{LAST_YEAR} the data can have"
+    return day, ""
+
+
+@dataclass(frozen=True)
+class Period:
+    """A page's from/to filter as given, and what is wrong with it, by field: a wrong field
+    filters nothing and is named in the form."""
+
+    since: date | None
+    until: date | None
+    errors: dict[str, str]
+
+
+def _period(params: QueryDict) -> Period:
+    since, since_error = _date(params, "since")
+    until, until_error = _date(params, "until")
+    errors = {name: e for name, e in (("since", since_error), ("until", until_error)) if e}
+    if since and until and since > until:
+        errors["until"] = (
+            f"{until:%Y-%m-%d} is before the start, {since:%Y-%m-%d}: "
+            "pick an end on or after the start (or swap them)"
+        )
+        since = until = None
+    return Period(since=since, until=until, errors=errors)
 
 
 @login_required
@@ -119,6 +149,7 @@ def _tag_breakdown(
 
 
 def _session_filters(params: QueryDict) -> selectors.SessionFilters:
+    period = _period(params)
     sort = params.get("sort", "-last_active")
     if sort.lstrip("-") not in selectors.SESSION_SORTS:
         sort = "-last_active"
@@ -130,8 +161,8 @@ def _session_filters(params: QueryDict) -> selectors.SessionFilters:
         user=params.get("user", "").strip(),
         tag=_tag(params),
         q=params.get("q", "").strip(),
-        since=_date(params, "since"),
-        until=_date(params, "until"),
+        since=period.since,
+        until=period.until,
         sort=sort,
     )
 
@@ -144,9 +175,11 @@ def sessions_list(request: HtmxHttpRequest) -> HttpResponse:
     page = Paginator(sessions, PAGE_SIZE).get_page(request.GET.get("page"))
     mix = selectors.model_mix(session_ids=[s.pk for s in page])
     rows = [(s, session_caps(s), mix.get(s.pk, [])) for s in page]
+    filter_errors = _period(request.GET).errors
     context = {
         "scope": scope,
         "filters": filters,
+        "filter_errors": filter_errors,
         "page": page,
         "rows": rows,
         "states": list(selectors.STATE_FILTERS),
@@ -157,7 +190,7 @@ def sessions_list(request: HtmxHttpRequest) -> HttpResponse:
         template += "#table"
     else:
         context["models"] = selectors.models_seen(project_ids=scope.project_ids)
-    return render(request, template, context)
+    return render(request, template, context, status=422 if filter_errors else 200)
 
 
 CSV_COLUMNS = [
@@ -346,8 +379,9 @@ def _session_render(
 def steps_page(request: HtmxHttpRequest) -> HttpResponse:
     scope = scope_for(request)
     today = timezone.now().date()
-    since = _date(request.GET, "since") or today - timedelta(days=29)
-    until = _date(request.GET, "until") or today
+    period = _period(request.GET)
+    since = period.since or min(today, period.until or today) - timedelta(days=29)
+    until = period.until or today
     model = request.GET.get("model", "").strip()  # a family
     exact = request.GET.get("exact", "").strip()  # an exact model name
     step_type = request.GET.get("step_type", "").strip()
@@ -375,6 +409,8 @@ def steps_page(request: HtmxHttpRequest) -> HttpResponse:
         ],
         "since": since,
         "until": until,
+        "filter_errors": period.errors,
+        "given": request.GET,
         "model": model,
         "exact": exact,
         "step_type": step_type,
@@ -387,7 +423,7 @@ def steps_page(request: HtmxHttpRequest) -> HttpResponse:
     template = "costboard/steps.html"
     if request.htmx:
         template += "#results"
-    return render(request, template, context)
+    return render(request, template, context, status=422 if period.errors else 200)
 
 
 # --- end users --------------------------------------------------------------------------------
@@ -423,8 +459,9 @@ def users_csv(request: HttpRequest) -> HttpResponse:
 
 def _users_period(request: HttpRequest) -> tuple[date, date, str]:
     today = timezone.now().date()
-    since = _date(request.GET, "since") or today - timedelta(days=29)
-    until = _date(request.GET, "until") or today
+    period = _period(request.GET)
+    since = period.since or min(today, period.until or today) - timedelta(days=29)
+    until = period.until or today
     sort = request.GET.get("sort", "-cost")
     if sort.lstrip("-") not in selectors.USER_SORTS:
         sort = "-cost"
@@ -438,15 +475,17 @@ def users_page(request: HttpRequest) -> HttpResponse:
     scope = scope_for(request)
     since, until, sort = _users_period(request)
     rows = selectors.users_spend(project_ids=scope.project_ids, since=since, until=until, sort=sort)
+    filter_errors = _period(request.GET).errors
     context = {
         "scope": scope,
         "rows": rows,
         "since": since,
         "until": until,
         "sort": sort,
+        "filter_errors": filter_errors,
         "total": sum((r.cost_usd for r in rows), selectors.ZERO),
     }
-    return render(request, "costboard/users.html", context)
+    return render(request, "costboard/users.html", context, status=422 if filter_errors else 200)
 
 
 # --- flagged sessions -----------------------------------------------------------------------
