@@ -241,11 +241,16 @@ def _options_check(*, sessions: int | None, steps: int | None, days: int, projec
 
 
 def _progress_line(done: int, total: int, tally: _Tally, seconds: float) -> str:
-    rate = tally.events / seconds if seconds else 0.0
+    # events are stored a batch at a time: until the first is, there is no rate to tell
+    rate = (
+        f"{tally.events / seconds:,.0f} events/s"
+        if tally.events and seconds
+        else f"the first batch of {MAX_EVENTS:,} events still filling"
+    )
     return (
         f"  {round(done * 100 / total):3d}%  {done:,}/{total:,} sessions, {tally.steps:,} steps, "
         f"{tally.accepted:,} events stored, {tally.duplicates:,} duplicates, "
-        f"{rate:,.0f} events/s"
+        f"{rate}"
     )
 
 

@@ -339,3 +339,11 @@ def test_the_system_session_has_its_projects_system_caps_and_room_to_spare(
         )
         assert system.state == "ok"
         assert 0.01 < system.tokens_used / caps.token_cap < 0.8
+
+
+def test_progress_tells_no_rate_before_the_first_batch_is_stored(seeded: str) -> None:
+    progress = [line for line in seeded.splitlines() if "sessions," in line and "%" in line]
+    assert progress and not any(" 0 events/s" in line for line in progress), progress
+    for line in progress:
+        stored = int(line.split(" steps, ")[1].split(" events stored")[0].replace(",", ""))
+        assert line.endswith("events/s") if stored else line.endswith("still filling")
