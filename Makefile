@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PORT ?= 8000
 
-.PHONY: install run test lint bench
+.PHONY: install static run test lint bench
 
 # The client is its own distribution, not on PyPI: installed from the checkout, beside the server.
 $(VENV)/.installed: pyproject.toml clients/python/pyproject.toml
@@ -15,7 +15,16 @@ $(VENV)/.installed: pyproject.toml clients/python/pyproject.toml
 
 install: $(VENV)/.installed
 
-run: install
+# Hashed, gzip- and brotli-compressed static files (about a minute, for plotly.js): made again
+# only when our static files or the installed packages change.
+STATIC_SOURCES := $(shell find static -type f 2>/dev/null)
+staticfiles/staticfiles.json: $(VENV)/.installed $(STATIC_SOURCES)
+	$(PY) manage.py collectstatic --noinput --verbosity 0
+	touch $@
+
+static: staticfiles/staticfiles.json
+
+run: install static
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py sync_prices
 	$(PY) manage.py seed_demo --if-empty

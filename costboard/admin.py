@@ -2,11 +2,13 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
+from django.db import models
 from django.db.models import QuerySet
 from django.forms.fields import InvalidJSONInput
 from django.http import HttpRequest
@@ -42,6 +44,7 @@ from costboard.models import (
     Turn,
     WebhookEndpoint,
 )
+from costboard.numbers import count_text
 from costboard.outbox import outbox_retry
 from costboard.pricing import services as pricing_services
 from costboard.pricing.rates import micros_of_day, windows_overlap
@@ -56,7 +59,33 @@ RATE_FIELDS = (
 )
 
 
+admin.site.site_header = "Costboard administration"
+admin.site.site_title = "Costboard admin"
+admin.site.index_title = "Rates, caps, keys and projects"
+# the rate list's editable columns need the width at 1366 px; the index and breadcrumbs lead
+admin.site.enable_nav_sidebar = False
+
 MAX_RATE = Decimal(10**10)  # the rate columns' 20 digits, 10 after the point
+
+
+class PlainDecimalField(forms.DecimalField):
+    """A decimal as written, not as stored: 5, 0.3, 0 (the columns' 10 places read
+    "5.0000000000" and "0E-10")."""
+
+    def prepare_value(self, value: Any) -> Any:
+        if isinstance(value, Decimal):
+            text = f"{value.normalize():f}"
+            return "0" if text in ("-0", "") else text
+        return value
+
+
+# every decimal in the admin, in its forms and its list's editable cells, reads as written
+DECIMAL_OVERRIDES: Mapping[type[models.Field[Any, Any]], Mapping[str, Any]] = {
+    models.DecimalField: {
+        "form_class": PlainDecimalField,
+        "widget": forms.NumberInput(attrs={"size": 8, "style": "width: 5.5em"}),
+    }
+}
 
 
 def _no_constant(name: str) -> Any:
@@ -203,21 +232,30 @@ class ModelPriceForm(forms.ModelForm):
 @admin.register(ModelPrice)
 class ModelPriceAdmin(admin.ModelAdmin):
     form = ModelPriceForm
+    formfield_overrides = DECIMAL_OVERRIDES
     list_display = (
         "model",
         "provider",
-        "effective_from",
+        "effective",
         "daily_window",
         *RATE_FIELDS[:4],
-        "context_window",
-        "source",
+        "window_tokens",
         "edited_by_admin",
-    )
+    )  # the source is a filter beside the list
     list_editable = RATE_FIELDS[:4]
     list_filter = ("source", "edited_by_admin", "provider")
     search_fields = ("model", "external_id", "provider")
     readonly_fields = ("created_at", "updated_at")
     list_per_page = 50
+
+    @admin.display(description="from", ordering="effective_from")
+    def effective(self, obj: ModelPrice) -> str:
+        moment = obj.effective_from
+        return f"{moment:%Y-%m-%d}" if f"{moment:%H:%M}" == "00:00" else f"{moment:%Y-%m-%d %H:%M}"
+
+    @admin.display(description="context window", ordering="context_window")
+    def window_tokens(self, obj: ModelPrice) -> str:
+        return count_text(obj.context_window) if obj.context_window else "—"
 
     @admin.display(description="window (UTC)", ordering="window_start")
     def daily_window(self, obj: ModelPrice) -> str:
@@ -331,6 +369,7 @@ class WebhookEndpointInline(admin.StackedInline):
 
 @admin.register(Project)
 class ProjectAdmin(admin.ModelAdmin):
+    formfield_overrides = DECIMAL_OVERRIDES
     list_display = ("name", "slug", "token_cap", "cost_cap_usd", "warn_at_pct", "created_at")
     search_fields = ("name", "slug")
     prepopulated_fields = {"slug": ("name",)}
@@ -455,6 +494,7 @@ class BudgetEventInline(admin.TabularInline):
 
 @admin.register(Session)
 class SessionAdmin(admin.ModelAdmin):
+    formfield_overrides = DECIMAL_OVERRIDES
     list_display = (
         "external_id",
         "project",
@@ -721,6 +761,7 @@ class PeriodLedgerInline(admin.TabularInline):
 
 @admin.register(PeriodBudget)
 class PeriodBudgetAdmin(admin.ModelAdmin):
+    formfield_overrides = DECIMAL_OVERRIDES
     """Budgets above the session: a project's, a user's, a key's or a tag's spend per day,
     week, month or in total (the same checks as POST /api/v1/budgets)."""
 

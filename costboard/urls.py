@@ -24,6 +24,8 @@ urlpatterns = [
     path("memory/", include("memory_ui.urls")),
     path("accounts/", include("django.contrib.auth.urls")),
     path("admin/", admin.site.urls),
+    # what a browser asks for on a page without an icon link (and what tools fetch): ours
+    path("favicon.ico", views.favicon, name="favicon"),
     path("api/v1/events", api.events, name="api-events"),
     path(
         "api/v1/sessions/<str:session_id>/budget",

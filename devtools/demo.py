@@ -20,6 +20,7 @@ traffic would give.
 from __future__ import annotations
 
 import hashlib
+import math
 import random
 import time
 from collections.abc import Callable, Mapping
@@ -68,7 +69,10 @@ FAILURE_RATE = 0.02  # a call fails (and is retried) this often
 RETRY_LOOP_ATTEMPTS = (42, 60)
 CANARY_EVERY = 11  # every 11th session of a theme with a canary model routes intents to it
 SYSTEM_STEP_RATE = 0.1  # background (session-less) steps per session
-SYSTEM_BUDGET = {"token_cap": 10**10, "cost_cap_usd": "100000"}
+# The `system` session's caps, set on its project (it has none of its own): room for a
+# month of background jobs (about 1,300 tokens and $0.0002 a chat session), used ~a quarter.
+SYSTEM_TOKENS_PER_SESSION = 5_000
+SYSTEM_USD_PER_HUNDRED_SESSIONS = Decimal(1)
 TURN_WEIGHTS = (8, 14, 16, 14, 11, 9, 7, 6, 5, 4, 3, 3)  # 1 to 12 turns, mostly 2 to 5
 EXHAUSTED_AT = Decimal("0.95")  # an exhausted example's cap: the session crosses it at the end
 CENTS = Decimal("0.01")
@@ -138,7 +142,7 @@ def demo_seed(
     tally = _Tally()
     feeds = []
     for position, theme in enumerate(themes):
-        project = _project_for(theme)
+        project = _project_for(theme, sessions=per_project[position])
         _budgets_seed(project, _user_id(theme, seed, 0, per_project[position]))
         feed = _ProjectFeed(project=project, tally=tally, now=now)
         feed.add([_system_budget_event(project.slug, seed, window.start)])
@@ -237,11 +241,16 @@ def _options_check(*, sessions: int | None, steps: int | None, days: int, projec
 
 
 def _progress_line(done: int, total: int, tally: _Tally, seconds: float) -> str:
-    rate = tally.events / seconds if seconds else 0.0
+    # events are stored a batch at a time: until the first is, there is no rate to tell
+    rate = (
+        f"{tally.events / seconds:,.0f} events/s"
+        if tally.events and seconds
+        else f"the first batch of {MAX_EVENTS:,} events still filling"
+    )
     return (
         f"  {round(done * 100 / total):3d}%  {done:,}/{total:,} sessions, {tally.steps:,} steps, "
         f"{tally.accepted:,} events stored, {tally.duplicates:,} duplicates, "
-        f"{rate:,.0f} events/s"
+        f"{rate}"
     )
 
 
@@ -274,13 +283,16 @@ def _theme_copy(base: Theme, round_: int) -> Theme:
     return replace(base, slug=f"{base.slug}-{round_}", name=f"{base.name} {round_}")
 
 
-def _project_for(theme: Theme) -> Project:
+def _project_for(theme: Theme, *, sessions: int) -> Project:
+    hundreds = Decimal(max(1, math.ceil(sessions / 100)))
     project, _ = Project.objects.get_or_create(
         slug=theme.slug,
         defaults={
             "name": theme.name,
             "token_cap": theme.token_cap,
             "cost_cap_usd": theme.cost_cap_usd,
+            "system_token_cap": max(100_000, SYSTEM_TOKENS_PER_SESSION * sessions),
+            "system_cost_cap_usd": SYSTEM_USD_PER_HUNDRED_SESSIONS * hundreds,
         },
     )
     return project
@@ -334,9 +346,8 @@ def _budgets_settle(project: Project, *, now: datetime) -> None:
 
 
 def _system_budget_event(slug: str, seed: int, at: datetime) -> Event:
-    """Background jobs report without a session (CONTRACT §3: the `system` session); a month
-    of them would run through a chat session's default cap, so they get a budget of their
-    own."""
+    """Background jobs report without a session (CONTRACT §3: the `system` session); its caps
+    are its project's system caps (_project_for), as an admin would set them."""
     return SessionEvent.model_validate(
         {
             "type": "session",
@@ -344,7 +355,6 @@ def _system_budget_event(slug: str, seed: int, at: datetime) -> Event:
             "session_id": SYSTEM_SESSION_ID,
             "timestamp": at,
             "metadata": {"purpose": "background jobs: re-indexing, nightly digests"},
-            **SYSTEM_BUDGET,
         }
     )
 

@@ -19,7 +19,7 @@ import pytest
 from celery.contrib.testing.worker import start_worker
 from django.contrib.auth import get_user_model
 from django.db import connections
-from django.test import Client
+from django.test import Client, override_settings
 
 from costboard.celery import app as celery_app
 from costboard.models import ApiKey, ModelPrice, Project
@@ -29,6 +29,20 @@ from costboard.pricing.rates import forget_rate_table
 # LiteLLM (tests/clients/test_litellm.py, the OTLP gateway tests) reads its bundled price map
 # instead of retrying a download for seconds on an offline machine.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+# Pages name static files as they are found, not by the hashed names collectstatic writes:
+# the suite needs no collectstatic run (45 s with plotly's brotli). The hashed, compressed
+# storage itself is tested in tests/costboard/test_static_files.py.
+UNHASHED_STATIC = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+}
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _unhashed_static_files() -> Iterator[None]:
+    with override_settings(STORAGES=UNHASHED_STATIC):
+        yield
 
 
 @pytest.fixture(autouse=True)

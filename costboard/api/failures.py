@@ -11,9 +11,13 @@ from __future__ import annotations
 
 import sys
 
+from django.contrib.auth.models import AnonymousUser
 from django.db import InterfaceError, OperationalError
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import render
 from django.views import defaults
+
+from costboard.dashboards.scope import Scope, projects_visible
 
 API_PREFIXES = ("/api/", "/v1/")
 RETRY_AFTER_SECONDS = 5
@@ -65,7 +69,21 @@ def page_not_found(request: HttpRequest, exception: Exception) -> HttpResponse:
             f"no endpoint {request.path!r}: the API's paths are listed at /api/v1/docs "
             "(e.g. POST /api/v1/events)",
         )
-    return defaults.page_not_found(request, exception)
+    return _page_not_found(request, exception)
+
+
+def _page_not_found(request: HttpRequest, exception: Exception) -> HttpResponse:
+    """The site's own 404 page: its header (nav, project switcher) is the way back."""
+    message = exception.args[0] if exception.args and isinstance(exception.args[0], str) else ""
+    projects = list(projects_visible(getattr(request, "user", AnonymousUser())))
+    slug = request.GET.get("project", "")
+    current = next((p for p in projects if p.slug == slug), None)
+    context = {
+        "request_path": request.path,
+        "exception": message,
+        "scope": Scope(projects=projects, current=current),
+    }
+    return render(request, "404.html", context, status=404)
 
 
 def server_error(request: HttpRequest) -> HttpResponse:

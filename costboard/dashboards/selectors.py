@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
+from itertools import pairwise
 from typing import Any
 
 from django.db.models import (
@@ -52,6 +53,7 @@ from costboard.models import (
     Turn,
     UserDailyRollup,
 )
+from costboard.numbers import usd_text
 from costboard.pricing.rates import rate_table
 
 ZERO = Decimal(0)
@@ -476,8 +478,8 @@ def sessions_filtered(*, project_ids: list[int], filters: SessionFilters) -> Que
         if filters.exact:
             usage = usage.filter(model=filters.exact)
         sessions = sessions.filter(pk__in=usage.values("session_id"))
-    if filters.user:
-        sessions = sessions.filter(user_id=filters.user)
+    if filters.user:  # a prefix: "acme-" finds acme-1, acme-2…
+        sessions = sessions.filter(user_id__startswith=filters.user)
     if filters.tag:
         key, _, value = filters.tag.partition("=")
         # a key transform built by name (not a lookup path: a key may hold "__")
@@ -817,7 +819,10 @@ def turn_cost_distribution(
         .order_by()
         .values_list("bucket", "turns")
     )
-    labels = [f"< ${high}" for high in TURN_COST_EDGES] + [f"≥ ${TURN_COST_EDGES[-1]}"]
+    edges = [usd_text(high).removesuffix(".00") for high in TURN_COST_EDGES]  # $0.001, $3
+    labels = [f"< {edges[0]}"]
+    labels += [f"{low}–{high}" for low, high in pairwise(edges)]
+    labels.append(f"≥ {edges[-1]}")
     return [(label, counts.get(i, 0)) for i, label in enumerate(labels)]
 
 

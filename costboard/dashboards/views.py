@@ -22,11 +22,13 @@ from django.http import (
     Http404,
     HttpRequest,
     HttpResponse,
+    HttpResponsePermanentRedirect,
     HttpResponseRedirect,
     QueryDict,
     StreamingHttpResponse,
 )
 from django.shortcuts import render
+from django.templatetags.static import static
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.dateparse import parse_date
@@ -55,15 +57,45 @@ def _figures(**figures: dict[str, Any]) -> dict[str, Any]:
     return figures
 
 
-def _date(params: QueryDict, name: str) -> date | None:
-    """A date filter, or None (no filter) if it is not a date the data can have: the API
-    refuses timestamps outside FIRST_YEAR..LAST_YEAR, and at year 9999 a day's end overflows."""
-    value = params.get(name, "")
+def _date(params: QueryDict, name: str) -> tuple[date | None, str]:
+    """A date filter and what is wrong with it: no filter (None) if it is absent or not a
+    date the data can have (the API refuses timestamps outside FIRST_YEAR..LAST_YEAR, and at
+    year 9999 a day's end overflows)."""
+    value = params.get(name, "").strip()
+    if not value:
+        return None, ""
     try:
-        day = parse_date(value) if value else None
-    except ValueError:
-        return None
-    return day if day is not None and FIRST_YEAR <= day.year <= LAST_YEAR else None
+        day = parse_date(value)
+    except ValueError:  # the shape of a date, not a day of the calendar (2026-02-30)
+        day = None
+    if day is None:
+        return None, f"“{value}” is not a date: write it as YYYY-MM-DD, e.g. 2026-11-01"
+    if not FIRST_YEAR <= day.year <= LAST_YEAR:
+        return None, f"{value} is outside the years {FIRST_YEAR}–{LAST_YEAR} the data can have"
+    return day, ""
+
+
+@dataclass(frozen=True)
+class Period:
+    """A page's from/to filter as given, and what is wrong with it, by field: a wrong field
+    filters nothing and is named in the form."""
+
+    since: date | None
+    until: date | None
+    errors: dict[str, str]
+
+
+def _period(params: QueryDict) -> Period:
+    since, since_error = _date(params, "since")
+    until, until_error = _date(params, "until")
+    errors = {name: e for name, e in (("since", since_error), ("until", until_error)) if e}
+    if since and until and since > until:
+        errors["until"] = (
+            f"{until:%Y-%m-%d} is before the start, {since:%Y-%m-%d}: "
+            "pick an end on or after the start (or swap them)"
+        )
+        since = until = None
+    return Period(since=since, until=until, errors=errors)
 
 
 @login_required
@@ -117,6 +149,7 @@ def _tag_breakdown(
 
 
 def _session_filters(params: QueryDict) -> selectors.SessionFilters:
+    period = _period(params)
     sort = params.get("sort", "-last_active")
     if sort.lstrip("-") not in selectors.SESSION_SORTS:
         sort = "-last_active"
@@ -128,8 +161,8 @@ def _session_filters(params: QueryDict) -> selectors.SessionFilters:
         user=params.get("user", "").strip(),
         tag=_tag(params),
         q=params.get("q", "").strip(),
-        since=_date(params, "since"),
-        until=_date(params, "until"),
+        since=period.since,
+        until=period.until,
         sort=sort,
     )
 
@@ -142,9 +175,11 @@ def sessions_list(request: HtmxHttpRequest) -> HttpResponse:
     page = Paginator(sessions, PAGE_SIZE).get_page(request.GET.get("page"))
     mix = selectors.model_mix(session_ids=[s.pk for s in page])
     rows = [(s, session_caps(s), mix.get(s.pk, [])) for s in page]
+    filter_errors = _period(request.GET).errors
     context = {
         "scope": scope,
         "filters": filters,
+        "filter_errors": filter_errors,
         "page": page,
         "rows": rows,
         "states": list(selectors.STATE_FILTERS),
@@ -155,7 +190,7 @@ def sessions_list(request: HtmxHttpRequest) -> HttpResponse:
         template += "#table"
     else:
         context["models"] = selectors.models_seen(project_ids=scope.project_ids)
-    return render(request, template, context)
+    return render(request, template, context, status=422 if filter_errors else 200)
 
 
 CSV_COLUMNS = [
@@ -344,8 +379,9 @@ def _session_render(
 def steps_page(request: HtmxHttpRequest) -> HttpResponse:
     scope = scope_for(request)
     today = timezone.now().date()
-    since = _date(request.GET, "since") or today - timedelta(days=29)
-    until = _date(request.GET, "until") or today
+    period = _period(request.GET)
+    since = period.since or min(today, period.until or today) - timedelta(days=29)
+    until = period.until or today
     model = request.GET.get("model", "").strip()  # a family
     exact = request.GET.get("exact", "").strip()  # an exact model name
     step_type = request.GET.get("step_type", "").strip()
@@ -373,6 +409,8 @@ def steps_page(request: HtmxHttpRequest) -> HttpResponse:
         ],
         "since": since,
         "until": until,
+        "filter_errors": period.errors,
+        "given": request.GET,
         "model": model,
         "exact": exact,
         "step_type": step_type,
@@ -385,7 +423,7 @@ def steps_page(request: HtmxHttpRequest) -> HttpResponse:
     template = "costboard/steps.html"
     if request.htmx:
         template += "#results"
-    return render(request, template, context)
+    return render(request, template, context, status=422 if period.errors else 200)
 
 
 # --- end users --------------------------------------------------------------------------------
@@ -421,8 +459,9 @@ def users_csv(request: HttpRequest) -> HttpResponse:
 
 def _users_period(request: HttpRequest) -> tuple[date, date, str]:
     today = timezone.now().date()
-    since = _date(request.GET, "since") or today - timedelta(days=29)
-    until = _date(request.GET, "until") or today
+    period = _period(request.GET)
+    since = period.since or min(today, period.until or today) - timedelta(days=29)
+    until = period.until or today
     sort = request.GET.get("sort", "-cost")
     if sort.lstrip("-") not in selectors.USER_SORTS:
         sort = "-cost"
@@ -436,15 +475,17 @@ def users_page(request: HttpRequest) -> HttpResponse:
     scope = scope_for(request)
     since, until, sort = _users_period(request)
     rows = selectors.users_spend(project_ids=scope.project_ids, since=since, until=until, sort=sort)
+    filter_errors = _period(request.GET).errors
     context = {
         "scope": scope,
         "rows": rows,
         "since": since,
         "until": until,
         "sort": sort,
+        "filter_errors": filter_errors,
         "total": sum((r.cost_usd for r in rows), selectors.ZERO),
     }
-    return render(request, "costboard/users.html", context)
+    return render(request, "costboard/users.html", context, status=422 if filter_errors else 200)
 
 
 # --- flagged sessions -----------------------------------------------------------------------
@@ -604,10 +645,8 @@ def _flagged_render(
     form_session: int | None = None,
     status: int = 200,
 ) -> HttpResponse:
-    acknowledged = request.GET.get("acknowledged") == "1"
-    kind = request.GET.get("kind", "")
-    if kind not in selectors.FLAG_KINDS:
-        kind = ""
+    counts_context = _flag_counts(request, scope)
+    acknowledged, kind = counts_context["acknowledged"], counts_context["kind"]
     ids = scope.project_ids
     sessions = selectors.sessions_flagged_list(
         project_ids=ids, kind=kind, acknowledged=acknowledged
@@ -624,11 +663,29 @@ def _flagged_render(
         )
         for s in page
     ]
-    counts = selectors.sessions_flagged_counts(project_ids=ids, acknowledged=acknowledged)
     context = {
         "scope": scope,
         "page": page,
         "rows": rows,
+        **counts_context,
+        "can_act": can_act,
+    }
+    template = "costboard/flagged.html"
+    if request.htmx and request.method == "GET":
+        template += "#list"
+    return render(request, template, context, status=status)
+
+
+def _flag_counts(request: HttpRequest, scope: Scope) -> dict[str, Any]:
+    """/flagged/'s counts by kind, for the list's filters (kind, acknowledged) in the URL."""
+    acknowledged = request.GET.get("acknowledged") == "1"
+    kind = request.GET.get("kind", "")
+    if kind not in selectors.FLAG_KINDS:
+        kind = ""
+    counts = selectors.sessions_flagged_counts(
+        project_ids=scope.project_ids, acknowledged=acknowledged
+    )
+    return {
         "counts": counts,
         "kinds": [
             ("runaway", "Runaway", counts.runaway),
@@ -637,12 +694,7 @@ def _flagged_render(
         ],
         "kind": kind,
         "acknowledged": acknowledged,
-        "can_act": can_act,
     }
-    template = "costboard/flagged.html"
-    if request.htmx and request.method == "GET":
-        template += "#list"
-    return render(request, template, context, status=status)
 
 
 def _acting_on(request: HttpRequest, pk: int) -> tuple[Scope, Session]:
@@ -677,8 +729,9 @@ def _acted(
                 "events": selectors.session_budget_events(session=session),
             }
             return render(request, "costboard/_session_flag.html", context, status=status)
-        context = {"scope": scope, "row": row}
-        return render(request, "costboard/_flagged_row.html", context, status=status)
+        # the row, and the list's counts out of band: an acknowledged session leaves "All"
+        context = {"scope": scope, "row": row, "oob": True, **_flag_counts(request, scope)}
+        return render(request, "costboard/_flagged_row_acted.html", context, status=status)
     if form is not None:
         if on_session_page:
             return _session_render(request, scope, session, form=form, status=422)
@@ -721,3 +774,11 @@ def flagged_acknowledge(request: HtmxHttpRequest, pk: int) -> HttpResponse:
         session_id=session.pk, by=request.user.get_username(), at=timezone.now()
     )
     return _acted(request, scope, session.pk)
+
+
+def favicon(request: HttpRequest) -> HttpResponse:
+    """/favicon.ico: what a browser asks for on a page without an icon link; ours (its hashed
+    name is known only once the static files are, so it is looked up per request)."""
+    response = HttpResponsePermanentRedirect(static("costboard/favicon.svg"))
+    response["Cache-Control"] = "public, max-age=86400"
+    return response

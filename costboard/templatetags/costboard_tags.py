@@ -6,28 +6,39 @@ from typing import Any
 
 from django import template
 from django.http import QueryDict
+from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.safestring import mark_safe
 
 from costboard.dashboards.selectors import CapUse
 from costboard.models import TOOL_MODEL, BudgetEvent
+from costboard.numbers import count_text, tokens_short, usd_text
 
 register = template.Library()
 
 
 @register.filter
 def usd(amount: Decimal | None) -> str:
-    """$1,234.56 from a cent up; below, three significant digits in fixed point ($0.0000844)."""
-    if amount is None:
-        return "—"
-    amount = Decimal(amount)
-    if amount == 0:
-        return "$0.00"
-    if abs(amount) >= Decimal("0.01"):
-        return f"${amount.quantize(Decimal('0.01'), rounding=ROUND_HALF_UP):,}"
-    places = 2 - amount.copy_abs().adjusted()  # three significant digits
-    text = f"{amount.quantize(Decimal(1).scaleb(-places), rounding=ROUND_HALF_UP):f}"
-    return f"${text.rstrip('0')}"
+    """$1,234.56 from a cent up; below, three significant digits ($0.0000844): numbers.py."""
+    return usd_text(amount)
+
+
+# A page about one thing of one project lists that kind of thing when the project changes.
+_SWITCH_TO = {"session": "sessions", "memory-detail": "memory-browser"}
+
+
+@register.simple_tag(takes_context=True)
+def switcher_action(context: template.Context) -> str:
+    """Where the project switcher goes: the page you are on, or, from a session's or a
+    memory's own page, the list it belongs to (the other project has neither)."""
+    request = context.get("request")
+    if request is None:
+        return ""
+    match = request.resolver_match
+    name = match.url_name if match is not None else None
+    if name in _SWITCH_TO:
+        return reverse(_SWITCH_TO[name])
+    return str(request.path)
 
 
 TOOL_LABEL = "— (tool)"
@@ -41,12 +52,8 @@ def model_label(name: str) -> str:
 
 @register.filter
 def tokens(count: int | None) -> str:
-    if count is None:
-        return "—"
-    for unit, size in (("B", 1_000_000_000), ("M", 1_000_000), ("k", 1_000)):
-        if abs(count) >= size:
-            return f"{count / size:.1f}{unit}"
-    return str(count)
+    """117.6k, 250k, 10B (numbers.py)."""
+    return tokens_short(count)
 
 
 @register.simple_tag(takes_context=True)
@@ -122,9 +129,7 @@ def sort_header(context: template.Context, key: str, label: str, numeric: bool =
 @register.filter
 def thousands(count: int | None) -> str:
     """91200 → 91,200."""
-    if count is None:
-        return "—"
-    return f"{count:,}"
+    return count_text(count)
 
 
 @register.filter
@@ -149,7 +154,9 @@ def cap_use(use: CapUse) -> str:
     return f"${shown_used:,} of ${shown_cap:,} ({use.percent}%)"
 
 
+@register.filter(name="plain")
 def _plain(value: Any) -> str:
+    """A value as a person reads it: a list or object as JSON, not Python's repr."""
     if value is None:
         return "—"
     if isinstance(value, bool):

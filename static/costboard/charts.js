@@ -19,9 +19,10 @@
       colorway: COLORWAY,
       font: Object.assign({ color: fg, family: "system-ui, sans-serif", size: 12 }, layout.font || {}),
     });
+    // automargin: tick labels and axis titles get the room they need, never overlapping
     ["xaxis", "yaxis"].forEach(function (axis) {
-      out[axis] = Object.assign({ gridcolor: line, zerolinecolor: line, linecolor: line },
-                                layout[axis] || {});
+      out[axis] = Object.assign({ gridcolor: line, zerolinecolor: line, linecolor: line,
+                                  automargin: true }, layout[axis] || {});
     });
     return out;
   }
@@ -41,10 +42,25 @@
     });
   }
 
-  document.addEventListener("DOMContentLoaded", function () { render(document); });
-  document.addEventListener("htmx:afterSettle", function (event) { render(event.target); });
+  // plotly.js loads async (templates/costboard/_charts.html): draw when both it and the page
+  // are there, whichever comes last
+  function whenPlotly(draw) {
+    if (window.Plotly) { draw(); return; }
+    var script = document.getElementById("plotly-js");
+    if (script) { script.addEventListener("load", function () { draw(); }, { once: true }); }
+  }
+
+  function start() { whenPlotly(function () { render(document); }); }
+  if (document.readyState === "loading") {
+    document.addEventListener("DOMContentLoaded", start);
+  } else {
+    start();
+  }
+  document.addEventListener("htmx:afterSettle", function (event) {
+    whenPlotly(function () { render(event.target); });
+  });
   if (window.matchMedia) {
     window.matchMedia("(prefers-color-scheme: dark)")
-      .addEventListener("change", function () { render(document); });
+      .addEventListener("change", function () { whenPlotly(function () { render(document); }); });
   }
 })();

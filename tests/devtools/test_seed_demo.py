@@ -9,6 +9,7 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
+from costboard.budgets.caps import session_caps
 from costboard.models import (
     SYSTEM_SESSION_ID,
     BudgetEvent,
@@ -321,3 +322,28 @@ def test_the_demo_budgets_and_tags_count_what_was_sent(seeded: str) -> None:
         sessions = Session.objects.filter(project=project).exclude(external_id="system")
         assert all(set(s.tags) == {"customer", "plan"} for s in sessions)
         assert len({s.tags["customer"] for s in sessions}) > 3  # a real spread
+
+
+def test_the_system_session_has_its_projects_system_caps_and_room_to_spare(
+    seeded: str,
+) -> None:
+    """No caps of its own (the README: they default to the project's); a month of background
+    jobs uses some of them, not 0.00 % of ten billion tokens."""
+    for system in Session.objects.filter(external_id=SYSTEM_SESSION_ID).select_related("project"):
+        project = system.project
+        assert (system.token_cap, system.cost_cap_usd) == (None, None)
+        caps = session_caps(system)
+        assert (caps.token_cap, caps.cost_cap_usd) == (
+            project.system_token_cap,
+            project.system_cost_cap_usd,
+        )
+        assert system.state == "ok"
+        assert 0.01 < system.tokens_used / caps.token_cap < 0.8
+
+
+def test_progress_tells_no_rate_before_the_first_batch_is_stored(seeded: str) -> None:
+    progress = [line for line in seeded.splitlines() if "sessions," in line and "%" in line]
+    assert progress and not any(" 0 events/s" in line for line in progress), progress
+    for line in progress:
+        stored = int(line.split(" steps, ")[1].split(" events stored")[0].replace(",", ""))
+        assert line.endswith("events/s") if stored else line.endswith("still filling")

@@ -63,7 +63,7 @@ def test_overview_sessions_and_a_session_in_chromium(live_server: Any, page: Any
     page.click("tr[data-session=over] a")
     page.wait_for_url("**/sessions/*/")
     session = Session.objects.get(external_id="over")
-    assert page.text_content("[data-total=tokens]") == str(session.tokens_used) == "1234"
+    assert page.text_content("[data-total=tokens]") == f"{session.tokens_used:,}" == "1,234"
     assert page.text_content("[data-total=cost]") == usd(session.cost_usd)
     assert page.text_content("[data-state]") == "exhausted"
     for name in ("tokens_gauge", "cost_gauge", "cumulative", "per_turn"):

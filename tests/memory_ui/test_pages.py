@@ -687,7 +687,8 @@ def test_the_nav_links_to_the_queue_with_the_pending_count(staff: Client, agent:
     html = staff.get("/?project=acme").content.decode()
     assert re.search(
         r'<a href="/memory/review/\?project=acme" data-nav="memory" >Memory '
-        r'<span class="count" data-pending title="pending candidates">2</span></a>',
+        r'<span id="nav-pending" class="count" data-pending title="pending candidates">2'
+        r"</span></a>",
         html,
     )
     assert 'data-pending title="pending candidates">3<' in staff.get("/").content.decode()

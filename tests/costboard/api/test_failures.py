@@ -34,6 +34,16 @@ def test_an_unknown_page_is_still_an_html_404(client: Client) -> None:
     response = client.get("/nope/")
     assert response.status_code == 404
     assert response["Content-Type"].startswith("text/html")
+    assert b"<code>/nope/</code>" in response.content
+
+
+@pytest.mark.django_db
+def test_an_unknown_page_has_the_sites_header_and_a_way_back(admin_client: Client) -> None:
+    response = admin_client.get("/sessions/999999/")
+    assert response.status_code == 404
+    page = response.content.decode()
+    assert 'class="topbar"' in page and 'id="project-switcher"' in page
+    assert 'href="/">Go to the overview</a>' in page
 
 
 @pytest.mark.django_db

@@ -299,7 +299,7 @@ def test_session_page_shows_totals_turns_steps_and_events(
     response = staff.get(f"/sessions/{session.pk}/")
     assert response.status_code == 200
     html = response.content.decode()
-    assert f'data-total="tokens">{session.tokens_used}<' in html
+    assert f'data-total="tokens">{session.tokens_used:,}<' in html
     assert "question 1" in html and "question 2" in html
     assert "s0-fork" in html
     assert html.count('<article class="card turn"') == 2
@@ -322,7 +322,7 @@ def test_steps_page_table_equals_the_steps(staff: Client, agent: Agent, priced: 
     response_cost = sum((s.cost_usd for s in steps if s.step_type == "response"), Decimal(0))
     assert f"${response_cost.quantize(Decimal('0.01'))}" in html
     assert_valid_figures(response, {"latency", "turn_costs"})
-    turn_counts = figures(response)["turn_costs"]["data"][0]["y"]
+    turn_counts = figures(response)["turn_costs"]["data"][0]["x"]  # horizontal bars
     assert sum(turn_counts) == 6
     fragment = staff.get("/steps/?model=test-haiku", headers={"HX-Request": "true"})
     body = fragment.content.decode()

@@ -229,7 +229,11 @@ def test_raising_a_cap_recomputes_the_state_and_records_the_change(
     assert response.status_code == 200
     body = response.content.decode()
     assert body.startswith(f'<tr id="flagged-{over.pk}" data-session="over" data-state="warning"')
-    assert body.rstrip().endswith("</tr>") and "<html" not in body
+    _row, counts = body.split("</tr>")
+    assert "<html" not in body
+    # the list's counts come along, out of band (htmx swaps them into #flag-counts)
+    assert counts.strip().startswith('<nav class="flag-counts card" id="flag-counts"')
+    assert 'hx-swap-oob="true"' in counts
     assert "near cap: tokens 1,000 of 1,200 (83%)" in body
     over.refresh_from_db()
     assert (over.token_cap, over.state, over.exhausted_at) == (1200, "warning", None)
