@@ -745,7 +745,7 @@ class BenchOptions:
     copy_table: str
     budgets: int = 0
     spread: int | None = None  # sessions per batch (None: 20 steps a session)
-    single: int = 0  # one-step posts (and as many budget reads) after the batches
+    single: int = 0  # one-step posts (and as many budget reads) before the batches
     minimal: bool = False  # the batches sent with Prefer: return=minimal
 
 
@@ -835,7 +835,14 @@ def _measure(
     )
     vacuum()
     with gunicorn(workers=options.workers, threads=options.threads) as server:
-        say(f"gunicorn on 127.0.0.1:{server.port}; warming up …")
+        # first, as an agent meets a server just started: each worker's first request is in it
+        if work.singles:
+            say(
+                f"gunicorn on 127.0.0.1:{server.port}; {len(work.singles)} one-step posts one "
+                "by one, then budget reads …"
+            )
+        posts, reads = singles_run(server.port, key, work.singles, run)
+        say("warming up …")
         _, warm = clients_run(server.port, key, work.warmup, minimal=options.minimal)
         vacuum(analyze=True)
         connection.close()  # the server's connections are the ones that matter from here on
@@ -844,9 +851,6 @@ def _measure(
             seconds, measured = clients_run(
                 server.port, key, work.measured, minimal=options.minimal
             )
-        if work.singles:
-            say(f"posting {len(work.singles)} one-step batches one by one, then budget reads …")
-        posts, reads = singles_run(server.port, key, work.singles, run)
         failures = warm.failures + measured.failures + posts.failures + reads.failures
         if failures:
             say(server.log_tail())
@@ -917,7 +921,8 @@ def report_lines(result: BenchResult) -> list[str]:
     ]
     if result.single_posts:
         lines.append(
-            f"one step:   {len(result.single_posts)} one-step posts in a row, "
+            f"one step:   {len(result.single_posts)} one-step posts in a row on the server "
+            "just started, "
             f"{_percentiles(result.single_posts)}"
         )
         lines.append(

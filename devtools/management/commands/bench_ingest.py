@@ -58,9 +58,9 @@ class Command(BaseCommand):
             "--single",
             type=int,
             default=200,
-            help="after the batches, this many one-step posts one after another (an agent "
-            "reporting each call), then as many budget reads: their latency percentiles "
-            "(0: skip)",
+            help="first, on the server just started, this many one-step posts one after "
+            "another (an agent reporting each call), then as many budget reads: their "
+            "latency percentiles (0: skip)",
         )
 
         parser.add_argument(
