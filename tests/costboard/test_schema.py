@@ -13,6 +13,11 @@ from django.db import connection
 from costboard.models import PeriodBudget
 from tests.conftest import Agent
 
+# Both read PostgreSQL's catalog; CI runs them on PostgreSQL (SQLite is never distributed).
+on_postgres = pytest.mark.skipif(
+    connection.vendor != "postgresql", reason="reads PostgreSQL's catalog"
+)
+
 INGEST_TABLES = {
     "costboard_session",
     "costboard_turn",
@@ -51,10 +56,9 @@ def btree_indexes() -> dict[str, list[tuple[str, list[str], bool, bool]]]:
     return found
 
 
+@on_postgres
 @pytest.mark.django_db
 def test_no_ingest_index_is_a_prefix_of_another() -> None:
-    if connection.vendor != "postgresql":
-        pytest.skip("reads PostgreSQL's catalog; CI runs it on PostgreSQL")
     found = btree_indexes()
     assert {"costboard_session", "costboard_turn", "costboard_step"} <= set(found)
     covered = []
@@ -150,12 +154,11 @@ def keys_of(tables: set[str]) -> dict[str, dict[str, Any]]:
     return keys
 
 
+@on_postgres
 @pytest.mark.django_db
 def test_every_table_a_batch_writes_carries_the_project_in_its_keys(
     agent: Agent, priced: object
 ) -> None:
-    if connection.vendor != "postgresql":
-        pytest.skip("reads PostgreSQL's catalog; CI runs it on PostgreSQL")
     written = tables_a_batch_writes(agent) - NOT_DISTRIBUTED
     assert {
         "costboard_eventreceipt",
