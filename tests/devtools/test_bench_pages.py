@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 from io import StringIO
+from pathlib import Path
+from typing import Any
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -89,3 +91,25 @@ def test_bench_pages_flags_a_page_over_the_target(agent: Agent, priced: None) ->
 def test_bench_pages_asks_for_data_on_an_empty_database() -> None:
     with pytest.raises(CommandError, match="seed_demo --steps 1000000"):
         call_command("bench_pages", stdout=StringIO())
+
+
+def test_bench_pages_needs_no_collectstatic(
+    agent: Agent,
+    priced: None,  # noqa: F811
+    settings: Any,
+    tmp_path: Path,
+) -> None:
+    """With the production storage (hashed names from a manifest) and nothing collected, as
+    on a checkout where `make run` never ran, every page is still timed, each a 200."""
+    settings.STORAGES = {
+        **settings.STORAGES,
+        "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.ManifestStaticFilesStorage"},
+    }
+    settings.STATIC_ROOT = tmp_path  # no manifest in it
+    settings.DEBUG = False
+    traffic(agent, sessions=2, turns=2)
+    out = StringIO()
+    call_command("bench_pages", runs=1, warmup=0, target_ms=600_000, stdout=out, stderr=StringIO())
+    rows = [m for line in out.getvalue().splitlines() if (m := ROW.match(line))]
+    assert len(rows) == len(page_cases())
+    assert not [m["name"] for m in rows if "FAIL" in m["flag"] or "HTTP" in m["flag"]]
