@@ -565,17 +565,16 @@ def events_ingest(
         key_prefix,
         now,
     )
-    if flagged_only:
-        flagged = [
-            s
-            for s in touched
-            if s.state != Session.State.OK or s.runaway or s.external_id in stopped
-        ]
+    answered = [
+        s
+        for s in touched
+        if not flagged_only or s.state != Session.State.OK or s.runaway or s.external_id in stopped
+    ]
     budgets = {
         s.external_id: session_budget(
             s, project, stopped_by_budget=stopped.get(s.external_id), caps_of=caps_of
         )
-        for s in (flagged if flagged_only else touched)
+        for s in answered
     }
 
     return IngestResult(
