@@ -1,0 +1,103 @@
+"""Ingest's plans on PostgreSQL: every session and turn a batch touches is found by its key,
+whatever the planner believes of the tables' sizes. A hash or merge join (or a sequential
+scan) reads every row of the table once per batch, and a table only grows: at 11k turns that
+was 13 ms of a 500-session batch. The statements' plans are read with auto_explain."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.db import connection
+
+from costboard.ingest.schemas import parse_events
+from costboard.ingest.service import events_ingest
+from tests.conftest import Agent
+
+on_postgres = pytest.mark.skipif(
+    connection.vendor != "postgresql", reason="reads PostgreSQL's plans (auto_explain)"
+)
+
+SESSIONS = 300  # a wide batch: one step from each
+
+
+def wide_batch(prefix: str, turn: int) -> bytes:
+    events = [
+        {
+            "event_id": f"{prefix}-{turn}-{i}",
+            "session_id": f"{prefix}-s{i}",
+            "turn": turn,
+            "step_type": "response",
+            "model": "gpt-4o-mini",
+            "input_tokens": 100 + i,
+            "output_tokens": 10,
+        }
+        for i in range(SESSIONS)
+    ]
+    return json.dumps({"events": events}).encode()
+
+
+@pytest.fixture
+def plans() -> Iterator[list[str]]:
+    """The plan of every statement run on this connection meanwhile."""
+    found: list[str] = []
+    connection.ensure_connection()
+    raw: Any = connection.connection
+
+    def on_notice(diagnostic: Any) -> None:
+        found.append(diagnostic.message_primary or "")
+
+    with connection.cursor() as cursor:
+        cursor.execute("LOAD 'auto_explain'")
+        cursor.execute("SET auto_explain.log_min_duration = 0")
+        cursor.execute("SET auto_explain.log_level = notice")
+        cursor.execute("SET client_min_messages = notice")
+    raw.add_notice_handler(on_notice)
+    try:
+        yield found
+    finally:
+        raw.remove_notice_handler(on_notice)
+        with connection.cursor() as cursor:
+            cursor.execute("RESET auto_explain.log_min_duration")
+            cursor.execute("RESET client_min_messages")
+
+
+def stale_statistics() -> None:
+    """The tables as the planner sees them on a fresh deployment: analyzed when nearly empty
+    (autovacuum lags a growing table), so it takes a project's sessions and turns for a few
+    and a batch's hundreds of keys for more than the table holds."""
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE costboard_session")
+        cursor.execute("ANALYZE costboard_turn")
+
+
+@on_postgres
+@pytest.mark.django_db
+def test_a_wide_batch_finds_its_sessions_and_turns_by_key(agent: Agent, plans: list[str]) -> None:
+    stale_statistics()  # next to empty
+    for turn in (1, 2):
+        events_ingest(project=agent.project, events=parse_events(wide_batch("old", turn)))
+    plans.clear()
+
+    result = events_ingest(project=agent.project, events=parse_events(wide_batch("old", 3)))
+
+    assert result.accepted == SESSIONS
+    touching = [
+        plan
+        for plan in plans
+        if "costboard_session " in plan
+        or "costboard_turn " in plan
+        or "costboard_session\n" in plan
+    ]
+    assert len(touching) >= 4, plans  # the lock, the turns' read and insert, both updates
+    for plan in touching:
+        for wrong in (
+            "Hash Join",
+            "Merge Join",
+            "Seq Scan on costboard_session",
+            "Seq Scan on costboard_turn",
+        ):
+            assert wrong not in plan, plan
+        assert "Materialize" not in plan, plan  # every session of the project, per key
