@@ -945,6 +945,9 @@ def users_spend(
     started = dict(
         Session.objects.filter(
             project_id__in=project_ids,
+            # the same sessions (one is last active when or after it starts), found through
+            # session_recent's range rather than a scan of every session there has been
+            last_active_at__gte=_day_start(since),
             started_at__gte=_day_start(since),
             started_at__lt=_day_start(until + timedelta(days=1)),
         )

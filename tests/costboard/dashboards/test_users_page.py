@@ -4,11 +4,13 @@ sortable; each user linked to their sessions; login required; a bounded number o
 from __future__ import annotations
 
 import re
+from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
 import pytest
 from django.test import Client
+from django.utils import timezone
 
 from costboard.models import Step
 from costboard.templatetags.costboard_tags import usd
@@ -55,7 +57,13 @@ def test_the_page_shows_each_users_spend_equal_to_their_steps(staff: Client, age
         row = row[: row.index("</tr>")]
         assert f"data-user-cost>{usd(cost)}<" in row
         assert f'<td class="num">{steps.count()}</td>' in row
-        assert f'href="/sessions/?user={user}"' in row
+        # to the user's sessions in the page's period
+        today = timezone.now().date()
+        since = today - timedelta(days=29)
+        assert f'href="/sessions/?user={user}&amp;since={since}&amp;until={today}"' in row
+        listed = staff.get(f"/sessions/?user={user}&since={since}&until={today}").content.decode()
+        sessions = int(user.removeprefix("user-")) + 1
+        assert f'data-total="{sessions}"' in listed
     assert "no user_id" in html
     by_user = staff.get("/users/?sort=user").content.decode()
     assert rows(by_user) == ["", "user-0", "user-1", "user-2"]
