@@ -12,7 +12,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlencode
 
@@ -24,7 +24,7 @@ from django.test import Client, override_settings
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from costboard.dashboards.views import PAGE_SIZE
+from costboard.dashboards.views import PAGE_SIZE, SESSIONS_DAYS
 from costboard.models import (
     SYSTEM_SESSION_ID,
     Project,
@@ -107,7 +107,13 @@ def page_cases() -> list[PageCase]:
     slug = urlencode({"project": project.slug}) if project else ""
     warning_or_exhausted = Q(state=Session.State.WARNING) | Q(state=Session.State.EXHAUSTED)
     flagged = Session.objects.filter(warning_or_exhausted).order_by("pk").first() or typical
-    last_page = max(1, -(-Session.objects.count() // PAGE_SIZE))
+    # the list shows the last 30 days unless told otherwise (`since=` empty: all time)
+    first_day = timezone.now().date() - timedelta(days=SESSIONS_DAYS - 1)
+    recent = Session.objects.filter(
+        last_active_at__gte=datetime.combine(first_day, datetime.min.time(), tzinfo=UTC)
+    ).count()
+    last_page = max(1, -(-recent // PAGE_SIZE))
+    last_page_all = max(1, -(-Session.objects.count() // PAGE_SIZE))
     return [
         PageCase("overview, all projects", "/"),
         PageCase("overview, one project", f"/?{slug}"),
@@ -123,6 +129,9 @@ def page_cases() -> list[PageCase]:
         PageCase("sessions, one project", f"/sessions/?{slug}"),
         PageCase("sessions, page 100", "/sessions/?page=100"),
         PageCase("sessions, last page", f"/sessions/?page={last_page}"),
+        PageCase("sessions, all time", "/sessions/?since="),
+        PageCase("sessions, all time, by cost", "/sessions/?since=&sort=-cost"),
+        PageCase("sessions, all time, last page", f"/sessions/?since=&page={last_page_all}"),
         PageCase("sessions table (htmx)", "/sessions/?state=warning&sort=-tokens", htmx=True),
         PageCase("sessions table, live (htmx)", "/sessions/?live=1", htmx=True),
         PageCase("sessions CSV, warning", "/sessions/export.csv?state=warning"),

@@ -148,8 +148,20 @@ def _tag_breakdown(
     return {"tag_keys": keys, "tag_key": key, "tag_rows": rows}
 
 
+# The sessions list shows the sessions active in the last 30 days unless asked otherwise, as
+# the overview, /steps/ and /users/ show their last 30 days: its reads (the count, a sort by
+# cost, an id search, the last page) stay the size of a month however long the history grows.
+# `since=` given empty (the date cleared in the form, the "all time" link) is all of it.
+SESSIONS_DAYS = 30
+
+
 def _session_filters(params: QueryDict) -> selectors.SessionFilters:
     period = _period(params)
+    since = period.since
+    if "since" not in params:
+        since = min(timezone.now().date(), period.until or date.max) - timedelta(
+            days=SESSIONS_DAYS - 1
+        )
     sort = params.get("sort", "-last_active")
     if sort.lstrip("-") not in selectors.SESSION_SORTS:
         sort = "-last_active"
@@ -161,7 +173,7 @@ def _session_filters(params: QueryDict) -> selectors.SessionFilters:
         user=params.get("user", "").strip(),
         tag=_tag(params),
         q=params.get("q", "").strip(),
-        since=period.since,
+        since=since,
         until=period.until,
         sort=sort,
     )
@@ -176,9 +188,13 @@ def sessions_list(request: HtmxHttpRequest) -> HttpResponse:
     mix = selectors.model_mix(session_ids=[s.pk for s in page])
     rows = [(s, session_caps(s), mix.get(s.pk, [])) for s in page]
     filter_errors = _period(request.GET).errors
+    all_time = request.GET.copy()
+    all_time.pop("page", None)
+    all_time["since"] = ""
     context = {
         "scope": scope,
         "filters": filters,
+        "all_time_query": "?" + all_time.urlencode(),
         "filter_errors": filter_errors,
         "page": page,
         "rows": rows,
