@@ -4,6 +4,7 @@ refused by name."""
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from decimal import Decimal
 from io import StringIO
@@ -17,9 +18,12 @@ from django.db.models import Model, Sum
 from costboard.ingest.schemas import Event, validate_event
 from costboard.ingest.service import events_ingest
 from costboard.models import (
+    BudgetEvent,
     DailyRollup,
+    EventReceipt,
     IngestTally,
     LatencyRollup,
+    PeriodLedger,
     Project,
     Session,
     SessionModelUsage,
@@ -112,6 +116,9 @@ def test_the_seeder_stores_what_ingest_stores_for_the_same_events() -> None:
     assert months == {10, 11}
     for model, keys in COMPARED:
         assert _rows(model, seeded, **keys) == _rows(model, ingested, **keys), model.__name__
+    # what the seeder does not write, ingest did not write either for these events
+    for model in (EventReceipt, BudgetEvent, PeriodLedger):
+        assert not model._default_manager.filter(project=ingested).exists(), model.__name__
     # not vacuous: the tables compared hold what the workload made
     assert Turn.objects.filter(project=seeded, context_window=200_000).exists()
     assert Turn.objects.filter(project=seeded, repeat_peak__gt=1).exists()
@@ -182,3 +189,37 @@ def test_sqlite_is_refused_naming_database_url(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(connection, "vendor", "sqlite")
     with pytest.raises(CommandError, match="DATABASE_URL=postgres://"):
         call_command("seed_bulk", "--steps", "10", stdout=StringIO(), stderr=StringIO())
+
+
+@on_postgres
+@pytest.mark.django_db
+def test_days_must_be_positive() -> None:
+    with pytest.raises(CommandError, match="--days must be at least 1"):
+        call_command(
+            "seed_bulk", "--steps", "10", "--days", "0", stdout=StringIO(), stderr=StringIO()
+        )
+
+
+@on_postgres
+@pytest.mark.django_db
+def test_the_command_makes_the_project_and_reports_each_phase() -> None:
+    _prices()
+    out = StringIO()
+    call_command(
+        "seed_bulk",
+        "--steps",
+        "250",
+        "--project",
+        "cmd",
+        "--no-progress",
+        stdout=out,
+        stderr=StringIO(),
+    )
+    report = out.getvalue()
+    assert "made project cmd; its API key: cb_" in report
+    assert re.search(
+        r"seeded 250 steps, 3 sessions, 50 turns into cmd in [\d.]+ s: "
+        r"copy [\d.]+ s \([\d,]+ rows/s\), rollups [\d.]+ s \([\d,]+ steps/s\), "
+        r"analyze [\d.]+ s \([\d,]+ steps/s\)",
+        report,
+    ), report
