@@ -43,8 +43,9 @@ NOW = datetime(2026, 11, 10, 12, 0, tzinfo=UTC)
 
 
 def _prices() -> None:
-    """The seeder's models, at rates with many decimals, one with a context window and one
-    whose price changes inside the seeded days (each step priced at its own time)."""
+    """The seeder's models, at rates with many decimals, one with a context window, the
+    other priced only from 20 October (earlier steps unpriced) and dearer from the 28th (each
+    step priced at its own time)."""
     add_price(
         "claude-sonnet-4-5",
         provider="anthropic",
@@ -52,13 +53,13 @@ def _prices() -> None:
         output_mtok=Decimal("15.3333337"),
         context_window=200_000,
     )
-    add_price("gpt-4o-mini", provider="openai", input_mtok=Decimal("0.15"))
-    add_price(
-        "gpt-4o-mini",
-        provider="openai",
-        input_mtok=Decimal("0.1777777"),
-        effective_from=datetime(2026, 10, 28, tzinfo=UTC),
-    )
+    for since, rate in ((20, "0.15"), (28, "0.1777777")):
+        add_price(
+            "gpt-4o-mini",
+            provider="openai",
+            input_mtok=Decimal(rate),
+            effective_from=datetime(2026, 10, since, tzinfo=UTC),
+        )
 
 
 def _valid(raw: dict[str, Any]) -> Event:
@@ -123,10 +124,9 @@ def test_the_seeder_stores_what_ingest_stores_for_the_same_events() -> None:
     assert Turn.objects.filter(project=seeded, context_window=200_000).exists()
     assert Turn.objects.filter(project=seeded, repeat_peak__gt=1).exists()
     assert TagDailyRollup.objects.filter(project=seeded, key="team").count() > 4
-    assert (
-        Step.objects.filter(project=seeded, family="gpt-4o-mini").values("price").distinct().count()
-        == 2
-    )
+    mini = Step.objects.filter(project=seeded, model="gpt-4o-mini")
+    assert mini.values("price").distinct().count() == 3  # none, then each row in turn
+    assert _sums(DailyRollup, seeded, "unpriced_calls")["unpriced_calls"] > 0
 
 
 def _sums(model: type[Model], project: Project, *names: str) -> dict[str, Any]:
