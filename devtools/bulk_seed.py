@@ -35,6 +35,7 @@ from costboard.budgets.caps import CapsMemo
 from costboard.ingest.latency import latency_bucket
 from costboard.ingest.turn_rules import TurnStreaks, step_signature
 from costboard.models import (
+    SYSTEM_SESSION_ID,
     TOOL_MODEL,
     ApiKey,
     DailyRollup,
@@ -781,7 +782,7 @@ def sessions_over_caps(project: Project) -> int:
         "external_id", "token_cap", "cost_cap_usd", "input_tokens", "output_tokens", "cost_usd"
     )
     for key, token_cap, cost_cap, inp, out, cost in rows.iterator(chunk_size=10_000):
-        caps = caps_of(token_cap, cost_cap, key == "system")
+        caps = caps_of(token_cap, cost_cap, key == SYSTEM_SESSION_ID)
         if caps.warned(inp + out, cost):
             over += 1
     return over
