@@ -803,17 +803,22 @@ def seed_bulk(
     steps: int,
     slug: str = "bulk",
     days: int = 90,
+    days_ago: int = 0,
     run: str | None = None,
     now: datetime | None = None,
     progress: bool = False,
     say: Callable[[str], None] = lambda line: None,
 ) -> SeedResult:
-    """Add `steps` steps to project `slug` (made if missing) and rebuild its totals."""
+    """Add `steps` steps to project `slug` (made if missing) and rebuild its totals: over the
+    `days` days that end `days_ago` days before `now` (older history: `--days 270
+    --days-ago 30` puts nine months behind a month already seeded)."""
     require_postgres()
     if steps < 1:
         raise ValueError(f"--steps must be a positive number of steps, not {steps}")
     if days < 1:
         raise ValueError(f"--days must be at least 1, not {days}")
+    if days_ago < 0:
+        raise ValueError(f"--days-ago must be 0 (now) or more, not {days_ago}")
     now = now or timezone.now()
     project, key = project_ensure(slug)
     run = run or f"bulk{int(now.timestamp())}"
@@ -821,7 +826,7 @@ def seed_bulk(
         raise ValueError(f"run {run} was already seeded into {slug}: give another --run")
     if prices_ensure():
         say("loaded the built-in prices (the rate table was empty)")
-    workload = Workload(run=run, steps=steps, days=days, now=now)
+    workload = Workload(run=run, steps=steps, days=days, now=now - timedelta(days=days_ago))
     result = SeedResult(project=project, api_key=key)
     partitions_make(workload)
 

@@ -5,7 +5,7 @@ refused by name."""
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from io import StringIO
 from typing import Any
@@ -166,6 +166,28 @@ def test_a_second_run_adds_and_every_rollup_stays_the_sum_of_its_steps() -> None
     assert _sums(TagDailyRollup, project, "calls")["calls"] == 4_000
     tally = IngestTally.objects.get(project=project)
     assert (tally.day, tally.accepted) == (NOW.date(), 2_020)  # steps and session events
+
+
+@on_postgres
+@pytest.mark.django_db
+def test_days_ago_puts_a_run_behind_the_last_one() -> None:
+    """The growth benchmark's history: a month, then nine months before it."""
+    _prices()
+    seed_bulk(steps=500, days=30, run="recent", now=NOW)
+    seed_bulk(steps=2_000, days=270, days_ago=30, run="history", now=NOW)
+    month_start = NOW - timedelta(days=30)
+    recent = Step.objects.filter(session__external_id__startswith="recent-")
+    history = Step.objects.filter(session__external_id__startswith="history-")
+    assert recent.count() == 500 and history.count() == 2_000
+    assert recent.filter(timestamp__lt=month_start).count() == 0
+    assert history.filter(timestamp__gte=month_start).count() == 0
+    assert history.filter(timestamp__lt=NOW - timedelta(days=300)).count() == 0
+    # it reaches back most of the nine months, so their month partitions are made and used
+    assert history.filter(timestamp__lt=NOW - timedelta(days=240)).exists()
+    project = Project.objects.get(slug="bulk")
+    assert _sums(DailyRollup, project, "calls")["calls"] == 2_500
+    with pytest.raises(ValueError, match="--days-ago must be 0"):
+        seed_bulk(steps=10, days_ago=-1, run="bad", now=NOW)
 
 
 @on_postgres

@@ -24,6 +24,12 @@ class Command(BaseCommand):
             "--days", type=int, default=90, help="spread the steps over this many days back"
         )
         parser.add_argument(
+            "--days-ago",
+            type=int,
+            default=0,
+            help="the days end this many days back (default 0, now): older history",
+        )
+        parser.add_argument(
             "--run", default=None, help="prefix of the new sessions' ids (default: bulk<time>)"
         )
         parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -36,6 +42,7 @@ class Command(BaseCommand):
                 steps=options["steps"],
                 slug=options["project"],
                 days=options["days"],
+                days_ago=options["days_ago"],
                 run=options["run"],
                 progress=not options["no_progress"],
                 say=lambda line: self.stderr.write(line),
