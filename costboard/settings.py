@@ -126,6 +126,13 @@ else:
         "ENGINE": "django.db.backends.sqlite3",
         "NAME": str(BASE_DIR / "db.sqlite3"),
     }
+if _db["ENGINE"] == "django.db.backends.postgresql":
+    # Costboard's working set (this month's sessions, turns and rollups, the indexes) lives in
+    # memory, where a random read costs about what a sequential one does: priced at the
+    # default 4, a month of a year's sessions (the sessions list's window) was read by a scan
+    # of every session there has been, growing with the history. `?options=` in DATABASE_URL
+    # sets its own.
+    _db.setdefault("OPTIONS", {}).setdefault("options", "-c random_page_cost=1.1")
 if _db["ENGINE"] == "django.db.backends.sqlite3":
     # Writers queue for the database lock at BEGIN rather than failing half-way through.
     _db["OPTIONS"] = {"transaction_mode": "IMMEDIATE", "timeout": 30}

@@ -83,3 +83,32 @@ def test_every_outbox_kind_has_its_handler_in_a_fresh_process() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["True", "True"]
+
+
+def _random_page_cost(database_url: str) -> str:
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url,
+        "DJANGO_SETTINGS_MODULE": "costboard.settings",
+    }
+    code = (
+        "import django; django.setup()\n"
+        "from django.db import connection\n"
+        "with connection.cursor() as c:\n"
+        "    c.execute('SHOW random_page_cost'); print(c.fetchone()[0])\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip()
+
+
+@pytest.mark.skipif(
+    not os.environ.get("DATABASE_URL", "").startswith("postgres"), reason="PostgreSQL's setting"
+)
+def test_postgres_reads_are_priced_as_in_memory_unless_the_url_says_otherwise() -> None:
+    url = os.environ["DATABASE_URL"]
+    assert _random_page_cost(url) == "1.1"
+    joiner = "&" if "?" in url else "?"
+    assert _random_page_cost(f"{url}{joiner}options=-c%20random_page_cost%3D2") == "2"
