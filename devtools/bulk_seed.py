@@ -33,6 +33,7 @@ from django.utils import timezone
 
 from costboard.budgets.caps import CapsMemo
 from costboard.ingest.latency import latency_bucket
+from costboard.ingest.service import USAGE_COLUMNS
 from costboard.ingest.turn_rules import TurnStreaks, step_signature
 from costboard.models import (
     SYSTEM_SESSION_ID,
@@ -539,30 +540,7 @@ def _turns_of(session: SeedSession) -> Iterator[tuple[int, list[SeedStep]]]:
 
 # --- the set-based rebuild -------------------------------------------------------------------
 
-_USAGE_SUMS = """
-    sum(s.input_tokens) AS input_tokens,
-    sum(s.output_tokens) AS output_tokens,
-    sum(s.cache_read_input_tokens) AS cache_read_input_tokens,
-    sum(s.cache_creation_input_tokens) AS cache_creation_input_tokens,
-    sum(s.reasoning_tokens) AS reasoning_tokens,
-    sum(s.cost_input_usd) AS cost_input_usd,
-    sum(s.cost_output_usd) AS cost_output_usd,
-    sum(s.cost_cache_read_usd) AS cost_cache_read_usd,
-    sum(s.cost_cache_write_usd) AS cost_cache_write_usd,
-    sum(s.cost_usd) AS cost_usd
-"""
-USAGE_COLUMNS = [
-    "input_tokens",
-    "output_tokens",
-    "cache_read_input_tokens",
-    "cache_creation_input_tokens",
-    "reasoning_tokens",
-    "cost_input_usd",
-    "cost_output_usd",
-    "cost_cache_read_usd",
-    "cost_cache_write_usd",
-    "cost_usd",
-]
+_USAGE_SUMS = ", ".join(f"sum(s.{c}) AS {c}" for c in USAGE_COLUMNS)
 _USAGE_NAMES = ", ".join(USAGE_COLUMNS)
 _DAY = "(s.\"timestamp\" AT TIME ZONE 'UTC')::date"
 # a step ingest counts as unpriced: no price row, and not a tool step ($0 by nature)
