@@ -24,7 +24,7 @@ from django.test import Client, override_settings
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from costboard.dashboards.views import PAGE_SIZE, SESSIONS_DAYS
+from costboard.dashboards.views import PAGE_SIZE, PERIOD_DAYS
 from costboard.models import (
     SYSTEM_SESSION_ID,
     Project,
@@ -108,7 +108,7 @@ def page_cases() -> list[PageCase]:
     warning_or_exhausted = Q(state=Session.State.WARNING) | Q(state=Session.State.EXHAUSTED)
     flagged = Session.objects.filter(warning_or_exhausted).order_by("pk").first() or typical
     # the list shows the last 30 days unless told otherwise (`since=` empty: all time)
-    first_day = timezone.now().date() - timedelta(days=SESSIONS_DAYS - 1)
+    first_day = timezone.now().date() - timedelta(days=PERIOD_DAYS - 1)
     recent = Session.objects.filter(
         last_active_at__gte=datetime.combine(first_day, datetime.min.time(), tzinfo=UTC)
     ).count()

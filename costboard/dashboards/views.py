@@ -103,7 +103,7 @@ def overview(request: HttpRequest) -> HttpResponse:
     scope = scope_for(request)
     ids = scope.project_ids
     today = timezone.now().date()
-    since = today - timedelta(days=29)
+    since = _period_start(today)
     breakdown = selectors.usage_breakdown(project_ids=ids, since=since, until=today)
     flagged, flagged_total = selectors.sessions_flagged(project_ids=ids)
     context = {
@@ -148,20 +148,22 @@ def _tag_breakdown(
     return {"tag_keys": keys, "tag_key": key, "tag_rows": rows}
 
 
-# The sessions list shows the sessions active in the last 30 days unless asked otherwise, as
-# the overview, /steps/ and /users/ show their last 30 days: its reads (the count, a sort by
-# cost, an id search, the last page) stay the size of a month however long the history grows.
-# `since=` given empty (the date cleared in the form, the "all time" link) is all of it.
-SESSIONS_DAYS = 30
+# Every page shows the last 30 days unless asked otherwise: its reads stay the size of a
+# month however long the history grows.
+PERIOD_DAYS = 30
+
+
+def _period_start(until: date | None) -> date:
+    """The first day of the PERIOD_DAYS that end at `until` (today if none, or later)."""
+    today = timezone.now().date()
+    return min(today, until or today) - timedelta(days=PERIOD_DAYS - 1)
 
 
 def _session_filters(params: QueryDict) -> selectors.SessionFilters:
     period = _period(params)
     since = period.since
-    if "since" not in params:
-        since = min(timezone.now().date(), period.until or date.max) - timedelta(
-            days=SESSIONS_DAYS - 1
-        )
+    if "since" not in params:  # given empty (the date cleared, the "All time" link): all time
+        since = _period_start(period.until)
     sort = params.get("sort", "-last_active")
     if sort.lstrip("-") not in selectors.SESSION_SORTS:
         sort = "-last_active"
@@ -396,7 +398,7 @@ def steps_page(request: HtmxHttpRequest) -> HttpResponse:
     scope = scope_for(request)
     today = timezone.now().date()
     period = _period(request.GET)
-    since = period.since or min(today, period.until or today) - timedelta(days=29)
+    since = period.since or _period_start(period.until)
     until = period.until or today
     model = request.GET.get("model", "").strip()  # a family
     exact = request.GET.get("exact", "").strip()  # an exact model name
@@ -476,7 +478,7 @@ def users_csv(request: HttpRequest) -> HttpResponse:
 def _users_period(request: HttpRequest) -> tuple[date, date, str]:
     today = timezone.now().date()
     period = _period(request.GET)
-    since = period.since or min(today, period.until or today) - timedelta(days=29)
+    since = period.since or _period_start(period.until)
     until = period.until or today
     sort = request.GET.get("sort", "-cost")
     if sort.lstrip("-") not in selectors.USER_SORTS:
