@@ -61,6 +61,7 @@ from devtools.ingest_bench import (
     STEP_TYPES,
     STEPS_PER_TURN,
     prices_ensure,
+    require_postgres,
 )
 
 STEPS_PER_SESSION = 100  # bench_ingest's default: 5 batches of 20 steps
@@ -326,15 +327,6 @@ class SeedResult:
         return (
             f"seeded {self.steps:,} steps, {self.sessions:,} sessions, {self.turns:,} turns "
             f"into {self.project.slug} in {self.seconds:.1f} s: {phases}"
-        )
-
-
-def require_postgres() -> None:
-    if connection.vendor != "postgresql":
-        raise ValueError(
-            f"seed_bulk writes with PostgreSQL's COPY, but the configured database is "
-            f"{connection.vendor}: set DATABASE_URL=postgres://user@127.0.0.1:5432/dbname "
-            "(migrated) and run it again."
         )
 
 
@@ -790,7 +782,7 @@ def seed_bulk(
     """Add `steps` steps to project `slug` (made if missing) and rebuild its totals: over the
     `days` days that end `days_ago` days before `now` (older history: `--days 270
     --days-ago 30` puts nine months behind a month already seeded)."""
-    require_postgres()
+    require_postgres("seed_bulk")
     if steps < 1:
         raise ValueError(f"--steps must be a positive number of steps, not {steps}")
     if days < 1:
@@ -833,17 +825,14 @@ def seed_bulk(
     return result
 
 
-class _NoBar:
-    def update(self, n: int) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
 def _bar(total: int, progress: bool) -> Any:
-    if not progress:
-        return _NoBar()
     from tqdm import tqdm
 
-    return tqdm(total=total, unit=" steps", unit_scale=True, file=sys.stderr, smoothing=0.1)
+    return tqdm(
+        total=total,
+        unit=" steps",
+        unit_scale=True,
+        file=sys.stderr,
+        smoothing=0.1,
+        disable=not progress,
+    )

@@ -563,10 +563,10 @@ def cpu_meter(server: Server) -> CpuMeter:
 # --- setup, verification and the COPY baseline -----------------------------------------------
 
 
-def require_postgres() -> None:
+def require_postgres(command: str = "bench_ingest") -> None:
     if connection.vendor != "postgresql":
         raise ValueError(
-            f"bench_ingest is defined on PostgreSQL, but the configured database is "
+            f"{command} is defined on PostgreSQL, but the configured database is "
             f"{connection.vendor}: set DATABASE_URL=postgres://user@127.0.0.1:5432/dbname "
             "(migrated) and run it again."
         )
