@@ -369,6 +369,7 @@ class Session(UsageTotals):
         on_delete=models.SET_NULL,
         related_name="forks",
         db_constraint=False,
+        db_index=False,  # session_parent: only the forks
     )
     token_cap = models.PositiveBigIntegerField(null=True, blank=True)
     cost_cap_usd = cap_field()
@@ -399,6 +400,11 @@ class Session(UsageTotals):
         indexes = [
             # sessions list and overview: a project's latest sessions
             models.Index(fields=["project", "-last_active_at"], name="session_recent"),
+            # a session's forks. Partial: ingest rewrites every touched session each batch, and
+            # an index of every session (nearly all without a parent) took an entry each time.
+            models.Index(
+                fields=["parent"], name="session_parent", condition=Q(parent__isnull=False)
+            ),
             # flagged panel: sessions not ok
             models.Index(
                 fields=["project", "state"], name="session_flagged", condition=~Q(state="ok")

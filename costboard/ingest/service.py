@@ -286,20 +286,28 @@ class _Dialect:
         array per column, unnested: the SQL text is the same whatever the number of rows."""
         names = ", ".join(name for name, _ in columns)
         if self.postgres:
-            arrays = ", ".join(
-                f"%s::{_ARRAY_TYPE.get(sql_type, sql_type)}[]"
-                if sql_type in _AS_TEXT
-                else f"%b::{sql_type}[]"
-                for _, sql_type in columns
-            )
+            # A column of NULLs (a batch's unset times, metadata, caps…) after the first goes
+            # as an empty array: unnest pads the shorter arrays with NULLs to the longest (the
+            # first column is a key: always full), so it costs neither dumping nor parsing.
+            placeholders: list[str] = []
+            params: list[Any] = []
+            data = zip(columns, zip(*rows, strict=True), strict=True)
+            for n, ((_, sql_type), column) in enumerate(data):
+                array_type = _ARRAY_TYPE.get(sql_type, sql_type)
+                if n and column.count(None) == len(column):
+                    placeholders.append(f"%s::{array_type}[]")
+                    params.append("{}")
+                elif sql_type in _AS_TEXT:
+                    placeholders.append(f"%s::{array_type}[]")
+                    params.append(_array_literal(column))
+                else:
+                    placeholders.append(f"%b::{array_type}[]")
+                    params.append(list(column))
+            arrays = ", ".join(placeholders)
             values = ", ".join(
                 f"{name} * {_PICO_USD}" if sql_type == USD_PICO else name
                 for name, sql_type in columns
             )
-            params: list[Any] = [
-                _array_literal(column) if sql_type in _AS_TEXT else list(column)
-                for (_, sql_type), column in zip(columns, zip(*rows, strict=True), strict=True)
-            ]
             return (
                 f"WITH v ({names}) AS (SELECT {values} FROM unnest({arrays}) AS u ({names}))",
                 params,
@@ -763,11 +771,19 @@ def _sessions_locked(
             "runaway_at": _as_dt(runaway),
             "runaway_reason": runaway_reason,
             "acknowledged_at": _as_dt(acknowledged),
-            "metadata": json.loads(meta) if isinstance(meta, str) else (meta or {}),
-            "tags": json.loads(tags) if isinstance(tags, str) else (tags or {}),
+            "metadata": _json_object(meta),
+            "tags": _json_object(tags),
             "user_id": user_id or "",
         }
     return rows
+
+
+def _json_object(value: Any) -> dict[str, Any]:
+    """A jsonb object column read by a raw cursor (text: Django reads jsonb unparsed); most
+    sessions' metadata and tags are empty."""
+    if not value or value == "{}":
+        return {}
+    return json.loads(value) if isinstance(value, str) else dict(value)
 
 
 _SQLITE_DIGITS = Context(prec=15)

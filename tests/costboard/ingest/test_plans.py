@@ -97,3 +97,31 @@ def test_a_wide_batch_finds_its_sessions_and_turns_by_key(agent: Agent, plans: l
         ):
             assert wrong not in plan, plan
         assert "Materialize" not in plan, plan  # every session of the project, per key
+
+
+def updates_of(table: str) -> tuple[int, int]:
+    """This transaction's updates of `table` so far: all, and those PostgreSQL made HOT."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_xact_user_tables WHERE relname = %s",
+            [table],
+        )
+        row = cursor.fetchone()
+    return (row[0], row[1]) if row else (0, 0)
+
+
+@on_postgres
+@pytest.mark.django_db
+def test_a_wide_batch_rewrites_its_model_mix_in_place(agent: Agent) -> None:
+    """Each touched session's model-mix row is rewritten once a batch, none of its indexed
+    columns changed: with room kept on its page (migration 0023) every rewrite is a HOT update,
+    with no new entry in the table's indexes. Packed full, as before, most were not."""
+    events_ingest(project=agent.project, events=parse_events(wide_batch("mix", 1)))
+    before, before_hot = updates_of("costboard_sessionmodelusage")
+
+    result = events_ingest(project=agent.project, events=parse_events(wide_batch("mix", 2)))
+
+    assert result.accepted == SESSIONS
+    updates, hot = updates_of("costboard_sessionmodelusage")
+    assert updates - before == SESSIONS  # one row per session: same family and model
+    assert hot - before_hot == SESSIONS
