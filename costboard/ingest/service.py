@@ -300,6 +300,9 @@ class _Dialect:
                 elif sql_type in _AS_TEXT:
                     placeholders.append(f"%s::{array_type}[]")
                     params.append(_array_literal(column))
+                elif (literal := _quoted_literal(sql_type, column)) is not None:
+                    placeholders.append(f"%s::{array_type}[]")
+                    params.append(literal)
                 else:
                     placeholders.append(f"%b::{array_type}[]")
                     params.append(list(column))
@@ -346,6 +349,22 @@ def _array_literal(values: Sequence[Decimal | int | str | None]) -> str:
     if None in values:
         return "{" + ",".join("NULL" if v is None else str(v) for v in values) + "}"
     return "{" + ",".join(map(str, values)) + "}"  # the usual case: twice as fast
+
+
+def _quoted_literal(sql_type: str, values: Sequence[Any]) -> str | None:
+    """A text or boolean column as an array literal, when it can be one cheaply: no NULL, and
+    (text) no quote or backslash, so each value goes in double quotes as it is. A tenth of the
+    cost of psycopg's binary array, element by element in Python; None: send it binary."""
+    if sql_type == "text":
+        if None in values:
+            return None
+        plain = "".join(values)
+        if '"' in plain or "\\" in plain:
+            return None
+        return '{"' + '","'.join(values) + '"}'
+    if sql_type == "boolean" and None not in values:
+        return "{" + ",".join(["t" if value else "f" for value in values]) + "}"
+    return None
 
 
 def _json_default(value: Any) -> Any:
