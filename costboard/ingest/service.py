@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from decimal import Context, Decimal
 from functools import lru_cache
+from operator import attrgetter
 from typing import Any
 
 import psycopg
@@ -211,6 +212,20 @@ class _Totals:
         ]
 
 
+_NO_COUNTS = (0,) * 13
+
+
+def _sums(steps: Sequence[_Step]) -> tuple[int, ...]:
+    """The column sums of these steps' counts (a session's or a turn's share of a batch, in
+    _Step.counts' order): no _Totals built for each of a wide batch's hundreds, most of them
+    one step."""
+    if len(steps) == 1:
+        return steps[0].counts
+    if not steps:
+        return _NO_COUNTS
+    return tuple(map(sum, zip(*(s.counts for s in steps), strict=True)))
+
+
 # A column of USD amounts sent as pico-dollar ints (str() of an int is the cheapest exact
 # text there is) and scaled to dollars in SQL: numeric × 10⁻¹² is exact.
 USD_PICO = "usd_pico"
@@ -330,6 +345,13 @@ class _Dialect:
         """Pico-dollars as the parameter of a USD_PICO column: the int itself for PostgreSQL
         (scaled there, exactly), else the Decimal amount."""
         return amount if self.postgres else pico_usd(amount)
+
+    def usage(self, sums: tuple[int, ...]) -> Sequence[Any]:
+        """The USAGE columns' parameters of _sums: as they are on PostgreSQL (the money in
+        pico-dollars, scaled there), with the money as Decimal dollars on SQLite."""
+        if self.postgres:
+            return sums[:10]
+        return [*sums[:5], *map(pico_usd, sums[5:10])]
 
     def dt(self, value: datetime | None) -> Any:
         return value if self.postgres else self.ops.adapt_datetimefield_value(value)
@@ -1158,7 +1180,7 @@ def _sessions_update(
         touch = sessions[key]
         row = rows[key]
         new_steps = by_session.get(key, [])
-        totals = _Totals.of(new_steps)
+        counted = _sums(new_steps)
         token_cap = touch.token_cap if touch.token_cap is not None else row["token_cap"]
         cost_cap = touch.cost_cap_usd if touch.cost_cap_usd is not None else row["cost_cap_usd"]
         system = key == SYSTEM_SESSION_ID
@@ -1180,7 +1202,7 @@ def _sessions_update(
             limits=caps,
             old_limits=old_caps,
             spends=new_steps,
-            added=(totals.input_tokens + totals.output_tokens, totals.cost_usd),
+            added=(counted[0] + counted[1], pico_usd(counted[9])),
             flag=runaways.get(key),
             # a crossing no step caused (a cap given in this batch): the session event's time
             at=touch.event_at or now,
@@ -1205,9 +1227,9 @@ def _sessions_update(
                 row["id"],
                 sql.dt(touch.first),
                 sql.dt(touch.last),
-                *totals.usage_values(sql),
-                totals.steps,
-                totals.errors,
+                *sql.usage(counted),
+                len(new_steps),
+                counted[10],
                 new_turns.get(key, 0),
                 token_cap,
                 cost_cap,
@@ -1348,14 +1370,17 @@ def _turns_update(
     values = []
     for key in sorted(turns_now, key=lambda k: turns_now[k].id):
         turn, touch = turns_now[key], turns[key]
-        added = sorted(new_steps.get(key, []), key=lambda s: s.ts)
+        added = new_steps.get(key, [])
         streaks = turn.streaks
+        largest = None
         if added:
+            if len(added) > 1:
+                added.sort(key=_BY_TS)
             streaks, flag = turn_check(project, turn.number, streaks, added, turn.step_count)
             if flag is not None and turn.session_key not in flags:
                 flags[turn.session_key] = flag
-        totals = _Totals.of(added)
-        largest = max(added, key=lambda s: s.prompt_tokens, default=None)
+            largest = added[0] if len(added) == 1 else max(added, key=_BY_PROMPT)
+        counted = _sums(added)
         values.append(
             [
                 turn.id,
@@ -1364,9 +1389,9 @@ def _turns_update(
                 touch.user_message,
                 touch.assistant_response,
                 _json(touch.context),
-                *totals.usage_values(sql),
-                totals.steps,
-                totals.errors,
+                *sql.usage(counted),
+                len(added),
+                counted[10],
                 largest.prompt_tokens if largest else 0,
                 largest.context_window if largest else None,
                 streaks.fail_streak,
@@ -1406,6 +1431,8 @@ def _turns_update(
     return flags
 
 
+_BY_TS = attrgetter("ts")
+_BY_PROMPT = attrgetter("prompt_tokens")
 _STREAK_COLUMNS = ["fail_streak", "fail_peak", "repeat_sig", "repeat_streak", "repeat_peak"]
 _TURN_UPDATE_COLUMNS: list[Column] = [
     ("id", "bigint"),
