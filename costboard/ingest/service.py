@@ -334,6 +334,11 @@ class _Dialect:
         params = [value for values in rows for value in values]
         return f"WITH v ({names}) AS (VALUES {', '.join([row] * len(rows))})", params
 
+    def text_array(self, values: list[str]) -> tuple[str, Any]:
+        """A text[] parameter on PostgreSQL, as its placeholder and its value."""
+        literal = _quoted_literal("text", values)
+        return ("%b::text[]", values) if literal is None else ("%s::text[]", literal)
+
     def for_update(self, table: str) -> str:
         """Row locks, on PostgreSQL (SQLite locks the whole database for the transaction)."""
         return f"FOR UPDATE OF {table}" if self.postgres else ""
@@ -746,10 +751,33 @@ def _sessions_lock(
     batch, by _sessions_update (an upsert here would write every row twice, with an entry in
     each of its indexes each time). Deadlock-free: the insert locks nothing that exists, and
     both go in key order (locking the existing first and inserting the missing after would
-    let two batches each hold what the other waits for)."""
+    let two batches each hold what the other waits for). On PostgreSQL an unlocking read
+    first finds which are missing, so a batch of sessions that all exist (most batches) skips
+    the insert: it locks nothing, so the order above still holds."""
     if not sessions:
         return {}
     ordered = sorted(sessions.values(), key=lambda s: s.key)
+    keys = [touch.key for touch in ordered]
+    missing = ordered
+    if sql.postgres:
+        array, param = sql.text_array(keys)
+        cursor.execute(
+            f"SELECT external_id FROM {SESSION_TABLE}"
+            f" WHERE project_id = %s AND external_id = ANY({array})",
+            [project.pk, param],
+        )
+        found = {row[0] for row in cursor.fetchall()}
+        missing = [touch for touch in ordered if touch.key not in found]
+    if missing:
+        _sessions_insert(cursor, sql, project, missing)
+    # a statement of its own: its snapshot sees the sessions another batch just made
+    return _sessions_locked(cursor, sql, project, keys)
+
+
+def _sessions_insert(
+    cursor: Any, sql: _Dialect, project: Project, ordered: list[_SessionTouch]
+) -> None:
+    """Insert these sessions (in key order), skipping any that exist by now, empty."""
     with_v, params = sql.rows(
         [("external_id", "text"), ("started_at", "timestamptz"), ("last_active_at", "timestamptz")],
         [[touch.key, sql.dt(touch.first), sql.dt(touch.last)] for touch in ordered],
@@ -763,8 +791,6 @@ def _sessions_lock(
         """,
         [*params, project.pk],
     )
-    # a statement of its own: its snapshot sees the sessions another batch just made
-    return _sessions_locked(cursor, sql, project, [touch.key for touch in ordered])
 
 
 def _sessions_locked(
@@ -778,13 +804,14 @@ def _sessions_locked(
         # The keys as an index condition on (project, external_id): no join for the planner
         # to get wrong (with a project's size underestimated, it joined every one of its
         # sessions to every key).
+        array, param = sql.text_array(keys)
         cursor.execute(
             f"""
             SELECT {columns} FROM {SESSION_TABLE} s
-            WHERE s.project_id = %s AND s.external_id = ANY(%b::text[])
+            WHERE s.project_id = %s AND s.external_id = ANY({array})
             ORDER BY s.external_id {sql.for_update("s")}
             """,
-            [project.pk, keys],
+            [project.pk, param],
         )
     else:
         with_v, params = sql.rows([("external_id", "text")], [[key] for key in keys])
