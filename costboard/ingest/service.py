@@ -2,9 +2,9 @@
 
 One transaction, a fixed number of statements whatever the batch size:
 
-1. create the missing sessions (an insert that skips the existing), then lock all touched
-   ones in key order (so concurrent batches lock in the same order) and read their totals
-   and caps as they are now;
+1. find which sessions are missing (a read that locks nothing) and create them (an insert
+   that skips any made meanwhile), then lock all touched ones in key order (so concurrent
+   batches lock in the same order) and read their totals and caps as they are now;
 2. record the event_ids of session and turn events (replays are skipped);
 3. read the touched turns and create the missing ones, empty (their sessions' locks keep
    them to this batch);
@@ -27,6 +27,8 @@ step given its model family (costboard/pricing/families.py); a step without a mo
 call, a retrieval: model `none`) is never priced and never counted unpriced. On
 PostgreSQL every statement carries its rows as one typed array per column, unnested, with
 server-side binding: the SQL text is the same for every batch and nothing is interpolated.
+Numbers and plain text go as array literals, a column of NULLs as an empty array (unnest
+pads it): cheaper to build than psycopg's binary arrays, element by element in Python.
 """
 
 from __future__ import annotations
