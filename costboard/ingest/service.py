@@ -184,13 +184,7 @@ class _Totals:
 
     @classmethod
     def of(cls, steps: list[_Step]) -> _Totals:
-        """Column by column (zip and sum run in C: a fraction of adding step by step)."""
-        if not steps:
-            return cls()
-        if len(steps) == 1:  # a wide batch's usual session: one step
-            totals = cls(*steps[0].counts)
-        else:
-            totals = cls(*map(sum, zip(*(s.counts for s in steps), strict=True)))
+        totals = cls(*_sums(steps))
         totals.steps = len(steps)
         return totals
 
@@ -198,29 +192,30 @@ class _Totals:
     def cost_usd(self) -> Decimal:
         return pico_usd(self.cost_pico)
 
-    def usage_values(self, sql: _Dialect) -> list[Any]:
-        money = sql.money
-        return [
-            self.input_tokens,
-            self.output_tokens,
-            self.cache_read_input_tokens,
-            self.cache_creation_input_tokens,
-            self.reasoning_tokens,
-            money(self.cost_input_pico),
-            money(self.cost_output_pico),
-            money(self.cost_cache_read_pico),
-            money(self.cost_cache_write_pico),
-            money(self.cost_pico),
-        ]
+    def usage_values(self, sql: _Dialect) -> Sequence[Any]:
+        return sql.usage(
+            (
+                self.input_tokens,
+                self.output_tokens,
+                self.cache_read_input_tokens,
+                self.cache_creation_input_tokens,
+                self.reasoning_tokens,
+                self.cost_input_pico,
+                self.cost_output_pico,
+                self.cost_cache_read_pico,
+                self.cost_cache_write_pico,
+                self.cost_pico,
+            )
+        )
 
 
 _NO_COUNTS = (0,) * 13
 
 
 def _sums(steps: Sequence[_Step]) -> tuple[int, ...]:
-    """The column sums of these steps' counts (a session's or a turn's share of a batch, in
-    _Step.counts' order): no _Totals built for each of a wide batch's hundreds, most of them
-    one step."""
+    """The column sums of these steps' counts, in _Step.counts' order (zip and sum run in C: a
+    fraction of adding step by step). A session's or a turn's share of a wide batch, most of
+    them one step, is read as this tuple, with no _Totals built for each."""
     if len(steps) == 1:
         return steps[0].counts
     if not steps:
