@@ -188,10 +188,6 @@ class _Totals:
         totals.steps = len(steps)
         return totals
 
-    @property
-    def cost_usd(self) -> Decimal:
-        return pico_usd(self.cost_pico)
-
     def usage_values(self, sql: _Dialect) -> Sequence[Any]:
         return sql.usage(
             (
@@ -305,19 +301,12 @@ class _Dialect:
             params: list[Any] = []
             data = zip(columns, zip(*rows, strict=True), strict=True)
             for n, ((_, sql_type), column) in enumerate(data):
-                array_type = _ARRAY_TYPE.get(sql_type, sql_type)
                 if n and column.count(None) == len(column):
-                    placeholders.append(f"%s::{array_type}[]")
-                    params.append("{}")
-                elif sql_type in _AS_TEXT:
-                    placeholders.append(f"%s::{array_type}[]")
-                    params.append(_array_literal(column))
-                elif (literal := _quoted_literal(sql_type, column)) is not None:
-                    placeholders.append(f"%s::{array_type}[]")
-                    params.append(literal)
+                    placeholder, param = f"%s::{_ARRAY_TYPE.get(sql_type, sql_type)}[]", "{}"
                 else:
-                    placeholders.append(f"%b::{array_type}[]")
-                    params.append(list(column))
+                    placeholder, param = _array_param(sql_type, column)
+                placeholders.append(placeholder)
+                params.append(param)
             arrays = ", ".join(placeholders)
             values = ", ".join(
                 f"{name} * {_PICO_USD}" if sql_type == USD_PICO else name
@@ -333,8 +322,7 @@ class _Dialect:
 
     def text_array(self, values: list[str]) -> tuple[str, Any]:
         """A text[] parameter on PostgreSQL, as its placeholder and its value."""
-        literal = _quoted_literal("text", values)
-        return ("%b::text[]", values) if literal is None else ("%s::text[]", literal)
+        return _array_param("text", values)
 
     def for_update(self, table: str) -> str:
         """Row locks, on PostgreSQL (SQLite locks the whole database for the transaction)."""
@@ -353,7 +341,7 @@ class _Dialect:
         pico-dollars, scaled there), with the money as Decimal dollars on SQLite."""
         if self.postgres:
             return sums[:10]
-        return [*sums[:5], *map(pico_usd, sums[5:10])]
+        return [*sums[:5], *map(self.money, sums[5:10])]
 
     def dt(self, value: datetime | None) -> Any:
         return value if self.postgres else self.ops.adapt_datetimefield_value(value)
@@ -373,6 +361,19 @@ def _array_literal(values: Sequence[Decimal | int | str | None]) -> str:
     if None in values:
         return "{" + ",".join("NULL" if v is None else str(v) for v in values) + "}"
     return "{" + ",".join(map(str, values)) + "}"  # the usual case: twice as fast
+
+
+def _array_param(sql_type: str, values: Sequence[Any]) -> tuple[str, Any]:
+    """A column of values as one array parameter of PostgreSQL: its placeholder (cast to the
+    array type) and its value, a literal where one is cheap to build, else psycopg's binary
+    array."""
+    array_type = _ARRAY_TYPE.get(sql_type, sql_type)
+    if sql_type in _AS_TEXT:
+        return f"%s::{array_type}[]", _array_literal(values)
+    literal = _quoted_literal(sql_type, values)
+    if literal is not None:
+        return f"%s::{array_type}[]", literal
+    return f"%b::{array_type}[]", list(values)
 
 
 def _quoted_literal(sql_type: str, values: Sequence[Any]) -> str | None:
