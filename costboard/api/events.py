@@ -3,6 +3,7 @@ page. The boundary (key, methods, errors) is costboard/api/boundary.py."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any, cast
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
@@ -37,7 +38,7 @@ from costboard.ingest.schemas import (
     EventsBody,
     parse_events,
 )
-from costboard.ingest.service import events_ingest
+from costboard.ingest.service import events_ingest, step_months_ready
 from costboard.models import BudgetEvent, Project, Session
 
 SESSION_ID = "the session_id your events use"
@@ -110,15 +111,17 @@ def events(request: HttpRequest) -> HttpResponse:
         raise
     prefix = cast(ApiRequest, request).api_key.prefix
     minimal = prefers_minimal(request.headers.get(PREFER_HEADER, ""))
+    now = timezone.now()
     if key is None:
-        response = JsonResponse(_ingested(project, batch, prefix, minimal))
+        response = JsonResponse(_ingested(project, batch, prefix, minimal, now))
     else:
+        step_months_ready(batch, now)  # not inside the key's transaction (see there)
         try:
             response = idempotent_answer(
                 project=project,
                 key=key,
                 body=request.body,
-                answer=lambda: _ingested(project, batch, prefix, minimal),
+                answer=lambda: _ingested(project, batch, prefix, minimal, now),
             )
         except ApiError:  # the key was used with another body
             ingest_tally(project.pk, refused=len(batch))
@@ -139,11 +142,11 @@ def prefers_minimal(prefer: str) -> bool:
 
 
 def _ingested(
-    project: Project, batch: list[Event], key_prefix: str, minimal: bool
+    project: Project, batch: list[Event], key_prefix: str, minimal: bool, now: datetime
 ) -> dict[str, Any]:
     # it counts them for /metrics; the key's own budgets count its steps
     result = events_ingest(
-        project=project, events=batch, key_prefix=key_prefix, flagged_only=minimal
+        project=project, events=batch, now=now, key_prefix=key_prefix, flagged_only=minimal
     )
     # Built as a dict on the hot path: EventsResponse documents it, the contract test checks it.
     answer = {

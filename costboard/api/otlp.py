@@ -14,6 +14,7 @@ from typing import Any, cast
 from django.db import transaction
 from django.db.models import Max, Q
 from django.http import HttpRequest, HttpResponse
+from django.utils import timezone
 from pydantic import ValidationError
 
 from costboard.api.boundary import ApiError, ApiRequest, Operation, Reply, endpoint
@@ -41,7 +42,7 @@ from costboard.ingest.schemas import (
     bad_text,
     validation_errors,
 )
-from costboard.ingest.service import events_ingest
+from costboard.ingest.service import events_ingest, step_months_ready
 from costboard.models import Project, Session, Step, Turn
 
 # google.rpc.Code values for the Status body of an error response.
@@ -127,12 +128,16 @@ def traces(request: HttpRequest) -> HttpResponse:
     if steps:
         steps = _session_users(mapping, steps) + steps
     if steps:
-        # One request is stored all or nothing, in batches of the events API's size.
+        # One request is stored all or nothing, in batches of the events API's size; their
+        # months' partitions made first, not inside that transaction (step_months_ready).
+        now = timezone.now()
+        step_months_ready(steps, now)
         with transaction.atomic():
             for start in range(0, len(steps), MAX_EVENTS):
                 events_ingest(
                     project=project,
                     events=steps[start : start + MAX_EVENTS],
+                    now=now,
                     key_prefix=cast(ApiRequest, request).api_key.prefix,
                 )
     # The stored spans were counted by the ingest itself; the spans that could not be mapped:

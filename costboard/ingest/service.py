@@ -540,6 +540,23 @@ def _step(
     )
 
 
+def step_months_ready(events: Sequence[Event], now: datetime) -> None:
+    """Make the month partitions these events' steps go to (PostgreSQL), each in a
+    transaction of its own. events_ingest does this itself before its transaction; a caller
+    that holds a batch in a transaction of its own (an Idempotency-Key's, a whole OTLP
+    request's) calls this first, with the `now` it then gives events_ingest. Made inside the
+    caller's transaction, a partition's locks would be held to its end: a batch of the same
+    sessions would lock them and wait on the new partition, and this one then on them — a
+    deadlock, one of the two lost."""
+    if connection.vendor != "postgresql":
+        return
+    days = {
+        event.at(now).astimezone(UTC).date() for event in events if isinstance(event, StepEvent)
+    }
+    if days:
+        step_partitions_cover(days=days, now=now)
+
+
 def events_ingest(
     *,
     project: Project,

@@ -5,6 +5,8 @@ SQLite has one plain table: these read PostgreSQL's catalog, and CI runs them th
 
 from __future__ import annotations
 
+import json
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, date, datetime, timedelta
@@ -15,6 +17,7 @@ from django.core.management import call_command
 from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 from django.db.models import Sum
+from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
 from costboard import partitions, tasks
@@ -397,3 +400,58 @@ def test_busy_locks_put_off_the_sweep_and_the_drop_but_not_retention(
         assert not exists("costboard_step_p202608")  # an hour later: the empty month dropped
     finally:
         step_partition_drop(date(2026, 8, 1), droppable=lambda projects: True)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_batch_under_an_idempotency_key_makes_its_month_before_its_transaction(
+    priced: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An Idempotency-Key holds its batch in one transaction with the key's row. Were a new
+    month made inside it, the partition's locks would be held to the end of that batch: a
+    batch of the same session, its session locked, would wait on them, and the first would
+    then wait on that session — a deadlock, and one of the two lost. The month is made (and
+    committed) before the key's transaction: both batches are stored."""
+    agent = make_agent("idem")
+    month = date(2026, 5, 1)
+    assert month not in step_partitions()
+    made = threading.Event()
+    other_done = threading.Event()
+    ensure = partitions.step_partitions_ensure
+
+    def ensure_then_wait(*, months: Any) -> list[str]:
+        names = ensure(months=months)
+        made.set()
+        other_done.wait(timeout=5)  # the other batch goes on meanwhile (or waits on us)
+        return names
+
+    monkeypatch.setattr(partitions, "step_partitions_ensure", ensure_then_wait)
+    answers: dict[int, Any] = {}
+
+    def work(index: int) -> None:
+        client = Client()
+        headers = {"Authorization": f"Bearer {agent.key}"}
+        if index == 0:
+            body = {"events": [step("keyed", datetime(2026, 5, 2, tzinfo=UTC))]}
+            headers["Idempotency-Key"] = "batch-1"
+        else:
+            made.wait(timeout=5)
+            body = {"events": [step("plain", datetime(2026, 5, 3, tzinfo=UTC))]}
+        try:
+            answers[index] = client.post(
+                "/api/v1/events",
+                json.dumps(body),
+                content_type="application/json",
+                headers=headers,
+            )
+        finally:
+            if index == 1:
+                other_done.set()
+
+    try:
+        assert run_in_threads(2, work) == []
+        assert [answers[i].status_code for i in (0, 1)] == [200, 200]
+        assert sorted(event_id for _, event_id in where_stored()) == ["keyed", "plain"]
+        assert {name for name, _ in where_stored()} == {"costboard_step_p202605"}
+        assert Session.objects.get(project=agent.project, external_id="s").step_count == 2
+    finally:
+        step_partition_drop(month, droppable=lambda projects: True)
