@@ -29,6 +29,15 @@ QUIET = ["--loglevel", "WARNING", "--without-gossip", "--without-mingle"]
 pytestmark = pytest.mark.django_db(transaction=True)  # the worker process reads what we commit
 
 
+def worker_database_url() -> str:
+    """This test's database as the worker process is told it: the same PostgreSQL database,
+    or the same SQLite file (a test process's own: `make test` without DATABASE_URL)."""
+    db = connection.settings_dict
+    if connection.vendor == "sqlite":
+        return f"sqlite:///{db['NAME']}"
+    return f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
+
+
 def crossing_batch(n: int) -> dict[str, Any]:
     """A session of cap 1000 that passes 80% and then the cap: two alerts."""
     session = f"s-{n}"
@@ -76,12 +85,11 @@ def test_a_broker_outage_mid_stream_loses_nothing_and_sends_each_alert_once(
     broker.start()
     # Celery prefers the environment's broker to the one it is given: make it this test's.
     monkeypatch.setenv("CELERY_BROKER_URL", broker.url)
-    db = connection.settings_dict
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "costboard.settings",
         "CELERY_BROKER_URL": broker.url,
-        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+        "DATABASE_URL": worker_database_url(),
         "COSTBOARD_WEBHOOK_ALLOW_HOSTS": "127.0.0.1",
     }
     log = (tmp_path / "worker.log").open("wb")
