@@ -8,6 +8,8 @@ by range of `timestamp`): native declarative partitioning, managed here, not by 
   (`step_partitions_ahead`); ingest makes a batch's month only when this process does not
   know it (`step_partitions_cover`): the hot path does no catalog work.
 - Retention drops whole months (`step_partition_drop`, see costboard/budgets/retention.py).
+- The sweep analyzes the partitioned table once a day (`step_statistics_refresh`): autovacuum
+  never does.
 
 Correctness never rests on the cache of known months: a step whose month has no partition
 goes to the DEFAULT partition (it has the same unique index), and making that month later
@@ -21,7 +23,7 @@ import re
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -40,6 +42,7 @@ MONTHS_AHEAD = 2  # the sweep keeps this month's and the next two's partitions m
 INGEST_MONTHS_BACK = 24
 LOCK_TIMEOUT = "5s"  # DDL waits at most this long behind readers, then gives up till later
 RETRY_AFTER_S = 60.0  # ingest's pause after a partition it could not make
+STATISTICS_EVERY = timedelta(days=1)  # how often the sweep analyzes the partitioned parent
 _LOCK_KEY = 0x5354_4550_5041_5254  # "STEPPART": the advisory lock of partition DDL
 _NAME = re.compile(rf"^{STEP_TABLE}_p(\d{{4}})(\d{{2}})$")
 
@@ -169,6 +172,38 @@ def step_partitions_ahead(*, now: datetime) -> list[str]:
             raise
         log.warning("step partitions not made ahead now: %s", exc)
         return []
+
+
+def step_statistics_refresh(*, every: timedelta = STATISTICS_EVERY) -> bool:
+    """ANALYZE the partitioned step table when its statistics are older than `every`, or
+    missing. Autovacuum analyzes each month's partition as it changes but never the parent,
+    whose statistics the planner reads for the table as a whole (a join with steps on a
+    column other than time, the selectivity of a session's or a model's steps across
+    months); on PostgreSQL 15 an ANALYZE of the parent also analyzes every partition. The
+    sweep's part, hourly; True if it ran. Locks busy past LOCK_TIMEOUT (partition DDL at
+    work): not now, the next sweep tries again."""
+    if not partitioned():
+        return False
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_clear_snapshot()")  # this backend's, not a cached one
+        cursor.execute(
+            "SELECT clock_timestamp() - last_analyze FROM pg_stat_user_tables"
+            " WHERE relid = %s::regclass",
+            [STEP_TABLE],
+        )
+        row = cursor.fetchone()
+        if row is not None and row[0] is not None and row[0] < every:
+            return False
+        cursor.execute("SELECT set_config('lock_timeout', %s, true)", [LOCK_TIMEOUT])
+        try:
+            with transaction.atomic():
+                cursor.execute(f"ANALYZE {STEP_TABLE}")
+        except OperationalError as exc:
+            if not lock_busy(exc):
+                raise
+            log.warning("step statistics not gathered now: %s", exc)
+            return False
+    return True
 
 
 def step_partitions_cover(*, days: Iterable[date], now: datetime) -> None:

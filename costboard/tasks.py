@@ -51,5 +51,8 @@ def retention_sweep() -> int:
 def step_partitions_ahead() -> list[str]:
     """Every hour: this month's and the next two months' step partitions made (PostgreSQL),
     so ingest makes one itself only for a late or early step. Safe to run twice: the
-    partition DDL is serialized by an advisory lock and makes only what is missing."""
-    return partitions.step_partitions_ahead(now=timezone.now())
+    partition DDL is serialized by an advisory lock and makes only what is missing. Once a
+    day it also analyzes the partitioned table, which autovacuum never does."""
+    made = partitions.step_partitions_ahead(now=timezone.now())
+    partitions.step_statistics_refresh()
+    return made

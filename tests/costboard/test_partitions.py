@@ -455,3 +455,32 @@ def test_a_batch_under_an_idempotency_key_makes_its_month_before_its_transaction
         assert Session.objects.get(project=agent.project, external_id="s").step_count == 2
     finally:
         step_partition_drop(month, droppable=lambda projects: True)
+
+
+def step_table_models() -> str:
+    """The most common models of the partitioned step table as a whole, as its statistics
+    have them ("" when it has none)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT most_common_vals::text FROM pg_stats"
+            " WHERE tablename = %s AND inherited AND attname = 'model'",
+            [Step._meta.db_table],
+        )
+        row = cursor.fetchone()
+        return str(row[0]) if row else ""
+
+
+@pytest.mark.django_db
+def test_the_sweep_analyzes_the_partitioned_step_table_once_a_day(
+    agent: Agent, priced: Any
+) -> None:
+    """Autovacuum analyzes each partition but never the partitioned parent: the hourly sweep
+    does, when its statistics are a day old or missing."""
+    now = datetime.now(UTC)
+    agent.events(*(step(f"e{n}", now - timedelta(minutes=n), model="probe") for n in range(20)))
+    assert "probe" not in step_table_models()
+    assert partitions.step_statistics_refresh(every=timedelta(0)) is True
+    assert step_table_models() == "{probe}"
+    assert partitions.step_statistics_refresh() is False  # analyzed less than a day ago
+    tasks.step_partitions_ahead.delay()  # the sweep's task: this month's made, no ANALYZE
+    assert partitions.step_statistics_refresh(every=timedelta(0)) is True

@@ -12,7 +12,7 @@ from costboard.budgets.retention import retention_sweep
 from costboard.budgets.sweep import runaway_sweep
 from costboard.hooks import hourly_run
 from costboard.outbox import outbox_dispatch
-from costboard.partitions import step_partitions_ahead
+from costboard.partitions import step_partitions_ahead, step_statistics_refresh
 
 RETENTION_EVERY_S = 3600
 OUTBOX_EVERY_S = 1.0
@@ -67,6 +67,8 @@ class Command(BaseCommand):
             made = step_partitions_ahead(now=timezone.now())
             if made:
                 line += f"; made step partitions {', '.join(made)}"
+            if step_statistics_refresh():
+                line += "; analyzed the step table"
             kept = retention_sweep()
             line += (
                 f"; retention deleted {kept.steps_deleted} steps and "
