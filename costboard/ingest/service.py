@@ -6,13 +6,14 @@ One transaction, a fixed number of statements whatever the batch size:
    that skips any made meanwhile), then lock all touched ones in key order (so concurrent
    batches lock in the same order) and read their totals and caps as they are now;
 2. record the event_ids of session and turn events (replays are skipped);
-3. read the touched turns and create the missing ones, empty (their sessions' locks keep
+3. read the touched turns and reserve ids for the missing ones (their sessions' locks keep
    them to this batch);
 4. insert the steps; a replayed event_id is skipped by the unique index (PostgreSQL returns
    what it inserted, so a concurrent replay can never be counted twice; there the index is
    each month partition's, made before the transaction if missing); then write each
-   touched turn once: the inserted steps' sums, its messages, and its retry-loop streaks
-   advanced over those steps, checking the per-turn runaway rules (turn_rules);
+   touched turn once — an update of those found, an insert of the new ones with their final
+   values: the inserted steps' sums, its messages, and its retry-loop streaks advanced over
+   those steps, checking the per-turn runaway rules (turn_rules);
 5. write each touched session once: the inserted steps' sums and the new turns, with the
    budget engine's decision (crossings, runaway flag), returning the sessions' new state
    for the response;
@@ -324,6 +325,24 @@ class _Dialect:
         """A text[] parameter on PostgreSQL, as its placeholder and its value."""
         return _array_param("text", values)
 
+    def ids_reserve(self, cursor: Any, table: str, count: int) -> list[int]:
+        """`count` new ids of `table`, ascending, for rows this transaction inserts later with
+        their final values. PostgreSQL: from the id's sequence. SQLite: past the largest id
+        the table has had (its whole database is locked by this transaction)."""
+        if self.postgres:
+            cursor.execute(
+                "SELECT nextval(pg_get_serial_sequence(%s, 'id')) FROM generate_series(1, %s)",
+                [table, count],
+            )
+            return sorted(row[0] for row in cursor.fetchall())
+        cursor.execute(
+            f"SELECT max(n) FROM (SELECT max(id) AS n FROM {table}"
+            " UNION ALL SELECT seq FROM sqlite_sequence WHERE name = %s)",
+            [table],
+        )
+        last = cursor.fetchone()[0] or 0
+        return list(range(last + 1, last + 1 + count))
+
     def for_update(self, table: str) -> str:
         """Row locks, on PostgreSQL (SQLite locks the whole database for the transaction)."""
         return f"FOR UPDATE OF {table}" if self.postgres else ""
@@ -598,7 +617,7 @@ def events_ingest(
         if len(inserted) < len(steps):
             duplicates += len(steps) - len(inserted)
             hot = _hot_statements(sql, project, inserted)
-        runaways = _turns_update(cursor, sql, project, turns_now, turns, inserted)
+        runaways = _turns_update(cursor, sql, project, session_ids, turns_now, turns, inserted)
         new_turns = Counter(turn.session_key for turn in turns_now.values() if turn.new)
         caps_of = CapsMemo(project)
         crossings, touched = _sessions_update(
@@ -973,10 +992,11 @@ def _turns_ensure(
     session_ids: dict[str, int],
     turns: dict[tuple[str, int], _TurnTouch],
 ) -> dict[tuple[str, int], _TurnNow]:
-    """The touched turns as they stand, the missing ones made (empty): a read, then an insert
-    of those it did not find. Their sessions are locked (_sessions_lock), and only ingest
-    writes turns, so no other batch makes or changes them meanwhile; _turns_update writes
-    each once, after the steps."""
+    """The touched turns as they stand: a read; the missing ones get ids reserved (their
+    steps carry them), and _turns_update inserts them after the steps with their final
+    values, so a new turn is written once. Their sessions are locked (_sessions_lock), and
+    every writer of a turn holds its session's lock, so no other batch makes or changes them
+    meanwhile; _turns_update writes each once."""
     if not turns:
         return {}
     by_id = {v: k for k, v in session_ids.items()}
@@ -1000,31 +1020,13 @@ def _turns_ensure(
         result[(key, number)] = _TurnNow(id_, key, number, step_count, TurnStreaks(*streaks))
     missing = [t for t in ordered if (t.session_key, t.number) not in result]
     if missing:
-        with_v, params = sql.rows(
-            [("session_id", "bigint"), ("number", "integer"), ("started_at", "timestamptz")],
-            [[session_ids[t.session_key], t.number, sql.dt(t.first)] for t in missing],
-        )
-        cursor.execute(
-            f"""
-            {with_v}
-            INSERT INTO {TURN_TABLE} (project_id, session_id, number, started_at, last_active_at,
-                                      user_message, assistant_response,
-                                      {", ".join(_TURN_COUNTERS)}, context_tokens,
-                                      fail_streak, fail_peak, repeat_streak, repeat_peak)
-            SELECT %s, v.session_id, v.number, v.started_at, v.started_at, '', '',
-                   {", ".join("0" for _ in _TURN_COUNTERS)}, 0, 0, 0, 0, 0
-            FROM v WHERE true
-            RETURNING id, session_id, number
-            """,
-            [*params, project.pk],
-        )
-        for id_, session_id, number in cursor.fetchall():
-            key = by_id[session_id]
-            result[(key, number)] = _TurnNow(id_, key, number, 0, TurnStreaks(), new=True)
+        for touch, id_ in zip(
+            missing, sql.ids_reserve(cursor, TURN_TABLE, len(missing)), strict=True
+        ):
+            result[(touch.session_key, touch.number)] = _TurnNow(
+                id_, touch.session_key, touch.number, 0, TurnStreaks(), new=True
+            )
     return result
-
-
-_TURN_COUNTERS = [*USAGE_COLUMNS, "step_count", "error_count"]
 
 
 _STEP_COLUMNS: list[Column] = [
@@ -1393,15 +1395,17 @@ def _turns_update(
     cursor: Any,
     sql: _Dialect,
     project: Project,
+    session_ids: dict[str, int],
     turns_now: dict[tuple[str, int], _TurnNow],
     turns: dict[tuple[str, int], _TurnTouch],
     inserted: list[_Step],
 ) -> dict[str, Flag]:
     """Each touched turn's one write of the batch: its times, its messages and context, the
     sums of its inserted steps (a replay refused by the insert is not among them), the
-    largest prompt (context pressure), and its retry-loop streaks advanced over those steps.
-    Returns the per-turn runaway rules broken, by session key (the first turn's, in turn
-    order)."""
+    largest prompt (context pressure), and its retry-loop streaks advanced over those steps;
+    an update of those that existed, an insert of the new ones (their ids reserved by
+    _turns_ensure). Returns the per-turn runaway rules broken, by session key (the first
+    turn's, in turn order)."""
     if not turns_now:
         return {}
     new_steps: dict[tuple[str, int], list[_Step]] = defaultdict(list)
@@ -1410,6 +1414,7 @@ def _turns_update(
             new_steps[(step.session_key, step.turn_no)].append(step)
     flags: dict[str, Flag] = {}
     values = []
+    new_values = []
     for key in sorted(turns_now, key=lambda k: turns_now[k].id):
         turn, touch = turns_now[key], turns[key]
         added = new_steps.get(key, [])
@@ -1423,26 +1428,62 @@ def _turns_update(
                 flags[turn.session_key] = flag
             largest = added[0] if len(added) == 1 else max(added, key=_BY_PROMPT)
         counted = _sums(added)
-        values.append(
-            [
-                turn.id,
-                sql.dt(touch.first),
-                sql.dt(touch.last),
-                touch.user_message,
-                touch.assistant_response,
-                _json(touch.context),
-                *sql.usage(counted),
-                len(added),
-                counted[10],
-                largest.prompt_tokens if largest else 0,
-                largest.context_window if largest else None,
-                streaks.fail_streak,
-                streaks.fail_peak,
-                streaks.repeat_sig,
-                streaks.repeat_streak,
-                streaks.repeat_peak,
-            ]
-        )
+        row = [
+            turn.id,
+            sql.dt(touch.first),
+            sql.dt(touch.last),
+            touch.user_message,
+            touch.assistant_response,
+            _json(touch.context),
+            *sql.usage(counted),
+            len(added),
+            counted[10],
+            largest.prompt_tokens if largest else 0,
+            largest.context_window if largest else None,
+            streaks.fail_streak,
+            streaks.fail_peak,
+            streaks.repeat_sig,
+            streaks.repeat_streak,
+            streaks.repeat_peak,
+        ]
+        if turn.new:
+            new_values.append([*row, session_ids[turn.session_key], turn.number])
+        else:
+            values.append(row)
+    if new_values:
+        _turns_insert(cursor, sql, project, new_values)
+    if values:
+        _turns_write(cursor, sql, values)
+    return flags
+
+
+def _turns_insert(cursor: Any, sql: _Dialect, project: Project, values: list[list[Any]]) -> None:
+    """Insert the batch's new turns as _turns_update would leave them had they been made
+    empty first: rows of _TURN_UPDATE_COLUMNS, then the session id and the number."""
+    with_v, params = sql.rows(
+        [*_TURN_UPDATE_COLUMNS, ("session_id", "bigint"), ("number", "integer")], values
+    )
+    usage = ", ".join(USAGE_COLUMNS)
+    streaks = ", ".join(_STREAK_COLUMNS)
+    cursor.execute(
+        f"""
+        {with_v}
+        INSERT INTO {TURN_TABLE} (id, project_id, session_id, number, started_at, last_active_at,
+                                  user_message, assistant_response, context, {usage},
+                                  step_count, error_count, context_tokens, context_window,
+                                  {streaks})
+        SELECT v.id, %s, v.session_id, v.number, v.started_at, v.last_active_at,
+               COALESCE(v.user_message, ''), COALESCE(v.assistant_response, ''),
+               {sql.jsonb("v.context")}, {usage}, v.d_steps, v.d_errors, v.context_tokens,
+               CASE WHEN v.context_tokens > 0 THEN v.context_window END, {streaks}
+        FROM v WHERE true
+        """,
+        [*params, project.pk],
+    )
+
+
+def _turns_write(cursor: Any, sql: _Dialect, values: list[list[Any]]) -> None:
+    """Update the batch's turns that existed: rows of _TURN_UPDATE_COLUMNS."""
     with_v, params = sql.rows(_TURN_UPDATE_COLUMNS, values)
     sums = ",\n".join(f"{c} = {TURN_TABLE}.{c} + v.{c}" for c in USAGE_COLUMNS)
     streak_columns = ",\n".join(f"{c} = v.{c}" for c in _STREAK_COLUMNS)
@@ -1470,7 +1511,6 @@ def _turns_update(
         """,
         params,
     )
-    return flags
 
 
 _BY_TS = attrgetter("ts")

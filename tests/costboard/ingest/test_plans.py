@@ -125,3 +125,21 @@ def test_a_wide_batch_rewrites_its_model_mix_in_place(agent: Agent) -> None:
     updates, hot = updates_of("costboard_sessionmodelusage")
     assert updates - before == SESSIONS  # one row per session: same family and model
     assert hot - before_hot == SESSIONS
+
+
+@on_postgres
+@pytest.mark.django_db
+def test_a_batch_writes_its_new_turns_once(agent: Agent) -> None:
+    """New turns are inserted after the steps with their final values (ids reserved first):
+    no empty row made and then rewritten. The turns a batch goes on with are updated once."""
+    before, _ = updates_of("costboard_turn")
+    result = events_ingest(project=agent.project, events=parse_events(wide_batch("once", 1)))
+    assert result.accepted == SESSIONS
+    assert updates_of("costboard_turn")[0] == before  # 300 turns made, none rewritten
+
+    more = json.loads(wide_batch("once", 1))
+    for event in more["events"]:
+        event["event_id"] += "-more"  # the same turns go on
+    result = events_ingest(project=agent.project, events=parse_events(json.dumps(more).encode()))
+    assert result.accepted == SESSIONS
+    assert updates_of("costboard_turn")[0] - before == SESSIONS
