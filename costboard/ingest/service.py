@@ -449,6 +449,10 @@ def _plan(
                 continue
             seen_ids.add(event.event_id)
         ts = event.at(now)
+        if ts.tzinfo is not UTC:
+            # in UTC from here on: the day of its rollups, and the time psycopg sends
+            # cheapest (a parsed offset's tzinfo is asked for it value by value, in Python)
+            ts = ts.astimezone(UTC)
         if isinstance(event, StepEvent):
             key = event.session_id or SYSTEM_SESSION_ID
             _touch_session(sessions, key, ts)
@@ -541,7 +545,7 @@ def _step(
         event.turn,
         event.event_id,
         ts,
-        ts.astimezone(UTC).date(),
+        ts.date(),  # in UTC (_plan)
         event.step_type,
         event.model,
         family,
