@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
@@ -19,6 +19,8 @@ from django.db.migrations.executor import MigrationExecutor
 from django.db.models import Sum
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.sdk.trace import Tracer
 
 from costboard import partitions, tasks
 from costboard.budgets.retention import retention_sweep
@@ -31,6 +33,7 @@ from costboard.partitions import (
     step_partitions_ensure,
 )
 from tests.conftest import Agent, make_agent, run_in_threads
+from tests.costboard.api.test_otlp import CHAT, PROTOBUF, span, spans_of
 
 pytestmark = pytest.mark.skipif(
     connection.vendor != "postgresql", reason="partitions are PostgreSQL's; CI runs them there"
@@ -402,16 +405,45 @@ def test_busy_locks_put_off_the_sweep_and_the_drop_but_not_retention(
         step_partition_drop(date(2026, 8, 1), droppable=lambda projects: True)
 
 
+MAY_2 = datetime(2026, 5, 2, tzinfo=UTC)
+
+
+def keyed_request(agent: Agent) -> Any:
+    """A batch under an Idempotency-Key: one transaction with the key's row."""
+    return Client().post(
+        "/api/v1/events",
+        json.dumps({"events": [step("first", MAY_2)]}),
+        content_type="application/json",
+        headers={"Authorization": f"Bearer {agent.key}", "Idempotency-Key": "batch-1"},
+    )
+
+
+def otlp_request(agent: Agent) -> Any:
+    """An OTLP export of one chat span in session s: the whole request one transaction."""
+
+    def build(tracer: Tracer) -> None:
+        start = int(MAY_2.timestamp() * 1e9)
+        span(tracer, "chat", {**CHAT, "gen_ai.conversation.id": "s"}, start=start)
+
+    return Client().post(
+        "/v1/traces",
+        encode_spans(spans_of(build)).SerializeToString(),
+        content_type=PROTOBUF,
+        headers={"Authorization": f"Bearer {agent.key}"},
+    )
+
+
 @pytest.mark.django_db(transaction=True)
-def test_a_batch_under_an_idempotency_key_makes_its_month_before_its_transaction(
-    priced: Any, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("first_request", [keyed_request, otlp_request], ids=["keyed", "otlp"])
+def test_a_batch_in_a_transaction_of_its_own_makes_its_month_before_it(
+    first_request: Callable[[Agent], Any], priced: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """An Idempotency-Key holds its batch in one transaction with the key's row. Were a new
-    month made inside it, the partition's locks would be held to the end of that batch: a
-    batch of the same session, its session locked, would wait on them, and the first would
-    then wait on that session — a deadlock, and one of the two lost. The month is made (and
-    committed) before the key's transaction: both batches are stored."""
-    agent = make_agent("idem")
+    """An Idempotency-Key holds its batch in one transaction with the key's row, an OTLP
+    export all its spans in one. Were a new month made inside it, the partition's locks would
+    be held to its end: a batch of the same session, its session locked, would wait on them,
+    and the first would then wait on that session — a deadlock, one of the two lost. The
+    month is made (and committed) before that transaction: both batches are stored."""
+    agent = make_agent("first")
     month = date(2026, 5, 1)
     assert month not in step_partitions()
     made = threading.Event()
@@ -428,29 +460,24 @@ def test_a_batch_under_an_idempotency_key_makes_its_month_before_its_transaction
     answers: dict[int, Any] = {}
 
     def work(index: int) -> None:
-        client = Client()
-        headers = {"Authorization": f"Bearer {agent.key}"}
         if index == 0:
-            body = {"events": [step("keyed", datetime(2026, 5, 2, tzinfo=UTC))]}
-            headers["Idempotency-Key"] = "batch-1"
-        else:
-            made.wait(timeout=5)
-            body = {"events": [step("plain", datetime(2026, 5, 3, tzinfo=UTC))]}
+            answers[0] = first_request(agent)
+            return
+        made.wait(timeout=5)
         try:
-            answers[index] = client.post(
+            answers[1] = Client().post(
                 "/api/v1/events",
-                json.dumps(body),
+                json.dumps({"events": [step("plain", MAY_2 + timedelta(days=1))]}),
                 content_type="application/json",
-                headers=headers,
+                headers={"Authorization": f"Bearer {agent.key}"},
             )
         finally:
-            if index == 1:
-                other_done.set()
+            other_done.set()
 
     try:
         assert run_in_threads(2, work) == []
         assert [answers[i].status_code for i in (0, 1)] == [200, 200]
-        assert sorted(event_id for _, event_id in where_stored()) == ["keyed", "plain"]
+        assert len(where_stored()) == 2
         assert {name for name, _ in where_stored()} == {"costboard_step_p202605"}
         assert Session.objects.get(project=agent.project, external_id="s").step_count == 2
     finally:
