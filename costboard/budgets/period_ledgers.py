@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import date, datetime
 from decimal import Decimal
+from functools import lru_cache
 from typing import Any, Protocol
 
 from django.db import connection, transaction
@@ -34,6 +35,7 @@ from costboard.budgets.periods import (
     period_bounds,
     zone,
 )
+from costboard.model_rows import ModelColumns
 from costboard.models import BudgetDay, BudgetEvent, PeriodBudget, PeriodLedger, Project, usd
 from costboard.pricing.rates import pico_usd
 
@@ -97,7 +99,19 @@ class PeriodOutcome:
 
 
 def project_budgets(project: Project) -> list[PeriodBudget]:
-    return list(PeriodBudget.objects.filter(project=project).order_by("pk"))
+    """The project's period budgets, by id: read by every batch and every budget read, so
+    written once as SQL (costboard/model_rows.py) rather than compiled by the ORM each time."""
+    with connection.cursor() as cursor:
+        cursor.execute(_budgets_sql(connection.vendor), [project.pk])
+        return [_BUDGET.instance(row) for row in cursor.fetchall()]
+
+
+_BUDGET = ModelColumns(PeriodBudget, "b")
+
+
+@lru_cache(maxsize=4)
+def _budgets_sql(vendor: str) -> str:
+    return f"SELECT {_BUDGET.select()} FROM {_BUDGET.table} WHERE b.project_id = %s ORDER BY b.id"
 
 
 def _by_period(
@@ -361,7 +375,7 @@ def stopping_budget(
 ) -> int | None:
     """The id of an exhausted stop-budget (in its current period) that covers a session of
     this user and these tags asked about with this key; None if nothing stops it."""
-    stops = exhausted_stops(list(PeriodBudget.objects.filter(project=project).order_by("pk")), now)
+    stops = exhausted_stops(project_budgets(project), now)
     scope = StepScope(user_id=user_id, key_prefix=key_prefix, tags=tags or None)
     return first_stopping(stops, scope)
 
