@@ -448,11 +448,7 @@ def _plan(
                 duplicates += 1
                 continue
             seen_ids.add(event.event_id)
-        ts = event.at(now)
-        if ts.tzinfo is not UTC:
-            # in UTC from here on: the day of its rollups, and the time psycopg sends
-            # cheapest (a parsed offset's tzinfo is asked for it value by value, in Python)
-            ts = ts.astimezone(UTC)
+        ts = _utc_at(event, now)
         if isinstance(event, StepEvent):
             key = event.session_id or SYSTEM_SESSION_ID
             _touch_session(sessions, key, ts)
@@ -469,6 +465,14 @@ def _plan(
                 _touch_session(sessions, event.parent_session_id, ts)
             others.append(event)
     return sessions, turns, steps, others, duplicates
+
+
+def _utc_at(event: Event, now: datetime) -> datetime:
+    """When the event happened, in UTC: the day of its rollups and its month partition, and
+    the time psycopg sends cheapest (a parsed offset's tzinfo is asked for its offset value
+    by value, in Python)."""
+    ts = event.at(now)
+    return ts if ts.tzinfo is UTC else ts.astimezone(UTC)
 
 
 def _touch_session(sessions: dict[str, _SessionTouch], key: str, ts: datetime) -> None:
@@ -573,9 +577,7 @@ def step_months_ready(events: Sequence[Event], now: datetime) -> None:
     deadlock, one of the two lost."""
     if connection.vendor != "postgresql":
         return
-    days = {
-        event.at(now).astimezone(UTC).date() for event in events if isinstance(event, StepEvent)
-    }
+    days = {_utc_at(event, now).date() for event in events if isinstance(event, StepEvent)}
     if days:
         step_partitions_cover(days=days, now=now)
 
@@ -947,7 +949,7 @@ def _apply_other_events(
 ) -> None:
     """Fold accepted session and turn events into their touches, later events winning."""
     for event in events:
-        ts = event.at(now)
+        ts = _utc_at(event, now)
         if isinstance(event, TurnEvent):
             turn = turns[(event.session_id, event.turn)]
             if event.user_message is not None:
