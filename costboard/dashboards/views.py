@@ -38,6 +38,7 @@ from django_htmx.middleware import HtmxDetails
 from costboard.budgets import services
 from costboard.budgets.caps import Caps, caps_for, session_caps
 from costboard.dashboards import charts, selectors
+from costboard.dashboards.pagination import KeyedPaginator
 from costboard.dashboards.scope import Scope, scope_for
 from costboard.exports import csv_cell
 from costboard.ingest.schemas import FIRST_YEAR, LAST_YEAR
@@ -186,7 +187,7 @@ def sessions_list(request: HtmxHttpRequest) -> HttpResponse:
     scope = scope_for(request)
     filters = _session_filters(request.GET)
     sessions = selectors.sessions_filtered(project_ids=scope.project_ids, filters=filters)
-    page = Paginator(sessions, PAGE_SIZE).get_page(request.GET.get("page"))
+    page = KeyedPaginator(sessions, PAGE_SIZE).get_page(request.GET.get("page"))
     mix = selectors.model_mix(session_ids=[s.pk for s in page])
     rows = [(s, session_caps(s), mix.get(s.pk, [])) for s in page]
     filter_errors = _period(request.GET).errors
