@@ -181,7 +181,7 @@ def step_statistics_refresh(*, every: timedelta = STATISTICS_EVERY) -> bool:
     column other than time, the selectivity of a session's or a model's steps across
     months); on PostgreSQL 15 an ANALYZE of the parent also analyzes every partition. The
     sweep's part, hourly; True if it ran. Locks busy past LOCK_TIMEOUT (partition DDL at
-    work): not now, the next sweep tries again."""
+    work): not now, the next sweep tries again; the caller's own timeout is put back."""
     if not partitioned():
         return False
     with transaction.atomic(), connection.cursor() as cursor:
@@ -194,6 +194,8 @@ def step_statistics_refresh(*, every: timedelta = STATISTICS_EVERY) -> bool:
         row = cursor.fetchone()
         if row is not None and row[0] is not None and row[0] < every:
             return False
+        cursor.execute("SELECT current_setting('lock_timeout')")
+        [before] = cursor.fetchone()
         cursor.execute("SELECT set_config('lock_timeout', %s, true)", [LOCK_TIMEOUT])
         try:
             with transaction.atomic():
@@ -203,6 +205,8 @@ def step_statistics_refresh(*, every: timedelta = STATISTICS_EVERY) -> bool:
                 raise
             log.warning("step statistics not gathered now: %s", exc)
             return False
+        finally:  # a caller's transaction keeps its own timeout (set_config lasts till its end)
+            cursor.execute("SELECT set_config('lock_timeout', %s, true)", [before])
     return True
 
 

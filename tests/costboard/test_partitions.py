@@ -506,7 +506,11 @@ def test_the_sweep_analyzes_the_partitioned_step_table_once_a_day(
     now = datetime.now(UTC)
     agent.events(*(step(f"e{n}", now - timedelta(minutes=n), model="probe") for n in range(20)))
     assert "probe" not in step_table_models()
-    assert partitions.step_statistics_refresh(every=timedelta(0)) is True
+    with connection.cursor() as cursor:  # inside the test's transaction, as a caller's
+        cursor.execute("SET LOCAL lock_timeout = '7s'")
+        assert partitions.step_statistics_refresh(every=timedelta(0)) is True
+        cursor.execute("SELECT current_setting('lock_timeout')")
+        assert cursor.fetchone() == ("7s",)  # the caller's own, put back
     assert step_table_models() == "{probe}"
     assert partitions.step_statistics_refresh() is False  # analyzed less than a day ago
     tasks.step_partitions_ahead.delay()  # the sweep's task: this month's made, no ANALYZE
