@@ -33,7 +33,7 @@ from costboard.partitions import (
     step_partitions_ensure,
 )
 from tests.conftest import Agent, make_agent, run_in_threads
-from tests.costboard.api.test_otlp import CHAT, PROTOBUF, span, spans_of
+from tests.otlp_spans import CHAT, PROTOBUF, span, spans_of
 
 pytestmark = pytest.mark.skipif(
     connection.vendor != "postgresql", reason="partitions are PostgreSQL's; CI runs them there"

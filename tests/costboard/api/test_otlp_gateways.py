@@ -30,7 +30,7 @@ from pydantic_ai.models.test import TestModel
 from costboard.models import TOOL_MODEL, Session, Step, UserDailyRollup
 from costboard.pricing.sync import prices_sync
 from tests.conftest import Agent
-from tests.costboard.api.test_otlp import parsed, post_spans, span, spans_of
+from tests.otlp_spans import parsed, post_spans, span, spans_of
 
 pytestmark = pytest.mark.django_db
 

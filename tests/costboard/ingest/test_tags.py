@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from costboard.models import Session, Step
 from tests.conftest import Agent
-from tests.costboard.api.test_otlp import CHAT, T0, parsed, post_spans, span
+from tests.otlp_spans import CHAT, T0, parsed, post_spans, span
 
 pytestmark = pytest.mark.django_db
 
