@@ -104,11 +104,21 @@ def _partition_ddl() -> Iterator[Any]:
     whose lock waits give up after LOCK_TIMEOUT; the caller's own timeout is put back."""
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_LOCK_KEY])
-        cursor.execute("SELECT current_setting('lock_timeout')")
-        [before] = cursor.fetchone()
-        cursor.execute("SELECT set_config('lock_timeout', %s, true)", [LOCK_TIMEOUT])
-        yield cursor
-        cursor.execute("SELECT set_config('lock_timeout', %s, true)", [before])
+        with _lock_timeout(cursor):
+            yield cursor
+
+
+@contextmanager
+def _lock_timeout(cursor: Any) -> Iterator[None]:
+    """Lock waits give up after LOCK_TIMEOUT within the block; the caller's own timeout is
+    put back after it (set_config(…, true) would last to the end of the caller's
+    transaction). Left on an error, the transaction or savepoint around the block is rolled
+    back, which undoes the setting with everything else."""
+    cursor.execute("SELECT current_setting('lock_timeout')")
+    [before] = cursor.fetchone()
+    cursor.execute("SELECT set_config('lock_timeout', %s, true)", [LOCK_TIMEOUT])
+    yield
+    cursor.execute("SELECT set_config('lock_timeout', %s, true)", [before])
 
 
 def step_partitions_ensure(*, months: Iterable[date]) -> list[str]:
@@ -194,19 +204,15 @@ def step_statistics_refresh(*, every: timedelta = STATISTICS_EVERY) -> bool:
         row = cursor.fetchone()
         if row is not None and row[0] is not None and row[0] < every:
             return False
-        cursor.execute("SELECT current_setting('lock_timeout')")
-        [before] = cursor.fetchone()
-        cursor.execute("SELECT set_config('lock_timeout', %s, true)", [LOCK_TIMEOUT])
-        try:
-            with transaction.atomic():
-                cursor.execute(f"ANALYZE {STEP_TABLE}")
-        except OperationalError as exc:
-            if not lock_busy(exc):
-                raise
-            log.warning("step statistics not gathered now: %s", exc)
-            return False
-        finally:  # a caller's transaction keeps its own timeout (set_config lasts till its end)
-            cursor.execute("SELECT set_config('lock_timeout', %s, true)", [before])
+        with _lock_timeout(cursor):
+            try:
+                with transaction.atomic():
+                    cursor.execute(f"ANALYZE {STEP_TABLE}")
+            except OperationalError as exc:
+                if not lock_busy(exc):
+                    raise
+                log.warning("step statistics not gathered now: %s", exc)
+                return False
     return True
 
 
