@@ -392,6 +392,11 @@ class Session(UsageTotals):
     metadata = models.JSONField(default=dict, blank=True)
     # attribution (CONTRACT §7): merged key by key from session events; its steps carry them
     tags = models.JSONField(default=dict, blank=True, db_default={})
+    # The model families of its steps, as the keys of an object ({"gpt-4o": true}): the
+    # families of its SessionModelUsage rows, kept beside them. The sessions list's model
+    # filter tests it on the rows its period reads (a semi-join of the model mix read ten
+    # times as much with ten times the history). Written only when a family is new to it.
+    families = models.JSONField(default=dict, blank=True, db_default={})
 
     class Meta:
         constraints = [

@@ -685,6 +685,19 @@ def _rebuild_statements() -> list[tuple[str, str]]:
             """,
         ),
         (
+            "session families",
+            f"""
+            UPDATE {SESSION_TABLE} s SET families = f.families
+            FROM (
+                SELECT session_id, jsonb_object_agg(family, true) AS families
+                FROM {SessionModelUsage._meta.db_table} WHERE project_id = %(project)s
+                GROUP BY session_id
+            ) f
+            WHERE s.id = f.session_id AND s.project_id = %(project)s
+              AND s.families IS DISTINCT FROM f.families
+            """,
+        ),
+        (
             "latency rollups",
             f"DELETE FROM {LatencyRollup._meta.db_table} WHERE project_id = %(project)s",
         ),

@@ -471,12 +471,16 @@ def sessions_filtered(*, project_ids: list[int], filters: SessionFilters) -> Que
     sessions = Session.objects.filter(project_id__in=project_ids)
     if filters.state in STATE_FILTERS:
         sessions = sessions.filter(STATE_FILTERS[filters.state])
-    if filters.model or filters.exact:
-        usage = SessionModelUsage.objects.all()
+    if filters.exact:  # an exact name (within the family `model`, if given)
+        usage = SessionModelUsage.objects.filter(model=filters.exact)
         if filters.model:
             usage = usage.filter(Q(family=filters.model) | Q(model=filters.model))
-        if filters.exact:
-            usage = usage.filter(model=filters.exact)
+        sessions = sessions.filter(pk__in=usage.values("session_id"))
+    elif filters.model and _is_family(project_ids, filters.model):
+        # a test on each row of the period: no join of the model mix, whatever its history
+        sessions = sessions.filter(families__has_key=filters.model)
+    elif filters.model:  # an exact name, as links had it before families
+        usage = SessionModelUsage.objects.filter(model=filters.model)
         sessions = sessions.filter(pk__in=usage.values("session_id"))
     if filters.user:  # a prefix: "acme-" finds acme-1, acme-2…
         sessions = sessions.filter(user_id__startswith=filters.user)
@@ -497,6 +501,11 @@ def sessions_filtered(*, project_ids: list[int], filters: SessionFilters) -> Que
         sessions = sessions.alias(tokens_total=F("input_tokens") + F("output_tokens"))
     order = f"-{column}" if filters.descending else column
     return sessions.select_related("project").order_by(order, "-id" if filters.descending else "id")
+
+
+def _is_family(project_ids: list[int], name: str) -> bool:
+    """Whether the projects' steps have a family of this name (else it is an exact name)."""
+    return DailyRollup.objects.filter(project_id__in=project_ids, family=name).exists()
 
 
 def model_mix(*, session_ids: Iterable[int]) -> dict[int, list[FamilyUsage]]:

@@ -839,7 +839,7 @@ def _sessions_locked(
     """These sessions, locked in key order, as _sessions_lock returns them."""
     columns = """s.id, s.external_id, s.token_cap, s.cost_cap_usd, s.input_tokens,
         s.output_tokens, s.cost_usd, s.state, s.warned_at, s.exhausted_at, s.runaway_at,
-        s.runaway_reason, s.acknowledged_at, s.metadata, s.tags, s.user_id"""
+        s.runaway_reason, s.acknowledged_at, s.metadata, s.tags, s.user_id, s.families"""
     if sql.postgres:
         # The keys as an index condition on (project, external_id): no join for the planner
         # to get wrong (with a project's size underestimated, it joined every one of its
@@ -866,7 +866,7 @@ def _sessions_locked(
     rows = {}
     for row in cursor.fetchall():
         (id_, key, token_cap, cost_cap, inp, out, cost, state, warned, exhausted) = row[:10]
-        runaway, runaway_reason, acknowledged, meta, tags, user_id = row[10:]
+        runaway, runaway_reason, acknowledged, meta, tags, user_id, families = row[10:]
         rows[key] = {
             "id": id_,
             "token_cap": token_cap,
@@ -882,6 +882,7 @@ def _sessions_locked(
             "metadata": _json_object(meta),
             "tags": _json_object(tags),
             "user_id": user_id or "",
+            "families": _json_object(families),
         }
     return rows
 
@@ -1189,6 +1190,7 @@ _SESSION_UPDATE_COLUMNS: list[Column] = [
     ("ended_at", "timestamptz"),
     ("metadata", "text"),
     ("tags", "text"),
+    ("families", "text"),
     ("state", "text"),
     ("warned_at", "timestamptz"),
     ("exhausted_at", "timestamptz"),
@@ -1268,6 +1270,11 @@ def _sessions_update(
             metadata = _json({**row["metadata"], **touch.metadata})
         if touch.tags is not None:
             tags = _json({**row["tags"], **touch.tags})
+        families = None
+        known = row["families"]
+        if any(step.family not in known for step in new_steps):
+            met = {step.family: True for step in new_steps}
+            families = _json(dict(sorted({**known, **met}.items())))
         parent_id = None
         if touch.parent_key is not None and touch.parent_key != key:
             parent_id = rows[touch.parent_key]["id"]
@@ -1288,6 +1295,7 @@ def _sessions_update(
                 sql.dt(touch.ended_at),
                 metadata,
                 tags,
+                families,
                 after.state,
                 sql.dt(after.warned_at),
                 sql.dt(after.exhausted_at),
@@ -1315,6 +1323,7 @@ def _sessions_update(
             ended_at = COALESCE(v.ended_at, {SESSION_TABLE}.ended_at),
             metadata = COALESCE({sql.jsonb("v.metadata")}, {SESSION_TABLE}.metadata),
             tags = COALESCE({sql.jsonb("v.tags")}, {SESSION_TABLE}.tags),
+            families = COALESCE({sql.jsonb("v.families")}, {SESSION_TABLE}.families),
             state = v.state,
             warned_at = v.warned_at,
             exhausted_at = v.exhausted_at,

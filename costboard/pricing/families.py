@@ -17,10 +17,12 @@ Bedrock's `:0` (`-v2:0`, not `deepseek-v3`); and they know two more snapshot for
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from functools import lru_cache
 
-from costboard.models import TOOL_MODEL
+from django.db import connection
+
+from costboard.models import TOOL_MODEL, Session, SessionModelUsage
 from costboard.pricing.rates import Rate, canonical_provider
 
 _SLASH_PREFIX = re.compile(r"^(?:[a-z0-9_.-]+/)+")
@@ -90,3 +92,36 @@ def price_families(rates: Iterable[Rate], *, key: object = None) -> dict[int, st
     if key is not None:
         _cached = (key, families)
     return families
+
+
+def sessions_families_rebuild(
+    *, project_id: int | None = None, session_ids: Sequence[int] | None = None
+) -> None:
+    """Set `Session.families` from the sessions' model mix rows: a project's sessions, or
+    these. Ingest adds the families a batch meets as it goes; this is for whatever moves
+    model mix rows in bulk (the seeder, repricing moving a step to another family)."""
+    if project_id is None and session_ids is None:
+        raise ValueError("sessions_families_rebuild: give project_id or session_ids")
+    postgres = connection.vendor == "postgresql"
+    families = "jsonb_object_agg(u.family, true)"
+    if not postgres:
+        families = "json_group_object(u.family, json('true'))"
+    where, params = [], []
+    if project_id is not None:
+        where.append("s.project_id = %s")
+        params.append(project_id)
+    if session_ids is not None:
+        if not session_ids:
+            return
+        where.append(f"s.id IN ({', '.join(['%s'] * len(session_ids))})")
+        params += list(session_ids)
+    session, usage = Session._meta.db_table, SessionModelUsage._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            UPDATE {session} AS s SET families = COALESCE(
+                (SELECT {families} FROM {usage} u WHERE u.session_id = s.id), '{{}}')
+            WHERE {" AND ".join(where)}
+            """,
+            params,
+        )

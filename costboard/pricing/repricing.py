@@ -24,7 +24,12 @@ from django.utils import timezone
 
 from costboard.budgets.services import session_recheck
 from costboard.models import TOOL_MODEL, DailyRollup, Session, SessionModelUsage, Step, Turn
-from costboard.pricing.families import is_tool_model, model_family, price_families
+from costboard.pricing.families import (
+    is_tool_model,
+    model_family,
+    price_families,
+    sessions_families_rebuild,
+)
 from costboard.pricing.rates import (
     UNPRICED,
     compiled_pattern,
@@ -180,6 +185,7 @@ def _reprice_chunk(steps: list[Step], table: Any, result: RepriceResult) -> None
         lambda: [0] * len(ROLLUP_TOKENS) + [ZERO] * len(COST_COLUMNS) + [0] * 4
     )
     changed: list[Step] = []
+    moved: set[int] = set()  # sessions with a step moved to another family
     for step in steps:
         result.steps_seen += 1
         tool = is_tool_model(step.model)
@@ -205,6 +211,8 @@ def _reprice_chunk(steps: list[Step], table: Any, result: RepriceResult) -> None
         unpriced_before = step.price_id is None and not tool
         unpriced_after = cost.price_id is None and not tool
         old_family = step.family
+        if family != old_family:
+            moved.add(step.session_id)
         step.price_id = cost.price_id
         step.family = family
         for name, value in zip(COST_COLUMNS, after, strict=True):
@@ -250,6 +258,7 @@ def _reprice_chunk(steps: list[Step], table: Any, result: RepriceResult) -> None
         USAGE_COUNTERS,
         {key: values for key, values in model_usage.items() if any(values)},
     )
+    sessions_families_rebuild(session_ids=sorted(moved))
     for turn_id in sorted(turns):
         if updates := turns[turn_id].updates():
             Turn.objects.filter(pk=turn_id).update(**updates)

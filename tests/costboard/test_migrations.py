@@ -189,3 +189,33 @@ def test_stored_memories_get_their_frame_key() -> None:
         cursor.execute("SELECT to_regclass('memory_content_trgm_gist') IS NOT NULL")
         assert cursor.fetchone() == (False,)
     MigrationExecutor(connection).migrate(latest)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_sessions_get_the_families_of_their_model_mix() -> None:
+    """0024 gives each stored session the families of its model-mix rows; a session without
+    any keeps an empty object."""
+    before = ("costboard", "0023_partial_parent_index_model_mix_fillfactor")
+    latest = [leaf("costboard"), leaf("memory_ui")]
+    executor = MigrationExecutor(connection)
+    executor.migrate([before])
+    old = executor.loader.project_state([before]).apps
+    project = old.get_model("costboard", "Project").objects.create(name="Old", slug="old")
+    Session = old.get_model("costboard", "Session")
+    Usage = old.get_model("costboard", "SessionModelUsage")
+    mixed = Session.objects.create(project=project, external_id="mixed")
+    Session.objects.create(project=project, external_id="empty")
+    for family, model in [
+        ("gpt-4o", "gpt-4o-2024-08-06"),
+        ("gpt-4o", "openai/gpt-4o"),
+        ("claude-3-5-sonnet", "claude-3-5-sonnet-20241022"),
+    ]:
+        Usage.objects.create(project=project, session=mixed, family=family, model=model, calls=1)
+
+    executor = MigrationExecutor(connection)
+    executor.migrate(latest)
+    new = executor.loader.project_state(latest).apps
+    families = dict(
+        new.get_model("costboard", "Session").objects.values_list("external_id", "families")
+    )
+    assert families == {"mixed": {"claude-3-5-sonnet": True, "gpt-4o": True}, "empty": {}}

@@ -1,7 +1,7 @@
 """Rollup invariant: after any sequence of batches, every turn, session and daily rollup equals
-the sums over its steps, exactly, and every step's cost equals its tokens × the rates. Steps
-sent under several names of one model land in their family's rollups; tool steps (no model)
-cost nothing and are never unpriced."""
+the sums over its steps, exactly (and a session's families are its steps'), and every step's
+cost equals its tokens × the rates. Steps sent under several names of one model land in their
+family's rollups; tool steps (no model) cost nothing and are never unpriced."""
 
 from __future__ import annotations
 
@@ -172,6 +172,8 @@ class RollupInvariantTests(TestCase):
             assert session.step_count == len(mine)
             assert session.error_count == sum(not s.success for s in mine)
             assert session.turn_count == Turn.objects.filter(session=session).count()
+            # the families the model filter tests: its steps', kept across batches
+            assert session.families == {s.family: True for s in mine}
             caps = session_caps(session)
             assert session.state == caps.state(session.tokens_used, session.cost_usd)
             assert (session.warned_at is not None) >= (session.state != "ok")

@@ -47,10 +47,12 @@ ROLLUP_SUMS = ("input_tokens", "output_tokens", "cache_read_input_tokens", "cost
 
 def assert_rollups_match_steps() -> None:
     """Every session, turn, daily rollup and model-mix row is the sum of its steps (rollups
-    and model mix keyed by family and exact model), and none is left without steps."""
+    and model mix keyed by family and exact model), and none is left without steps; each
+    session's families are its steps'."""
     for session in Session.objects.all():
         steps = Step.objects.filter(session=session)
         assert session.cost_usd == sum((s.cost_usd for s in steps), Decimal(0))
+        assert session.families == {s.family: True for s in steps}
     for turn in Turn.objects.all():
         assert turn.cost_usd == sum((s.cost_usd for s in turn.steps.all()), Decimal(0))
     keys = set()
