@@ -414,6 +414,9 @@ class Session(UsageTotals):
             models.Index(
                 fields=["project", "state"], name="session_flagged", condition=~Q(state="ok")
             ),
+            # the sessions list sorted by cost, either way: its first page without sorting a
+            # whole history (each session a batch updates takes an entry here: its cost moved)
+            models.Index(fields=["project", "cost_usd", "id"], name="session_cost"),
             # overview's flagged panel and the list's state=flagged: near-cap, exhausted or runaway
             models.Index(
                 fields=["project", "-last_active_at"],
