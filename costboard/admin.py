@@ -48,7 +48,7 @@ from costboard.numbers import count_text
 from costboard.outbox import outbox_retry
 from costboard.pricing import services as pricing_services
 from costboard.pricing.rates import micros_of_day, windows_overlap
-from costboard.projects import api_keys_revoke
+from costboard.projects import api_keys_revoke, sessions_delete
 
 RATE_FIELDS = (
     "input_mtok",
@@ -542,6 +542,13 @@ class SessionAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # sessions come from agents
+
+    # deleted through the service: each project's count of sessions goes down with them
+    def delete_model(self, request: HttpRequest, obj: Session) -> None:
+        sessions_delete(session_ids=[obj.pk])
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Session]) -> None:
+        sessions_delete(session_ids=list(queryset.values_list("pk", flat=True)))
 
     def save_model(self, request: HttpRequest, obj: Session, form: Any, change: bool) -> None:
         # only the caps are editable here: set under the session's lock, state decided again

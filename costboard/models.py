@@ -983,7 +983,9 @@ class LatencyRollup(models.Model):
 
 class IngestTally(models.Model):
     """Events a project sent per UTC day: accepted, duplicates, refused (the /metrics
-    counters, kept in the database so every worker's count is in one place)."""
+    counters, kept in the database so every worker's count is in one place), and the sessions
+    made and deleted that day: their sums are the project's count of sessions, which the
+    all-time sessions list shows without counting a whole history (sessions_total)."""
 
     # no lone index: its unique key leads with it
     project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="+", db_index=False)
@@ -991,6 +993,10 @@ class IngestTally(models.Model):
     accepted = models.BigIntegerField(default=0, db_default=0)
     duplicates = models.BigIntegerField(default=0, db_default=0)
     refused = models.BigIntegerField(default=0, db_default=0)
+    # ingest makes every session (in the batch that first names it, counted by the same
+    # statement as its events); the admin deletes them (sessions_delete)
+    sessions_made = models.BigIntegerField(default=0, db_default=0)
+    sessions_deleted = models.BigIntegerField(default=0, db_default=0)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["project", "day"], name="tally_key")]

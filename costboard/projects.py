@@ -1,23 +1,79 @@
 """Writes to projects and their API keys: a project and key made by `create_api_key`, keys
-revoked in the admin, a key's use noted when the API resolves it to its project. (A key is
-issued by `ApiKey.issue`: shown once, only its hash stored.)"""
+revoked in the admin, a key's use noted when the API resolves it to its project (a key is
+issued by `ApiKey.issue`: shown once, only its hash stored); and sessions deleted in the
+admin, their projects' count of sessions kept."""
 
 from __future__ import annotations
 
+import logging
+from collections import Counter
 from datetime import datetime, timedelta
 from functools import lru_cache
 
 from django.db import connection, transaction
 from django.utils import timezone
 
+from costboard.api.metrics import ingest_tally
 from costboard.model_rows import ModelColumns
-from costboard.models import ApiKey, Project
+from costboard.models import ApiKey, IngestTally, Project, Session
+
+log = logging.getLogger(__name__)
 
 
 def api_keys_revoke(*, key_ids: list[int], at: datetime) -> int:
     """Revoke the active keys among these: their next request is refused (401). Returns how
     many were revoked now (a key revoked before keeps its time)."""
     return ApiKey.objects.filter(pk__in=key_ids, revoked_at__isnull=True).update(revoked_at=at)
+
+
+def sessions_delete(*, session_ids: list[int]) -> int:
+    """Delete these sessions (their turns, steps and model mix with them) and count them out
+    of their projects' sessions (IngestTally.sessions_deleted), in one transaction. Locked
+    first: two deletes of one session count it once. Returns how many were deleted."""
+    with transaction.atomic():
+        locked = list(
+            Session.objects.select_for_update()
+            .filter(pk__in=session_ids)
+            .order_by("pk")
+            .values_list("pk", "project_id")
+        )
+        if not locked:
+            return 0
+        Session.objects.filter(pk__in=[pk for pk, _ in locked]).delete()
+        for project_id, count in Counter(project for _, project in locked).items():
+            ingest_tally(project_id, sessions_deleted=count)
+    return len(locked)
+
+
+def sessions_tally_check() -> dict[int, int]:
+    """Put right any project whose tally of sessions (made less deleted) is not its count of
+    sessions: sessions made or deleted some way other than ingest and the admin (raw SQL, a
+    server of before the tally while its migration ran). Both are read by one statement, so
+    one snapshot: a batch commits its sessions and its tally together, so a batch in flight
+    is in both or neither. Returns each corrected project's difference (sessions it had
+    more than its tally said)."""
+    session, tally = Session._meta.db_table, IngestTally._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            SELECT p.id,
+                   (SELECT count(*) FROM {session} s WHERE s.project_id = p.id),
+                   (SELECT COALESCE(sum(t.sessions_made - t.sessions_deleted), 0)
+                    FROM {tally} t WHERE t.project_id = p.id)
+            FROM {Project._meta.db_table} p
+            """
+        )
+        rows = cursor.fetchall()
+    drift = {pk: int(counted) - int(tallied) for pk, counted, tallied in rows if counted != tallied}
+    for project_id, off in drift.items():
+        log.warning(
+            "project %s had %+d sessions its tally did not count: corrected", project_id, off
+        )
+        if off > 0:
+            ingest_tally(project_id, sessions_made=off)
+        else:
+            ingest_tally(project_id, sessions_deleted=-off)
+    return drift
 
 
 def project_key_create(

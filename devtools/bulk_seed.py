@@ -740,19 +740,21 @@ def totals_rebuild(*, project: Project, say: Callable[[str], None] = lambda line
                 say(f"  {what}: {cursor.rowcount:,} rows in {time.perf_counter() - began:.1f} s")
 
 
-def tally_add(*, project: Project, accepted: int, day: date) -> None:
-    """Count the run's events in the project's ingest tally, on the day they were written,
-    as ingest counts a batch (its steps and session events, accepted)."""
+def tally_add(*, project: Project, accepted: int, sessions: int, day: date) -> None:
+    """Count the run's events and the sessions it made in the project's ingest tally, on the
+    day they were written, as ingest counts a batch (its steps and session events, accepted)."""
     with connection.cursor() as cursor:
         cursor.execute(
             f"""
             INSERT INTO {IngestTally._meta.db_table}
-                (project_id, day, accepted, duplicates, refused)
-            VALUES (%s, %s, %s, 0, 0)
+                (project_id, day, accepted, duplicates, refused, sessions_made)
+            VALUES (%s, %s, %s, 0, 0, %s)
             ON CONFLICT (project_id, day) DO UPDATE SET
-                accepted = {IngestTally._meta.db_table}.accepted + excluded.accepted
+                accepted = {IngestTally._meta.db_table}.accepted + excluded.accepted,
+                sessions_made = {IngestTally._meta.db_table}.sessions_made
+                                + excluded.sessions_made
             """,
-            [project.pk, day, accepted],
+            [project.pk, day, accepted, sessions],
         )
 
 
@@ -819,7 +821,10 @@ def seed_bulk(
         project=project, workload=workload, progress=bar.update
     )
     tally_add(
-        project=project, accepted=result.steps + result.sessions, day=now.astimezone(UTC).date()
+        project=project,
+        accepted=result.steps + result.sessions,
+        sessions=result.sessions,
+        day=now.astimezone(UTC).date(),
     )
     bar.close()
     copied = result.steps + result.sessions + result.turns

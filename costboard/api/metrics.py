@@ -84,22 +84,28 @@ def ingest_tally(
     accepted: int = 0,
     duplicates: int = 0,
     refused: int = 0,
+    sessions_made: int = 0,
+    sessions_deleted: int = 0,
     day: date | None = None,
 ) -> None:
-    """Add to a project's event counts of a UTC day, in one statement: the increment happens
-    in SQL, so concurrent requests (any worker) lose no count."""
-    if not (accepted or duplicates or refused):
+    """Add to a project's event counts (and sessions made or deleted) of a UTC day, in one
+    statement: the increment happens in SQL, so concurrent requests (any worker) lose no
+    count."""
+    if not (accepted or duplicates or refused or sessions_made or sessions_deleted):
         return
     day = day or datetime.now(UTC).date()
     with connection.cursor() as cursor:
         cursor.execute(
             f"""
-            INSERT INTO {_TALLY_TABLE} (project_id, day, accepted, duplicates, refused)
-            VALUES (%s, %s, %s, %s, %s)
+            INSERT INTO {_TALLY_TABLE}
+                (project_id, day, accepted, duplicates, refused, sessions_made, sessions_deleted)
+            VALUES (%s, %s, %s, %s, %s, %s, %s)
             ON CONFLICT (project_id, day) DO UPDATE SET
                 accepted = {_TALLY_TABLE}.accepted + excluded.accepted,
                 duplicates = {_TALLY_TABLE}.duplicates + excluded.duplicates,
-                refused = {_TALLY_TABLE}.refused + excluded.refused
+                refused = {_TALLY_TABLE}.refused + excluded.refused,
+                sessions_made = {_TALLY_TABLE}.sessions_made + excluded.sessions_made,
+                sessions_deleted = {_TALLY_TABLE}.sessions_deleted + excluded.sessions_deleted
             """,
             [
                 project_id,
@@ -107,6 +113,8 @@ def ingest_tally(
                 accepted,
                 duplicates,
                 refused,
+                sessions_made,
+                sessions_deleted,
             ],
         )
 

@@ -3,7 +3,8 @@ deleted; the rollups (sessions, turns, daily and latency rollups, model mixes) s
 total and chart is unchanged. Ended sessions past retention also lose their budget state:
 their budget events and alert deliveries (the session row and its totals stay).
 Idempotency-Key answers (costboard/api/idempotency.py) are deleted 48 hours after they were
-stored: the contract keeps them at least 24.
+stored: the contract keeps them at least 24. Each project's tally of sessions is checked
+against its sessions (costboard/projects.py, sessions_tally_check) in the same sweep.
 
 On PostgreSQL the steps are partitioned by month (costboard/partitions.py): a month whose
 every step is past its project's retention is dropped whole (no row-by-row delete, no dead
@@ -32,6 +33,7 @@ from costboard.partitions import (
     step_partition_drop,
     step_partitions,
 )
+from costboard.projects import sessions_tally_check
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +123,7 @@ def retention_sweep(now: datetime | None = None) -> RetentionResult:
         steps += result.steps_deleted
         events += result.budget_events_deleted
     keys = idempotency_prune(now)
+    sessions_tally_check()
     if steps or events or keys:
         log.info(
             "retention deleted %s steps, %s budget events and %s idempotency keys",

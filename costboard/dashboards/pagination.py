@@ -23,9 +23,15 @@ from django.db.models import QuerySet
 class KeyedPaginator(Paginator):
     """A Paginator over an ordered QuerySet (its order must end in the primary key, so that
     it is total and reverses exactly) that reads each page by key and from its nearer end.
-    Counting is Django's own."""
+    Counting is Django's own, unless `count` is given: a count kept elsewhere, which must be
+    the list's exact length (a page from the far end is found by it)."""
 
     object_list: QuerySet[Any]
+
+    def __init__(self, *args: Any, count: int | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if count is not None:
+            self.__dict__["count"] = max(count, 0)  # Paginator.count is a cached_property
 
     def page(self, number: Any) -> Page:
         number = self.validate_number(number)

@@ -43,6 +43,7 @@ from costboard.models import (
     TOOL_MODEL,
     BudgetEvent,
     DailyRollup,
+    IngestTally,
     LatencyRollup,
     PeriodBudget,
     PeriodLedger,
@@ -463,6 +464,22 @@ class SessionFilters:
         return self.sort.lstrip("-")
 
     @property
+    def everything(self) -> bool:
+        """No filter and no period: every session of the projects, in some order."""
+        return not any(
+            (
+                self.state,
+                self.model,
+                self.exact,
+                self.user,
+                self.tag,
+                self.q,
+                self.since,
+                self.until,
+            )
+        )
+
+    @property
     def descending(self) -> bool:
         return self.sort.startswith("-")
 
@@ -501,6 +518,16 @@ def sessions_filtered(*, project_ids: list[int], filters: SessionFilters) -> Que
         sessions = sessions.alias(tokens_total=F("input_tokens") + F("output_tokens"))
     order = f"-{column}" if filters.descending else column
     return sessions.select_related("project").order_by(order, "-id" if filters.descending else "id")
+
+
+def sessions_total(*, project_ids: list[int]) -> int:
+    """How many sessions the projects have, from their tallies: the sessions ingest made less
+    those deleted (a few hundred rows over a year, where counting the sessions themselves
+    reads every one of them)."""
+    total = IngestTally.objects.filter(project_id__in=project_ids).aggregate(
+        n=Sum(F("sessions_made") - F("sessions_deleted"))
+    )["n"]
+    return int(total or 0)
 
 
 def _is_family(project_ids: list[int], name: str) -> bool:

@@ -187,7 +187,9 @@ def sessions_list(request: HtmxHttpRequest) -> HttpResponse:
     scope = scope_for(request)
     filters = _session_filters(request.GET)
     sessions = selectors.sessions_filtered(project_ids=scope.project_ids, filters=filters)
-    page = KeyedPaginator(sessions, PAGE_SIZE).get_page(request.GET.get("page"))
+    # All of them (the "All time" link): counted from the projects' tallies, not row by row
+    total = selectors.sessions_total(project_ids=scope.project_ids) if filters.everything else None
+    page = KeyedPaginator(sessions, PAGE_SIZE, count=total).get_page(request.GET.get("page"))
     mix = selectors.model_mix(session_ids=[s.pk for s in page])
     rows = [(s, session_caps(s), mix.get(s.pk, [])) for s in page]
     filter_errors = _period(request.GET).errors

@@ -611,7 +611,7 @@ def events_ingest(
             # sequential scan of every session, or every turn in key order, per batch,
             # growing with the table (13 ms of a 500-session batch at 11k turns).
             cursor.execute(_KEYED_JOINS)
-        rows = _sessions_lock(cursor, sql, project, sessions)
+        rows, sessions_made = _sessions_lock(cursor, sql, project, sessions)
         accepted_others, dup_others = _receipts_insert(cursor, sql, project, others, now)
         duplicates += dup_others
         _apply_other_events(accepted_others, sessions, turns, now)
@@ -636,7 +636,7 @@ def events_ingest(
         users = _users_of(rows, sessions)
         hot += _attribution_statements(sql, project, inserted, users, session_tags)
         accepted = len(others) - dup_others + len(inserted)
-        hot.append(_tally_statement(sql, project, now, accepted, duplicates))
+        hot.append(_tally_statement(sql, project, now, accepted, duplicates, sessions_made))
         for statement, params in hot:
             cursor.execute(statement, params)
         # last: the ledger rows a project's batches share are held only until the commit
@@ -785,9 +785,10 @@ def _turns_with_text(
 
 def _sessions_lock(
     cursor: Any, sql: _Dialect, project: Project, sessions: dict[str, _SessionTouch]
-) -> dict[str, dict[str, Any]]:
-    """Create the missing sessions, lock all touched ones and return their current state: an
-    insert that skips the existing ones, then a locking read. A session is written once a
+) -> tuple[dict[str, dict[str, Any]], int]:
+    """Create the missing sessions, lock all touched ones and return their current state (and
+    how many this batch made: another batch may have made some by now): an insert that skips
+    the existing ones, then a locking read. A session is written once a
     batch, by _sessions_update (an upsert here would write every row twice, with an entry in
     each of its indexes each time). Deadlock-free: the insert locks nothing that exists, and
     both go in key order (locking the existing first and inserting the missing after would
@@ -795,7 +796,7 @@ def _sessions_lock(
     first finds which are missing, so a batch of sessions that all exist (most batches) skips
     the insert: it locks nothing, so the order above still holds."""
     if not sessions:
-        return {}
+        return {}, 0
     ordered = sorted(sessions.values(), key=lambda s: s.key)
     keys = [touch.key for touch in ordered]
     missing = ordered
@@ -808,16 +809,16 @@ def _sessions_lock(
         )
         found = {row[0] for row in cursor.fetchall()}
         missing = [touch for touch in ordered if touch.key not in found]
-    if missing:
-        _sessions_insert(cursor, sql, project, missing)
+    made = _sessions_insert(cursor, sql, project, missing) if missing else 0
     # a statement of its own: its snapshot sees the sessions another batch just made
-    return _sessions_locked(cursor, sql, project, keys)
+    return _sessions_locked(cursor, sql, project, keys), made
 
 
 def _sessions_insert(
     cursor: Any, sql: _Dialect, project: Project, ordered: list[_SessionTouch]
-) -> None:
-    """Insert these sessions (in key order), skipping any that exist by now, empty."""
+) -> int:
+    """Insert these sessions (in key order), skipping any that exist by now, empty; return
+    how many it inserted."""
     with_v, params = sql.rows(
         [("external_id", "text"), ("started_at", "timestamptz"), ("last_active_at", "timestamptz")],
         [[touch.key, sql.dt(touch.first), sql.dt(touch.last)] for touch in ordered],
@@ -831,6 +832,10 @@ def _sessions_insert(
         """,
         [*params, project.pk],
     )
+    if sql.postgres:
+        return int(cursor.rowcount)
+    cursor.execute("SELECT changes()")  # sqlite3 gives no rowcount for a statement led by WITH
+    return int(cursor.fetchone()[0])
 
 
 def _sessions_locked(
@@ -1771,18 +1776,26 @@ def _latency_statement(sql: _Dialect, project: Project, steps: list[_Step]) -> S
 
 
 def _tally_statement(
-    sql: _Dialect, project: Project, now: datetime, accepted: int, duplicates: int
+    sql: _Dialect,
+    project: Project,
+    now: datetime,
+    accepted: int,
+    duplicates: int,
+    sessions_made: int,
 ) -> Statement:
-    """Add the batch's events to the project's tally of the day (/metrics), in SQL so
-    concurrent batches lose no count; in ingest's transaction, so a batch rolled back (a
-    whole OTLP request, an idempotent retry racing its twin) is not counted."""
+    """Add the batch's events (/metrics) and the sessions it made (the project's count of
+    sessions) to the project's tally of the day, in SQL so concurrent batches lose no count; in
+    ingest's transaction, so a batch rolled back (a whole OTLP request, an idempotent retry
+    racing its twin) is not counted. The row is one every batch of the project writes anyway,
+    last, held only to the commit: counting sessions here locks nothing more."""
     return (
         f"""
-        INSERT INTO {TALLY_TABLE} (project_id, day, accepted, duplicates, refused)
-        VALUES (%s, %s, %s, %s, 0)
+        INSERT INTO {TALLY_TABLE} (project_id, day, accepted, duplicates, refused, sessions_made)
+        VALUES (%s, %s, %s, %s, 0, %s)
         ON CONFLICT (project_id, day) DO UPDATE SET
             accepted = {TALLY_TABLE}.accepted + excluded.accepted,
-            duplicates = {TALLY_TABLE}.duplicates + excluded.duplicates
+            duplicates = {TALLY_TABLE}.duplicates + excluded.duplicates,
+            sessions_made = {TALLY_TABLE}.sessions_made + excluded.sessions_made
         """,
-        [project.pk, sql.day(now.astimezone(UTC).date()), accepted, duplicates],
+        [project.pk, sql.day(now.astimezone(UTC).date()), accepted, duplicates, sessions_made],
     )

@@ -4,6 +4,7 @@ the migrations (make lint also runs `makemigrations --check`)."""
 from __future__ import annotations
 
 import io
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.core.management import call_command
@@ -219,3 +220,39 @@ def test_sessions_get_the_families_of_their_model_mix() -> None:
         new.get_model("costboard", "Session").objects.values_list("external_id", "families")
     )
     assert families == {"mixed": {"claude-3-5-sonnet": True, "gpt-4o": True}, "empty": {}}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_sessions_stored_are_counted_in_their_projects_tallies() -> None:
+    """0026 counts each project's stored sessions into its tally (on the day each started),
+    beside the events already counted there."""
+    from costboard.dashboards.selectors import sessions_total
+
+    before = ("costboard", "0025_session_cost_index")
+    latest = [leaf("costboard"), leaf("memory_ui")]
+    executor = MigrationExecutor(connection)
+    executor.migrate([before])
+    old = executor.loader.project_state([before]).apps
+    Project = old.get_model("costboard", "Project")
+    Session = old.get_model("costboard", "Session")
+    Tally = old.get_model("costboard", "IngestTally")
+    one = Project.objects.create(name="One", slug="one")
+    two = Project.objects.create(name="Two", slug="two")
+    started = datetime(2026, 11, 20, 23, 30, tzinfo=UTC)
+    for n in range(5):
+        Session.objects.create(
+            project=one, external_id=f"a{n}", started_at=started + timedelta(hours=n)
+        )
+    Session.objects.create(project=two, external_id="b", started_at=started)
+    Tally.objects.create(project=one, day=started.date(), accepted=7)
+
+    executor = MigrationExecutor(connection)
+    executor.migrate(latest)
+    new = executor.loader.project_state(latest).apps
+    rows = new.get_model("costboard", "IngestTally").objects.filter(project_id=one.pk)
+    assert sorted(rows.values_list("day", "accepted", "sessions_made")) == [
+        (started.date(), 7, 1),
+        (started.date() + timedelta(days=1), 0, 4),
+    ]
+    assert sessions_total(project_ids=[one.pk]) == 5
+    assert sessions_total(project_ids=[one.pk, two.pk]) == 6

@@ -10,7 +10,9 @@ from decimal import Decimal
 
 import pytest
 
+from costboard.dashboards.selectors import sessions_total
 from costboard.models import BudgetEvent, DailyRollup, Session, Step
+from costboard.projects import sessions_tally_check
 from tests.conftest import Agent, add_price, make_agent, run_in_threads, usd
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -93,3 +95,21 @@ def test_a_batch_replayed_concurrently_is_stored_once() -> None:
     total = sum(100 + i for i in range(50))
     assert sum(s.input_tokens for s in Session.objects.all()) == total
     assert DailyRollup.objects.get().input_tokens == total
+
+
+def test_sessions_made_by_racing_batches_are_counted_once() -> None:
+    """Eight threads name the same 40 new sessions at once (each batch a different order of
+    them): each session is made by one batch, and the project's tally counts it once, the
+    count the all-time sessions list shows."""
+    agent = make_agent("racing")
+    keys = [f"s{i}" for i in range(40)]
+
+    def work(thread: int) -> None:
+        order = keys[thread:] + keys[:thread]
+        events = [{"session_id": key, "step_type": "x", "model": "m"} for key in order]
+        Agent(agent.project, agent.key, agent.client.__class__()).events(*events)
+
+    assert run_in_threads(8, work) == []
+    assert Session.objects.filter(project=agent.project).count() == 40
+    assert sessions_total(project_ids=[agent.project.pk]) == 40
+    assert sessions_tally_check() == {}  # nothing to put right
