@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.db import connection
 
 from devtools.page_bench import page_cases
 from memory_ui import services
@@ -113,3 +114,47 @@ def test_bench_pages_needs_no_collectstatic(
     rows = [m for line in out.getvalue().splitlines() if (m := ROW.match(line))]
     assert len(rows) == len(page_cases())
     assert not [m["name"] for m in rows if "FAIL" in m["flag"] or "HTTP" in m["flag"]]
+
+
+on_postgres = pytest.mark.skipif(
+    connection.vendor != "postgresql", reason="its worker processes connect to the database"
+)
+
+COMPARED = re.compile(
+    r"^(?P<name>.+?)\s+(?P<h50>\d+\.\d)\s+(?P<h95>\d+\.\d)\s+(?P<t50>\d+\.\d)\s+(?P<t95>\d+\.\d)"
+    r"\s+(?P<r50>\d+\.\d\d)\s+(?P<r95>\d+\.\d\d)\s+(?P<hq>\d+)\s+(?P<tq>\d+)(?P<flag>.*)$"
+)
+
+
+@on_postgres
+@pytest.mark.django_db(transaction=True)  # committed: the two worker processes read it
+def test_against_times_every_page_on_both_databases_in_turn(
+    agent: Agent,
+    priced: None,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    traffic(agent, sessions=4, turns=3)
+    db = connection.settings_dict
+    url = f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
+    monkeypatch.setenv("DATABASE_URL", url)
+    out = StringIO()
+    call_command(
+        "bench_pages", runs=4, warmup=0, rounds=2, against=url, stdout=out, stderr=StringIO()
+    )
+    lines = out.getvalue().splitlines()
+    rows = [m for line in lines if (m := COMPARED.match(line))]
+    assert [m["name"] for m in rows] == [case.name for case in page_cases()]
+    assert all(m["flag"] == "" for m in rows)  # every page 200 on both sides
+    assert all(m["hq"] == m["tq"] for m in rows)  # one database: the same queries
+    assert re.match(rf"\d+ of {len(rows)} pages within 1\.20× at p95", lines[-1])
+
+
+def test_against_needs_the_first_database_in_database_url(
+    agent: Agent,
+    priced: None,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    traffic(agent, sessions=1, turns=1)
+    monkeypatch.delenv("DATABASE_URL", raising=False)
+    with pytest.raises(CommandError, match="set DATABASE_URL"):
+        call_command("bench_pages", against="postgres://x/y", stdout=StringIO())
