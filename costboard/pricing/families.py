@@ -94,34 +94,22 @@ def price_families(rates: Iterable[Rate], *, key: object = None) -> dict[int, st
     return families
 
 
-def sessions_families_rebuild(
-    *, project_id: int | None = None, session_ids: Sequence[int] | None = None
-) -> None:
-    """Set `Session.families` from the sessions' model mix rows: a project's sessions, or
-    these. Ingest adds the families a batch meets as it goes; this is for whatever moves
-    model mix rows in bulk (the seeder, repricing moving a step to another family)."""
-    if project_id is None and session_ids is None:
-        raise ValueError("sessions_families_rebuild: give project_id or session_ids")
-    postgres = connection.vendor == "postgresql"
+def sessions_families_rebuild(*, session_ids: Sequence[int]) -> None:
+    """Set these sessions' `families` from their model mix rows. Ingest adds the families a
+    batch meets as it goes; repricing, which moves a step to another family, calls this for
+    the sessions whose steps it moved (the seeder rebuilds every session's, set-based)."""
+    if not session_ids:
+        return
     families = "jsonb_object_agg(u.family, true)"
-    if not postgres:
+    if connection.vendor != "postgresql":
         families = "json_group_object(u.family, json('true'))"
-    where, params = [], []
-    if project_id is not None:
-        where.append("s.project_id = %s")
-        params.append(project_id)
-    if session_ids is not None:
-        if not session_ids:
-            return
-        where.append(f"s.id IN ({', '.join(['%s'] * len(session_ids))})")
-        params += list(session_ids)
     session, usage = Session._meta.db_table, SessionModelUsage._meta.db_table
     with connection.cursor() as cursor:
         cursor.execute(
             f"""
             UPDATE {session} AS s SET families = COALESCE(
                 (SELECT {families} FROM {usage} u WHERE u.session_id = s.id), '{{}}')
-            WHERE {" AND ".join(where)}
+            WHERE s.id IN ({", ".join(["%s"] * len(session_ids))})
             """,
-            params,
+            list(session_ids),
         )
