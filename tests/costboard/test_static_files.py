@@ -8,11 +8,14 @@ import re
 from pathlib import Path
 from typing import Any
 
+import brotli
 import pytest
 from django.conf import settings
 from django.core.management import call_command
 from django.template import Context, Template
 from django.test import Client, override_settings
+
+from costboard.static_storage import BROTLI_QUALITY
 
 pytestmark = pytest.mark.django_db
 
@@ -24,7 +27,7 @@ def collected(tmp_path: Path) -> Any:
     with override_settings(
         STORAGES={
             **settings.STORAGES,
-            "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"},
+            "staticfiles": {"BACKEND": "costboard.static_storage.CompressedManifestStorage"},
         },
         STATIC_ROOT=tmp_path,
         STATICFILES_FINDERS=["django.contrib.staticfiles.finders.FileSystemFinder"],
@@ -55,8 +58,31 @@ def test_a_hashed_name_is_served_compressed_with_a_years_cache(collected: Path) 
         assert response.status_code == 200
         assert response["Content-Encoding"] == encoding
         assert response["Cache-Control"] == "max-age=315360000, public, immutable"
-    plain = client.get("/static/costboard/app.css")
+    assert not (collected / "costboard" / "app.css").exists()  # only hashed names are kept
+
+
+def test_an_unhashed_name_is_still_served_from_the_finders_with_a_short_cache(
+    collected: Path,
+) -> None:
+    with override_settings(WHITENOISE_USE_FINDERS=True):
+        plain = Client().get("/static/costboard/app.css")
+    assert plain.status_code == 200
     assert plain["Cache-Control"] == "max-age=60, public"  # an unhashed name may change
+
+
+def test_brotli_copies_are_packed_at_our_quality_and_unpack_to_the_file(collected: Path) -> None:
+    hashed = [
+        path
+        for path in (collected / "costboard").iterdir()
+        if re.fullmatch(r"[\w-]+\.[0-9a-f]{12}\.(css|js)", path.name)
+    ]
+    assert len(hashed) >= 4  # app.css, charts.js, review.js, api-docs.js
+    for original in hashed:
+        data = original.read_bytes()
+        packed = original.with_name(original.name + ".br").read_bytes()
+        assert brotli.decompress(packed) == data
+        assert packed == brotli.compress(data, quality=BROTLI_QUALITY)
+    assert BROTLI_QUALITY == 9
 
 
 def test_plotly_loads_beside_the_page_not_before_it(admin_client: Client) -> None:
