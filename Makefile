@@ -1,47 +1,60 @@
-# `make run` and `make test` are the two ways in (README.md).
+# `make run` and `make test` are the two ways in (README.md). Every stage prints a line when it
+# starts and at least every 10 s while it runs (devtools/stage.py).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PORT ?= 8000
+STAGE := $(PYTHON) devtools/stage.py
+PIP := $(VENV)/bin/pip install --quiet --disable-pip-version-check
 
-.PHONY: install static run test lint bench
+.PHONY: install install-dev static run test test-fast lint bench
 
-# The client is its own distribution, not on PyPI: installed from the checkout, beside the server.
+# The client is its own distribution, not on PyPI: installed from the checkout, beside the
+# server. `make run` needs only the server's packages; the test and lint tools come with
+# `make test` (or `make lint`).
 $(VENV)/.installed: pyproject.toml clients/python/pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install --quiet --upgrade pip
-	$(VENV)/bin/pip install --quiet -e ./clients/python -e '.[dev]'
-	touch $@
+	@$(STAGE) "install: Costboard and its client into $(VENV)" -- sh -c \
+		'$(PYTHON) -m venv $(VENV) && $(PIP) -e ./clients/python -e .'
+	@touch $@
+
+$(VENV)/.installed-dev: $(VENV)/.installed
+	@$(STAGE) "install: the test and lint tools" -- $(PIP) -e ./clients/python -e '.[dev]'
+	@touch $@
 
 install: $(VENV)/.installed
+install-dev: $(VENV)/.installed-dev
 
-# Hashed, gzip- and brotli-compressed static files (about a minute, for plotly.js): made again
-# only when our static files or the installed packages change.
+# Hashed, gzip- and brotli-compressed static files (costboard/static_storage.py; about 10 s):
+# made again only when our static files or the installed packages change.
 STATIC_SOURCES := $(shell find static -type f 2>/dev/null)
 staticfiles/staticfiles.json: $(VENV)/.installed $(STATIC_SOURCES)
-	$(PY) manage.py collectstatic --noinput --verbosity 0
-	touch $@
+	@$(STAGE) "static files: hashed, gzip and brotli (staticfiles/)" -- \
+		$(PY) manage.py collectstatic --noinput --verbosity 1
+	@touch $@
 
 static: staticfiles/staticfiles.json
 
 run: install static
-	$(PY) manage.py migrate --noinput
-	$(PY) manage.py sync_prices
-	$(PY) manage.py seed_demo --if-empty
-	$(PY) manage.py ensure_admin
-	@echo "Costboard on http://127.0.0.1:$(PORT)/"
+	@$(STAGE) "migrate the database" -- $(PY) manage.py migrate --noinput
+	@$(STAGE) "prices from genai-prices (offline)" -- $(PY) manage.py sync_prices
+	@$(STAGE) "demo data (into an empty database only)" -- $(PY) manage.py seed_demo --if-empty
+	@$(STAGE) "admin login" -- $(PY) manage.py ensure_admin
+	@echo "==> Costboard on http://127.0.0.1:$(PORT)/ (Ctrl-C stops it)"
 	@# the periodic jobs (runaway sweep, retention) beside the server: Celery beat's work
 	@# when there is no broker; with one, run `celery -A costboard worker --beat` instead.
 	@# No request-line limit in gunicorn: the API answers a query string past 8 KB with its
 	@# own JSON 414, which gunicorn's 4 KB default would pre-empt with a bare 400.
-	$(PY) manage.py guard_sweep --every 60 & sweep=$$!; trap "kill $$sweep" EXIT INT TERM; \
+	@$(PY) manage.py guard_sweep --every 60 & sweep=$$!; trap "kill $$sweep" EXIT INT TERM; \
 	$(VENV)/bin/gunicorn --config python:costboard.gunicorn_conf costboard.wsgi --bind 127.0.0.1:$(PORT) --workers 2 --threads 4 \
 		--limit-request-line 0 --access-logfile -
 
-test: install
+test: install-dev
 	$(VENV)/bin/pytest
 
-lint: install
+test-fast: install-dev
+	$(VENV)/bin/pytest -m "not slow"
+
+lint: install-dev
 	$(PY) manage.py makemigrations --check --dry-run
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
