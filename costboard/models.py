@@ -22,7 +22,7 @@ from django.db import models
 from django.db.models import F, Q
 from django.utils import timezone
 
-from costboard.budgets.egress import webhook_url_check
+from costboard.egress import webhook_url_check
 
 
 def money_field(**options: Any) -> models.DecimalField:
@@ -1064,7 +1064,7 @@ class WebhookEndpoint(models.Model):
         return self.name or self.url
 
     def clean_fields(self, exclude: Collection[str] | None = None) -> None:
-        """Also refuse a URL webhooks may not go to (costboard/budgets/egress.py), once the
+        """Also refuse a URL webhooks may not go to (costboard/egress.py), once the
         URL is a valid one: every ModelForm, the admin's too, shows it on the url field."""
         errors: dict[str, list[ValidationError]] = {}
         try:

@@ -1,23 +1,66 @@
 """Writes to projects and their API keys: a project and key made by `create_api_key`, keys
 revoked in the admin, a key's use noted when the API resolves it to its project (a key is
 issued by `ApiKey.issue`: shown once, only its hash stored); and sessions deleted in the
-admin, their projects' count of sessions kept."""
+admin, their projects' count of sessions kept; and the per-day tally of events each project
+had stored, replayed and refused (`ingest_tally`, read by /metrics)."""
 
 from __future__ import annotations
 
 import logging
 from collections import Counter
-from datetime import datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from functools import lru_cache
 
 from django.db import connection, transaction
 from django.utils import timezone
 
-from costboard.api.metrics import ingest_tally
 from costboard.model_rows import ModelColumns
 from costboard.models import ApiKey, IngestTally, Project, Session
 
 log = logging.getLogger(__name__)
+
+_TALLY = IngestTally._meta.db_table
+
+
+def ingest_tally(
+    project_id: int,
+    *,
+    accepted: int = 0,
+    duplicates: int = 0,
+    refused: int = 0,
+    sessions_made: int = 0,
+    sessions_deleted: int = 0,
+    day: date | None = None,
+) -> None:
+    """Add to a project's event counts (and sessions made or deleted) of a UTC day, in one
+    statement: the increment happens in SQL, so concurrent requests (any worker) lose no
+    count."""
+    if not (accepted or duplicates or refused or sessions_made or sessions_deleted):
+        return
+    day = day or datetime.now(UTC).date()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            INSERT INTO {_TALLY}
+                (project_id, day, accepted, duplicates, refused, sessions_made, sessions_deleted)
+            VALUES (%s, %s, %s, %s, %s, %s, %s)
+            ON CONFLICT (project_id, day) DO UPDATE SET
+                accepted = {_TALLY}.accepted + excluded.accepted,
+                duplicates = {_TALLY}.duplicates + excluded.duplicates,
+                refused = {_TALLY}.refused + excluded.refused,
+                sessions_made = {_TALLY}.sessions_made + excluded.sessions_made,
+                sessions_deleted = {_TALLY}.sessions_deleted + excluded.sessions_deleted
+            """,
+            [
+                project_id,
+                connection.ops.adapt_datefield_value(day),
+                accepted,
+                duplicates,
+                refused,
+                sessions_made,
+                sessions_deleted,
+            ],
+        )
 
 
 def api_keys_revoke(*, key_ids: list[int], at: datetime) -> int:

@@ -16,7 +16,7 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from costboard.budgets.egress import webhook_allow_list
+from costboard.egress import webhook_allow_list
 from costboard.env import (
     env_bool,
     env_decimal,
@@ -260,8 +260,8 @@ COSTBOARD_ALERT_TIMEOUT_SECONDS = env_int("COSTBOARD_ALERT_TIMEOUT_SECONDS", 5, 
 # A failed delivery is retried after 30 s, 60 s, 120 s, … until this many attempts.
 COSTBOARD_ALERT_RETRY_SECONDS = env_int("COSTBOARD_ALERT_RETRY_SECONDS", 30, minimum=0)
 COSTBOARD_ALERT_MAX_ATTEMPTS = env_int("COSTBOARD_ALERT_MAX_ATTEMPTS", 6, minimum=1)
-# Intranet receivers webhooks may reach although loopback or private (costboard/budgets/
-# egress.py): host names (.domain for its subdomains) and addresses or CIDRs, comma-separated.
+# Intranet receivers webhooks may reach although loopback or private (costboard/egress.py):
+# host names (.domain for its subdomains) and addresses or CIDRs, comma-separated.
 COSTBOARD_WEBHOOK_ALLOW_HOSTS = env_list("COSTBOARD_WEBHOOK_ALLOW_HOSTS", "")
 webhook_allow_list(COSTBOARD_WEBHOOK_ALLOW_HOSTS)  # a bad entry stops start-up, named
 

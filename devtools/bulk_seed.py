@@ -52,9 +52,10 @@ from costboard.models import (
     Turn,
     UserDailyRollup,
 )
+from costboard.money import pico_usd
 from costboard.partitions import month_add, month_of, step_partitions_ensure
 from costboard.pricing.families import is_tool_model, model_family, price_families
-from costboard.pricing.rates import UNPRICED_PICO, RateTable, pico_usd, rate_table
+from costboard.pricing.rates import UNPRICED_PICO, RateTable, rate_table
 from devtools.ingest_bench import (
     BENCH_RATE_LIMIT,
     MODELS,

@@ -1,12 +1,15 @@
-"""The rooms hold: no import cycles between modules, the cost app never imports the memory app
+"""The rooms hold: the packages keep the order docs/architecture.md states (its `layers` list),
+no import cycles between modules or packages, the cost app never imports the memory app
 (memory_ui joins in through costboard.hooks), and no runtime module imports the dev tools."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
 PACKAGES = ("costboard", "memory_ui", "devtools")
 # The Django project's own modules name every app: they may import memory_ui.
 PROJECT_MODULES = {"costboard.urls", "costboard.settings", "costboard.wsgi", "costboard.celery"}
@@ -141,3 +144,78 @@ def test_the_budget_engine_is_pure() -> None:
     }
     assert not any(name.startswith(("django", "costboard")) for name in imported)
     assert "now(" not in source and "today(" not in source
+
+
+def stated_layers(text: str) -> list[list[str]]:
+    """The `layers` block of docs/architecture.md: a line per layer, top first."""
+    block = re.search(r"^## Layers$.*?^```layers\n(.*?)^```$", text, re.S | re.M)
+    assert block is not None, "docs/architecture.md has no ```layers block under ## Layers"
+    return [line.split() for line in block.group(1).splitlines() if line.strip()]
+
+
+def owner(module: str, names: list[str]) -> str | None:
+    """The longest stated name that is `module` or a package holding it."""
+    holders = [n for n in names if module == n or module.startswith(n + ".")]
+    return max(holders, key=len) if holders else None
+
+
+def layer_breaches(graph: dict[str, set[str]], layers: list[list[str]]) -> list[str]:
+    """Imports that go up a layer, and modules no layer names."""
+    level = {name: depth for depth, line in enumerate(layers) for name in line}
+    names = list(level)
+    found = []
+    for module, targets in sorted(graph.items()):
+        home = owner(module, names)
+        if home is None:
+            found.append(f"{module}: in no layer")
+            continue
+        for target in sorted(targets):
+            there = owner(target, names)
+            if there is not None and level[there] < level[home]:
+                found.append(f"{module} imports {target}, a layer above it")
+    return found
+
+
+def package_graph(graph: dict[str, set[str]], names: list[str]) -> dict[str, set[str]]:
+    packages: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        home = owner(module, names) or module
+        packages.setdefault(home, set()).update(
+            there for t in targets if (there := owner(t, names) or t) != home
+        )
+    return packages
+
+
+def test_the_packages_keep_the_order_the_architecture_states() -> None:
+    layers = stated_layers(ARCHITECTURE.read_text())
+    stated = [name for line in layers for name in line]
+    assert len(stated) == len(set(stated)), "a package is named on two lines"
+    graph = import_graph()
+    assert [n for n in stated if not any(owner(m, [n]) for m in graph)] == []  # none stale
+    assert layer_breaches(graph, layers) == []
+
+
+def test_no_package_imports_itself_back() -> None:
+    names = [name for line in stated_layers(ARCHITECTURE.read_text()) for name in line]
+    assert cycles(package_graph(import_graph(), names)) == []
+
+
+def test_the_layer_check_sees_an_import_up_and_a_module_in_no_layer() -> None:
+    layers = [["app.api"], ["app.ingest"], ["app.models"]]
+    graph = {
+        "app.api.views": {"app.ingest.service"},
+        "app.ingest.service": {"app.models", "app.api.views"},
+        "app.models": set(),
+        "app.stray": set(),
+    }
+    assert layer_breaches(graph, layers) == [
+        "app.ingest.service imports app.api.views, a layer above it",
+        "app.stray: in no layer",
+    ]
+
+
+def test_a_loop_between_packages_is_seen_though_no_module_loops() -> None:
+    names = ["app.a", "app.b"]
+    graph = {"app.a.x": {"app.b.y"}, "app.b.y": set(), "app.b.z": {"app.a.w"}, "app.a.w": set()}
+    assert cycles(graph) == []
+    assert cycles(package_graph(graph, names)) == [["app.a", "app.b"]]

@@ -25,7 +25,6 @@ from costboard.api.idempotency import (
     idempotency_key,
     idempotent_answer,
 )
-from costboard.api.metrics import ingest_tally
 from costboard.api.openapi import openapi_document
 from costboard.api.schemas import EventsResponse, SessionBudgetDetail
 from costboard.budgets.caps import session_budget
@@ -40,6 +39,7 @@ from costboard.ingest.schemas import (
 )
 from costboard.ingest.service import events_ingest, step_months_ready
 from costboard.models import BudgetEvent, Project, Session
+from costboard.projects import ingest_tally
 
 SESSION_ID = "the session_id your events use"
 PREFER_HEADER = "Prefer"

@@ -5,7 +5,7 @@ each replica) answers the same; the one exception is the rate limiter's refusals
 where the limiter keeps its state (Redis, shared; without Redis, per process). The ingest
 counters live in `IngestTally`: the ingest service adds every batch it stores (whoever calls
 it: the events API, OTLP, the demo seeder) in its own transaction; the views add what they
-refuse with `ingest_tally`. Both are atomic upserts. Each metric
+refuse with `costboard.projects.ingest_tally`. Both are atomic upserts. Each metric
 family costs one aggregate query grouped by project, whatever the number of projects.
 """
 
@@ -14,11 +14,9 @@ from __future__ import annotations
 import secrets
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from datetime import UTC, date, datetime
 from decimal import Decimal
 
 from django.conf import settings
-from django.db import connection
 from django.db.models import Count, F, Q, Sum
 from django.db.models.functions import Coalesce
 from django.http import HttpRequest, HttpResponse
@@ -58,8 +56,6 @@ SESSION_TOKEN_BUCKETS = (
     5_000_000,
 )
 
-_TALLY_TABLE = IngestTally._meta.db_table
-
 # IngestTally column → metric name (costboard_events_<name>_total) and its help.
 _INGEST_COUNTERS = (
     (
@@ -76,47 +72,6 @@ _INGEST_COUNTERS = (
         "1 per batch whose events could not be counted.",
     ),
 )
-
-
-def ingest_tally(
-    project_id: int,
-    *,
-    accepted: int = 0,
-    duplicates: int = 0,
-    refused: int = 0,
-    sessions_made: int = 0,
-    sessions_deleted: int = 0,
-    day: date | None = None,
-) -> None:
-    """Add to a project's event counts (and sessions made or deleted) of a UTC day, in one
-    statement: the increment happens in SQL, so concurrent requests (any worker) lose no
-    count."""
-    if not (accepted or duplicates or refused or sessions_made or sessions_deleted):
-        return
-    day = day or datetime.now(UTC).date()
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"""
-            INSERT INTO {_TALLY_TABLE}
-                (project_id, day, accepted, duplicates, refused, sessions_made, sessions_deleted)
-            VALUES (%s, %s, %s, %s, %s, %s, %s)
-            ON CONFLICT (project_id, day) DO UPDATE SET
-                accepted = {_TALLY_TABLE}.accepted + excluded.accepted,
-                duplicates = {_TALLY_TABLE}.duplicates + excluded.duplicates,
-                refused = {_TALLY_TABLE}.refused + excluded.refused,
-                sessions_made = {_TALLY_TABLE}.sessions_made + excluded.sessions_made,
-                sessions_deleted = {_TALLY_TABLE}.sessions_deleted + excluded.sessions_deleted
-            """,
-            [
-                project_id,
-                connection.ops.adapt_datefield_value(day),
-                accepted,
-                duplicates,
-                refused,
-                sessions_made,
-                sessions_deleted,
-            ],
-        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,6 @@ from django.utils import timezone
 from pydantic import ValidationError
 
 from costboard.api.boundary import ApiError, ApiRequest, Operation, Reply, endpoint
-from costboard.api.metrics import ingest_tally
 from costboard.api.schemas import ExportTraceServiceRequest, ExportTraceServiceResponse, RpcStatus
 from costboard.ingest.otlp import (
     MAX_SPANS,
@@ -44,6 +43,7 @@ from costboard.ingest.schemas import (
 )
 from costboard.ingest.service import events_ingest, step_months_ready
 from costboard.models import Project, Session, Step, Turn
+from costboard.projects import ingest_tally
 
 # google.rpc.Code values for the Status body of an error response.
 INVALID_ARGUMENT = 3

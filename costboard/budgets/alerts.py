@@ -43,7 +43,7 @@ Retry policy
 2xx: delivered. 4xx other than 408 (timeout) and 429 (too many requests): failed at once, no
 retry — the receiver refused this request and would refuse it again (wrong URL, rejected
 signature); fix it and use "Retry selected deliveries" in the admin. So is a URL the egress
-check refuses (costboard/budgets/egress.py: the host is resolved once, every address checked,
+check refuses (costboard/egress.py: the host is resolved once, every address checked,
 and the request connects to a checked address). Anything else (5xx, 3xx — redirects are not
 followed —, 408, 429, refused connections, timeouts) and any mail backend error: retried
 after COSTBOARD_ALERT_RETRY_SECONDS × 2ⁿ seconds (n = 0, 1, …) until
@@ -83,14 +83,14 @@ from django.urls import reverse
 from django.utils import timezone
 
 from costboard.budgets.caps import session_budget
-from costboard.budgets.egress import (
+from costboard.budgets.periods import budget_days, period_budget_view
+from costboard.egress import (
     WebhookRefused,
     short,
     status_reason,
     webhook_destination,
     webhook_opener,
 )
-from costboard.budgets.periods import budget_days, period_budget_view
 from costboard.models import (
     AlertDelivery,
     BudgetEvent,

@@ -37,7 +37,7 @@ from costboard.budgets.periods import (
 )
 from costboard.model_rows import ModelColumns
 from costboard.models import BudgetDay, BudgetEvent, PeriodBudget, PeriodLedger, Project, usd
-from costboard.pricing.rates import pico_usd
+from costboard.money import pico_usd
 
 FORECAST = BudgetEvent.Kind.FORECAST
 

@@ -83,9 +83,10 @@ from costboard.models import (
     Turn,
     UserDailyRollup,
 )
+from costboard.money import pico_usd
 from costboard.partitions import step_partitions_cover
 from costboard.pricing.families import is_tool_model, model_family, price_families
-from costboard.pricing.rates import UNPRICED_PICO, RateTable, pico_usd, rate_table
+from costboard.pricing.rates import UNPRICED_PICO, RateTable, rate_table
 
 ZERO = Decimal(0)
 

@@ -29,6 +29,7 @@ from typing import Any
 from django.db import connection
 
 from costboard.models import ModelPrice
+from costboard.money import pico_usd
 
 MILLION = Decimal(1_000_000)
 CENT_FRACTION = Decimal("1e-12")  # costs are kept to 12 places (see models.COST)
@@ -153,7 +154,6 @@ def _usd(tokens: int, rate_per_token: Decimal) -> Decimal:
     return _CTX.multiply(tokens, rate_per_token).quantize(CENT_FRACTION, context=_CTX)
 
 
-PICO = 10**12  # pico-dollars per USD: costs are kept to 12 places, so a cost is an int of these
 PicoCost = tuple[int | None, int, int, int, int]  # price id; input, output, cache read, write
 UNPRICED_PICO: PicoCost = (None, 0, 0, 0, 0)
 
@@ -161,16 +161,6 @@ UNPRICED_PICO: PicoCost = (None, 0, 0, 0, 0)
 def pico(amount: Decimal) -> int:
     """A USD amount of at most 12 decimals as pico-dollars."""
     return int(amount.scaleb(12, context=_CTX))
-
-
-def pico_text(amount: int) -> str:
-    """Pico-dollars as the exact decimal text of the USD amount ("0.000123450000")."""
-    whole, fraction = divmod(abs(amount), PICO)
-    return f"{'-' if amount < 0 else ''}{whole}.{fraction:012d}"
-
-
-def pico_usd(amount: int) -> Decimal:
-    return Decimal(pico_text(amount))
 
 
 def _cost_pico(

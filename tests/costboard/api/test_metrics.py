@@ -12,8 +12,8 @@ from django.test import Client
 from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.parser import text_string_to_metric_families
 
-from costboard.api.metrics import ingest_tally
 from costboard.models import IngestTally
+from costboard.projects import ingest_tally
 from tests.conftest import Agent, make_agent, run_in_threads, usd
 
 TOKEN = "scrape-me-7f3a"

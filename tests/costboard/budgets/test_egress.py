@@ -33,7 +33,7 @@ from django.utils import timezone
 from django.utils.html import escape
 
 from costboard.budgets.alerts import DISPATCH, _webhook_send, alerts_dispatch
-from costboard.budgets.egress import (
+from costboard.egress import (
     REASON_CHARS,
     webhook_allow_list,
     webhook_url_check,

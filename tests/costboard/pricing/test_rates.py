@@ -354,7 +354,8 @@ def test_ingest_prices_in_integer_picodollars_exactly_as_in_decimals(db: None) -
     token kind that equals the Decimal cost, to the last of the 12 places."""
     import random
 
-    from costboard.pricing.rates import PICO, _cost, _cost_pico
+    from costboard.money import PICO
+    from costboard.pricing.rates import _cost, _cost_pico
 
     prices_sync()
     table = rate_table()
