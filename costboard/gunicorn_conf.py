@@ -8,6 +8,11 @@ from typing import Any
 
 log = logging.getLogger("gunicorn.error")
 
+# Newer gunicorn opens a control socket at one path per user ($HOME/.gunicorn/gunicorn.ctl),
+# which a second server (another checkout's `make run`, bench_ingest) would take over; we
+# don't use it. Older releases ignore a setting they don't know.
+control_socket_disable = True
+
 
 def post_worker_init(worker: Any) -> None:
     """Each worker runs ingest once, rolled back, before it accepts (costboard/warmup.py)."""
