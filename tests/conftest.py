@@ -26,6 +26,13 @@ from costboard.models import ApiKey, ModelPrice, Project
 from costboard.partitions import forget_step_partitions
 from costboard.pricing.rates import forget_rate_table
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that drives a browser is slow whatever its file says."""
+    for item in items:
+        if item.get_closest_marker("e2e") or "e2e" in item.path.parts:
+            item.add_marker(pytest.mark.slow)
+
+
 # LiteLLM (tests/clients/test_litellm.py, the OTLP gateway tests) reads its bundled price map
 # instead of retrying a download for seconds on an offline machine.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
