@@ -161,7 +161,7 @@ class ApiKey(models.Model):
 
     Its role says what it may do: `ingest` (the default) sends usage and reads what an agent
     reads (budgets, context, memory); `read` only reads (the spend export among them);
-    `admin` does everything, budgets' edits too (CONTRACT §7)."""
+    `admin` does everything, budgets' edits too (docs/api.md, "Keys and roles")."""
 
     PREFIX = "cb_"
 
@@ -360,8 +360,8 @@ class Session(UsageTotals):
     external_id = models.CharField(max_length=128)
     user_id = models.CharField(max_length=128, blank=True, db_default="")
     # No database constraint on this or any foreign key between ingest's tables: each is
-    # keyed by (id, project_id), as a table distributed by project must be (README: scale
-    # out), and deletes go through Django's collector.
+    # keyed by (id, project_id), as a table distributed by project must be
+    # (docs/operations.md, "Scaling out"), and deletes go through Django's collector.
     parent = models.ForeignKey(
         "self",
         null=True,
@@ -390,7 +390,7 @@ class Session(UsageTotals):
     acknowledged_at = models.DateTimeField(null=True, blank=True)
     acknowledged_by = models.CharField(max_length=150, blank=True, db_default="")
     metadata = models.JSONField(default=dict, blank=True)
-    # attribution (CONTRACT §7): merged key by key from session events; its steps carry them
+    # attribution (docs/api.md, "Tags"): merged key by key from session events; steps carry them
     tags = models.JSONField(default=dict, blank=True, db_default={})
     # The model families of its steps, as the keys of an object ({"gpt-4o": true}): the
     # families of its SessionModelUsage rows, kept beside them. The sessions list's model
@@ -758,11 +758,11 @@ class BudgetEvent(models.Model):
 
 
 class PeriodBudget(models.Model):
-    """A budget above the session (CONTRACT §7): a project's, an end user's, an API key's or a
-    tag's spend in each day, week or month (in a timezone), or in total, held to a token
-    and/or USD limit. Every step whose scope matches counts toward it, in the period its
-    timestamp falls in (a PeriodLedger each); `stop` tells the agents of its sessions to
-    stop when it is exhausted, `warn` only warns."""
+    """A budget above the session (docs/budgets.md, "Period budgets"): a project's, an end user's,
+    an API key's or a tag's spend in each day, week or month (in a timezone), or in total, held to a
+    token and/or USD limit. Every step whose scope matches counts toward it, in the period its
+    timestamp falls in (a PeriodLedger each); `stop` tells the agents of its sessions to stop when
+    it is exhausted, `warn` only warns."""
 
     class Scope(models.TextChoices):
         PROJECT = "project", "the whole project"
@@ -833,7 +833,7 @@ class PeriodLedger(models.Model):
     """A period budget in one period: what counted toward it, its state and its crossings
     (written only by the budget engine's outcomes, under this row's lock)."""
 
-    # the budget's project, copied: the distribution column (README: scale out)
+    # the budget's project, copied: the distribution column (docs/operations.md, "Scaling out")
     project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="+", db_index=False)
     # no lone index: its unique key leads with it
     budget = models.ForeignKey(
@@ -867,7 +867,7 @@ class BudgetDay(models.Model):
     """What counted toward a period budget on one day (in its timezone): the daily rate its
     forecast projects from. Kept by ingest with the ledgers, under their locks."""
 
-    # the budget's project, copied: the distribution column (README: scale out)
+    # the budget's project, copied: the distribution column (docs/operations.md, "Scaling out")
     project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="+", db_index=False)
     # no lone index: its unique key leads with it
     budget = models.ForeignKey(
@@ -931,7 +931,7 @@ class SessionModelUsage(models.Model):
     """A session's calls per model family and exact model, kept at ingest: the model mix shown
     beside each session and the model filter of the sessions list, without reading steps."""
 
-    # the session's project, copied: the distribution column (README: scale out)
+    # the session's project, copied: the distribution column (docs/operations.md, "Scaling out")
     project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="+", db_index=False)
     # No lone session index: session_model_key leads with it.
     session = models.ForeignKey(
@@ -1100,7 +1100,8 @@ class AlertDelivery(models.Model):
         FAILED = "failed"
 
     project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="+")
-    # no database constraint: budget events are keyed by (id, project_id) (README: scale out)
+    # no database constraint: budget events are keyed by (id, project_id) (docs/operations.md,
+    # "Scaling out")
     budget_event = models.ForeignKey(
         BudgetEvent, on_delete=models.CASCADE, related_name="deliveries", db_constraint=False
     )

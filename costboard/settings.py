@@ -1,7 +1,7 @@
 """Django settings for Costboard.
 
-Everything a deployment changes comes from the environment (CONTRACT §1); a bad value stops
-start-up with a message naming the variable.
+Everything a deployment changes comes from the environment (README.md, "Configuration"); a bad
+value stops start-up with a message naming the variable.
 """
 
 from __future__ import annotations
@@ -194,7 +194,7 @@ WHITENOISE_USE_FINDERS = True
 WHITENOISE_KEEP_ONLY_HASHED_FILES = True
 warnings.filterwarnings("ignore", message="No directory at: .*staticfiles")
 
-# Ingest bodies may be up to 5 MB (CONTRACT §3); the view answers 413 past that itself.
+# Ingest bodies may be up to 5 MB (docs/api.md, "Limits"); the view answers 413 past that.
 DATA_UPLOAD_MAX_MEMORY_SIZE = 6 * 1024 * 1024
 
 # --- Celery: Redis in production; no broker means tasks run in-process ----------------------
@@ -226,7 +226,7 @@ CELERY_BEAT_SCHEDULE = {
     "memory-proposals": {"task": "memory_ui.lifecycle.memory_proposals_sweep", "schedule": 3600.0},
 }
 
-# --- budgets (CONTRACT §1) ----------------------------------------------------------------
+# --- budgets (docs/budgets.md, "Caps") -----------------------------------------------------
 COSTBOARD_SESSION_TOKEN_CAP = env_int("COSTBOARD_SESSION_TOKEN_CAP", 100_000, minimum=1)
 COSTBOARD_SESSION_COST_CAP_USD = env_decimal("COSTBOARD_SESSION_COST_CAP_USD", "5.00")
 COSTBOARD_WARN_AT_PCT = env_fraction("COSTBOARD_WARN_AT_PCT", "0.8")

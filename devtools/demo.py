@@ -346,8 +346,8 @@ def _budgets_settle(project: Project, *, now: datetime) -> None:
 
 
 def _system_budget_event(slug: str, seed: int, at: datetime) -> Event:
-    """Background jobs report without a session (CONTRACT §3: the `system` session); its caps
-    are its project's system caps (_project_for), as an admin would set them."""
+    """Background jobs report without a session (docs/api.md, "Events": the `system` session); its
+    caps are its project's system caps (_project_for), as an admin would set them."""
     return SessionEvent.model_validate(
         {
             "type": "session",

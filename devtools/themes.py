@@ -31,7 +31,7 @@ class DemoDataError(ValueError):
 
 
 class Shape(StrEnum):
-    """How a provider reports a call's tokens (CONTRACT §4)."""
+    """How a provider reports a call's tokens (docs/api.md, "Raw provider usage")."""
 
     FIELDS = "fields"  # the token fields themselves, Anthropic semantics
     OPENAI = "openai"  # an OpenAI Chat Completions usage object

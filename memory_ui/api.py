@@ -1,5 +1,5 @@
-"""The memory API of CONTRACT §3: candidates in, MEMORY.md and ranked search out, feedback on
-what a search returned. The key decides the project; nothing here approves a memory.
+"""The memory API (docs/api.md, "Memory"): candidates in, MEMORY.md and ranked search out, feedback
+on what a search returned. The key decides the project; nothing here approves a memory.
 
 Each view parses with the models of memory_ui/schemas.py, calls a service and answers a
 model; refusals are raised and the boundary (costboard/api/boundary.py) answers them."""

@@ -1,5 +1,5 @@
-"""The memory lifecycle: expiry, eviction, merging and compression (the memory-engineering
-seed's "expiration checks, low-value eviction, duplicate merging, compression").
+"""The memory lifecycle: expiry, eviction, merging and compression (docs/memory.md,
+"Lifecycle").
 
 Only TTL expiry changes a memory by itself (its TTL was approved with it). Everything else is a
 proposal in the review queue — a pending Memory whose `proposal` says what approving it does

@@ -1,4 +1,4 @@
-"""Memories the agents propose and people approve (CONTRACT §3 Memory).
+"""Memories the agents propose and people approve (docs/memory.md, "Review and permissions").
 
 A Memory is a candidate (pending) until a person approves, edits or rejects it; every decision
 is a MemoryEvent (the history). Lifecycle jobs never change an approved memory themselves:
@@ -61,7 +61,7 @@ class Memory(models.Model):
     source = models.CharField(max_length=20, choices=Source.choices, default=Source.AGENT_INFERRED)
     tags = models.JSONField(default=list, blank=True)
     ttl_days = models.PositiveIntegerField(null=True, blank=True)
-    # No database constraints: sessions and turns are keyed by (id, project_id) (README:
+    # No database constraints: sessions and turns are keyed by (id, project_id) (docs/operations.md,
     # scale out); Django's collector nulls these when they are deleted.
     session = models.ForeignKey(
         Session,

@@ -1,4 +1,4 @@
-"""Ranked memory search (CONTRACT §3 Memory, `GET /api/v1/memory/search`).
+"""Ranked memory search (docs/memory.md, "Ranking"; `GET /api/v1/memory/search`).
 
 score = w_r·relevance + w_i·importance + w_f·freshness + w_c·credibility, each component in
 [0, 1] and returned beside the score, the weights from `COSTBOARD_MEMORY_WEIGHTS`. Only the

@@ -1,9 +1,9 @@
-"""Pydantic models of the memory API (CONTRACT §3 Memory): the API's parsing of every body and
-query, and the shape of every answer, with the limits of memory_ui.services (whose `clean_*`
-checks stay behind them, as a second line).
+"""Pydantic models of the memory API (docs/api.md, "Memory"): the API's parsing of every body and
+query, and the shape of every answer, with the limits of memory_ui.services (whose `clean_*` checks
+stay behind them, as a second line).
 
 Messages say what to send instead; the error mapper (costboard/api/boundary.py) names the
-field. Text is refused with NUL or unpaired surrogates (CONTRACT §7).
+field. Text is refused with NUL or unpaired surrogates (docs/api.md, "Limits").
 """
 
 from __future__ import annotations

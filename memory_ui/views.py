@@ -1,8 +1,8 @@
-"""The memory pages (CONTRACT §6): the review queue, the memory browser with MEMORY.md's
-preview, one memory's history, and the metrics. Login required, scoped to the user's projects
-like every page; approving, editing, rejecting and expiring need staff or the
-`memory_ui.review_memory` permission (the Reviewers group), and always go through services,
-which write the history."""
+"""The memory pages (docs/memory.md, "Review and permissions"): the review queue, the memory browser
+with MEMORY.md's preview, one memory's history, and the metrics. Login required, scoped to the
+user's projects like every page; approving, editing, rejecting and expiring need staff or the
+`memory_ui.review_memory` permission (the Reviewers group), and always go through services, which
+write the history."""
 
 from __future__ import annotations
 

@@ -26,6 +26,7 @@ from costboard.models import ApiKey, ModelPrice, Project
 from costboard.partitions import forget_step_partitions
 from costboard.pricing.rates import forget_rate_table
 
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """A test that drives a browser is slow whatever its file says."""
     for item in items:

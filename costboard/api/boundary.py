@@ -336,7 +336,7 @@ def _no_bad_characters(value: str) -> str:
     return value
 
 
-# Text for PostgreSQL: no NUL, no unpaired surrogate (CONTRACT §7).
+# Text for PostgreSQL: no NUL, no unpaired surrogate (docs/api.md, "Limits").
 SafeText = Annotated[str, AfterValidator(_no_bad_characters)]
 
 

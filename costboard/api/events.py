@@ -1,5 +1,5 @@
-"""The cost API of CONTRACT §3: events in, budgets out; and the OpenAPI document, raw and as a
-page. The boundary (key, methods, errors) is costboard/api/boundary.py."""
+"""The cost API (docs/api.md, "Events"): events in, budgets out; and the OpenAPI document, raw
+and as a page. The boundary (key, methods, errors) is costboard/api/boundary.py."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""`Idempotency-Key` on `POST /api/v1/events` (CONTRACT §7): a whole batch sent again under the
-same key gets the answer it got the first time, and is not ingested again.
+"""`Idempotency-Key` on `POST /api/v1/events` (docs/api.md, "Idempotency"): a whole batch sent
+again under the same key gets the answer it got the first time, and is not ingested again.
 
 The key's row (`IdempotentRequest`: the body's SHA-256 and the answer) is inserted first in the
 same transaction as the ingest, with ON CONFLICT DO NOTHING on `idempotency_key_once`:
@@ -16,8 +16,8 @@ must not happen twice; none of ours is).
 
 Replays answer the stored JSON with `Idempotent-Replayed: true` and are not counted in
 /metrics again. The same key with another body is 422 naming `Idempotency-Key`. Keys are
-kept 48 hours (at least 24, CONTRACT §7): costboard/budgets/retention.py deletes older ones
-in the hourly sweep.
+kept 48 hours (at least 24, as docs/api.md promises): costboard/budgets/retention.py deletes
+older ones in the hourly sweep.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""`GET /metrics` (CONTRACT §3): Prometheus text read from the database at scrape time.
+"""`GET /metrics` (docs/api.md, "Metrics"): Prometheus text read from the database at
+scrape time.
 
 Every number comes from tables, not from in-process counters, so each gunicorn worker (and
 each replica) answers the same; the one exception is the rate limiter's refusals, counted
@@ -85,7 +86,7 @@ def _bucket_label(bound: int) -> str:
 
 
 class CostboardCollector(Collector):
-    """The metrics of CONTRACT §3, read from the database each time `collect` runs."""
+    """The metrics of docs/api.md ("Metrics"), read from the database each time `collect` runs."""
 
     def describe(self) -> Iterable[Metric]:
         return []  # names unknown until collect: the registry must not call collect twice

@@ -1,4 +1,4 @@
-"""OTLP/HTTP traces (CONTRACT §3 `POST /v1/traces`): spans → steps, one trace = one turn.
+"""OTLP/HTTP traces (docs/api.md, "OTLP traces"): spans → steps, one trace = one turn.
 
 Protobuf or OTLP JSON, optionally gzip; the answer is an ExportTraceServiceResponse in the
 request's format, spans that cannot be mapped reported as `partial_success.rejected_spans`.

@@ -1,4 +1,4 @@
-"""Period budgets through the API (CONTRACT §7), for keys with the `admin` role:
+"""Period budgets through the API (docs/api.md, "Period budgets"), for `admin` keys:
 `GET/POST /api/v1/budgets`, `GET/PATCH/DELETE /api/v1/budgets/<id>`."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The API's rate limit per key (CONTRACT §1 `COSTBOARD_API_RATE_LIMIT`): at most N requests
+"""The API's rate limit per key (docs/api.md, "Rate limit"): at most N requests
 in any one second per API key, N from the key's project (admin) or the setting, 0 for none.
 Beyond it the boundary answers 429 with Retry-After before the view runs: nothing is stored.
 

@@ -1,5 +1,5 @@
-"""Pydantic models of the cost API's answers (CONTRACT §3): what the OpenAPI document shows and
-the contract test checks real responses against.
+"""Pydantic models of the cost API's answers (docs/api.md, "Events"): what the OpenAPI document
+shows and the contract test checks real responses against.
 
 Answers keep unknown keys (`extra="allow"`): a field added on the server side reaches the
 client even before its model names it, and the document never forbids it.
@@ -78,7 +78,7 @@ class SessionBudgetDetail(SessionBudget):
     events: list[BudgetEvent] = Field(description="oldest first")
 
 
-# --- period budgets (CONTRACT §7) -------------------------------------------------------------
+# --- period budgets (docs/api.md, "Period budgets") --------------------------------------------
 
 
 class PeriodBudgetAnswer(Answer):

@@ -1,7 +1,7 @@
-"""`GET /api/v1/spend` (CONTRACT §7, keys with the `read` or `admin` role): spend grouped by
-day, model (its family, as the pages show it), step type, end user or one tag key, between two
-UTC days, as JSON or CSV. Read from the daily rollups only, never the steps: day, model and
-step type from DailyRollup; user from UserDailyRollup; tag:<key> from TagDailyRollup."""
+"""`GET /api/v1/spend` (docs/api.md, "Spend"; keys with the `read` or `admin` role): spend grouped
+by day, model (its family, as the pages show it), step type, end user or one tag key, between two
+UTC days, as JSON or CSV. Read from the daily rollups only, never the steps: day, model and step
+type from DailyRollup; user from UserDailyRollup; tag:<key> from TagDailyRollup."""
 
 from __future__ import annotations
 

@@ -2,8 +2,8 @@
 reads in the API.
 
 Caps come from the session, else its project (its `system` caps for the `system` session),
-else the environment (CONTRACT §1, §3). What state they put a session in is decided by the
-budget engine (engine.py).
+else the environment (docs/budgets.md, "Caps"). What state they put a session in is decided
+by the budget engine (engine.py).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ services.py) writes it under the row's lock; nothing else writes `state`, `warne
 `exhausted_at` or `runaway_at`. A session is one kind of budget; a period budget over many
 sessions is another kind of ledger and limits, decided by the same function.
 
-The rules (CONTRACT §3):
+The rules (docs/budgets.md, "States and budget events"):
 - `warning` once tokens ≥ warn × token limit or cost ≥ warn × cost limit; `exhausted` once
   either reaches its limit, or while a runaway holds the budget (a flagged session whose
   project stops runaways, until a person acknowledges it).

@@ -1,5 +1,5 @@
 """Period budgets: which period a moment falls in, whether a step counts toward a budget, and
-the budget as the API shows it (CONTRACT §7 `<period budget>`).
+the budget as the API shows it (docs/api.md, "Period budgets").
 
 Pure functions but for `period_budget_view`'s reads; the writes are services in
 costboard/budgets/period_services.py, the decisions the budget engine's (engine.py).

@@ -1,5 +1,5 @@
-"""Server-rendered pages (CONTRACT §6): login required, scoped to the projects a user may see,
-filters in the URL, htmx swapping only the part that changes."""
+"""Server-rendered pages (docs/pages.md): login required, scoped to the projects a user may
+see, filters in the URL, htmx swapping only the part that changes."""
 
 from __future__ import annotations
 

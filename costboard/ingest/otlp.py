@@ -1,4 +1,4 @@
-"""OTLP/HTTP traces (CONTRACT §3 `POST /v1/traces`) → step events. Pure: no I/O.
+"""OTLP/HTTP traces (docs/api.md, "OTLP traces") → step events. Pure: no I/O.
 
 `otlp_decode` turns a body (protobuf or OTLP JSON) into an `ExportTraceServiceRequest`;
 `otlp_spans` maps its spans to `OtlpSpan`s (a StepEvent without its turn, plus the trace it
@@ -88,7 +88,7 @@ MAX_TAG_VALUE = 128
 STEP_TYPE_KEYS = ("gen_ai.operation.name",)
 
 
-MAX_SPANS = 10_000  # CONTRACT §7: per request
+MAX_SPANS = 10_000  # per request (docs/api.md, "Limits")
 
 
 class OtlpError(Exception):
@@ -211,7 +211,8 @@ def otlp_response(rejected: int, message: str, content_type: str) -> bytes:
 def otlp_status(code: int, message: str, content_type: str, field: str = "body") -> bytes:
     """A google.rpc.Status (code, message) in the request's format, the body OTLP/HTTP asks
     for with a 400. Encoded by hand: its two scalar fields need no googleapis dependency. In
-    JSON it also carries the API's `errors` (CONTRACT §7), which OTLP readers ignore."""
+    JSON it also carries the API's `errors` (docs/api.md, "Errors"), which OTLP readers
+    ignore."""
     if content_type != PROTOBUF:
         errors = [{"index": None, "field": field, "message": message}]
         return json.dumps({"code": code, "message": message, "errors": errors}).encode()

@@ -1,13 +1,13 @@
-"""The events of CONTRACT §3, validated whole before anything is stored.
+"""The events of docs/api.md ("Events"), validated whole before anything is stored.
 
 `parse_events(body)` returns the validated events or every error found, each naming the
 event's index, the field and what to send instead. The same models make the OpenAPI
 document (costboard/api/openapi.py), so what it says is what this accepts.
 
 Also here, for every JSON body of the API: `json_loads` (UTF-8 only, no NaN, a whole JSON
-number such as 100.0 read as the integer JSON Schema says it is) and the CONTRACT §7 limits
-PostgreSQL or Python would otherwise fail on: no NUL or unpaired surrogate in text, objects
-nested at most 32 deep.
+number such as 100.0 read as the integer JSON Schema says it is) and the limits PostgreSQL or
+Python would otherwise fail on (docs/api.md, "Limits"): no NUL or unpaired surrogate in text,
+objects nested at most 32 deep.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ MAX_EVENTS = 1000
 MAX_BODY_BYTES = 5 * 1024 * 1024
 MAX_TOKENS = 10**12
 MAX_TURN = 2**31 - 1  # the turn number's column is a 32-bit integer
-MAX_DEPTH = 32  # CONTRACT §7: metadata, context and usage nest at most this deep
+MAX_DEPTH = 32  # docs/api.md, "Limits": metadata, context and usage nest at most this deep
 MAX_MILLISECONDS = 2**31 - 1  # the step's duration column: about 24.8 days
 # Years outside these are typing mistakes, and near Python's year 1 and 9999 the conversion
 # to UTC (or a period's end) would overflow.
@@ -51,7 +51,7 @@ _TAG_KEY = re.compile(r"[a-z0-9_.-]{1,64}")
 
 
 def tags_check(value: Any) -> dict[str, str]:
-    """`tags`: a flat object of strings (CONTRACT §7), e.g. {"feature": "search"}."""
+    """`tags`: a flat object of strings (docs/api.md, "Tags"), e.g. {"feature": "search"}."""
     if not isinstance(value, dict):
         raise ValueError('must be an object of strings, e.g. {"feature": "search"}')
     if len(value) > MAX_TAGS:
@@ -259,7 +259,7 @@ _MODELS: dict[str, type[_Event]] = {
     "turn": TurnEvent,
     "step": StepEvent,
 }
-# The free-form objects of each kind, checked for depth (CONTRACT §7).
+# The free-form objects of each kind, checked for depth (docs/api.md, "Limits").
 _NESTED: dict[type[_Event], tuple[str, ...]] = {
     SessionEvent: ("metadata",),
     TurnEvent: ("context",),

@@ -1,4 +1,5 @@
-"""The runaway rules that need only one turn's steps, run inside ingest (CONTRACT §3, issue 4):
+"""The runaway rules that need only one turn's steps, run inside ingest (docs/budgets.md,
+"Runaway rules"; issue 4):
 
 - a retry loop: N failed steps in a row, or the same step (type, model and prompt size) N
   times in a row, within one turn;

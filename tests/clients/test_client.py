@@ -1,5 +1,6 @@
-"""The Python client (CONTRACT §5, §7) against a live test server, a closed port and a flaky
-proxy; and the `costboard-client` distribution installed alone into a clean venv."""
+"""The Python client (docs/integrations.md, "The Python client") against a live test server, a
+closed port and a flaky proxy; and the `costboard-client` distribution installed alone into a clean
+venv."""
 
 from __future__ import annotations
 
@@ -676,7 +677,7 @@ def test_costboard_client_in_the_server_is_the_same_client() -> None:
     assert {"BudgetExceeded", "ClientStats", "Costboard", "Step", "__version__"} <= set(
         found["same"]
     )
-    assert found["django"] == []  # CONTRACT §5: no Django settings needed
+    assert found["django"] == []  # no Django settings needed (docs/integrations.md)
 
 
 def test_the_server_module_says_how_to_get_the_client_when_it_is_missing() -> None:

@@ -1,6 +1,7 @@
-"""The LangChain handler (CONTRACT §7) with langchain-core's fake chat models carrying usage,
-against a live test server: a chain's model and tool runs land in the session its metadata
-names, with its user and tags, cache tokens counted once, priced as genai-prices prices them."""
+"""The LangChain handler (docs/integrations.md, "From LangChain") with langchain-core's fake chat
+models carrying usage, against a live test server: a chain's model and tool runs land in the session
+its metadata names, with its user and tags, cache tokens counted once, priced as genai-prices prices
+them."""
 
 from __future__ import annotations
 

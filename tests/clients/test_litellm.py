@@ -1,7 +1,7 @@
-"""The LiteLLM integration (CONTRACT §7) with the real `litellm` package, offline
-(`mock_response` calls), against a live test server: one step per call in the session its
-metadata names, with its user, tags and a cost equal to genai-prices'; an exhausted session's
-next call refused before it is made."""
+"""The LiteLLM integration (docs/integrations.md, "From LiteLLM") with the real `litellm` package,
+offline (`mock_response` calls), against a live test server: one step per call in the session its
+metadata names, with its user, tags and a cost equal to genai-prices'; an exhausted session's next
+call refused before it is made."""
 
 from __future__ import annotations
 

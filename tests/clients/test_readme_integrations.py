@@ -1,5 +1,5 @@
-"""README's "From LiteLLM", "From the LiteLLM proxy" and "From LangChain" snippets, run as
-written (offline: their models answer with mock responses) against a live test server; the
+"""docs/integrations.md's "From LiteLLM", "From the LiteLLM proxy" and "From LangChain" snippets,
+run as written (offline: their models answer with mock responses) against a live test server; the
 proxy is the real `litellm` proxy, started on a free 127.0.0.1 port and stopped."""
 
 from __future__ import annotations
@@ -25,17 +25,17 @@ from tests.conftest import Agent, make_agent
 from tests.servers import free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
-README = Path(__file__).resolve().parents[2] / "README.md"
+INTEGRATIONS = Path(__file__).resolve().parents[2] / "docs" / "integrations.md"
 MASTER_KEY = "sk-costboard-test-0123456789abcdef"
 
 
 def snippet(heading: str, language: str, index: int = 0) -> str:
-    """The `index`-th fenced `language` block of the README section `### heading`."""
-    text = README.read_text()
-    start = text.index(f"\n### {heading}\n")
+    """The `index`-th fenced `language` block of the section `## heading` of
+    docs/integrations.md (up to the next heading of that level)."""
+    text = INTEGRATIONS.read_text()
+    start = text.index(f"\n## {heading}\n")
     end = text.find("\n## ", start + 1)
     section = text[start : end if end != -1 else None]
-    section = section[: (section.find("\n### ", 1) + 1) or None]
     return re.findall(rf"```{language}\n(.*?)```", section, re.S)[index]
 
 
@@ -96,7 +96,7 @@ def test_from_langchain(costboard_env: Agent) -> None:
 
 @pytest.fixture
 def proxy(costboard_env: Agent, live_server: Any, tmp_path: Path) -> Iterator[str]:
-    """The real LiteLLM proxy with the README's config, on a free port; its URL."""
+    """The real LiteLLM proxy with the documented config, on a free port; its URL."""
     config = tmp_path / "litellm.yaml"
     config.write_text(snippet("From the LiteLLM proxy", "yaml"))
     port = free_port()

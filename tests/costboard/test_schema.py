@@ -79,9 +79,9 @@ def test_no_ingest_index_is_a_prefix_of_another() -> None:
 
 # --- Citus-ready: every table ingest writes is distributable by project ---------------------
 
-# Not distributed (README: scale out): the outbox is a queue the coordinator keeps (an item's
-# project may be null); API keys are found by their hash before the project is known, so they
-# are a reference table (ingest writes a key's last use at most once a minute).
+# Not distributed (docs/operations.md, "Scaling out"): the outbox is a queue the coordinator keeps
+# (an item's project may be null); API keys are found by their hash before the project is known, so
+# they are a reference table (ingest writes a key's last use at most once a minute).
 NOT_DISTRIBUTED = {"costboard_outboxitem", "costboard_apikey"}
 WRITE = re.compile(r"^\s*(?:WITH .*?\)\s*)?(?:INSERT INTO|UPDATE)\s+\"?(\w+)\"?", re.S | re.I)
 

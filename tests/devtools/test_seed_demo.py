@@ -327,8 +327,8 @@ def test_the_demo_budgets_and_tags_count_what_was_sent(seeded: str) -> None:
 def test_the_system_session_has_its_projects_system_caps_and_room_to_spare(
     seeded: str,
 ) -> None:
-    """No caps of its own (the README: they default to the project's); a month of background
-    jobs uses some of them, not 0.00 % of ten billion tokens."""
+    """No caps of its own (docs/budgets.md, "Caps": they default to the project's); a month of
+    background jobs uses some of them, not 0.00 % of ten billion tokens."""
     for system in Session.objects.filter(external_id=SYSTEM_SESSION_ID).select_related("project"):
         project = system.project
         assert (system.token_cap, system.cost_cap_usd) == (None, None)

@@ -199,7 +199,7 @@ def test_review_memories_in_chromium(live_server: Any, page: Any) -> None:
     user_md = page.text_content("section[data-scope='user:ann'] [data-md]")
     assert user_md == "[user] Ann likes short answers, in French\n"
     assert "Ann prefers short answers" not in page.content()
-    # ...the same text the agent reads (CONTRACT §3: GET /api/v1/memory/MEMORY.md)
+    # ...the same text the agent reads (docs/memory.md, "MEMORY.md")
     for scope, shown in (("project", preview), ("user:ann", user_md)):
         served = agent.client.get(
             "/api/v1/memory/MEMORY.md",

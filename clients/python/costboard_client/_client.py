@@ -1,4 +1,5 @@
-"""The Costboard Python client (CONTRACT §5, §7): standard library only, no Django needed.
+"""The Costboard Python client (docs/integrations.md, "The Python client"): standard library
+only, no Django needed.
 
     from costboard_client import Costboard, BudgetExceeded
 
@@ -233,7 +234,7 @@ class Step:
 
         Takes an Anthropic `Message`, an OpenAI `ChatCompletion` or Responses `Response` (or
         their dicts), a bare usage object, or a usage dict in any shape the server normalizes
-        (CONTRACT §4). Called twice, the usages are summed. Never raises.
+        (docs/api.md, "Raw provider usage"). Called twice, the usages are summed. Never raises.
         """
         try:
             self._record(response)
@@ -472,7 +473,7 @@ class Costboard:
         self._enqueue({"type": "turn", "session_id": session_id, "turn": turn, **_present(fields)})
 
     def event(self, event: Mapping[str, Any]) -> None:
-        """Queue one raw event (`type` "session", "turn" or "step", CONTRACT §3) as it is;
+        """Queue one raw event (`type` "session", "turn" or "step": docs/api.md, "Events") as it is;
         it gets an `event_id` and a `timestamp` if it has none. For integrations that time
         calls themselves (costboard_client.integrations)."""
         self._enqueue(dict(event))

@@ -1,5 +1,5 @@
-"""Issue 13's bad inputs, each against every endpoint that takes it (CONTRACT §7): a 4xx whose
-JSON `errors` name the field and the fix, and no row stored. Against the real database: the
+"""Issue 13's bad inputs, each against every endpoint that takes it (docs/api.md, "Errors"): a 4xx
+whose JSON `errors` name the field and the fix, and no row stored. Against the real database: the
 500s these were came from PostgreSQL refusing them."""
 
 from __future__ import annotations

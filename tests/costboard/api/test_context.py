@@ -19,7 +19,7 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture
 def without_tokenizer(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """tiktoken cannot be imported, as when the package is missing: the seed's fallback."""
+    """tiktoken cannot be imported, as when the package is missing: the offline fallback."""
     monkeypatch.setitem(sys.modules, "tiktoken", None)
     cl100k.cache_clear()
     yield

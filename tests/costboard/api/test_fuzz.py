@@ -1,7 +1,7 @@
-"""Random input never makes a 5xx (CONTRACT §7): hypothesis posts any unicode (lone surrogates
-and NUL included), integers far past every column, NaN and Infinity, and nesting from flat to
-a thousand levels into the events body, OTLP JSON, the memory API and its search, against the
-real database. Every refusal is JSON with `errors`, and a refused request stores nothing.
+"""Random input never makes a 5xx (docs/api.md, "Errors"): hypothesis posts any unicode (lone
+surrogates and NUL included), integers far past every column, NaN and Infinity, and nesting from
+flat to a thousand levels into the events body, OTLP JSON, the memory API and its search, against
+the real database. Every refusal is JSON with `errors`, and a refused request stores nothing.
 
 Bounded (and derandomized, like the rest of the suite's hypothesis tests) so the file runs in
 well under half a minute on two cores."""

@@ -1,5 +1,5 @@
-"""`Idempotency-Key` on POST /api/v1/events (CONTRACT §7): a batch retried under its key is
-ingested once and answered as the first time, even when both arrive at once; another body
+"""`Idempotency-Key` on POST /api/v1/events (docs/api.md, "Idempotency"): a batch retried under its
+key is ingested once and answered as the first time, even when both arrive at once; another body
 under the key is 422; only a 200 is kept."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""Key roles (CONTRACT §7): `ingest` (the default) sends usage and reads what an agent reads;
-`read` only reads; `admin` does everything. A key whose role may not do a thing gets a 403
-naming the role it needs and the command that makes such a key."""
+"""Key roles (docs/api.md, "Keys and roles"): `ingest` (the default) sends usage and reads what an
+agent reads; `read` only reads; `admin` does everything. A key whose role may not do a thing gets a
+403 naming the role it needs and the command that makes such a key."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The boundary's limits (CONTRACT §7): input PostgreSQL or Python would fail on is refused
-with a 4xx naming the field, never a 500, and nothing is stored."""
+"""The boundary's limits (docs/api.md, "Limits"): input PostgreSQL or Python would fail on is
+refused with a 4xx naming the field, never a 500, and nothing is stored."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""OTLP's limits (CONTRACT §7): at most 10,000 spans a request, counted before any span is
-mapped; a session out of turn numbers takes no new trace; error bodies in JSON carry the API's
-`errors` beside google.rpc.Status's code and message."""
+"""OTLP's limits (docs/api.md, "OTLP traces"): at most 10,000 spans a request, counted before any
+span is mapped; a session out of turn numbers takes no new trace; error bodies in JSON carry the
+API's `errors` beside google.rpc.Status's code and message."""
 
 from __future__ import annotations
 

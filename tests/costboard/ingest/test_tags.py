@@ -1,5 +1,5 @@
-"""Tags (CONTRACT §7): a flat object of strings on session and step events; a step carries its
-session's tags with its own merged over them; OTLP's `costboard.tag.<key>` attributes are tags;
+"""Tags (docs/api.md, "Tags"): a flat object of strings on session and step events; a step carries
+its session's tags with its own merged over them; OTLP's `costboard.tag.<key>` attributes are tags;
 anything else is a 422 naming the field, with nothing of the batch stored."""
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ __all__ = ["session_user_event", "tags_from", "turn_from"]
 
 log = logging.getLogger("costboard.client")
 
-TAG_KEY = re.compile(r"^[a-z0-9_.-]{1,64}$")  # the server's rule (CONTRACT §7)
+TAG_KEY = re.compile(r"^[a-z0-9_.-]{1,64}$")  # the server's rule (docs/api.md, "Tags")
 MAX_TAG_VALUE = 128
 MAX_TAGS = 20
 MAX_TURN = 2**31 - 1

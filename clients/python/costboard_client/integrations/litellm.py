@@ -1,4 +1,5 @@
-"""LiteLLM → Costboard: a `CustomLogger` sending each call as a step (CONTRACT §7).
+"""LiteLLM → Costboard: a `CustomLogger` sending each call as a step (docs/integrations.md,
+"From LiteLLM").
 
     import litellm
     from costboard_client.integrations.litellm import CostboardLogger
