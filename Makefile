@@ -48,11 +48,15 @@ run: install static
 	$(VENV)/bin/gunicorn --config python:costboard.gunicorn_conf costboard.wsgi --bind 127.0.0.1:$(PORT) --workers 2 --threads 4 \
 		--limit-request-line 0 --access-logfile -
 
+# The suite on pytest-xdist: a worker per core (TEST_WORKERS=0: in one process), each with a
+# test database of its own (SQLite files under var/, or test_<name>_gw<N> on PostgreSQL).
+TEST_WORKERS ?= auto
 test: install-dev
-	$(VENV)/bin/pytest
+	$(VENV)/bin/pytest -n $(TEST_WORKERS)
 
+# The edit loop: everything but the tests marked slow (browsers, servers, migration walks).
 test-fast: install-dev
-	$(VENV)/bin/pytest -m "not slow"
+	$(VENV)/bin/pytest -n $(TEST_WORKERS) -m "not slow"
 
 lint: install-dev
 	$(PY) manage.py makemigrations --check --dry-run
