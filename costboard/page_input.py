@@ -6,9 +6,9 @@ use for it, so a page request whose query string holds one is a 400 naming the p
 Forms need no such help: Django's form fields refuse NUL themselves, with the form shown
 again. The admin's action checkboxes (`_selected_action`) carry row ids, integers here;
 anything else fails in the admin's own query: a 400 too. An id past the widest primary key
-(bigint) names no row, yet was a 500: SQLite cannot bind it, nor Python read one of more
-than 4,300 digits. It is left out of the selection, so the action acts on the ids that can
-be rows, in every admin (Django's own too). The API answers its own 4xx
+names no row, yet was a 500 (costboard/dashboards/row_ids.py): it is left out of the
+selection, so the action acts on the ids that can be rows, in every admin (Django's own
+too). The API answers its own 4xx
 (costboard/api/boundary.py), so its paths are left alone, and their bodies unread.
 """
 
@@ -18,10 +18,10 @@ from collections.abc import Callable
 from html import escape
 
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
-from django.db import connection
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, QueryDict
 
 from costboard.api.failures import is_api
+from costboard.dashboards.row_ids import is_row_id
 from costboard.ingest.schemas import text_fault
 
 FORMS = ("application/x-www-form-urlencoded", "multipart/form-data")
@@ -38,19 +38,6 @@ def page_input_fault(params: QueryDict) -> tuple[str, str] | None:
     return None
 
 
-def row_ids(selected: list[str]) -> list[str]:
-    """The ids (strings of digits) a row can have: at most the widest primary key's largest,
-    compared by length first (int() refuses a string of more than 4,300 digits)."""
-    _, largest = connection.ops.integer_field_range("BigAutoField")
-    width = len(str(largest))
-    kept = []
-    for value in selected:
-        digits = value.lstrip("0") or "0"
-        if len(digits) < width or (len(digits) == width and int(digits) <= largest):
-            kept.append(value)
-    return kept
-
-
 class PageInputMiddleware:
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
         self.get_response = get_response
@@ -63,7 +50,7 @@ class PageInputMiddleware:
             selected = request.POST.getlist(ACTION_CHECKBOX_NAME)
             if not all(value.isascii() and value.isdigit() for value in selected):
                 found = (ACTION_CHECKBOX_NAME, "must be row ids: tick the rows' checkboxes")
-            elif (kept := row_ids(selected)) != selected:
+            elif (kept := [value for value in selected if is_row_id(value)]) != selected:
                 posted = request.POST.copy()
                 posted.setlist(ACTION_CHECKBOX_NAME, kept)
                 # read-only again, as Django gives it
