@@ -5,7 +5,10 @@ reaches the database as a query parameter, which PostgreSQL refuses: a 500. No f
 use for it, so a page request whose query string holds one is a 400 naming the parameter.
 Forms need no such help: Django's form fields refuse NUL themselves, with the form shown
 again. The admin's action checkboxes (`_selected_action`) carry row ids, integers here;
-anything else fails in the admin's own query: a 400 too. The API answers its own 4xx
+anything else fails in the admin's own query: a 400 too. An id past the widest primary key
+names no row, yet was a 500 (costboard/dashboards/row_ids.py): it is left out of the
+selection, so the action acts on the ids that can be rows, in every admin (Django's own
+too). The API answers its own 4xx
 (costboard/api/boundary.py), so its paths are left alone, and their bodies unread.
 """
 
@@ -18,6 +21,7 @@ from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, QueryDict
 
 from costboard.api.failures import is_api
+from costboard.dashboards.row_ids import is_row_id
 from costboard.ingest.schemas import text_fault
 
 FORMS = ("application/x-www-form-urlencoded", "multipart/form-data")
@@ -46,6 +50,11 @@ class PageInputMiddleware:
             selected = request.POST.getlist(ACTION_CHECKBOX_NAME)
             if not all(value.isascii() and value.isdigit() for value in selected):
                 found = (ACTION_CHECKBOX_NAME, "must be row ids: tick the rows' checkboxes")
+            elif (kept := [value for value in selected if is_row_id(value)]) != selected:
+                posted = request.POST.copy()
+                posted.setlist(ACTION_CHECKBOX_NAME, kept)
+                # read-only again, as Django gives it
+                request.POST = QueryDict(posted.urlencode(), encoding=request.encoding)
         if found is None:
             return self.get_response(request)
         name, fault = found

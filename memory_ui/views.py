@@ -19,6 +19,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods, require_POST
 
+from costboard.dashboards.row_ids import is_row_id
 from costboard.dashboards.scope import Scope, scope_for
 from costboard.dashboards.views import HtmxHttpRequest
 from costboard.models import Project
@@ -192,7 +193,7 @@ def review_bulk(request: HtmxHttpRequest) -> HttpResponse:
     action = request.POST.get("action", "")
     if action not in services.DECISIONS:
         return HttpResponse('action: "approve" or "reject"', status=400)
-    ids = [int(v) for v in request.POST.getlist("ids") if v.isdigit()]
+    ids = [int(v) for v in request.POST.getlist("ids") if is_row_id(v)]
     result = services.candidates_decide(
         ids=ids,
         decision=action,

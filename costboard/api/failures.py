@@ -4,13 +4,18 @@ path, a request Django refuses itself, an unhandled exception, a database outage
 Under the API's paths (/api/, OTLP's /v1/) every one of them is the contract's JSON body
 `{"errors": [{"index", "field", "message"}]}` (docs/api.md, "Errors"); pages keep Django's
 HTML pages. A database that cannot be reached is not the server's bug: 503 with Retry-After,
-for the API and the pages alike, so clients and load balancers retry rather than give up.
+for the API and the pages alike, so clients and load balancers retry rather than give up. A
+statement the database refuses is a bug, a 500, though the driver may call it an
+OperationalError too (SQLite's "malformed JSON", PostgreSQL's program limits): the driver's
+error code tells which.
 """
 
 from __future__ import annotations
 
+import sqlite3
 import sys
 
+import psycopg
 from django.contrib.auth.models import AnonymousUser
 from django.db import InterfaceError, OperationalError
 from django.http import HttpRequest, HttpResponse, JsonResponse
@@ -22,6 +27,36 @@ from costboard.dashboards.scope import Scope, projects_visible
 API_PREFIXES = ("/api/", "/v1/")
 RETRY_AFTER_SECONDS = 5
 DATABASE_DOWN = f"the database is unavailable: retry in {RETRY_AFTER_SECONDS} seconds"
+
+# SQLite's primary result codes for a file that cannot be used now (any other: the statement)
+SQLITE_UNAVAILABLE = frozenset(
+    {
+        sqlite3.SQLITE_BUSY,
+        sqlite3.SQLITE_LOCKED,
+        sqlite3.SQLITE_NOMEM,
+        sqlite3.SQLITE_IOERR,
+        sqlite3.SQLITE_FULL,
+        sqlite3.SQLITE_CANTOPEN,
+    }
+)
+# PostgreSQL's SQLSTATE classes for a server that cannot serve: connection exception,
+# insufficient resources, operator intervention (shutdown, cancelled), system error
+POSTGRES_UNAVAILABLE = ("08", "53", "57", "58")
+
+
+def database_outage(exc: BaseException | None) -> bool:
+    """Whether a failure means the database cannot serve now (retry) rather than that it
+    refused this statement (a bug): Django's errors carry the driver's as their cause."""
+    if isinstance(exc, InterfaceError):  # the connection is gone
+        return True
+    if not isinstance(exc, OperationalError):
+        return False
+    cause = exc.__cause__
+    if isinstance(cause, sqlite3.Error):
+        return cause.sqlite_errorcode & 0xFF in SQLITE_UNAVAILABLE
+    if isinstance(cause, psycopg.Error):  # no SQLSTATE: no server answered
+        return cause.sqlstate is None or cause.sqlstate[:2] in POSTGRES_UNAVAILABLE
+    return True  # a driver that does not say: an outage, as before
 
 
 def is_api(request: HttpRequest) -> bool:
@@ -89,7 +124,7 @@ def _page_not_found(request: HttpRequest, exception: Exception) -> HttpResponse:
 def server_error(request: HttpRequest) -> HttpResponse:
     """Django calls this inside its handler of the exception (after logging it), so the
     exception is sys.exc_info()'s: a database outage is a 503, anything else a 500."""
-    if isinstance(sys.exc_info()[1], OperationalError | InterfaceError):
+    if database_outage(sys.exc_info()[1]):
         return database_unavailable(request)
     if is_api(request):
         return _errors(

@@ -164,10 +164,17 @@ def _rows(project_id: int, names: list[str], since: date, until: date) -> list[d
             name: (group[column].isoformat() if name == "day" else group[column])
             for name, column in columns.items()
         }
-        row.update({name: group[f"s_{name}"] or 0 for name in SUMS})
+        # a sum of nothing is None; `or 0` also turned an unpriced group's Decimal 0 into int 0
+        row.update({name: _zero_if_none(group[f"s_{name}"], name) for name in SUMS})
         row["steps"] = group["s_steps"] or 0
         rows.append(row)
     return rows
+
+
+def _zero_if_none(value: Decimal | int | None, name: str) -> Decimal | int:
+    if value is not None:
+        return value
+    return Decimal(0) if name == "cost_usd" else 0
 
 
 def _total(rows: list[dict[str, Any]]) -> dict[str, Any]:

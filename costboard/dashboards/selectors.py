@@ -29,6 +29,7 @@ from django.db.models import (
 )
 from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Coalesce, Greatest, Trunc
+from django.db.models.lookups import Exact
 
 from costboard.budgets.caps import Caps
 from costboard.budgets.periods import (
@@ -503,9 +504,10 @@ def sessions_filtered(*, project_ids: list[int], filters: SessionFilters) -> Que
         sessions = sessions.filter(user_id__startswith=filters.user)
     if filters.tag:
         key, _, value = filters.tag.partition("=")
-        # a key transform built by name (not a lookup path: a key may hold "__")
+        # a key transform built by name (not a lookup path: a key may hold "__"), compared as
+        # text: `tag_value=` takes JSON equality, which on SQLite reads the value as JSON
         sessions = sessions.annotate(tag_value=KeyTextTransform(key, "tags")).filter(
-            tag_value=value
+            Exact(F("tag_value"), value)
         )
     if filters.q:
         sessions = sessions.filter(external_id__icontains=filters.q)

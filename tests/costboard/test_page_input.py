@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from costboard.models import ModelPrice, Project, WebhookEndpoint
+from costboard.models import ApiKey, ModelPrice, Project, WebhookEndpoint
 from memory_ui.models import Memory
 from tests.conftest import Agent
 
@@ -87,6 +87,57 @@ def test_an_admin_action_on_a_row_id_past_bigint_selects_nothing(admin_client: C
         "/admin/costboard/apikey/", {"action": "revoke", "_selected_action": ["9" * 30]}
     )
     assert response.status_code in (200, 302)
+
+
+BIGINT_MAX = 2**63 - 1
+
+
+@pytest.mark.parametrize(
+    ("path", "action"),
+    [
+        ("/admin/costboard/apikey/", "revoke"),
+        ("/admin/costboard/session/", "delete_selected"),
+        ("/admin/costboard/outboxitem/", "retry_items"),
+        ("/admin/memory_ui/memory/", "approve_selected"),
+        ("/admin/auth/user/", "delete_selected"),
+    ],
+)
+@pytest.mark.parametrize(
+    "row_id",
+    [
+        pytest.param(str(BIGINT_MAX), id="bigint's largest"),
+        pytest.param(str(BIGINT_MAX + 1), id="one past it"),
+        pytest.param("0" * 30 + str(BIGINT_MAX + 1), id="one past it after zeros"),
+        pytest.param("9" * 30, id="30 digits"),
+        pytest.param("9" * 5000, id="5000 digits"),
+    ],
+)
+def test_every_admins_action_on_an_id_no_row_has_selects_nothing(
+    admin_client: Client, agent: Agent, path: str, action: str, row_id: str
+) -> None:
+    """Past bigint (SQLite cannot bind it; int() refuses 5,000 digits) or not, the action runs
+    on no row: a redirect or the confirmation of nothing, not a 500."""
+    response = admin_client.post(
+        path, {"action": action, "index": "0", "_selected_action": [row_id]}
+    )
+    assert response.status_code in (200, 302)
+    assert ApiKey.objects.get(project=agent.project).revoked_at is None
+
+
+def test_an_admin_action_still_acts_on_the_valid_ids_beside_one_past_bigint(
+    admin_client: Client, agent: Agent
+) -> None:
+    chosen = ApiKey.objects.get(project=agent.project)
+    other, _ = ApiKey.issue(project=agent.project, name="other")
+    response = admin_client.post(
+        "/admin/costboard/apikey/",
+        {"action": "revoke", "index": "0", "_selected_action": ["9" * 30, str(chosen.pk)]},
+    )
+    assert response.status_code == 302
+    chosen.refresh_from_db()
+    other.refresh_from_db()
+    assert chosen.revoked_at is not None
+    assert other.revoked_at is None
 
 
 PRICE = {

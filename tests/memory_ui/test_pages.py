@@ -607,6 +607,26 @@ def test_select_all_approves_or_rejects_the_checked_ones(staff: Client, agent: A
     )
 
 
+@pytest.mark.parametrize(
+    "stray",
+    [
+        pytest.param(str(2**63), id="past bigint"),  # SQLite cannot bind it
+        pytest.param("9" * 5000, id="5000 digits"),  # int() will not read it
+        pytest.param("²", id="a digit int() refuses"),
+    ],
+)
+def test_select_all_leaves_out_what_no_row_can_have_as_its_id(
+    staff: Client, agent: Agent, stray: str
+) -> None:
+    a, b = (propose(agent, f"Fact {words(name)}") for name in "ab")
+    response = post(staff, "/memory/review/bulk/", {"action": "approve", "ids": [stray, a.pk]})
+    assert response.status_code == 200
+    body = response.content.decode()
+    assert "Approved 1 candidate." in body and "skipped" not in body
+    assert queued(body) == [b.pk]
+    assert Memory.objects.get(pk=a.pk).status == "approved"
+
+
 # --- permissions ----------------------------------------------------------------------------
 
 

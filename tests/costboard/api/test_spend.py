@@ -149,3 +149,15 @@ def test_a_bad_parameter_is_a_422_naming_it(reader: str, query: str, field: str,
     [error] = response.json()["errors"]
     assert error["field"] == field
     assert says in error["message"]
+
+
+@pytest.mark.parametrize(("group_by", "group"), [("model", "no-price"), ("step_type", "free")])
+def test_a_group_of_unpriced_steps_costs_zero_dollars(
+    reader: str, agent: Agent, group_by: str, group: str
+) -> None:
+    agent.events({"session_id": "d", "step_type": "free", "model": "no-price", "input_tokens": 50})
+    answer = get(reader, f"?group_by={group_by}")
+    assert answer.status_code == 200, answer.content
+    rows = {row[group_by]: row for row in answer.json()["rows"]}
+    assert (rows[group]["cost_usd"], rows[group]["input_tokens"]) == ("0.00", 50)
+    assert Decimal(answer.json()["total"]["cost_usd"]) == cost_of(Step.objects.all()) > 0

@@ -3,8 +3,11 @@ the steps that carry each value) and the tag filter on /sessions/."""
 
 from __future__ import annotations
 
+import csv
+import io
 import re
 from decimal import Decimal
+from urllib.parse import urlencode
 
 import pytest
 from django.test import Client
@@ -69,3 +72,58 @@ def test_sessions_filter_by_a_tag(staff: Client, tagged: Agent) -> None:
     assert "<code>b</code>" in everything  # positive control
     ignored = staff.get("/sessions/?tag=not a tag").content.decode()
     assert "<code>b</code>" in ignored  # a malformed filter filters nothing
+
+
+@pytest.fixture
+def awkward_tags(agent: Agent) -> Agent:
+    """Tags whose keys and values a JSON comparison could misread: a dotted key, an "=" and a
+    quote in a value, non-ASCII, values that read as JSON literals."""
+    agent.events(
+        {
+            "type": "session",
+            "session_id": "eu",
+            "tags": {"customer.tier": "gold", "region": "eu=west", "owner": "O'Hara ü"},
+        },
+        {"type": "session", "session_id": "us", "tags": {"customer.tier": "silver", "n": "42"}},
+        {"type": "session", "session_id": "odd", "tags": {"n": "null", "flag": "true"}},
+        *(
+            {"session_id": s, "step_type": "x", "model": "m", "input_tokens": 1}
+            for s in ("eu", "us", "odd", "untagged")
+        ),
+    )
+    return agent
+
+
+def listed(staff: Client, tag: str) -> list[str]:
+    response = staff.get(f"/sessions/?{urlencode({'tag': tag})}")
+    assert response.status_code == 200
+    return sorted(re.findall(r'<tr data-session="([^"]+)"', response.content.decode()))
+
+
+def exported(staff: Client, tag: str) -> list[str]:
+    response = staff.get(f"/sessions/export.csv?{urlencode({'tag': tag})}")
+    assert response.status_code == 200
+    body = b"".join(response.streaming_content).decode()  # type: ignore[attr-defined]
+    return sorted(row["session_id"] for row in csv.DictReader(io.StringIO(body)))
+
+
+@pytest.mark.parametrize(
+    ("tag", "sessions"),
+    [
+        ("customer.tier=gold", ["eu"]),
+        ("customer.tier=silver", ["us"]),
+        ("region=eu=west", ["eu"]),  # the first "=" parts key from value
+        ("region=eu", []),
+        ("owner=O'Hara ü", ["eu"]),
+        ("n=42", ["us"]),  # a number's text, not the number
+        ("n=null", ["odd"]),
+        ("flag=true", ["odd"]),
+        ("customer.tier=platinum", []),
+    ],
+)
+def test_the_tag_filter_lists_and_exports_the_sessions_with_that_tag(
+    staff: Client, awkward_tags: Agent, tag: str, sessions: list[str]
+) -> None:
+    assert listed(staff, tag) == sessions
+    assert exported(staff, tag) == sessions
+    assert listed(staff, "no tag") == ["eu", "odd", "untagged", "us"]  # positive control
