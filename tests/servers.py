@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from tests.waiting import wait_until
+
 NOTHING_SAVED = ["--save", "", "--appendonly", "no"]
 
 
@@ -21,18 +23,18 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def wait_for_port(port: int, *, up: bool, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                reachable = True
-        except OSError:
-            reachable = False
-        if reachable == up:
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"port {port} is still {'down' if up else 'up'} after {timeout}s")
+def reachable(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+            return True
+    except OSError:
+        return False
+
+
+def wait_for_port(port: int, *, up: bool) -> None:
+    wait_until(
+        lambda: reachable(port) == up, what=f"port {port} {'up' if up else 'down'}", every=0.02
+    )
 
 
 class RedisServer:
