@@ -6,7 +6,6 @@ import shutil
 import socket
 import subprocess
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -15,6 +14,7 @@ from typing import Any
 from tests.waiting import wait_until
 
 NOTHING_SAVED = ["--save", "", "--appendonly", "no"]
+HOLD_AT_MOST = 60.0  # a Receiver's held reply goes out then, released or not: no test hangs
 
 
 def free_port() -> int:
@@ -70,14 +70,28 @@ class RedisServer:
 
 @dataclass
 class Receiver:
-    """An HTTP receiver: records each POST's X-Costboard-Delivery header and answers 200,
-    after `delay` seconds."""
+    """An HTTP receiver: records each POST's X-Costboard-Delivery header and answers 200, at
+    once or, after `hold()`, only when the test calls `release()`."""
 
-    delay: float = 0.0
     base_url: str = ""
     deliveries: list[str] = field(default_factory=list)
+    holding: int = 0  # requests in, their replies held
     lock: threading.Lock = field(default_factory=threading.Lock)
+    gate: threading.Event = field(default_factory=threading.Event)
     _stop: Callable[[], None] = lambda: None
+
+    def __post_init__(self) -> None:
+        self.gate.set()
+
+    def hold(self) -> None:
+        self.gate.clear()
+
+    def release(self) -> None:
+        self.gate.set()
+
+    def held(self) -> int:
+        with self.lock:
+            return self.holding
 
     def start(self) -> Receiver:
         state = self
@@ -85,8 +99,11 @@ class Receiver:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                time.sleep(state.delay)
                 with state.lock:
+                    state.holding += 1
+                state.gate.wait(timeout=HOLD_AT_MOST)
+                with state.lock:
+                    state.holding -= 1
                     state.deliveries.append(self.headers.get("X-Costboard-Delivery", ""))
                 self.send_response(200)
                 self.send_header("Content-Length", "0")
@@ -109,6 +126,7 @@ class Receiver:
         return self
 
     def stop(self) -> None:
+        self.release()  # a held handler would keep server_close waiting
         self._stop()
 
     def received(self) -> list[str]:
