@@ -6,13 +6,15 @@ import shutil
 import socket
 import subprocess
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from tests.waiting import wait_until
+
 NOTHING_SAVED = ["--save", "", "--appendonly", "no"]
+HOLD_AT_MOST = 60.0  # a Receiver's held reply goes out then, released or not: no test hangs
 
 
 def free_port() -> int:
@@ -21,18 +23,18 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def wait_for_port(port: int, *, up: bool, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                reachable = True
-        except OSError:
-            reachable = False
-        if reachable == up:
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"port {port} is still {'down' if up else 'up'} after {timeout}s")
+def reachable(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+            return True
+    except OSError:
+        return False
+
+
+def wait_for_port(port: int, *, up: bool) -> None:
+    wait_until(
+        lambda: reachable(port) == up, what=f"port {port} {'up' if up else 'down'}", every=0.02
+    )
 
 
 class RedisServer:
@@ -68,14 +70,28 @@ class RedisServer:
 
 @dataclass
 class Receiver:
-    """An HTTP receiver: records each POST's X-Costboard-Delivery header and answers 200,
-    after `delay` seconds."""
+    """An HTTP receiver: records each POST's X-Costboard-Delivery header and answers 200, at
+    once or, after `hold()`, only when the test calls `release()`."""
 
-    delay: float = 0.0
     base_url: str = ""
     deliveries: list[str] = field(default_factory=list)
+    holding: int = 0  # requests in, their replies held
     lock: threading.Lock = field(default_factory=threading.Lock)
+    gate: threading.Event = field(default_factory=threading.Event)
     _stop: Callable[[], None] = lambda: None
+
+    def __post_init__(self) -> None:
+        self.gate.set()
+
+    def hold(self) -> None:
+        self.gate.clear()
+
+    def release(self) -> None:
+        self.gate.set()
+
+    def held(self) -> int:
+        with self.lock:
+            return self.holding
 
     def start(self) -> Receiver:
         state = self
@@ -83,8 +99,11 @@ class Receiver:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                time.sleep(state.delay)
                 with state.lock:
+                    state.holding += 1
+                state.gate.wait(timeout=HOLD_AT_MOST)
+                with state.lock:
+                    state.holding -= 1
                     state.deliveries.append(self.headers.get("X-Costboard-Delivery", ""))
                 self.send_response(200)
                 self.send_header("Content-Length", "0")
@@ -107,6 +126,7 @@ class Receiver:
         return self
 
     def stop(self) -> None:
+        self.release()  # a held handler would keep server_close waiting
         self._stop()
 
     def received(self) -> list[str]:

@@ -1,15 +1,34 @@
-"""Waiting for something another thread or process does: a liveness bound, never a speed one."""
+"""Waiting for what another thread or process does: a liveness timeout, never a measure of
+speed. A test asserts what happened (counts, order, states), and waits here for it to happen;
+the timeout only turns "never" into a failure that names what did not happen."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+# Generous: the suite runs several workers on a two-core machine, and a timeout that trips on
+# a slow moment is a flake, not a finding.
+TIMEOUT_SECONDS = 30.0
 
 
-def wait_until(predicate: Callable[[], object], *, timeout: float = 30.0, what: str) -> None:
-    """Return once `predicate()` is true; fail naming `what` if it never was within `timeout`."""
+def wait_until(
+    predicate: Callable[[], T],
+    *,
+    what: str,
+    timeout: float = TIMEOUT_SECONDS,
+    every: float = 0.05,
+) -> T:
+    """Call `predicate` until it returns something truthy, and return that. AssertionError
+    naming `what` (and the last value seen) if it has not within `timeout` seconds."""
     deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not seen within {timeout:.0f} s")
-        time.sleep(0.01)
+    while True:
+        result = predicate()
+        if result:
+            return result
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"{what}: not within {timeout:g} s (last: {result!r})")
+        time.sleep(every)

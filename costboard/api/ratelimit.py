@@ -23,6 +23,7 @@ import re
 import threading
 import time
 from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,16 +41,24 @@ LOG_PREFIX = "costboard:ratelimit:key:"  # + the first 32 hex of the key's SHA-2
 REFUSED_KEY = "costboard:ratelimit:refused"  # hash: project id → 429s answered
 
 # KEYS[1] the key's log (member: a unique id, score: µs), KEYS[2] refusals per project
-# ARGV: limit, window in µs, a unique member, the project's id.
+# ARGV: limit, window in µs, a unique member, the project's id; and, from tests only, the
+# time in µs (without it: Redis' TIME, the one clock every process shares).
 # Returns 0 when admitted, else the µs until the oldest kept request leaves the window.
 _ADMIT = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local now
+if ARGV[5] then
+    now = tonumber(ARGV[5])
+else
+    local t = redis.call('TIME')
+    now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
 local window = tonumber(ARGV[2])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - window)
 if redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[1]) then
     redis.call('ZADD', KEYS[1], now, ARGV[3])
-    redis.call('PEXPIRE', KEYS[1], math.ceil(window / 1000))
+    if not ARGV[5] then  -- PEXPIRE counts on Redis' clock: only a log kept on it expires by it
+        redis.call('PEXPIRE', KEYS[1], math.ceil(window / 1000))
+    end
     return 0
 end
 redis.call('HINCRBY', KEYS[2], ARGV[4], 1)
@@ -116,6 +125,10 @@ class _RedisState:
         self._scripts: dict[str, Any] = {}
         self.paused_until = 0.0
         self._warned_at = -math.inf
+        # Tests turn these by hand: the clock of the pause and of the warning's minute, and
+        # the window's (None: Redis' TIME).
+        self.clock: Callable[[], float] = time.monotonic
+        self.window_clock: Callable[[], float] | None = None
 
     def client(self, url: str) -> Any:
         client = self._clients.get(url)
@@ -142,7 +155,7 @@ class _RedisState:
         return self._scripts[url]
 
     def failed(self, exc: BaseException) -> None:
-        now = time.monotonic()
+        now = self.clock()
         self.paused_until = now + REDIS_PAUSE_SECONDS
         with self._lock:
             warn = now - self._warned_at >= WARN_EVERY_SECONDS
@@ -168,13 +181,13 @@ def _redacted(url: str) -> str:
 
 def _redis_admit(url: str, key_id: str, project_id: int, limit: int) -> float | None:
     """Seconds to wait, or None (admitted, or Redis down: served)."""
-    if time.monotonic() < _STATE.paused_until:
+    if _STATE.clock() < _STATE.paused_until:
         return None
+    args: list[int | str] = [limit, WINDOW_SECONDS * 1_000_000, os.urandom(8).hex(), project_id]
+    if _STATE.window_clock is not None:
+        args.append(round(_STATE.window_clock() * 1_000_000))
     try:
-        wait_us = _STATE.script(url)(
-            keys=[LOG_PREFIX + key_id, REFUSED_KEY],
-            args=[limit, WINDOW_SECONDS * 1_000_000, os.urandom(8).hex(), project_id],
-        )
+        wait_us = _STATE.script(url)(keys=[LOG_PREFIX + key_id, REFUSED_KEY], args=args)
     except Exception as exc:  # ConnectionError, TimeoutError, a Redis that refuses scripts…
         _STATE.failed(exc)
         return None
@@ -189,13 +202,14 @@ class _LocalLimiter:
 
     MAX_KEYS = 10_000  # past this many logs, the idle ones are dropped
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock  # a test's own turns time by hand
         self._lock = threading.Lock()
         self._logs: dict[str, deque[float]] = {}
         self._refused: Counter[int] = Counter()
 
     def admit(self, key_id: str, project_id: int, limit: int) -> float | None:
-        now = time.monotonic()
+        now = self._clock()
         with self._lock:
             log_ = self._logs.get(key_id)
             if log_ is None:

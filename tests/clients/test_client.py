@@ -7,7 +7,6 @@ from __future__ import annotations
 import ast
 import contextlib
 import email.utils
-import itertools
 import json
 import os
 import shutil
@@ -16,9 +15,9 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 import urllib.request
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -26,10 +25,13 @@ from typing import Any
 
 import costboard_client
 import pytest
-from costboard_client import BudgetExceeded, Costboard
+import time_machine
+from costboard_client import BudgetExceeded, Costboard, _client
 
 from costboard.models import IngestTally, PeriodBudget, Session, Step
 from tests.conftest import TEST_RATES, Agent, add_price, make_agent, usd
+from tests.servers import HOLD_AT_MOST, Receiver
+from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -48,6 +50,31 @@ def cb(live_server: Any, acme: Agent) -> Iterator[Costboard]:
     client.close(timeout=5)
 
 
+class Clock:
+    """The client's time, standing still but for its own sleeps and what a test adds: how
+    long the client waited is read off this clock, never measured."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.slept: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    clock = Clock()
+    monkeypatch.setattr(_client, "_monotonic", clock)
+    monkeypatch.setattr(_client, "_perf_counter", clock)
+    monkeypatch.setattr(_client, "_sleep", clock.sleep)
+    return clock
+
+
 def closed_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -55,16 +82,16 @@ def closed_port() -> int:
 
 
 def test_a_wrapped_call_is_recorded_with_its_duration_and_tokens(
-    cb: Costboard, acme: Agent
+    cb: Costboard, acme: Agent, clock: Clock
 ) -> None:
     with cb.step("s-1", "search", "test-sonnet", turn=1) as s:
-        time.sleep(0.02)
+        clock.now += 0.25  # the call takes a quarter of a second
         s.record({"input_tokens": 120, "output_tokens": 30, "cache_read_input_tokens": 500})
 
     assert cb.flush(timeout=10)
     step = Step.objects.get(event_id=s.event_id)
     assert step.success is True
-    assert step.duration_ms is not None and step.duration_ms >= 20
+    assert step.duration_ms == 250
     assert (step.input_tokens, step.output_tokens, step.cache_read_input_tokens) == (120, 30, 500)
     assert step.session.external_id == "s-1"
     assert step.turn is not None and step.turn.number == 1
@@ -157,7 +184,7 @@ def test_budget_asks_the_server_and_refreshes_the_cache(cb: Costboard, acme: Age
     assert cb.budget("no-such-session") is None
 
 
-def test_a_down_server_never_breaks_or_blocks_the_agent() -> None:
+def test_a_down_server_never_breaks_the_agent(clock: Clock) -> None:
     cb = Costboard(
         f"http://127.0.0.1:{closed_port()}",
         "cb_nothing",
@@ -168,16 +195,15 @@ def test_a_down_server_never_breaks_or_blocks_the_agent() -> None:
         flush_at=1000,
         max_buffer=3,
     )
-    started = time.monotonic()
     for i in range(5):
         with cb.step("s-down", "search", "test-sonnet") as s:
             s.record({"input_tokens": i, "output_tokens": 1})
-    assert time.monotonic() - started < 0.5  # recording never waits on the network
     assert cb.stats.dropped == 2  # the bounded buffer kept the newest 3
+    assert clock.slept == []  # recording waits for nothing
 
-    started = time.monotonic()
     assert cb.flush(timeout=3) is False
-    assert time.monotonic() - started < 4
+    [backoff] = clock.slept  # flush waited only before its one retry
+    assert 0.025 <= backoff <= 0.05
 
     stats = cb.stats
     assert stats.sent == 0
@@ -185,9 +211,29 @@ def test_a_down_server_never_breaks_or_blocks_the_agent() -> None:
     assert stats.retries >= 1
     assert stats.last_error is not None
     assert cb.budget("s-down") is None  # no exception either
-    started = time.monotonic()
     cb.close(timeout=1)
-    assert time.monotonic() - started < 3
+    assert clock.slept == [backoff]  # nothing left to send, nothing more waited
+
+
+def test_recording_never_waits_on_a_server_that_does_not_answer() -> None:
+    """The first batch's POST hangs (the server holds its reply until the test releases it)
+    while the agent records more: no step could end if recording waited on the network."""
+    server = Receiver().start()
+    server.hold()
+    cb = Costboard(server.base_url, "cb_key", timeout=2 * HOLD_AT_MOST, flush_at=1)
+    try:
+        one_step(cb)  # flush_at 1: the background sender posts it at once
+        wait_until(lambda: server.held() == 1, what="the sender waiting on the server")
+        for _ in range(5):
+            one_step(cb)
+        assert (server.held(), server.received()) == (1, [])  # the reply never came meanwhile
+        assert cb.stats.buffered == 6 and cb.stats.sent == 0
+        server.release()
+        assert cb.flush(timeout=30)
+    finally:
+        server.stop()
+        cb.close(timeout=1)
+    assert (cb.stats.sent, cb.stats.failed, cb.stats.retries) == (6, 0, 0)
 
 
 def test_a_refused_batch_is_counted_failed_and_not_retried(live_server: Any) -> None:
@@ -321,26 +367,34 @@ OK_ANSWER = {"accepted": 1, "duplicates": 0, "sessions": {}}
 
 
 class _Scripted(BaseHTTPRequestHandler):
-    """A stand-in server: answers the n-th POST with the n-th (status, headers, delay) of
-    `script` (the last one from then on), noting when each came, its headers and body."""
+    """A stand-in server: answers the n-th POST with the n-th (status, headers) of `script`
+    (the last one from then on), noting each one's headers and body; the replies to the POSTs
+    numbered in `held` wait for `gate`."""
 
-    script: list[tuple[int, dict[str, str], float]] = []
-    seen: list[tuple[float, dict[str, str], bytes]] = []
+    script: list[tuple[int, dict[str, str]]] = []
+    held: frozenset[int] = frozenset()
+    gate = threading.Event()
+    seen: list[tuple[dict[str, str], bytes]] = []
 
     def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers["Content-Length"]))
         seen = type(self).seen
-        seen.append((time.monotonic(), dict(self.headers), body))
-        status, headers, delay = self.script[min(len(seen), len(self.script)) - 1]
-        time.sleep(delay)
+        seen.append((dict(self.headers), body))
+        number = len(seen)
+        status, headers = self.script[min(number, len(self.script)) - 1]
+        if number in self.held:
+            self.gate.wait(timeout=HOLD_AT_MOST)
         message = {"index": None, "field": None, "message": f"scripted {status}"}
         answer = json.dumps(OK_ANSWER if status == 200 else {"errors": [message]}).encode()
-        self.send_response(status)
-        for name, value in {**headers, "Content-Type": "application/json"}.items():
-            self.send_header(name, value)
-        self.send_header("Content-Length", str(len(answer)))
-        self.end_headers()
-        self.wfile.write(answer)
+        try:
+            self.send_response(status)
+            for name, value in {**headers, "Content-Type": "application/json"}.items():
+                self.send_header(name, value)
+            self.send_header("Content-Length", str(len(answer)))
+            self.end_headers()
+            self.wfile.write(answer)
+        except OSError:  # a held reply's client has long gone
+            self.close_connection = True
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
@@ -348,16 +402,21 @@ class _Scripted(BaseHTTPRequestHandler):
 
 @contextlib.contextmanager
 def scripted(
-    *script: tuple[int, dict[str, str], float],
-) -> Iterator[tuple[str, list[tuple[float, dict[str, str], bytes]]]]:
-    """A local HTTP server playing `script`: its URL and what it saw."""
-    seen: list[tuple[float, dict[str, str], bytes]] = []
-    handler = type("Handler", (_Scripted,), {"script": list(script), "seen": seen})
+    *script: tuple[int, dict[str, str]], held: frozenset[int] = frozenset()
+) -> Iterator[tuple[str, list[tuple[dict[str, str], bytes]]]]:
+    """A local HTTP server playing `script`: its URL and what it saw. Held replies go out
+    when the block ends."""
+    seen: list[tuple[dict[str, str], bytes]] = []
+    gate = threading.Event()
+    handler = type(
+        "Handler", (_Scripted,), {"script": list(script), "held": held, "gate": gate, "seen": seen}
+    )
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         yield f"http://127.0.0.1:{server.server_port}", seen
     finally:
+        gate.set()
         server.shutdown()
         server.server_close()
 
@@ -367,23 +426,26 @@ def one_step(cb: Costboard) -> None:
         s.record({"input_tokens": 5, "output_tokens": 1})
 
 
-def test_503_and_429_are_retried_after_their_retry_after_under_one_key() -> None:
-    # an HTTP date (whole seconds) that is still 2 to 3 s ahead when the 429 is answered
-    later = email.utils.formatdate(time.time() + 4, usegmt=True)
-    with scripted(
-        (503, {"Retry-After": "1"}, 0),
-        (429, {"Retry-After": later}, 0),
-        (200, {}, 0),
-    ) as (url, seen):
+NOON = datetime(2026, 3, 2, 12, 0, 0, tzinfo=UTC)
+
+
+def test_503_and_429_are_retried_after_their_retry_after_under_one_key(clock: Clock) -> None:
+    with (
+        time_machine.travel(NOON, tick=False),  # the HTTP date is read against this clock
+        scripted(
+            (503, {"Retry-After": "1"}),
+            (429, {"Retry-After": email.utils.format_datetime(NOON + timedelta(seconds=4), True)}),
+            (200, {}),
+        ) as (url, seen),
+    ):
         cb = Costboard(url, "cb_key", backoff=0.01, flush_interval=60, flush_at=1000)
         one_step(cb)
         assert cb.flush(timeout=15)
         cb.close(timeout=1)
 
+    assert clock.slept == [1, 4]  # Retry-After: 1, then until the date; not the 0.01 s back-off
     assert len(seen) == 3
-    (t0, h0, b0), (t1, h1, b1), (t2, h2, b2) = seen
-    assert t1 - t0 >= 0.95  # Retry-After: 1, not the 0.01 s back-off
-    assert t2 - t1 >= 1.9  # until the date
+    (h0, b0), (h1, b1), (h2, b2) = seen
     keys = {h0["Idempotency-Key"], h1["Idempotency-Key"], h2["Idempotency-Key"]}
     assert len(keys) == 1 and len(keys.pop()) == 32
     assert b0 == b1 == b2
@@ -393,34 +455,33 @@ def test_503_and_429_are_retried_after_their_retry_after_under_one_key() -> None
     assert (stats.retries, stats.sent, stats.failed) == (2, 1, 0)
 
 
-def test_a_long_retry_after_is_capped() -> None:
-    with scripted((503, {"Retry-After": "3600"}, 0), (200, {}, 0)) as (url, seen):
+def test_a_long_retry_after_is_capped(clock: Clock) -> None:
+    with scripted((503, {"Retry-After": "3600"}), (200, {})) as (url, seen):
         cb = Costboard(url, "cb_key", max_retry_after=0.2, flush_interval=60, flush_at=1000)
         one_step(cb)
-        started = time.monotonic()
         assert cb.flush(timeout=10)
-        assert time.monotonic() - started < 3
         cb.close(timeout=1)
     assert len(seen) == 2
-    assert 0.2 <= seen[1][0] - seen[0][0] < 2
+    assert clock.slept == [0.2]  # not the hour asked for
 
 
 def test_a_timeout_is_retried_under_the_same_key() -> None:
-    with scripted((200, {}, 1.5), (200, {}, 0)) as (url, seen):
-        cb = Costboard(url, "cb_key", timeout=0.3, backoff=0.01, flush_interval=60, flush_at=1000)
+    """The first reply is held until the block ends: the client's 2 s timeout passes, on any
+    machine, and the retry is answered at once."""
+    with scripted((200, {}), held=frozenset({1})) as (url, seen):
+        cb = Costboard(url, "cb_key", timeout=2, backoff=0.01, flush_interval=60, flush_at=1000)
         one_step(cb)
-        assert cb.flush(timeout=10)
+        assert cb.flush(timeout=30)
         cb.close(timeout=1)
-        time.sleep(1.3)  # let the slow first answer finish before the server stops
     assert len(seen) == 2
-    assert seen[0][1]["Idempotency-Key"] == seen[1][1]["Idempotency-Key"]
-    assert seen[0][2] == seen[1][2]
+    assert seen[0][0]["Idempotency-Key"] == seen[1][0]["Idempotency-Key"]
+    assert seen[0][1] == seen[1][1]
     assert (cb.stats.retries, cb.stats.sent) == (1, 1)
     assert "timed out" in (cb.stats.last_error or "")
 
 
-def test_retries_are_bounded_and_backed_off_with_jitter() -> None:
-    with scripted((502, {}, 0)) as (url, seen):
+def test_retries_are_bounded_and_backed_off_with_jitter(clock: Clock) -> None:
+    with scripted((502, {})) as (url, seen):
         cb = Costboard(
             url, "cb_key", max_retries=3, backoff=0.1, max_backoff=0.4, flush_interval=60
         )
@@ -428,17 +489,17 @@ def test_retries_are_bounded_and_backed_off_with_jitter() -> None:
         assert cb.flush(timeout=10) is False
         cb.close(timeout=1)
     assert len(seen) == 4  # the first try and 3 retries, then given up
-    assert len({headers["Idempotency-Key"] for _, headers, _ in seen}) == 1
-    gaps = [later[0] - earlier[0] for earlier, later in itertools.pairwise(seen)]
+    assert len({headers["Idempotency-Key"] for headers, _ in seen}) == 1
     # each wait is in [ceiling/2, ceiling]: ceilings 0.1, 0.2, 0.4 (capped by max_backoff)
-    for gap, ceiling in zip(gaps, (0.1, 0.2, 0.4), strict=True):
-        assert ceiling / 2 <= gap < ceiling + 0.5, gaps
+    assert len(clock.slept) == 3
+    for waited, ceiling in zip(clock.slept, (0.1, 0.2, 0.4), strict=True):
+        assert ceiling / 2 <= waited <= ceiling, clock.slept
     assert (cb.stats.retries, cb.stats.failed, cb.stats.sent) == (3, 1, 0)
 
 
 @pytest.mark.parametrize("status", [400, 403, 404, 409, 410])
 def test_other_4xx_are_never_retried(status: int) -> None:
-    with scripted((status, {"Retry-After": "1"}, 0), (200, {}, 0)) as (url, seen):
+    with scripted((status, {"Retry-After": "1"}), (200, {})) as (url, seen):
         cb = Costboard(url, "cb_key", backoff=0.01, flush_interval=60, flush_at=1000)
         one_step(cb)
         assert cb.flush(timeout=10) is False
@@ -449,16 +510,16 @@ def test_other_4xx_are_never_retried(status: int) -> None:
 
 
 def test_each_batch_has_its_own_key() -> None:
-    with scripted((200, {}, 0)) as (url, seen):
+    with scripted((200, {})) as (url, seen):
         cb = Costboard(url, "cb_key", batch_size=2, flush_interval=60, flush_at=1000)
         for _ in range(5):
             one_step(cb)
         assert cb.flush(timeout=10)
         cb.close(timeout=1)
-    batches = [json.loads(body)["events"] for _, _, body in seen]
+    batches = [json.loads(body)["events"] for _, body in seen]
     assert sorted(len(events) for events in batches) == [1, 2, 2]  # the worker may send one
     assert len({event["event_id"] for events in batches for event in events}) == 5
-    assert len({headers["Idempotency-Key"] for _, headers, _ in seen}) == 3
+    assert len({headers["Idempotency-Key"] for headers, _ in seen}) == 3
 
 
 def test_every_event_on_the_wire_carries_an_event_id(live_server: Any, acme: Agent) -> None:
@@ -493,9 +554,7 @@ def test_events_are_sent_in_the_background(live_server: Any, acme: Agent) -> Non
     cb = Costboard(live_server.url, acme.key, flush_interval=60, flush_at=3, batch_size=2)
     for turn in (1, 2, 3):
         cb.turn("s-bg", turn, user_message=f"question {turn}")
-    deadline = time.monotonic() + 10
-    while cb.stats.sent < 3 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: cb.stats.sent >= 3, what="3 events sent in the background")
     assert cb.stats.sent == 3  # two POSTs of at most 2, no flush() called
     assert cb.known_budget("s-bg")["turns"] == 3  # type: ignore[index]
     cb.close(timeout=1)

@@ -21,6 +21,7 @@ from litellm.llms.anthropic.chat.transformation import AnthropicConfig
 from costboard.models import Session, Step
 from costboard.pricing.sync import prices_sync
 from tests.conftest import Agent, make_agent
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 MESSAGES = [{"role": "user", "content": "What did we spend?"}]
@@ -47,14 +48,15 @@ def costboard(live_server: Any, acme: Agent) -> Iterator[CostboardLogger]:
 def stored(logger: CostboardLogger, count: int, **filters: Any) -> list[Step]:
     """The steps matching `filters` once `count` are stored: LiteLLM logs a sync call from a
     thread of its own, so the step may be queued a moment after the call returns."""
-    deadline = time.monotonic() + 10
-    while True:
+
+    def sent() -> list[Step]:
         logger.flush(timeout=5)
         steps = list(Step.objects.filter(**filters).order_by("id"))
-        if len(steps) >= count or time.monotonic() > deadline:
-            assert logger.client.stats.failed == 0, logger.client.stats.last_error
-            return steps
-        time.sleep(0.05)
+        return steps if len(steps) >= count else []
+
+    steps = wait_until(sent, what=f"{count} steps matching {filters} stored")
+    assert logger.client.stats.failed == 0, logger.client.stats.last_error
+    return steps
 
 
 def genai_cost(model: str, provider: str, **tokens: int) -> Decimal:

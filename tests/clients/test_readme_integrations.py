@@ -23,6 +23,7 @@ from costboard.models import Session, Step
 from costboard.pricing.sync import prices_sync
 from tests.conftest import Agent, make_agent
 from tests.servers import free_port
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 INTEGRATIONS = Path(__file__).resolve().parents[2] / "docs" / "integrations.md"
@@ -119,15 +120,16 @@ def proxy(costboard_env: Agent, live_server: Any, tmp_path: Path) -> Iterator[st
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 90
-        while True:
+
+        def alive() -> bool:
             assert process.poll() is None, (tmp_path / "proxy.log").read_text()[-3000:]
             try:
                 with urllib.request.urlopen(f"{url}/health/liveliness", timeout=1):
-                    break
+                    return True
             except OSError:
-                assert time.monotonic() < deadline, "the LiteLLM proxy did not start in 90 s"
-                time.sleep(0.25)
+                return False
+
+        wait_until(alive, what="the LiteLLM proxy to start", timeout=90, every=0.25)
         yield url
     finally:
         process.terminate()
@@ -140,12 +142,11 @@ def proxy(costboard_env: Agent, live_server: Any, tmp_path: Path) -> Iterator[st
 
 
 def stored_steps(session: str, count: int) -> list[Step]:
-    deadline = time.monotonic() + 15
-    while True:
+    def enough() -> list[Step]:
         steps = list(Step.objects.filter(session__external_id=session))
-        if len(steps) >= count or time.monotonic() > deadline:
-            return steps
-        time.sleep(0.1)
+        return steps if len(steps) >= count else []
+
+    return wait_until(enough, what=f"{count} steps of {session} stored")
 
 
 def test_from_the_litellm_proxy(

@@ -12,6 +12,7 @@ from io import StringIO
 from typing import Any
 
 import pytest
+import time_machine
 from django.core.management import call_command
 from django.db import connection, transaction
 from django.db.models import F
@@ -69,41 +70,41 @@ def test_a_failing_item_backs_off_exponentially_then_fails_and_can_be_retried(
             raise ConnectionError("receiver down")
 
     outbox.outbox_handler("test.flaky", max_attempts=3, retry_seconds=10)(flaky)
-    outbox_add("test.flaky", {})
+    with time_machine.travel(timezone.now(), tick=False) as clock:  # the outbox's, by hand
+        outbox_add("test.flaky", {})
 
-    assert outbox_dispatch().retried == 1
-    item = OutboxItem.objects.get()
-    assert (item.status, item.attempts, item.claimed_until) == ("pending", 1, None)
-    assert item.last_error == "ConnectionError: receiver down"
-    wait = (item.next_attempt_at - timezone.now()).total_seconds()
-    assert 8 < wait <= 10  # retry_seconds × 2⁰
-    later(9)
-    assert outbox_dispatch().claimed == 0  # not due yet
-    later(1)
-    assert outbox_dispatch().retried == 1
-    item.refresh_from_db()
-    assert 18 < (item.next_attempt_at - timezone.now()).total_seconds() <= 20  # × 2¹
-    later(20)
-    assert outbox_dispatch().failed == 1
-    item.refresh_from_db()
-    assert (item.status, item.attempts) == ("failed", 3)
-    assert [(a.number, a.final) for a in calls] == [(1, False), (2, False), (3, True)]
-    later(3600)
-    assert outbox_dispatch().claimed == 0  # a failed item stays failed
+        assert outbox_dispatch().retried == 1
+        item = OutboxItem.objects.get()
+        assert (item.status, item.attempts, item.claimed_until) == ("pending", 1, None)
+        assert item.last_error == "ConnectionError: receiver down"
+        assert item.next_attempt_at == timezone.now() + timedelta(seconds=10)  # retry_seconds × 2⁰
+        clock.shift(9)
+        assert outbox_dispatch().claimed == 0  # not due yet
+        clock.shift(1)
+        assert outbox_dispatch().retried == 1
+        item.refresh_from_db()
+        assert item.next_attempt_at == timezone.now() + timedelta(seconds=20)  # × 2¹
+        clock.shift(20)
+        assert outbox_dispatch().failed == 1
+        item.refresh_from_db()
+        assert (item.status, item.attempts) == ("failed", 3)
+        assert [(a.number, a.final) for a in calls] == [(1, False), (2, False), (3, True)]
+        clock.shift(3600)
+        assert outbox_dispatch().claimed == 0  # a failed item stays failed
 
-    # the admin shows it, with its error, and retries it with fresh attempts
-    page = staff.get("/admin/costboard/outboxitem/?status__exact=failed")
-    assert page.status_code == 200
-    assert b"test.flaky" in page.content and b"ConnectionError: receiver down" in page.content
-    response = staff.post(
-        "/admin/costboard/outboxitem/",
-        {"action": "retry_items", "_selected_action": [item.pk]},
-        follow=True,
-    )
-    assert b"Queued 1 item(s) again" in response.content
-    assert outbox_dispatch().retried == 1  # the 4th call fails too: attempt 1 of a new round
-    later(10)
-    assert outbox_dispatch().done == 1
+        # the admin shows it, with its error, and retries it with fresh attempts
+        page = staff.get("/admin/costboard/outboxitem/?status__exact=failed")
+        assert page.status_code == 200
+        assert b"test.flaky" in page.content and b"ConnectionError: receiver down" in page.content
+        response = staff.post(
+            "/admin/costboard/outboxitem/",
+            {"action": "retry_items", "_selected_action": [item.pk]},
+            follow=True,
+        )
+        assert b"Queued 1 item(s) again" in response.content
+        assert outbox_dispatch().retried == 1  # the 4th call fails too: attempt 1 of a new round
+        clock.shift(10)
+        assert outbox_dispatch().done == 1
     assert len(calls) == 5 and not OutboxItem.objects.exists()
 
 

@@ -58,6 +58,11 @@ MAX_BATCH = 500  # events per POST; the server takes up to 1000 and 5 MB
 MAX_ERROR_CHARS = 20_000  # the server's limit on a step's error text
 USER_AGENT = "costboard-python-client/1"
 
+# The client's clocks and its sleep, looked up at each use so that a test can turn time by hand
+_monotonic = time.monotonic
+_perf_counter = time.perf_counter
+_sleep = time.sleep
+
 
 class BudgetExceeded(Exception):
     """A step was refused: its session's last known budget state is `exhausted`, by its own
@@ -272,14 +277,14 @@ class Step:
     def _begin(self) -> None:
         self._client._refuse_if_exhausted(self.session_id)
         self._timestamp = _now_iso()
-        self._started = time.perf_counter()
+        self._started = _perf_counter()
 
     def _end(self, exc: BaseException | None) -> None:
         if self._sent:
             return
         self._sent = True
         if self._started is not None:
-            self.duration_ms = round((time.perf_counter() - self._started) * 1000)
+            self.duration_ms = round((_perf_counter() - self._started) * 1000)
         if exc is not None:
             self.success = False
             text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
@@ -527,7 +532,7 @@ class Costboard:
     def flush(self, timeout: float | None = 10.0) -> bool:
         """Send everything buffered, waiting at most `timeout` seconds (None: until done).
         True when all of it reached the server; False if some was given up on or is left."""
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = None if timeout is None else _monotonic() + timeout
         failed_before = self.stats.failed
         while True:
             outcome = self._send_one_batch(deadline=deadline, in_worker=False)
@@ -537,7 +542,7 @@ class Costboard:
                 return False
         with self._cond:
             while self._in_flight or self._buffer:
-                remaining = None if deadline is None else deadline - time.monotonic()
+                remaining = None if deadline is None else deadline - _monotonic()
                 if remaining is not None and remaining <= 0:
                     return False
                 if self._buffer and not self._in_flight:
@@ -545,7 +550,7 @@ class Costboard:
                 self._cond.wait(timeout=remaining)
             done = not self._buffer and not self._in_flight
         if not done:
-            return self.flush(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            return self.flush(None if deadline is None else max(0.0, deadline - _monotonic()))
         return self.stats.failed == failed_before
 
     def close(self, timeout: float | None = 10.0) -> bool:
@@ -657,7 +662,7 @@ class Costboard:
         while True:
             timeout = self.timeout
             if deadline is not None:
-                timeout = min(timeout, deadline - time.monotonic())
+                timeout = min(timeout, deadline - _monotonic())
                 if timeout <= 0:
                     return _Outcome.REQUEUE
             try:
@@ -691,7 +696,7 @@ class Costboard:
                     )
                     return _Outcome.FAILED
                 delay = self._delay(attempt, exc.retry_after)
-                if deadline is not None and time.monotonic() + delay >= deadline:
+                if deadline is not None and _monotonic() + delay >= deadline:
                     return _Outcome.REQUEUE
                 attempt += 1
                 with self._lock:
@@ -700,7 +705,7 @@ class Costboard:
                     if self._stop.wait(delay):
                         return _Outcome.REQUEUE  # closing: close() sends it
                 else:
-                    time.sleep(delay)
+                    _sleep(delay)
                 continue
             self._accept(batch, body)
             return _Outcome.SENT

@@ -10,7 +10,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,8 @@ from costboard.api.chunked import chunked_bodies
 from costboard.models import Step
 from memory_ui.models import Memory
 from tests.conftest import Agent, make_agent
+from tests.servers import free_port, reachable
+from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[3]
 STEP = json.dumps({"session_id": "s1", "step_type": "response", "model": "m", "input_tokens": 3})
@@ -104,12 +105,6 @@ def test_a_chunked_body_the_server_did_not_decode_is_411_naming_content_length(
 # --- under a real gunicorn, over a real socket --------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @pytest.fixture
 def gunicorn(transactional_db: None) -> Iterator[int]:
     """`make run`'s server (gunicorn, costboard.wsgi) on the test database; its port."""
@@ -140,15 +135,13 @@ def gunicorn(transactional_db: None) -> Iterator[int]:
         stderr=subprocess.PIPE,
     )
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(server.stderr.read().decode() if server.stderr else "")  # noqa: B904
-                time.sleep(0.1)
+
+        def listening() -> bool:
+            if server.poll() is not None:  # it died: say why
+                raise RuntimeError(server.stderr.read().decode() if server.stderr else "")
+            return reachable(port)
+
+        wait_until(listening, what=f"gunicorn listening on port {port}", timeout=60)
         yield port
     finally:
         server.terminate()

@@ -5,15 +5,19 @@ under the key is 422; only a 200 is kept."""
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 import pytest
+from django.core.signals import request_started
+from django.db import connection
 from django.test import Client
 
+from costboard.api import idempotency
+from costboard.api.idempotency import _claim as claim_key
 from costboard.api.openapi import openapi_document
 from costboard.models import IdempotentRequest, IngestTally, Session, Step
 from tests.conftest import Agent, make_agent, run_in_threads
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.django_db
 
@@ -131,21 +135,55 @@ def test_a_key_belongs_to_its_project(agent: Agent) -> None:
     assert input_tokens(agent) == input_tokens(other) == 100
 
 
+def waiting_on_a_claim() -> int:
+    """Sessions of this PostgreSQL database blocked in _claim's INSERT (on another's row)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_clear_snapshot()")  # else one snapshot per transaction
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND wait_event_type = 'Lock' AND query LIKE %s",
+            ["%ON CONFLICT (project_id, key) DO NOTHING%"],
+        )
+        (count,) = cursor.fetchone()
+    return int(count)
+
+
 @pytest.mark.django_db(transaction=True)
-def test_concurrent_requests_with_one_key_ingest_once_and_answer_alike() -> None:
+def test_concurrent_requests_with_one_key_ingest_once_and_answer_alike(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The first to claim the key holds its claim uncommitted until the other three requests
+    are under way behind it, whatever the machine's speed: on PostgreSQL, blocked on its row."""
     agent = make_agent("busy")
-    batch = {"events": [step(turn=1 + i % 5) for i in range(300)]}  # slow enough to overlap
+    batch = {"events": [step(turn=1 + i % 5) for i in range(300)]}
     answers: dict[int, Any] = {}
-    started: list[float] = []
-    finished: list[float] = []
+    started: list[str] = []  # the requests under way
+    claims: list[bool] = []  # each claim's outcome: True for the one that took the key
+
+    def on_request_started(**kwargs: Any) -> None:
+        started.append(kwargs["environ"]["PATH_INFO"])
+
+    def claim(*args: Any) -> int | None:
+        claimed = claim_key(*args)
+        claims.append(claimed is not None)
+        if claimed is not None and connection.vendor == "postgresql":
+            wait_until(lambda: waiting_on_a_claim() == 3, what="the other three blocked on it")
+        elif claimed is not None:  # SQLite holds writers at BEGIN IMMEDIATE, where none shows
+            wait_until(lambda: len(started) == 4, what="the other three requests under way")
+        return claimed
+
+    monkeypatch.setattr(idempotency, "_claim", claim)
+    request_started.connect(on_request_started)
 
     def send(thread: int) -> None:
-        started.append(time.monotonic())
         answers[thread] = with_key(agent, batch, "same-batch", client=Client())
-        finished.append(time.monotonic())
 
-    assert run_in_threads(4, send) == []
-    assert max(started) < min(finished)  # all four were in flight at once
+    try:
+        assert run_in_threads(4, send) == []
+    finally:
+        request_started.disconnect(on_request_started)
+    assert started == ["/api/v1/events"] * 4
+    assert sorted(claims) == [False, False, False, True]  # one took the key, three met it
 
     assert [answers[t].status_code for t in range(4)] == [200] * 4
     bodies = [answers[t].json() for t in range(4)]

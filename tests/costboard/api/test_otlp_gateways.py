@@ -31,6 +31,7 @@ from costboard.models import TOOL_MODEL, Session, Step, UserDailyRollup
 from costboard.pricing.sync import prices_sync
 from tests.conftest import Agent
 from tests.otlp_spans import parsed, post_spans, span, spans_of
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.django_db
 
@@ -62,9 +63,11 @@ def litellm_spans(
     litellm.callbacks = [callback]
 
     def finished(count: int) -> list[ReadableSpan]:
-        deadline = time.monotonic() + 10
-        while len(memory.get_finished_spans()) < count and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_until(
+            lambda: len(memory.get_finished_spans()) >= count,
+            what=f"{count} spans from LiteLLM",
+            every=0.02,
+        )
         time.sleep(0.1)  # and nothing more comes
         spans = list(memory.get_finished_spans())
         memory.clear()

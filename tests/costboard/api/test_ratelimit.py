@@ -1,19 +1,20 @@
 """The per-key API rate limit (COSTBOARD_API_RATE_LIMIT, a project's api_rate_limit): 429 with
 Retry-After and nothing stored past it, counted in /metrics; shared through a real Redis
 (started here on a free port) by every process, or kept in process without one; and served
-unlimited (fail open) while Redis is down."""
+unlimited (fail open) while Redis is down. The limiter's clocks are the tests' own, turned by
+hand: what is inside the one second does not depend on how fast the machine runs the test."""
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import shutil
 import socket
 import subprocess
 import sys
 import textwrap
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,8 +24,10 @@ import redis
 from django.test import Client
 
 from costboard.api import ratelimit
+from costboard.api.ratelimit import Refusal, rate_limit_check
 from costboard.models import ApiKey, Step
 from tests.conftest import Agent, make_agent
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.django_db
 
@@ -53,18 +56,16 @@ class RedisServer:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
+        wait_until(self.answers, what=f"redis-server on port {self.port} to answer", every=0.02)
+
+    def answers(self) -> bool:
         client = redis.Redis.from_url(self.url, socket_connect_timeout=0.2)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                client.ping()
-                return
-            except redis.ConnectionError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.02)
-            finally:
-                client.close()
+        try:
+            return bool(client.ping())
+        except redis.ConnectionError:
+            return False
+        finally:
+            client.close()
 
     def stop(self) -> None:
         if self.process is not None:
@@ -73,14 +74,55 @@ class RedisServer:
             self.process = None
 
 
+class Clock:
+    """The limiter's time in seconds, standing still until a test moves it."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture(autouse=True)
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    """One clock for the window (Redis' or in process), the pause after a Redis failure and
+    the warning's minute; a previous test's outage and warning are not this one's."""
+    clock = Clock()
+    monkeypatch.setattr(ratelimit._STATE, "clock", clock)
+    monkeypatch.setattr(ratelimit._STATE, "window_clock", clock)
+    monkeypatch.setattr(ratelimit._STATE, "paused_until", 0.0)
+    monkeypatch.setattr(ratelimit._STATE, "_warned_at", float("-inf"))
+    monkeypatch.setattr(ratelimit, "_LOCAL", ratelimit._LocalLimiter(clock=clock))
+    return clock
+
+
 @pytest.fixture
 def redis_server(settings: Any) -> Iterator[RedisServer]:
     server = RedisServer()
     server.start()
     settings.COSTBOARD_RATE_LIMIT_REDIS_URL = server.url
-    ratelimit._STATE.paused_until = 0.0  # a previous test's outage is not this one's
     try:
         yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(params=["redis", "in process"])
+def either_store(request: pytest.FixtureRequest, settings: Any) -> Iterator[None]:
+    """The same test against a Redis of its own and against the in-process log."""
+    if request.param == "in process":
+        settings.COSTBOARD_RATE_LIMIT_REDIS_URL = ""
+        yield
+        return
+    server = RedisServer()
+    server.start()
+    settings.COSTBOARD_RATE_LIMIT_REDIS_URL = server.url
+    try:
+        yield
     finally:
         server.stop()
 
@@ -128,26 +170,52 @@ def assert_refused(response: Any, limit: int) -> None:
 
 
 def test_past_the_limit_a_key_gets_429_with_retry_after_and_nothing_is_stored(
-    agent: Agent, settings: Any, redis_server: RedisServer
+    agent: Agent, settings: Any, redis_server: RedisServer, clock: Clock
 ) -> None:
     settings.COSTBOARD_API_RATE_LIMIT = 3
     settings.COSTBOARD_METRICS_TOKEN = TOKEN
-    started = time.monotonic()
+    start = clock.now
     assert [budget_get(agent).status_code for _ in range(3)] == [404, 404, 404]
+    clock.now = start + 0.5  # half of the second the three were admitted in
     refused = agent.post({"events": [step()]})
     otlp = agent.client.post(
         "/v1/traces", b"", content_type="application/json", headers={"x-costboard-key": agent.key}
     )
-    assert time.monotonic() - started < 0.9  # all of it inside the one second
     assert_refused(refused, 3)
+    assert refused["Retry-After"] == "1"  # the first leaves the window in 0.5 s: rounded up
     assert_refused(otlp, 3)  # OTLP is an endpoint like the others
     assert Step.objects.count() == 0
     assert metric("acme") == 2
 
-    time.sleep(1.05)  # the window has moved on: the key is served again
+    clock.now = start + 0.75  # still inside the three's second
+    assert_refused(budget_get(agent), 3)
+    assert metric("acme") == 3
+    clock.now = start + 1  # the window has moved on: the key is served again
     assert agent.events(step())["accepted"] == 1
     assert Step.objects.get().input_tokens == 100
-    assert metric("acme") == 2
+    assert metric("acme") == 3
+
+
+def test_the_window_slides_each_request_leaves_it_one_second_after_it_came(
+    agent: Agent, settings: Any, either_store: None, clock: Clock
+) -> None:
+    """A sliding window, not one reset each second: a place comes back as its request ages out,
+    and a refusal says how long until the oldest does."""
+    settings.COSTBOARD_API_RATE_LIMIT = 3
+    start = clock.now
+
+    def check_at(offset: float) -> Refusal | None:  # offsets a float spells exactly
+        clock.now = start + offset
+        return rate_limit_check(raw_key=agent.key, project=agent.project)
+
+    assert [check_at(offset) for offset in (0, 0.25, 0.5)] == [None, None, None]
+    assert check_at(0.75) == Refusal(limit=3, retry_after=1)  # the first leaves in 0.25 s
+    assert check_at(1) is None  # it has: one place
+    assert check_at(1) == Refusal(limit=3, retry_after=1)
+    assert check_at(1.125) is not None  # the second is still in
+    assert check_at(1.25) is None  # it has left: one place
+    assert check_at(1.25) is not None
+    assert [check_at(5) for _ in range(4)] == [None, None, None, Refusal(limit=3, retry_after=1)]
 
 
 def test_the_limit_is_per_key(agent: Agent, settings: Any, redis_server: RedisServer) -> None:
@@ -182,21 +250,23 @@ def test_the_project_admin_edits_the_limit(agent: Agent, staff: Client) -> None:
 
 
 def test_every_process_shares_the_limit_through_redis(
-    agent: Agent, settings: Any, redis_server: RedisServer
+    agent: Agent, settings: Any, redis_server: RedisServer, clock: Clock
 ) -> None:
-    """Another process (a second gunicorn worker) spends the key's second: this one is 429."""
+    """Another process (a second gunicorn worker) spends the key's second: this one is 429
+    inside that second, and served once the other process's requests have left it."""
     settings.COSTBOARD_API_RATE_LIMIT = 3
     script = textwrap.dedent(
         f"""
-        import json, time, django
+        import json, django
         django.setup()
+        from costboard.api import ratelimit
         from costboard.api.ratelimit import rate_limit_check
         from costboard.models import Project
+        ratelimit._STATE.window_clock = lambda: {clock.now!r}  # this test's moment
         project = Project(pk={agent.project.pk}, slug="acme", api_rate_limit=3)
-        first_at = time.time()
         admitted = [rate_limit_check(raw_key={agent.key!r}, project=project) is None
                     for _ in range(3)]
-        print(json.dumps({{"admitted": admitted, "first_at": first_at}}))
+        print(json.dumps({{"admitted": admitted}}))
         """
     )
     env = {
@@ -211,13 +281,15 @@ def test_every_process_shares_the_limit_through_redis(
     assert done.returncode == 0, done.stderr
     outcome = json.loads(done.stdout)
     assert outcome["admitted"] == [True, True, True]
-    refused = budget_get(agent)
-    assert time.time() - outcome["first_at"] < 0.9  # within the other process's second
-    assert_refused(refused, 3)
+    moment = clock.now
+    clock.now = moment + 0.75  # within the other process's second
+    assert_refused(budget_get(agent), 3)
+    clock.now = moment + 1  # its three have left the window
+    assert budget_get(agent).status_code == 404
 
 
 def test_without_redis_each_process_keeps_the_limit(
-    agent: Agent, settings: Any, in_process: None
+    agent: Agent, settings: Any, in_process: None, clock: Clock
 ) -> None:
     settings.COSTBOARD_API_RATE_LIMIT = 2
     settings.COSTBOARD_METRICS_TOKEN = TOKEN
@@ -226,33 +298,81 @@ def test_without_redis_each_process_keeps_the_limit(
     assert_refused(agent.post({"events": [step()]}), 2)
     assert Step.objects.count() == 0
     assert metric("acme") == before + 1
-    time.sleep(1.05)
+    clock.advance(1)
     assert budget_get(agent).status_code == 404
 
 
 def test_while_redis_is_down_requests_are_served_and_a_warning_logged_once(
-    agent: Agent, settings: Any, redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+    agent: Agent,
+    settings: Any,
+    redis_server: RedisServer,
+    caplog: pytest.LogCaptureFixture,
+    clock: Clock,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     settings.COSTBOARD_API_RATE_LIMIT = 2
     settings.COSTBOARD_METRICS_TOKEN = TOKEN
-    ratelimit._STATE._warned_at = float("-inf")  # this test's warning is the first of the minute
     assert [budget_get(agent).status_code for _ in range(3)] == [404, 404, 429]
+    failures: list[str] = []  # each time Redis was asked and could not answer
+    failed = ratelimit._STATE.failed
+
+    def counted(exc: BaseException) -> None:
+        failures.append(type(exc).__name__)
+        failed(exc)
+
+    monkeypatch.setattr(ratelimit._STATE, "failed", counted)
 
     redis_server.stop()
     with caplog.at_level(logging.WARNING, logger="costboard.api.ratelimit"):
         statuses = [agent.post({"events": [step(event_id=f"e{i}")]}).status_code for i in range(4)]
-        time.sleep(ratelimit.REDIS_PAUSE_SECONDS + 0.05)  # Redis is asked again, and fails
+        assert len(failures) == 1  # asked once, then left alone for the pause
+        clock.advance(ratelimit.REDIS_PAUSE_SECONDS)  # Redis is asked again, and fails
         statuses.append(agent.post({"events": [step(event_id="e4")]}).status_code)
+        assert len(failures) == 2
     assert statuses == [200] * 5  # fail open: the limiter's outage is not ingest's
     assert Step.objects.count() == 5
     warnings = [r for r in caplog.records if r.name == "costboard.api.ratelimit"]
-    assert len(warnings) == 1
+    assert len(warnings) == 1  # two failures inside the minute: one warning
     assert "Redis" in warnings[0].getMessage() and "served unlimited" in warnings[0].getMessage()
     assert metric("acme") is None  # the scrape works; the counter it cannot read is left out
 
-    redis_server.start()  # back on the same port: limiting resumes after the pause
-    time.sleep(ratelimit.REDIS_PAUSE_SECONDS + 0.05)
+    redis_server.start()  # back on the same port (empty): limiting resumes after the pause
+    clock.advance(ratelimit.REDIS_PAUSE_SECONDS)
     assert [budget_get(agent).status_code for _ in range(3)] == [404, 404, 429]
+
+
+def test_without_a_clock_of_its_own_the_window_runs_on_redis_time(
+    agent: Agent, settings: Any, redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As deployed: each admitted request is stamped with Redis' TIME, the one clock every
+    process shares, and its log expires with the window. The window is an hour here, so
+    nothing leaves it while the test reads it, however slowly the test runs."""
+    monkeypatch.setattr(ratelimit._STATE, "window_clock", None)
+    monkeypatch.setattr(ratelimit, "WINDOW_SECONDS", 3600)
+    settings.COSTBOARD_API_RATE_LIMIT = 1
+    server = redis.Redis.from_url(redis_server.url)
+    log_key = ratelimit.LOG_PREFIX + ApiKey.hash_of(agent.key)[:32]
+
+    def redis_now_us() -> int:
+        seconds, micros = server.time()
+        return int(seconds) * 1_000_000 + int(micros)
+
+    before = redis_now_us()
+    assert rate_limit_check(raw_key=agent.key, project=agent.project) is None
+    after = redis_now_us()
+    [(_, stamped)] = server.zrange(log_key, 0, -1, withscores=True)
+    assert before <= stamped <= after  # Redis' clock, read between our two readings of it
+    assert 0 < server.pttl(log_key) <= 3600 * 1000  # dropped once the window has passed
+
+    before = redis_now_us()
+    refusal = rate_limit_check(raw_key=agent.key, project=agent.project)
+    after = redis_now_us()
+    leaves_at = stamped + 3600 * 1_000_000
+    assert refusal is not None and refusal.limit == 1
+    # until the first leaves the window, as Redis' clock read it between our readings
+    assert math.ceil((leaves_at - after) / 1e6) <= refusal.retry_after
+    assert refusal.retry_after <= math.ceil((leaves_at - before) / 1e6)
+    server.close()
 
 
 def test_the_default_limit_is_50_per_second() -> None:

@@ -8,9 +8,8 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,8 @@ from django.db import connection
 from costboard.models import AlertDelivery, OutboxItem, Session, Step, WebhookEndpoint
 from costboard.outbox import outbox_dispatch
 from tests.conftest import Agent, add_price, make_agent
-from tests.servers import Receiver, RedisServer
+from tests.servers import HOLD_AT_MOST, Receiver, RedisServer
+from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -48,14 +48,6 @@ def crossing_batch(n: int) -> dict[str, Any]:
     for number, step in enumerate(steps):
         step["event_id"] = f"{session}-{number}"
     return {"events": [{"type": "session", "session_id": session, "token_cap": 1000}, *steps]}
-
-
-def eventually(check: Callable[[], bool], *, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 def setup_project(receiver: Receiver) -> Agent:
@@ -126,9 +118,9 @@ def test_a_broker_outage_mid_stream_loses_nothing_and_sends_each_alert_once(
             response = agent.post(crossing_batch(n))
             statuses.append(response.status_code)
             if n == 7:  # the outage lasts until the beat has failed to send (some seconds)
-                eventually(lambda: bool(refused), timeout=30, what="the beat to meet the outage")
+                wait_until(lambda: bool(refused), what="the beat to meet the outage")
         assert statuses == [200] * 12  # every batch answered, the outage invisible to agents
-        eventually(
+        wait_until(
             lambda: len(receiver.received()) >= 24 and not OutboxItem.objects.exists(),
             timeout=90,
             what=f"24 alerts (have {len(receiver.received())}); worker log {tmp_path}",
@@ -154,10 +146,12 @@ def test_a_broker_outage_mid_stream_loses_nothing_and_sends_each_alert_once(
     }
 
 
-def test_a_slow_receiver_never_slows_ingest(receiver: Receiver) -> None:
+def test_a_slow_receiver_never_slows_ingest(receiver: Receiver, settings: Any) -> None:
     """Without a broker (make run): guard_sweep's dispatcher sends alerts while the agent
-    keeps sending; each batch is answered in the time it takes without any webhook."""
-    receiver.delay = 1.5
+    keeps sending. The receiver holds its replies until every batch has been answered: a batch
+    that waited on a webhook could not have been."""
+    settings.COSTBOARD_ALERT_TIMEOUT_SECONDS = 2 * HOLD_AT_MOST  # the dispatcher waits it out
+    receiver.hold()
     agent = setup_project(receiver)
     stop = threading.Event()
 
@@ -171,23 +165,20 @@ def test_a_slow_receiver_never_slows_ingest(receiver: Receiver) -> None:
 
     dispatcher = threading.Thread(target=sweep, daemon=True)
     dispatcher.start()
-    latencies = []
     try:
-        for n in range(3):
-            started = time.monotonic()
-            response = agent.post(crossing_batch(n))
-            latencies.append(time.monotonic() - started)
-            assert response.status_code == 200
-            time.sleep(0.5)  # the dispatcher is mid-send when the next batch arrives
-        eventually(
+        statuses = [agent.post(crossing_batch(0)).status_code]
+        wait_until(lambda: receiver.held() == 1, what="the dispatcher waiting on the receiver")
+        statuses += [agent.post(crossing_batch(n)).status_code for n in (1, 2)]  # mid-send
+        assert statuses == [200] * 3
+        assert (receiver.held(), receiver.received()) == (1, [])  # still held, nothing answered
+        receiver.release()
+        wait_until(
             lambda: len(receiver.received()) == 6 and not OutboxItem.objects.exists(),
-            timeout=60,
-            what="6 alerts",
+            what=f"6 alerts (have {len(receiver.received())})",
         )
     finally:
+        receiver.release()
         stop.set()
         dispatcher.join(timeout=30)
-    # The receiver takes 1.5 s per alert and each batch makes two: a batch that waited on
-    # it would take 3 s. Each took what ingest takes (well under a second here).
-    assert max(latencies) < 0.75, latencies
     assert AlertDelivery.objects.filter(status="delivered").count() == 6
+    assert Step.objects.filter(project=agent.project).count() == 6

@@ -13,27 +13,29 @@ import hashlib
 import hmac
 import json
 import logging
+import math
 import os
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
+import time_machine
 from django.core import mail
 from django.db import transaction
-from django.db.models import F
 from django.test import Client
 from django.utils import timezone
 
 from costboard.budgets.alerts import (
     DISPATCH,
+    SIGNATURE_TOLERANCE_SECONDS,
     _claim,
     alert_addresses,
     alert_headline,
@@ -53,9 +55,9 @@ from costboard.models import (
 )
 from costboard.outbox import outbox_add, outbox_dispatch
 from tests.conftest import Agent, add_price, make_agent
+from tests.waiting import wait_until
 
 SECRET = "whsec-test-0123456789abcdef"
-T = TypeVar("T")
 
 
 # --- an HTTP receiver ----------------------------------------------------------------------------
@@ -134,18 +136,6 @@ def receiver(settings: Any) -> Iterator[Receiver]:
         thread.join(timeout=5)
 
 
-def eventually(check: Callable[[], T], *, timeout: float = 20.0, what: str = "") -> T:
-    """Poll until `check()` is truthy (a worker's effect), failing after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what or check}; last: {result!r}")
-        time.sleep(0.05)
-
-
 def expected_signature(timestamp: str, body: bytes) -> str:
     """The test's own HMAC, independent of costboard.budgets.alerts."""
     digest = hmac.new(SECRET.encode(), timestamp.encode() + b"." + body, hashlib.sha256)
@@ -191,13 +181,15 @@ def test_a_worker_posts_one_signed_webhook_per_crossing(
     agent = make_agent("acme")
     add_price("test-sonnet")
     endpoint = webhook(agent.project, receiver, "/hook")
+    before = math.floor(time.time())  # the deliveries are stamped after this…
     agent.events({"type": "session", "session_id": "chat-42", "token_cap": 1000})
     agent.events(step("chat-42", 500, 300))  # 800 tokens: 80%
     agent.events(step("chat-42", 100, 100))  # 1000 tokens: the cap
 
-    deliveries = eventually(
+    deliveries = wait_until(
         lambda: len(rows := deliveries_settled(endpoint=endpoint)) == 2 and rows, what="2 sent"
     )
+    after = time.time()  # …and before this
     assert [d.status for d in deliveries] == ["delivered", "delivered"]
     requests = receiver.to("/hook")
     assert len(requests) == 2  # one per crossing, nothing twice
@@ -210,8 +202,10 @@ def test_a_worker_posts_one_signed_webhook_per_crossing(
         headers = request.headers
         timestamp = headers["X-Costboard-Timestamp"]
         assert headers["X-Costboard-Signature"] == expected_signature(timestamp, request.body)
-        assert abs(int(timestamp) - time.time()) < 60
-        assert verify_signature(SECRET, timestamp, request.body, headers["X-Costboard-Signature"])
+        assert before <= int(timestamp) <= after  # the Unix time of the sending, in seconds
+        assert verify_signature(
+            SECRET, timestamp, request.body, headers["X-Costboard-Signature"], now=after
+        )
         assert not verify_signature(
             "wrong", timestamp, request.body, headers["X-Costboard-Signature"]
         )
@@ -254,7 +248,7 @@ def test_a_receiver_failing_first_gets_the_alert_on_the_retry(
     agent.events({"type": "session", "session_id": "chat-7", "token_cap": 1000})
     agent.events(step("chat-7", 600, 400))  # warned and exhausted at once; only one is wanted
 
-    [delivery] = eventually(lambda: deliveries_settled(endpoint=endpoint), what="delivery")
+    [delivery] = wait_until(lambda: deliveries_settled(endpoint=endpoint), what="delivery")
     assert delivery.status == AlertDelivery.Status.DELIVERED
     assert delivery.attempts == 2
     assert delivery.response_code == 200
@@ -278,7 +272,7 @@ def test_a_receiver_answering_404_fails_at_once(
     agent.events({"type": "session", "session_id": "chat-9", "token_cap": 1000})
     agent.events(step("chat-9", 600, 400))
 
-    [delivery] = eventually(lambda: deliveries_settled(endpoint=endpoint), what="delivery")
+    [delivery] = wait_until(lambda: deliveries_settled(endpoint=endpoint), what="delivery")
     assert delivery.status == AlertDelivery.Status.FAILED
     assert delivery.attempts == 1
     assert delivery.response_code == 404
@@ -297,7 +291,7 @@ def test_a_receiver_failing_every_time_fails_after_the_last_attempt(
     agent.events({"type": "session", "session_id": "chat-3", "token_cap": 1000})
     agent.events(step("chat-3", 600, 400))
 
-    [delivery] = eventually(lambda: deliveries_settled(endpoint=endpoint), what="delivery")
+    [delivery] = wait_until(lambda: deliveries_settled(endpoint=endpoint), what="delivery")
     assert delivery.status == AlertDelivery.Status.FAILED
     assert delivery.attempts == 3  # COSTBOARD_ALERT_MAX_ATTEMPTS
     assert delivery.response_code == 503
@@ -319,7 +313,7 @@ def test_dispatching_an_event_twice_sends_it_once(
     exhausted_event("other", "/other")  # an event nobody dispatches: nothing is sent for it
     outbox_add(DISPATCH, {"event_ids": [event.pk]})
     outbox_add(DISPATCH, {"event_ids": [event.pk]})
-    eventually(lambda: not OutboxItem.objects.exists(), what="the outbox to empty")
+    wait_until(lambda: not OutboxItem.objects.exists(), what="the outbox to empty")
 
     [delivery] = AlertDelivery.objects.filter(budget_event=event)
     assert delivery.status == AlertDelivery.Status.DELIVERED
@@ -504,31 +498,28 @@ def test_without_a_broker_a_failed_webhook_is_retried_with_back_off(
     add_price("test-sonnet")
     receiver.answer_first("/down", 500, 503)
     endpoint = webhook(agent.project, receiver, "/down", kinds=["soft_warned"])
-    agent.events({"type": "session", "session_id": "s", "token_cap": 1000})
-    agent.events(step("s", 500, 300))
-    assert receiver.requests == []  # the request never waits on the receiver
+    with time_machine.travel(timezone.now(), tick=False) as clock:  # turned by hand below
+        agent.events({"type": "session", "session_id": "s", "token_cap": 1000})
+        agent.events(step("s", 500, 300))
+        assert receiver.requests == []  # the request never waits on the receiver
 
-    def sweep(after_seconds: float) -> None:  # guard_sweep's pass, that much later
-        OutboxItem.objects.filter(kind="alert.deliver").update(
-            next_attempt_at=F("next_attempt_at") - timedelta(seconds=after_seconds)
-        )
+        outbox_dispatch()  # guard_sweep's pass
+        [delivery] = AlertDelivery.objects.filter(endpoint=endpoint)
+        assert (delivery.status, delivery.attempts, delivery.response_code) == ("pending", 1, 500)
+        assert delivery.error.startswith("HTTP 500")
+        item = OutboxItem.objects.get(kind="alert.deliver")
+        assert item.attempts == 1 and item.last_error.startswith("DeliveryFailed: HTTP 500")
+        # COSTBOARD_ALERT_RETRY_SECONDS × 2⁰
+        assert item.next_attempt_at == timezone.now() + timedelta(seconds=30)
+        clock.shift(29)
+        outbox_dispatch()  # not yet due: nothing is sent
+        assert len(receiver.to("/down")) == 1
+        clock.shift(1)
         outbox_dispatch()
-
-    sweep(0)
-    [delivery] = AlertDelivery.objects.filter(endpoint=endpoint)
-    assert (delivery.status, delivery.attempts, delivery.response_code) == ("pending", 1, 500)
-    assert delivery.error.startswith("HTTP 500")
-    item = OutboxItem.objects.get(kind="alert.deliver")
-    assert item.attempts == 1 and item.last_error.startswith("DeliveryFailed: HTTP 500")
-    wait = (item.next_attempt_at - timezone.now()).total_seconds()
-    assert 25 < wait <= 30  # COSTBOARD_ALERT_RETRY_SECONDS × 2⁰
-    sweep(20)  # not yet due: nothing is sent
-    assert len(receiver.to("/down")) == 1
-    sweep(10)
-    item.refresh_from_db()
-    wait = (item.next_attempt_at - timezone.now()).total_seconds()
-    assert 55 < wait <= 60  # × 2¹
-    sweep(60)
+        item.refresh_from_db()
+        assert item.next_attempt_at == timezone.now() + timedelta(seconds=60)  # × 2¹
+        clock.shift(60)
+        outbox_dispatch()
     delivery.refresh_from_db()
     assert (delivery.status, delivery.attempts, delivery.response_code) == ("delivered", 3, 200)
     assert [r.status for r in receiver.to("/down")] == [500, 503, 200]
@@ -573,19 +564,27 @@ def test_a_delivery_in_flight_is_not_claimed_twice(emailed: Agent) -> None:
 
 def test_signatures_are_checked_in_constant_time_and_refuse_replays() -> None:
     body = b'{"kind":"exhausted"}'
-    now = time.time()
-    timestamp = str(int(now))
+    now = 1_767_268_800  # the receiver's clock, given: 2026-01-01 12:00 UTC
+    timestamp = str(now)
     header = expected_signature(timestamp, body)
-    assert verify_signature(SECRET, timestamp, body, header)
-    assert verify_signature(SECRET, timestamp, body.decode(), f"sha256=old, {header}")
-    assert not verify_signature(SECRET, timestamp, body + b" ", header)
-    assert not verify_signature(SECRET, str(int(now) + 1), body, header)
-    assert not verify_signature(SECRET, "soon", body, header)
-    old = str(int(now) - 3600)
-    assert not verify_signature(SECRET, old, body, expected_signature(old, body))
+    assert verify_signature(SECRET, timestamp, body, header, now=now)
+    assert verify_signature(SECRET, timestamp, body.decode(), f"sha256=old, {header}", now=now)
+    assert not verify_signature(SECRET, timestamp, body + b" ", header, now=now)
+    assert not verify_signature(SECRET, str(now + 1), body, header, now=now)
+    assert not verify_signature(SECRET, "soon", body, header, now=now)
+    limit = SIGNATURE_TOLERANCE_SECONDS
+    for age, fresh in [(limit, True), (limit + 1, False)]:  # the tolerance, to the second
+        sent = str(now - age)
+        signed = expected_signature(sent, body)
+        assert verify_signature(SECRET, sent, body, signed, now=now) is fresh
+    old = str(now - 3600)
+    assert not verify_signature(SECRET, old, body, expected_signature(old, body), now=now)
     assert verify_signature(
-        SECRET, old, body, expected_signature(old, body), tolerance_seconds=None
+        SECRET, old, body, expected_signature(old, body), tolerance_seconds=None, now=now
     )
+    with time_machine.travel(now, tick=False):  # without `now`: the machine's clock
+        assert verify_signature(SECRET, timestamp, body, header)
+        assert not verify_signature(SECRET, old, body, expected_signature(old, body))
 
 
 def test_alert_addresses_are_split_validated_and_deduplicated() -> None:

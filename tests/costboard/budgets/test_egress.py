@@ -17,7 +17,6 @@ import ssl
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -41,6 +40,7 @@ from costboard.egress import (
 )
 from costboard.models import AlertDelivery, BudgetEvent, Project, Session, WebhookEndpoint
 from costboard.outbox import outbox_add, outbox_dispatch
+from tests.waiting import wait_until
 
 SECRET = "whsec-test-0123456789abcdef"
 PUBLIC = "93.184.216.34"
@@ -189,14 +189,6 @@ def send(project: Project, url: str) -> AlertDelivery:
     alerts_dispatch([event.pk])
     outbox_dispatch()  # guard_sweep's pass
     return AlertDelivery.objects.get(budget_event=event, endpoint=endpoint)
-
-
-def eventually(check: Any, *, timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (result := check()):
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
-    return result
 
 
 @pytest.fixture
@@ -499,7 +491,7 @@ def test_a_refused_send_is_not_retried_by_a_worker(
         rows = list(AlertDelivery.objects.filter(budget_event=event).order_by("pk"))
         return rows if len(rows) == 2 and all(r.status == "failed" for r in rows) else []
 
-    first, second = eventually(settled)
+    first, second = wait_until(settled, what="both deliveries failed")
     assert (first.endpoint_id, first.attempts) == (refused.pk, 1)
     assert first.error == f"refused: 127.0.0.1 is a loopback address; {ALLOW_FIX}"
     assert (second.endpoint_id, second.attempts) == (unresolved.pk, 3)

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import time
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -18,6 +17,7 @@ from costboard.budgets.retention import retention_sweep
 from costboard.budgets.sweep import runaway_sweep
 from costboard.models import BudgetEvent, DailyRollup, IdempotentRequest, Session, Step, Turn
 from tests.conftest import Agent, make_agent, run_in_threads
+from tests.waiting import wait_until
 
 NOW = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)
 
@@ -277,10 +277,7 @@ def test_a_worker_runs_the_sweep(celery_worker: str, priced: Any) -> None:
         )
     )
     tasks.runaway_sweep.delay()
-    deadline = time.monotonic() + 30
-    while not runaway(agent) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    [event] = runaway(agent)
+    [event] = wait_until(lambda: runaway(agent), what="the worker's sweep to flag the session")
     assert event.detail["rule"] == "long_session"
 
 

@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import time
 from decimal import Decimal
 
 import pytest
@@ -11,6 +10,7 @@ from costboard.outbox import outbox_dispatch
 from costboard.pricing.repricing import PriceMatch, models_affected, steps_reprice
 from costboard.pricing.services import prices_reprice_later
 from tests.conftest import Agent, add_price, make_agent, usd
+from tests.waiting import wait_until
 
 
 def traffic(agent: Agent) -> None:
@@ -231,12 +231,10 @@ def test_a_worker_reprices_through_the_broker(outbox_beat: None) -> None:
     ModelPrice.objects.filter(pk=price.pk).update(input_mtok=Decimal(6))
     prices_reprice_later([PriceMatch("test-sonnet")])  # autocommit: queued at once
     expected = usd(3000, Decimal(6)) + usd(300, Decimal(15))
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if Session.objects.get(external_id="s2").cost_usd == expected:
-            break
-        time.sleep(0.1)
-    assert Session.objects.get(external_id="s2").cost_usd == expected
+    wait_until(
+        lambda: Session.objects.get(external_id="s2").cost_usd == expected,
+        what=f"the worker to reprice s2 to {expected}",
+    )
     assert_rollups_match_steps()
 
 
