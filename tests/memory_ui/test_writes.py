@@ -71,6 +71,7 @@ RAW_WRITE = re.compile(
 # (file, receiver) → what it is
 NOT_MEMORY = {
     ("devtools/page_bench.py", "user.save"): "the bench's staff login (auth User)",
+    ("devtools/screenshot.py", "user.save"): "docs_screenshot's staff login (auth User)",
     ("devtools/ingest_bench.py", "project.delete"): "the ingest bench's own project",
     # the bench's own project: its memories and their history go with it, all of them
     ("devtools/memory_bench.py", "project.delete"): "the memory bench's own project",
