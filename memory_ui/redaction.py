@@ -214,17 +214,20 @@ def _dashed_ssn_kind(raw: str) -> str | None:
 
 
 def _shaped(value: str) -> Redacted | None:
-    """A value named by the word before it ("password: …", "id_token=…", "Bearer …") that is
-    a secret of a narrower kind by its own shape, redacted as that: the AWS key, JWT or
-    private key it is; a URL keeps its scheme and host."""
+    """A value named by the word before it ("password: …", "id_token=…", "Bearer …") that
+    starts as a secret of a narrower kind by its own shape, redacted as that: the AWS key, JWT
+    or private key it is; a URL keeps its scheme and host."""
     match = _SECRET.match(value)
     if _URL_START.match(value) or (match is not None and match.lastgroup == "kv_v"):
         inner = redact(value)  # a URL, or another assignment: "key: aws_secret_access_key=…"
         return inner if inner.kinds else None
     kind = _SHAPED_GROUPS.get(match.lastgroup or "") if match is not None else None
-    if match is None or kind is None or match.end() != len(value):
+    if match is None or kind is None:
         return None
-    return Redacted(f"[redacted:{kind}]", [kind])
+    # The value begins with that shape: all of it goes, named by the shape ("Bearer ya29.….0"
+    # is Google's token with more of it glued on), but for a sentence's closing full stop.
+    tail = "." if match.end() == len(value) - 1 and value.endswith(".") else ""
+    return Redacted(f"[redacted:{kind}]{tail}", [kind])
 
 
 def _number_kind(text: str, start: int, raw: str) -> str | None:

@@ -137,6 +137,11 @@ def test_the_issues_examples_are_redacted_each_as_what_it_is() -> None:
         ("password: AKIAIOSFODNN7EXAMPLE", "password: [redacted:aws_key]"),
         ("id_token=eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.c2ln", "id_token=[redacted:jwt]"),
         ("Bearer eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.c2ln", "Bearer [redacted:jwt]"),
+        # a shaped key with more glued on, or a sentence's full stop after it (hypothesis
+        # found both)
+        ("BEARER ya29.00000000000000000000.0", "BEARER [redacted:gcp_key]"),
+        ("BEARER ya29.00000000000000000000.", "BEARER [redacted:gcp_key]."),
+        ("Bearer AKIAIOSFODNN7EXAMPLE.", "Bearer [redacted:aws_key]."),
         (
             "password: postgres://u:secretpw@db/x",
             "password: postgres://[redacted:url_credentials]@db/x",
