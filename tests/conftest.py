@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from celery.contrib.testing.worker import start_worker
+from django.conf import global_settings
 from django.contrib.auth import get_user_model
 from django.db import connections
 from django.test import Client, override_settings
@@ -47,9 +48,17 @@ UNHASHED_STATIC = {
 }
 
 
+# A password hashed at Django's 1,000,000 PBKDF2 rounds costs 0.4 s of CPU, and most page
+# tests make a staff user: MD5 first in the suite (the others still check what they made).
+FAST_PASSWORD_HASHERS = [
+    "django.contrib.auth.hashers.MD5PasswordHasher",
+    *global_settings.PASSWORD_HASHERS,
+]
+
+
 @pytest.fixture(autouse=True, scope="session")
-def _unhashed_static_files() -> Iterator[None]:
-    with override_settings(STORAGES=UNHASHED_STATIC):
+def _suite_settings() -> Iterator[None]:
+    with override_settings(STORAGES=UNHASHED_STATIC, PASSWORD_HASHERS=FAST_PASSWORD_HASHERS):
         yield
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import re
+from functools import cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,6 +54,7 @@ def imports_of(path: Path, name: str, known: set[str]) -> set[str]:
     return resolved
 
 
+@cache  # every test reads the same sources; none changes the graph it is given
 def import_graph() -> dict[str, set[str]]:
     found = modules()
     known = set(found)

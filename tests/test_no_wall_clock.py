@@ -10,6 +10,8 @@ import ast
 import textwrap
 from pathlib import Path
 
+import pytest
+
 TESTS = Path(__file__).resolve().parent
 CLOCKS = {"monotonic", "monotonic_ns", "perf_counter", "perf_counter_ns", "time", "time_ns"}
 COLLECTORS = {"append", "extend", "add", "insert"}  # `x.append(clock() - t0)` taints x
@@ -203,6 +205,7 @@ def test_the_guard_leaves_order_counts_and_hand_turned_clocks_alone() -> None:
     assert clock_asserts(planted) == []
 
 
+@pytest.mark.slow
 def test_the_guard_reads_the_whole_suite() -> None:
     sources = sorted(TESTS.rglob("*.py"))
     assert len(sources) > 50

@@ -13,7 +13,7 @@ from tests.conftest import make_agent
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.slow]
 
 
 def test_the_readme_events_example_answers_as_shown() -> None:

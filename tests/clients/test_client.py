@@ -81,6 +81,7 @@ def closed_port() -> int:
         return int(sock.getsockname()[1])
 
 
+@pytest.mark.slow
 def test_a_wrapped_call_is_recorded_with_its_duration_and_tokens(
     cb: Costboard, acme: Agent, clock: Clock
 ) -> None:
@@ -215,6 +216,7 @@ def test_a_down_server_never_breaks_the_agent(clock: Clock) -> None:
     assert clock.slept == [backoff]  # nothing left to send, nothing more waited
 
 
+@pytest.mark.slow
 def test_recording_never_waits_on_a_server_that_does_not_answer() -> None:
     """The first batch's POST hangs (the server holds its reply until the test releases it)
     while the agent records more: no step could end if recording waited on the network."""
@@ -338,6 +340,7 @@ def proxy_to(live_server: Any, base: type[_Forwards]) -> Iterator[tuple[str, typ
         proxy.server_close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("loses", [_LosesTheFirstResponse, _DropsTheFirstResponse])
 def test_a_retry_after_a_lost_response_is_stored_once(
     live_server: Any, acme: Agent, loses: type[_Forwards]
@@ -429,6 +432,7 @@ def one_step(cb: Costboard) -> None:
 NOON = datetime(2026, 3, 2, 12, 0, 0, tzinfo=UTC)
 
 
+@pytest.mark.slow
 def test_503_and_429_are_retried_after_their_retry_after_under_one_key(clock: Clock) -> None:
     with (
         time_machine.travel(NOON, tick=False),  # the HTTP date is read against this clock
@@ -455,6 +459,7 @@ def test_503_and_429_are_retried_after_their_retry_after_under_one_key(clock: Cl
     assert (stats.retries, stats.sent, stats.failed) == (2, 1, 0)
 
 
+@pytest.mark.slow
 def test_a_long_retry_after_is_capped(clock: Clock) -> None:
     with scripted((503, {"Retry-After": "3600"}), (200, {})) as (url, seen):
         cb = Costboard(url, "cb_key", max_retry_after=0.2, flush_interval=60, flush_at=1000)
@@ -465,6 +470,7 @@ def test_a_long_retry_after_is_capped(clock: Clock) -> None:
     assert clock.slept == [0.2]  # not the hour asked for
 
 
+@pytest.mark.slow
 def test_a_timeout_is_retried_under_the_same_key() -> None:
     """The first reply is held until the block ends: the client's 2 s timeout passes, on any
     machine, and the retry is answered at once."""
@@ -497,6 +503,7 @@ def test_retries_are_bounded_and_backed_off_with_jitter(clock: Clock) -> None:
     assert (cb.stats.retries, cb.stats.failed, cb.stats.sent) == (3, 1, 0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("status", [400, 403, 404, 409, 410])
 def test_other_4xx_are_never_retried(status: int) -> None:
     with scripted((status, {"Retry-After": "1"}), (200, {})) as (url, seen):
@@ -509,6 +516,7 @@ def test_other_4xx_are_never_retried(status: int) -> None:
     assert str(status) in (cb.stats.last_error or "")
 
 
+@pytest.mark.slow
 def test_each_batch_has_its_own_key() -> None:
     with scripted((200, {})) as (url, seen):
         cb = Costboard(url, "cb_key", batch_size=2, flush_interval=60, flush_at=1000)
@@ -605,6 +613,7 @@ def _openai_response(**usage: Any) -> Any:
     )
 
 
+@pytest.mark.slow
 def test_sdk_responses_are_recorded_with_the_normalized_tokens(cb: Costboard) -> None:
     message = _anthropic_message(
         input_tokens=100,
@@ -747,6 +756,7 @@ def test_the_server_module_says_how_to_get_the_client_when_it_is_missing() -> No
     assert "pip install ./clients/python" in done.stderr
 
 
+@pytest.mark.slow
 def test_the_server_reaches_the_client_only_through_costboard_client() -> None:
     """One door: the server's own code never imports the client except to re-export it."""
     shim = ROOT / "costboard" / "client.py"
@@ -771,6 +781,7 @@ def test_the_server_reaches_the_client_only_through_costboard_client() -> None:
     assert "costboard_client" in shim.read_text()  # the scan does see an import when one is there
 
 
+@pytest.mark.slow
 def test_the_distribution_installs_alone_and_reports_to_a_live_server(
     live_server: Any, acme: Agent, tmp_path: Path
 ) -> None:

@@ -25,7 +25,7 @@ from costboard.models import TOOL_MODEL, Session, Step
 from costboard.pricing.sync import prices_sync
 from tests.conftest import Agent, make_agent
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 
 @pytest.fixture

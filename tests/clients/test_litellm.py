@@ -23,7 +23,7 @@ from costboard.pricing.sync import prices_sync
 from tests.conftest import Agent, make_agent
 from tests.waiting import wait_until
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 MESSAGES = [{"role": "user", "content": "What did we spend?"}]
 
 

@@ -25,7 +25,7 @@ from tests.conftest import Agent, make_agent
 from tests.servers import free_port
 from tests.waiting import wait_until
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 INTEGRATIONS = Path(__file__).resolve().parents[2] / "docs" / "integrations.md"
 MASTER_KEY = "sk-costboard-test-0123456789abcdef"
 

@@ -13,6 +13,8 @@ from django.db.migrations.executor import MigrationExecutor
 
 from tests.conftest import add_price, make_agent
 
+pytestmark = pytest.mark.slow
+
 
 def tables() -> set[str]:
     return set(connection.introspection.table_names())

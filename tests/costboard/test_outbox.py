@@ -146,6 +146,7 @@ def test_an_item_of_an_unknown_kind_fails_saying_why() -> None:
     assert item.last_error == "no handler for kind 'nobody.handles' (is its app installed?)"
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_dispatchers_carry_out_each_item_exactly_once(handlers: None) -> None:
     if connection.vendor != "postgresql":

@@ -46,6 +46,7 @@ def test_a_nul_in_a_pages_query_is_400_naming_the_parameter(
     assert f"<code>{parameter}</code> must not contain NUL" in response.content.decode()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "query",
     [

@@ -191,6 +191,7 @@ def test_guard_sweep_and_celery_beat_make_the_months_ahead(db: None, settings: A
     assert tasks.step_partitions_ahead.delay().get() == []  # already made
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_processes_making_the_same_months_at_once_make_each_once() -> None:
     months = [date(2040, m, 1) for m in (1, 2, 3)]
@@ -213,6 +214,7 @@ def test_processes_making_the_same_months_at_once_make_each_once() -> None:
     assert not set(months) & set(step_partitions())
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_a_busy_default_partition_delays_a_new_month_but_never_a_batch(
     priced: Any, monkeypatch: pytest.MonkeyPatch
@@ -233,6 +235,7 @@ def test_a_busy_default_partition_delays_a_new_month_but_never_a_batch(
         step_partition_drop(month, droppable=lambda projects: True)
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_the_migration_carries_steps_into_month_partitions_and_back() -> None:
     before = ("costboard", "0021_project_in_ingest_keys")
@@ -383,6 +386,7 @@ def test_a_month_with_a_project_whose_cutoff_is_later_is_not_dropped(
     assert where_stored() == [("costboard_step_p202608", "l-aug")]
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_busy_locks_put_off_the_sweep_and_the_drop_but_not_retention(
     priced: Any, clock: Any, monkeypatch: pytest.MonkeyPatch
@@ -433,6 +437,7 @@ def otlp_request(agent: Agent) -> Any:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("first_request", [keyed_request, otlp_request], ids=["keyed", "otlp"])
 def test_a_batch_in_a_transaction_of_its_own_makes_its_month_before_it(

@@ -13,6 +13,8 @@ from django.core.exceptions import ImproperlyConfigured
 
 from costboard.env import env_bool, env_decimal, env_fraction, env_int
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

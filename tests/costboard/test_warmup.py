@@ -12,6 +12,8 @@ from costboard import warmup
 from costboard.warmup import worker_warm
 from tests.conftest import add_price
 
+pytestmark = pytest.mark.slow
+
 
 def row_counts() -> dict[str, int]:
     return {

@@ -18,6 +18,7 @@ on_postgres = pytest.mark.skipif(
 )
 
 
+@pytest.mark.slow
 @on_postgres
 @pytest.mark.django_db(transaction=True)
 def test_bench_ingest_posts_verifies_and_compares_with_copy() -> None:

@@ -27,6 +27,7 @@ def run(**options: Any) -> str:
     return out.getvalue()
 
 
+@pytest.mark.slow
 def test_bench_memory_prints_each_figure_and_cleans_up() -> None:
     report = run()
     assert "data:       200 approved memories in one scope" in report
@@ -68,6 +69,7 @@ def test_lookup_sentences_contradict_repeat_and_miss_what_is_stored() -> None:
     assert conflict(made[2], stored[0]) is None and not same_meaning(made[2], stored[0])
 
 
+@pytest.mark.slow
 def test_keep_leaves_the_project_and_strict_fails_a_missed_target(monkeypatch: Any) -> None:
     run(keep=True, memories=20)
     kept = Project.objects.get(slug__startswith="bench-memory-")
@@ -82,6 +84,7 @@ def test_keep_leaves_the_project_and_strict_fails_a_missed_target(monkeypatch: A
         run(strict=True)
 
 
+@pytest.mark.slow
 def test_detection_not_importable_is_said_not_fatal(monkeypatch: Any) -> None:
     def missing(options: Any, rng: Any) -> Any:
         raise ImportError("No module named 'memory_ui.detect'")

@@ -24,6 +24,7 @@ ROW = re.compile(
 )
 
 
+@pytest.mark.slow
 def test_bench_pages_times_every_page_and_fragment(agent: Agent, priced: None) -> None:  # noqa: F811
     traffic(agent, sessions=4, turns=3)
     kept = services.candidate_propose(project=agent.project, type="user", content="Likes tea")
@@ -73,6 +74,7 @@ def test_bench_pages_times_every_page_and_fragment(agent: Agent, priced: None) -
     assert lines[-1].startswith(f"{len(cases)} of {len(cases)} pages under 600000 ms p95")
 
 
+@pytest.mark.slow
 def test_bench_pages_flags_a_page_over_the_target(agent: Agent, priced: None) -> None:  # noqa: F811
     traffic(agent, sessions=1, turns=1)
     out = StringIO()
@@ -94,6 +96,7 @@ def test_bench_pages_asks_for_data_on_an_empty_database() -> None:
         call_command("bench_pages", stdout=StringIO())
 
 
+@pytest.mark.slow
 def test_bench_pages_needs_no_collectstatic(
     agent: Agent,
     priced: None,  # noqa: F811
@@ -126,6 +129,7 @@ COMPARED = re.compile(
 )
 
 
+@pytest.mark.slow
 @on_postgres
 @pytest.mark.django_db(transaction=True)  # committed: the two worker processes read it
 def test_against_times_every_page_on_both_databases_in_turn(

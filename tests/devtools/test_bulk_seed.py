@@ -94,6 +94,7 @@ COMPARED: list[tuple[type[Model], dict[str, str]]] = [
 ]
 
 
+@pytest.mark.slow
 @on_postgres
 @pytest.mark.django_db
 def test_the_seeder_stores_what_ingest_stores_for_the_same_events() -> None:

@@ -45,6 +45,7 @@ def shoot(output: Path, **options: object) -> str:
     return out.getvalue()
 
 
+@pytest.mark.slow
 @pytest.mark.e2e
 @pytest.mark.django_db(transaction=True)
 def test_it_shoots_the_overview_of_a_seeded_database_as_a_png_of_the_asked_size(

@@ -23,7 +23,7 @@ from costboard.models import (
 from devtools.demo import demo_seed
 from memory_ui.models import Memory, MemoryEvent
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.slow]
 
 SESSIONS = 40
 

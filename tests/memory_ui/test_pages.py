@@ -306,6 +306,7 @@ def test_a_candidates_similar_aside_is_the_services_own(staff: Client, agent: Ag
     assert outsider.get(f"/memory/{pending[0].pk}/similar/").status_code == 404
 
 
+@pytest.mark.slow
 def test_filters_by_type_and_scope_and_links_keep_them(staff: Client, agent: Agent) -> None:
     a = propose(agent, "Likes short answers", type="user", scope="user:ann")
     b = propose(agent, "The repo uses ruff", type="project")
@@ -1004,6 +1005,7 @@ def fill(agent: Agent, n: int, prefix: str) -> None:
     merge.targets.add(*Memory.objects.filter(status="approved")[:3])
 
 
+@pytest.mark.slow
 def test_the_pages_run_a_bounded_number_of_queries(
     staff: Client, agent: Agent, django_assert_max_num_queries: Any
 ) -> None:

@@ -417,6 +417,7 @@ surrounding = st.text(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", sorted(PLANTERS))
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
@@ -440,6 +441,7 @@ def test_no_planted_secret_survives_in_random_text(kind: str, data: st.DataObjec
         assert planted.kept in redacted, (text, redacted)
 
 
+@pytest.mark.slow
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_every_kind_planted_in_one_text_is_redacted_and_named(data: st.DataObject) -> None:

@@ -243,6 +243,7 @@ def test_memory_md_orders_by_importance_then_newest_and_keeps_only_live_entries(
     assert memory_md(project, "user:u-1", now=NOW).text == "[user] other scope\n"
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_the_same_sentence_proposed_at_once_is_one_memory() -> None:
     agent = make_agent("race")
@@ -353,6 +354,7 @@ def test_candidates_decide_refuses_an_unknown_decision(project: Project, reviewe
     assert Memory.objects.get().status == "pending"
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_two_bulk_decisions_at_once_decide_each_candidate_once() -> None:
     agent = make_agent("race")
@@ -383,6 +385,7 @@ def test_two_bulk_decisions_at_once_decide_each_candidate_once() -> None:
 # --- TTL expiry, lifecycle proposals ------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_two_ttl_sweeps_at_once_expire_each_memory_once() -> None:
     agent = make_agent("sweep")

@@ -333,6 +333,7 @@ def _search_and_rate(agent: Agent, q: str, memory_id: int) -> None:
     assert rated.status_code == 201, rated.content
 
 
+@pytest.mark.slow
 @pytest.mark.django_db
 def test_a_whole_life_leaves_every_memory_as_its_history_says(agent: Agent) -> None:
     staff = get_user_model().objects.create_superuser("root", "", "pw-root-123")
@@ -458,6 +459,7 @@ def test_a_whole_life_leaves_every_memory_as_its_history_says(agent: Agent) -> N
     assert assert_history_matches(Memory.objects.all()) == Memory.objects.count()
 
 
+@pytest.mark.slow
 @pytest.mark.django_db
 def test_the_demo_memories_are_as_their_history_says() -> None:
     call_command("seed_demo", sessions=24, stdout=StringIO())

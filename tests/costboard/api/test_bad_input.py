@@ -109,6 +109,7 @@ EVENTS: list[tuple[Any, str, str]] = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("event", "field", "says"), EVENTS)
 def test_a_bad_event_is_422_naming_the_field_and_nothing_is_stored(
     client: Client, event: dict[str, Any], field: str, says: str

@@ -167,6 +167,7 @@ def chunked_post(port: int, path: str, body: bytes, key: str) -> tuple[int, dict
     return int(status_line.split()[1]), json.loads(payload)
 
 
+@pytest.mark.slow
 def test_gunicorn_reads_a_chunked_body(gunicorn: int) -> None:
     agent = make_agent("chunky")
     status, answer = chunked_post(gunicorn, "/api/v1/events", STEP.encode(), agent.key)
@@ -175,6 +176,7 @@ def test_gunicorn_reads_a_chunked_body(gunicorn: int) -> None:
     assert Step.objects.get().input_tokens == 3
 
 
+@pytest.mark.slow
 def test_a_chunked_body_past_the_endpoints_limit_is_413_under_gunicorn(gunicorn: int) -> None:
     agent = make_agent("chunky")
     body = b'{"step_type": "x", "model": "m", "error": "' + b"x" * (5_500_000) + b'"}'

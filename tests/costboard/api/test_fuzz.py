@@ -23,7 +23,7 @@ from costboard.models import Session, Step, Turn
 from memory_ui.models import Memory
 from tests.conftest import Agent
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.slow]
 
 FUZZ = settings(
     max_examples=200,

@@ -246,6 +246,7 @@ def per_project(samples: Samples) -> Samples:
     return {key: v for key, v in samples.items() if any(k == "project" for k, _ in key[1])}
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_eight_threads_posting_to_one_project_lose_no_count(settings: Any) -> None:
     settings.COSTBOARD_METRICS_TOKEN = TOKEN

@@ -121,6 +121,7 @@ def test_litellm_spans_are_one_step_per_call_with_user_and_aliases(
     assert step.session.user_id == ""
 
 
+@pytest.mark.slow
 def test_litellm_calls_inside_an_app_span_with_a_session_join_it_with_their_user(
     genai_priced: Agent,
     litellm_spans: Callable[[int], list[ReadableSpan]],
@@ -152,6 +153,7 @@ def test_litellm_calls_inside_an_app_span_with_a_session_join_it_with_their_user
     assert (rollup.cost_usd, rollup.calls) == (2 * gpt_4o_cost(10, 20), 3)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("attributes", "session", "user"),
     [
@@ -185,6 +187,7 @@ def test_each_session_and_user_attribute_is_read(
     assert stored.cost_usd == gpt_4o_cost(10, 20)
 
 
+@pytest.mark.slow
 def test_a_raw_request_span_with_usage_of_its_own_is_kept(genai_priced: Agent) -> None:
     def build(tracer: Any) -> None:
         root = tracer.start_span("litellm_request", start_time=1)
@@ -227,6 +230,7 @@ def openai_client(usage: dict[str, Any]) -> Any:
     )
 
 
+@pytest.mark.slow
 def test_openinference_spans_carry_session_user_and_cache_reads(genai_priced: Agent) -> None:
     memory = InMemorySpanExporter()
     provider = TracerProvider()
@@ -264,6 +268,7 @@ def test_openinference_spans_carry_session_user_and_cache_reads(genai_priced: Ag
     assert step.cost_usd == expected
 
 
+@pytest.mark.slow
 def test_openllmetry_spans_carry_the_user_and_cache_reads(genai_priced: Agent) -> None:
     memory = InMemorySpanExporter()
     provider = TracerProvider()

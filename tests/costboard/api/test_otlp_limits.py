@@ -50,6 +50,7 @@ def post(agent: Agent, body: bytes, content_type: str = "application/json") -> A
     )
 
 
+@pytest.mark.slow
 def test_more_than_10000_json_spans_are_413_naming_resource_spans_before_any_work(
     agent: Agent, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -249,6 +249,7 @@ def test_the_project_admin_edits_the_limit(agent: Agent, staff: Client) -> None:
     assert b'name="api_rate_limit"' in page.content
 
 
+@pytest.mark.slow
 def test_every_process_shares_the_limit_through_redis(
     agent: Agent, settings: Any, redis_server: RedisServer, clock: Clock
 ) -> None:
@@ -375,6 +376,7 @@ def test_without_a_clock_of_its_own_the_window_runs_on_redis_time(
     server.close()
 
 
+@pytest.mark.slow
 def test_the_default_limit_is_50_per_second() -> None:
     script = "from django.conf import settings; print(settings.COSTBOARD_API_RATE_LIMIT)"
     env = {k: v for k, v in os.environ.items() if k != "COSTBOARD_API_RATE_LIMIT"}

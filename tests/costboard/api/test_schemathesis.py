@@ -33,6 +33,8 @@ from costboard.wsgi import application
 from memory_ui.models import Memory
 from tests.conftest import Agent, make_agent
 
+pytestmark = pytest.mark.slow
+
 MAX_EXAMPLES = 30
 SEED = 20261123
 

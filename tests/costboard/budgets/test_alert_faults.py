@@ -26,7 +26,10 @@ from tests.waiting import wait_until
 ROOT = Path(__file__).resolve().parents[3]
 
 QUIET = ["--loglevel", "WARNING", "--without-gossip", "--without-mingle"]
-pytestmark = pytest.mark.django_db(transaction=True)  # the worker process reads what we commit
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.slow,
+]  # the worker process reads what we commit
 
 
 def worker_database_url() -> str:

@@ -174,6 +174,7 @@ def quick_retries(settings: Any) -> None:
 # --- through a real worker -----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_worker_posts_one_signed_webhook_per_crossing(
     outbox_beat: None, receiver: Receiver, quick_retries: None, settings: Any
 ) -> None:
@@ -238,6 +239,7 @@ def test_a_worker_posts_one_signed_webhook_per_crossing(
     assert by_kind["exhausted"].payload["state"] == "exhausted"
 
 
+@pytest.mark.slow
 def test_a_receiver_failing_first_gets_the_alert_on_the_retry(
     outbox_beat: None, receiver: Receiver, quick_retries: None
 ) -> None:
@@ -262,6 +264,7 @@ def test_a_receiver_failing_first_gets_the_alert_on_the_retry(
     )
 
 
+@pytest.mark.slow
 def test_a_receiver_answering_404_fails_at_once(
     outbox_beat: None, receiver: Receiver, quick_retries: None
 ) -> None:
@@ -281,6 +284,7 @@ def test_a_receiver_answering_404_fails_at_once(
     assert len(receiver.to("/gone")) == 1
 
 
+@pytest.mark.slow
 def test_a_receiver_failing_every_time_fails_after_the_last_attempt(
     outbox_beat: None, receiver: Receiver, quick_retries: None
 ) -> None:
@@ -298,6 +302,7 @@ def test_a_receiver_failing_every_time_fails_after_the_last_attempt(
     assert len(receiver.to("/down")) == 3
 
 
+@pytest.mark.slow
 def test_dispatching_an_event_twice_sends_it_once(
     outbox_beat: None, receiver: Receiver, quick_retries: None
 ) -> None:
@@ -703,6 +708,7 @@ def _settings_value(name: str, **env: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_without_an_email_host_mail_goes_to_the_console() -> None:
     assert _settings_value("EMAIL_BACKEND").stdout.strip() == (
         "django.core.mail.backends.console.EmailBackend"

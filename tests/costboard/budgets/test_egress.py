@@ -472,6 +472,7 @@ def test_a_loopback_receiver_is_refused_at_send_and_hears_nothing(
     assert receiver.requests == []
 
 
+@pytest.mark.slow
 def test_a_refused_send_is_not_retried_by_a_worker(
     outbox_beat: None, receiver: Receiver, dns: FakeDNS, settings: Any
 ) -> None:

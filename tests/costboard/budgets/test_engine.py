@@ -288,4 +288,4 @@ BudgetMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
     derandomize=True,
 )
-test_budget_machine = pytest.mark.filterwarnings("ignore")(BudgetMachine.TestCase)
+test_budget_machine = pytest.mark.slow(pytest.mark.filterwarnings("ignore")(BudgetMachine.TestCase))

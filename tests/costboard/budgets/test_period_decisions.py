@@ -210,6 +210,7 @@ def test_a_warn_budget_never_stops(agent: Agent) -> None:
     assert kinds(b) == ["soft_warned", "exhausted"]
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_sixteen_concurrent_clients_cross_once() -> None:
     agent = make_agent("race")

@@ -120,6 +120,7 @@ def test_clearing_a_sessions_cap_inherits_the_projects(agent: Agent, priced: Any
     assert change.detail["token_cap"] == [1000, 100_000]
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_two_flags_racing_record_one_runaway(agent: Agent, priced: Any) -> None:
     agent.events({"session_id": "s", "step_type": "x", "model": "test-sonnet", "input_tokens": 5})

@@ -243,6 +243,7 @@ def test_the_sweep_run_twice_or_at_once_flags_once(agent: Agent, priced: Any, cl
     assert len(runaway(agent)) == 1
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_two_sweeps_racing_flag_once(priced: Any) -> None:
     agent = make_agent("race")
@@ -263,6 +264,7 @@ def test_two_sweeps_racing_flag_once(priced: Any) -> None:
     assert Session.objects.filter(project=agent.project, runaway_at=NOW).count() == 20
 
 
+@pytest.mark.slow
 def test_a_worker_runs_the_sweep(celery_worker: str, priced: Any) -> None:
     """The beat's task through the broker: a long session started 9 hours ago is flagged."""
     agent = make_agent("worker")

@@ -330,6 +330,7 @@ def test_steps_page_table_equals_the_steps(staff: Client, agent: Agent, priced: 
     assert "test-sonnet" not in body.split("Latency by step type")[0]
 
 
+@pytest.mark.slow
 def test_query_counts_do_not_grow_with_the_data(
     staff: Client, agent: Agent, priced: None, django_assert_max_num_queries: Any
 ) -> None:
@@ -443,6 +444,7 @@ def capped(agent: Agent, session_id: str, state: str) -> None:
     assert answer["sessions"][session_id]["state"] == state
 
 
+@pytest.mark.slow
 def test_every_benchmarked_page_runs_a_bounded_number_of_queries(
     staff: Client,
     agent: Agent,

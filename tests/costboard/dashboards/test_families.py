@@ -20,7 +20,7 @@ from costboard.pricing.sync import prices_sync
 from tests.conftest import Agent
 from tests.costboard.dashboards.test_dashboards import figures
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.slow]
 
 SPELLINGS = ("gpt-4o-2024-08-06", "openai/gpt-4o", "gpt-4o")
 

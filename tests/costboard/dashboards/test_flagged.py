@@ -437,6 +437,7 @@ def test_actions_reach_only_sessions_in_scope(agent: Agent) -> None:
 # --- bounded --------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_page_runs_a_bounded_number_of_queries(
     staff: Client, agent: Agent, django_assert_max_num_queries: Any
 ) -> None:

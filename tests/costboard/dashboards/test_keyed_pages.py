@@ -52,6 +52,7 @@ def _pages(paginator: Paginator) -> list[list[str]]:
     return [[s.external_id for s in paginator.page(n)] for n in paginator.page_range]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sort", [*SESSION_SORTS, *[f"-{key}" for key in SESSION_SORTS]])
 def test_every_page_is_the_offset_page(sessions: Agent, sort: str) -> None:
     rows = sessions_filtered(project_ids=[sessions.project.pk], filters=SessionFilters(sort=sort))

@@ -107,6 +107,7 @@ def exported(staff: Client, tag: str) -> list[str]:
     return sorted(row["session_id"] for row in csv.DictReader(io.StringIO(body)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("tag", "sessions"),
     [

@@ -83,6 +83,7 @@ def test_user_and_tag_rollups_equal_their_steps(agent: Agent) -> None:
     assert sum(r.calls for r in UserDailyRollup.objects.all()) == Step.objects.count()
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_batches_lose_no_count() -> None:
     agent = make_agent("race")
@@ -101,6 +102,7 @@ def test_concurrent_batches_lose_no_count() -> None:
     assert sum(r.calls for r in TagDailyRollup.objects.filter(key="team")) == 160
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_the_migration_fills_them_from_the_stored_steps() -> None:
     agent = make_agent("old")

@@ -18,6 +18,7 @@ from tests.conftest import Agent, add_price, make_agent, run_in_threads, usd
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+@pytest.mark.slow
 def test_sixteen_threads_across_warning_and_cap_lose_nothing() -> None:
     agent = make_agent("busy")
     add_price("test-sonnet")
@@ -70,6 +71,7 @@ def test_sixteen_threads_across_warning_and_cap_lose_nothing() -> None:
     assert "ok" in states and "exhausted" in states
 
 
+@pytest.mark.slow
 def test_a_batch_replayed_concurrently_is_stored_once() -> None:
     agent = make_agent("replay")
     add_price("test-sonnet")

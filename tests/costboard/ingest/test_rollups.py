@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.django import TestCase
@@ -29,6 +30,8 @@ from costboard.models import (
     Turn,
 )
 from tests.conftest import add_price
+
+pytestmark = pytest.mark.slow
 
 START = datetime(2026, 11, 1, 22, 0, tzinfo=UTC)
 RATES = {

@@ -36,7 +36,7 @@ from costboard.models import ModelPrice
 from costboard.pricing.rates import RateTable, rate_table
 from costboard.pricing.sync import prices_sync
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.slow]
 
 RECENT = date(2026, 11, 20)
 # 00:30 opens DeepSeek's peak window, 06:00 is inside the v4 models' second one, 12:00

@@ -52,6 +52,7 @@ def test_a_priced_step_takes_its_price_rows_model_as_family() -> None:
     assert step_family("mystery-llm-2025-01-01", None) == "mystery-llm"
 
 
+@pytest.mark.slow
 @pytest.mark.django_db
 def test_the_built_in_rate_table_brings_every_spelling_of_gpt_4o_to_one_family() -> None:
     """With genai-prices' rows: the dated name is matched by openai's gpt-4o row, the prefixed

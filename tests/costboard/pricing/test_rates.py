@@ -267,6 +267,7 @@ def test_an_alias_finds_a_price_by_its_plain_name(agent: Agent) -> None:
     assert Step.objects.get().price_id == row.pk
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("model", "provider", "usage"),
     [
@@ -332,6 +333,7 @@ def test_sync_prices_never_overwrites_an_admin_edit(db: None) -> None:
     assert ModelPrice.objects.get(pk=row.pk).input_mtok == Decimal("1.11")
 
 
+@pytest.mark.slow
 def test_sync_prices_refreshes_a_builtin_row_that_drifted(db: None) -> None:
     prices_sync()
     row = ModelPrice.objects.get(provider="openai", model="gpt-4o")

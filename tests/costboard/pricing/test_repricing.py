@@ -224,6 +224,7 @@ def test_a_price_match_covers_aliases_of_step_models(agent: Agent) -> None:
     assert models_affected([PriceMatch("house", r"^house-v\d$")]) == ["house-v2"]
 
 
+@pytest.mark.slow
 def test_a_worker_reprices_through_the_broker(outbox_beat: None) -> None:
     agent = make_agent("worker")
     price = add_price("test-sonnet")

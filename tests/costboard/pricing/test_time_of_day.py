@@ -48,6 +48,7 @@ def cost_at(rates: dict[str, Decimal]) -> Decimal:
     )
 
 
+@pytest.mark.slow
 def test_a_deepseek_reasoner_step_at_noon_pays_the_standard_price_and_at_six_pm_off_peak(
     agent: Agent,
 ) -> None:
@@ -155,6 +156,7 @@ def test_windows_overlap_across_midnight() -> None:
     assert not windows_overlap((1 * hour, 4 * hour), (6 * hour, 10 * hour))
 
 
+@pytest.mark.slow
 def test_sync_prices_reprices_the_steps_the_new_windows_cover(agent: Agent) -> None:
     """Before this change the peak rows were not imported: a noon step paid off-peak. The
     next sync_prices adds them and reprices the steps of the models they cover."""
@@ -177,6 +179,7 @@ def test_sync_prices_reprices_the_steps_the_new_windows_cover(agent: Agent) -> N
     assert_rollups_match_steps()
 
 
+@pytest.mark.slow
 def test_sync_prices_is_idempotent_and_keeps_an_admin_edited_window(db: None) -> None:
     first = prices_sync()
     assert first.created > 2000
@@ -197,6 +200,7 @@ def test_sync_prices_is_idempotent_and_keeps_an_admin_edited_window(db: None) ->
     )
 
 
+@pytest.mark.slow
 def test_sync_prices_removes_a_builtin_window_the_data_no_longer_has(agent: Agent) -> None:
     prices_sync()
     gone = ModelPrice.objects.create(
