@@ -14,22 +14,19 @@ from typing import Any
 
 import pytest
 
-CHROMIUM = os.environ.get("COSTBOARD_CHROMIUM", "/usr/bin/chromium")
-ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
+from devtools.screenshot import CHROMIUM as DEBIAN_CHROMIUM
+from devtools.screenshot import CHROMIUM_ARGS
+
+CHROMIUM = os.environ.get("COSTBOARD_CHROMIUM", DEBIAN_CHROMIUM)
 
 # Playwright's sync API runs its own event loop; Django must allow ORM use beside it.
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 
 
-@pytest.fixture(scope="session")
+# A module's browser, not the session's: Playwright's sync API keeps an event loop running in
+# this thread while it is open, and under pytest-xdist the next test on this worker may be one
+# that calls asyncio.run (the LiteLLM integration's), which refuses to run inside it.
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     if not Path(CHROMIUM).exists():
         if os.environ.get("COSTBOARD_REQUIRE_BROWSER") == "1":
@@ -38,7 +35,7 @@ def browser() -> Iterator[Any]:
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         yield browser
         browser.close()
 
