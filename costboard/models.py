@@ -590,9 +590,9 @@ class Step(models.Model):
 
     class Meta:
         constraints = [
-            # idempotency: a replayed event_id is a duplicate within its project. On
-            # PostgreSQL the table is partitioned by month (migration 0022) and this index is
-            # each partition's own (costboard/partitions.py): a duplicate within its month.
+            # a replayed event_id is a duplicate within its project: StepReceipt holds that
+            # in every month. On PostgreSQL the table is partitioned by month (migration
+            # 0022) and this index is each partition's own (costboard/partitions.py).
             models.UniqueConstraint(
                 fields=["project", "event_id"],
                 name="step_event_id",
@@ -904,6 +904,28 @@ class EventReceipt(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["project", "event_id"], name="receipt_event_id")
         ]
+
+    def __str__(self) -> str:
+        return self.event_id
+
+
+class StepReceipt(models.Model):
+    """The event_id of a stored step, kept beside the month-partitioned steps so that a replay
+    is a duplicate in its project whatever month its timestamp falls in (a step's own unique
+    index is its partition's: a duplicate within its month). `timestamp` is the step's, so
+    retention deletes a receipt with its step (costboard/budgets/retention.py)."""
+
+    # the unique key is the primary key: no id column, no second index to write per step
+    pk = models.CompositePrimaryKey("project_id", "event_id")
+    project = models.ForeignKey(
+        Project, on_delete=models.CASCADE, related_name="+", db_constraint=False, db_index=False
+    )
+    event_id = models.CharField(max_length=128)
+    timestamp = models.DateTimeField()
+
+    class Meta:
+        # retention: a project's receipts older than its cutoff
+        indexes = [models.Index(fields=["project", "timestamp"], name="step_receipt_time")]
 
     def __str__(self) -> str:
         return self.event_id

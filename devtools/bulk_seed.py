@@ -48,6 +48,7 @@ from costboard.models import (
     Session,
     SessionModelUsage,
     Step,
+    StepReceipt,
     TagDailyRollup,
     Turn,
     UserDailyRollup,
@@ -76,12 +77,14 @@ LATENCY_LOOKUP_MS = 100_000  # durations below this are bucketed by a table buil
 SESSION_TABLE = Session._meta.db_table
 TURN_TABLE = Turn._meta.db_table
 STEP_TABLE = Step._meta.db_table
+RECEIPT_TABLE = StepReceipt._meta.db_table
 PRICE_TABLE = ModelPrice._meta.db_table
 
 WRITTEN = (
     Session,
     Turn,
     Step,
+    StepReceipt,
     DailyRollup,
     UserDailyRollup,
     TagDailyRollup,
@@ -496,6 +499,14 @@ def sessions_copy(
                         )
                     written += len(session.steps)
                     progress(len(session.steps))
+            # each step's event_id once in the project, whatever its month (StepReceipt)
+            with cursor.copy(
+                f'COPY {RECEIPT_TABLE} (project_id, event_id, "timestamp") FROM STDIN'
+            ) as copy:
+                for session in chunk:
+                    for _, event_id, ts, *_ in session.steps:
+                        if event_id is not None:
+                            copy.write_row((project.pk, event_id, ts))
         totals[0] += len(chunk)
         totals[1] += len(turn_keys)
         totals[2] += written

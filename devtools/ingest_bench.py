@@ -51,6 +51,7 @@ from costboard.models import (
     Session,
     SessionModelUsage,
     Step,
+    StepReceipt,
     TagDailyRollup,
     Turn,
     UserDailyRollup,
@@ -797,6 +798,7 @@ def bench_run(options: BenchOptions, say: Callable[[str], None]) -> BenchResult:
 # The tables a run writes (and its deletion leaves dead rows in).
 WRITTEN = (
     Step,
+    StepReceipt,
     Turn,
     Session,
     SessionModelUsage,

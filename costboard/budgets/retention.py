@@ -2,7 +2,8 @@
 deleted; the rollups (sessions, turns, daily and latency rollups, model mixes) stay, so every
 total and chart is unchanged. Ended sessions past retention also lose their budget state:
 their budget events and alert deliveries (the session row and its totals stay).
-Idempotency-Key answers (costboard/api/idempotency.py) are deleted 48 hours after they were
+Step receipts (the event_ids that make a replay a duplicate in any month) go with their
+steps. Idempotency-Key answers (costboard/api/idempotency.py) are deleted 48 hours after they were
 stored: the contract keeps them at least 24. Each project's tally of sessions is checked
 against its sessions (costboard/projects.py, sessions_tally_check) in the same sweep.
 
@@ -26,7 +27,7 @@ from django.db import OperationalError, transaction
 from django.db.models import Model, QuerySet
 from django.utils import timezone
 
-from costboard.models import BudgetEvent, IdempotentRequest, Project, Step
+from costboard.models import BudgetEvent, IdempotentRequest, Project, Step, StepReceipt
 from costboard.partitions import (
     lock_busy,
     month_add,
@@ -67,11 +68,25 @@ def project_retention(project: Project, now: datetime) -> RetentionResult:
     steps = _delete_in_chunks(
         Step.objects.filter(project=project, timestamp__lt=cutoff).order_by(), Step
     )
+    _receipts_prune(project, cutoff)
     events = _delete_in_chunks(
         BudgetEvent.objects.filter(project=project, session__ended_at__lt=cutoff).order_by(),
         BudgetEvent,
     )
     return RetentionResult(steps, events)
+
+
+def _receipts_prune(project: Project, cutoff: datetime) -> int:
+    """Delete the step receipts older than `cutoff`: their steps are gone (deleted above, or
+    their month dropped), and an event_id is a duplicate only as long as its step is kept.
+    One short DELETE per CHUNK of the oldest, by (project, timestamp)."""
+    deleted = 0
+    old = StepReceipt.objects.filter(project=project, timestamp__lt=cutoff).order_by()
+    while keys := list(old.values_list("event_id", flat=True)[:CHUNK]):
+        with transaction.atomic():
+            count, _ = StepReceipt.objects.filter(project=project, event_id__in=keys).delete()
+        deleted += count
+    return deleted
 
 
 def idempotency_prune(now: datetime) -> int:

@@ -8,9 +8,10 @@ One transaction, a fixed number of statements whatever the batch size:
 2. record the event_ids of session and turn events (replays are skipped);
 3. read the touched turns and reserve ids for the missing ones (their sessions' locks keep
    them to this batch);
-4. insert the steps; a replayed event_id is skipped by the unique index (PostgreSQL returns
-   what it inserted, so a concurrent replay can never be counted twice; there the index is
-   each month partition's, made before the transaction if missing); then write each
+4. record the steps' event_ids as receipts (one table keyed (project, event_id), beside the
+   month partitions: a replay is skipped whatever month its timestamp is in, and a
+   concurrent replay waits on the key and is counted once) and insert the fresh steps (on
+   PostgreSQL into their month partitions, made before the transaction if missing); then write each
    touched turn once — an update of those found, an insert of the new ones with their final
    values: the inserted steps' sums, its messages, and its retry-loop streaks advanced over
    those steps, checking the per-turn runaway rules (turn_rules);
@@ -79,6 +80,7 @@ from costboard.models import (
     Session,
     SessionModelUsage,
     Step,
+    StepReceipt,
     TagDailyRollup,
     Turn,
     UserDailyRollup,
@@ -97,6 +99,7 @@ ROLLUP_TABLE = DailyRollup._meta.db_table
 USER_ROLLUP_TABLE = UserDailyRollup._meta.db_table
 TAG_ROLLUP_TABLE = TagDailyRollup._meta.db_table
 RECEIPT_TABLE = EventReceipt._meta.db_table
+STEP_RECEIPT_TABLE = StepReceipt._meta.db_table
 MODEL_USAGE_TABLE = SessionModelUsage._meta.db_table
 LATENCY_TABLE = LatencyRollup._meta.db_table
 TALLY_TABLE = IngestTally._meta.db_table
@@ -1120,17 +1123,20 @@ def _steps_insert(
     session_tags: dict[str, dict[str, str]],
 ) -> list[_Step]:
     """Insert the steps, each with its tags (step_tags); return those stored (a replayed
-    event_id is not)."""
+    event_id is not: its receipt is already there, in whatever month its step is)."""
     if not steps:
         return []
     # Same order in every transaction, so two batches sharing event_ids cannot deadlock.
     steps = sorted(steps, key=lambda s: (s.event_id is None, s.event_id or ""))
+    steps = _step_receipts_insert(cursor, sql, project, steps)
+    if not steps:
+        return []
     names = ", ".join(name for name, _ in _STEP_COLUMNS)
-    with_ids = any(s.event_id is not None for s in steps)
-
     if sql.postgres:
-        # No conflict target: the unique (project, event_id) index is each month partition's
-        # own (costboard/partitions.py), so a replay is a duplicate within its month.
+        # A receipt was inserted for each of these in this transaction, so none should be a
+        # replay; the partitions' own unique index stays as a second guard, and what it
+        # skipped (a step kept past its receipt) is not counted.
+        with_ids = any(s.event_id is not None for s in steps)
         with_v, params = sql.rows(
             _STEP_COLUMNS,
             [_step_values(s, session_ids, turn_ids, sql, session_tags) for s in steps],
@@ -1150,35 +1156,48 @@ def _steps_insert(
             [*params, project.pk],
         )
         if not with_ids or cursor.rowcount == len(steps):
-            return steps  # all stored: no need to read which
+            return steps
         stored = {row[0] for row in cursor.fetchall()}
         return [s for s in steps if s.event_id is None or s.event_id in stored]
+    placeholders = ", ".join(["%s"] * (len(_STEP_COLUMNS) + 1))
+    cursor.executemany(
+        f"INSERT INTO {STEP_TABLE} (project_id, {names}) VALUES ({placeholders})",
+        [[project.pk, *_step_values(s, session_ids, turn_ids, sql, session_tags)] for s in steps],
+    )
+    return steps
 
-    # SQLite: the whole database is locked for this transaction (BEGIN IMMEDIATE), so
-    # looking for replays first cannot race.
-    fresh = steps
-    if with_ids:
-        ids = [s.event_id for s in steps if s.event_id is not None]
-        existing: set[str] = set()
-        for start in range(0, len(ids), 500):
-            chunk = ids[start : start + 500]
-            cursor.execute(
-                f"SELECT event_id FROM {STEP_TABLE} WHERE project_id = %s AND event_id IN "
-                f"({', '.join(['%s'] * len(chunk))})",
-                [project.pk, *chunk],
-            )
-            existing.update(row[0] for row in cursor.fetchall())
-        fresh = [s for s in steps if s.event_id is None or s.event_id not in existing]
-    if fresh:
-        placeholders = ", ".join(["%s"] * (len(_STEP_COLUMNS) + 1))
-        cursor.executemany(
-            f"INSERT INTO {STEP_TABLE} (project_id, {names}) VALUES ({placeholders})",
-            [
-                [project.pk, *_step_values(s, session_ids, turn_ids, sql, session_tags)]
-                for s in fresh
-            ],
-        )
-    return fresh
+
+def _step_receipts_insert(
+    cursor: Any, sql: _Dialect, project: Project, steps: list[_Step]
+) -> list[_Step]:
+    """Record the event_ids of these steps (sorted by event_id, those without one last);
+    return the steps whose event_id was not seen before in the project, in any month.
+
+    The receipts' primary key is (project, event_id), one table beside the month partitions:
+    a concurrent batch inserting the same event_id waits for this transaction and then finds
+    it, so a replay racing its original is counted once. Steps without an event_id are
+    always stored."""
+    ids = [s.event_id for s in steps if s.event_id is not None]
+    if not ids:
+        return steps
+    with_v, params = sql.rows(
+        [("event_id", "text"), ('"timestamp"', "timestamptz")],
+        [[s.event_id, sql.dt(s.ts)] for s in steps if s.event_id is not None],
+    )
+    cursor.execute(
+        f"""
+        {with_v}
+        INSERT INTO {STEP_RECEIPT_TABLE} (project_id, event_id, "timestamp")
+        SELECT %s, v.event_id, v."timestamp" FROM v WHERE true
+        ON CONFLICT (project_id, event_id) DO NOTHING
+        RETURNING event_id
+        """,
+        [*params, project.pk],
+    )
+    if sql.postgres and cursor.rowcount == len(ids):
+        return steps  # all new: no need to read which (SQLite inserts as they are read)
+    fresh = {row[0] for row in cursor.fetchall()}
+    return [s for s in steps if s.event_id is None or s.event_id in fresh]
 
 
 _SESSION_UPDATE_COLUMNS: list[Column] = [
