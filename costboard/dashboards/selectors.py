@@ -1051,7 +1051,8 @@ def budgets_stopped_counts(
     """For each of `stops` among `rows`: how many sessions it holds that were active in its
     current period (one query)."""
     starts = {row.budget.pk: row.period_start for row in rows}
-    counting = [b for b in stops if b.pk in starts]
+    # an api_key budget stops its key's calls, never a session (costboard/budgets/holds.py)
+    counting = [b for b in stops if b.pk in starts and b.scope != PeriodBudget.Scope.API_KEY]
     if not counting:
         return {}
     counts = Session.objects.filter(project_id__in={b.project_id for b in counting}).aggregate(
