@@ -44,7 +44,7 @@ from costboard.models import (
     Turn,
     WebhookEndpoint,
 )
-from costboard.numbers import count_text
+from costboard.numbers import count_text, usd_text
 from costboard.outbox import outbox_retry
 from costboard.pricing import services as pricing_services
 from costboard.pricing.rates import micros_of_day, windows_overlap
@@ -759,11 +759,19 @@ class PeriodBudgetForm(forms.ModelForm):
 class PeriodLedgerInline(admin.TabularInline):
     model = PeriodLedger
     extra = 0
-    fields = ("period_start", "period_end", "state", "tokens_used", "cost_usd", "warned_at")
+    fields = ("period_start", "period_end", "state", "tokens", "spent", "warned_at")
     readonly_fields = fields
     can_delete = False
     ordering = ("-period_start",)
     max_num = 0  # written by the budget engine only
+
+    @admin.display(description="tokens used")
+    def tokens(self, obj: PeriodLedger) -> str:
+        return count_text(obj.tokens_used)
+
+    @admin.display(description="spent")
+    def spent(self, obj: PeriodLedger) -> str:
+        return usd_text(obj.cost_usd)
 
 
 @admin.register(PeriodBudget)
@@ -779,8 +787,8 @@ class PeriodBudgetAdmin(admin.ModelAdmin):
         "scope",
         "scope_value",
         "period",
-        "token_limit",
-        "cost_limit_usd",
+        "tokens",
+        "cost_limit",
         "action",
     )
     list_filter = ("project", "scope", "period", "action")
@@ -789,6 +797,15 @@ class PeriodBudgetAdmin(admin.ModelAdmin):
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         return ("project",) if obj is not None else ()
+
+    # money as the pages show it ($1.00; below a cent, three significant digits)
+    @admin.display(description="USD limit", ordering="cost_limit_usd")
+    def cost_limit(self, obj: PeriodBudget) -> str:
+        return usd_text(obj.cost_limit_usd)
+
+    @admin.display(description="token limit", ordering="token_limit")
+    def tokens(self, obj: PeriodBudget) -> str:
+        return count_text(obj.token_limit)
 
     def save_model(self, request: HttpRequest, obj: PeriodBudget, form: Any, change: bool) -> None:
         fields = {name: form.cleaned_data[name] for name in BUDGET_FIELDS}

@@ -166,6 +166,29 @@ class BudgetFields(Protocol):
     def exhausted_at(self) -> datetime | None: ...
 
 
+def stop_verdict(
+    *,
+    state: str,
+    runaway: bool,
+    tokens_used: int,
+    cost_usd: Decimal,
+    caps: Caps,
+    stopped_by_budget: int | None,
+) -> tuple[str, str | None]:
+    """A session's state as told to its agent, and what stops it (`stopped_by`): its own
+    exhaustion first ("session", or "runaway" when a runaway holds it under its caps), else an
+    exhausted stop-budget above it ("budget:<id>", which makes it `exhausted`). The API's
+    answers and the pages both read a session's state through this."""
+    if state == Session.State.EXHAUSTED:
+        over = tokens_used >= caps.token_cap or (
+            caps.cost_cap_usd is not None and cost_usd >= caps.cost_cap_usd
+        )
+        return state, "session" if over or not runaway else "runaway"
+    if stopped_by_budget is not None:
+        return Session.State.EXHAUSTED, f"budget:{stopped_by_budget}"
+    return state, None
+
+
 def session_budget(
     session: BudgetFields,
     project: Project,
@@ -179,14 +202,14 @@ def session_budget(
     caps = (caps_of or CapsMemo(project))(
         session.token_cap, session.cost_cap_usd, session.external_id == SYSTEM_SESSION_ID
     )
-    state, stopped_by = session.state, None
-    if state == Session.State.EXHAUSTED:
-        over = session.tokens_used >= caps.token_cap or (
-            caps.cost_cap_usd is not None and session.cost_usd >= caps.cost_cap_usd
-        )
-        stopped_by = "session" if over or not session.runaway else "runaway"
-    elif stopped_by_budget is not None:
-        state, stopped_by = Session.State.EXHAUSTED, f"budget:{stopped_by_budget}"
+    state, stopped_by = stop_verdict(
+        state=session.state,
+        runaway=session.runaway,
+        tokens_used=session.tokens_used,
+        cost_usd=session.cost_usd,
+        caps=caps,
+        stopped_by_budget=stopped_by_budget,
+    )
     return {
         "session_id": session.external_id,
         "state": state,

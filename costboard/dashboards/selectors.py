@@ -8,7 +8,7 @@ and `gpt-4o` are one `gpt-4o`: costboard/pricing/families.py), each with its exa
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
@@ -31,13 +31,15 @@ from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Coalesce, Greatest, Trunc
 from django.db.models.lookups import Exact
 
-from costboard.budgets.caps import Caps
+from costboard.budgets.caps import Caps, stop_verdict
+from costboard.budgets.holds import budget_sessions, held, held_by
 from costboard.budgets.periods import (
     Forecast,
     budget_days,
     forecast,
     period_bounds,
     state_of,
+    zone,
 )
 from costboard.ingest.latency import percentile
 from costboard.models import (
@@ -263,11 +265,18 @@ FLAGGED = Q(state__in=[Session.State.WARNING, Session.State.EXHAUSTED]) | Q(
 )
 
 
-def sessions_flagged(*, project_ids: list[int], limit: int = 12) -> tuple[list[Session], int]:
-    """Near-cap, exhausted and runaway sessions, the most urgent first, and how many there are."""
-    flagged = Session.objects.filter(FLAGGED, project_id__in=project_ids, ended_at__isnull=True)
+def sessions_flagged(
+    *, project_ids: list[int], limit: int = 12, stops: Sequence[PeriodBudget] = ()
+) -> tuple[list[Session], int]:
+    """Near-cap, exhausted, runaway and budget-held sessions, the most urgent first, and how
+    many there are."""
+    flagged = _flagged_open(project_ids, stops)
     total = flagged.count()
     rows = list(flagged.select_related("project").order_by("-last_active_at")[: limit * 4])
+    holding = _holding(stops, rows)
+    for row in rows:
+        if holding.get(row.pk) is not None and row.state != Session.State.EXHAUSTED:
+            row.state = Session.State.EXHAUSTED  # as its agent is told (a copy, never saved)
     urgency: dict[str, int] = {
         Session.State.EXHAUSTED: 1,
         Session.State.WARNING: 2,
@@ -295,25 +304,59 @@ UNACKNOWLEDGED = (
 _NEVER = Value(datetime(1970, 1, 1, tzinfo=UTC), output_field=DateTimeField())
 
 
-def _flagged_open(project_ids: list[int]) -> QuerySet[Session]:
+def _holding(stops: Sequence[PeriodBudget], sessions: Iterable[Session]) -> dict[int, int]:
+    """Each of `sessions` a stop-budget holds → that budget's id (one query; none without
+    stops)."""
+    ids = [s.pk for s in sessions]
+    if not stops or not ids:
+        return {}
+    return dict(
+        Session.objects.filter(held(stops), pk__in=ids)
+        .annotate(held_by_budget=held_by(stops))
+        .values_list("pk", "held_by_budget")
+    )
+
+
+def _flagged_open(project_ids: list[int], stops: Sequence[PeriodBudget] = ()) -> QuerySet[Session]:
     # FLAGGED is session_flagged_recent's condition: only the (few) flagged rows are read.
-    return Session.objects.filter(FLAGGED, project_id__in=project_ids, ended_at__isnull=True)
+    # A stop-budget in force adds the sessions it holds (docs/budgets.md, "Stopped by a budget").
+    flagged = FLAGGED | held(stops) if stops else FLAGGED
+    return Session.objects.filter(flagged, project_id__in=project_ids, ended_at__isnull=True)
+
+
+def flag_kinds(stops: Sequence[PeriodBudget]) -> dict[str, Q]:
+    """FLAG_KINDS with the sessions `stops` hold counted as exhausted, as their agents are told."""
+    if not stops:
+        return FLAG_KINDS
+    hold = held(stops)
+    return {
+        "runaway": FLAG_KINDS["runaway"],
+        "exhausted": FLAG_KINDS["exhausted"] | (Q(runaway_at__isnull=True) & hold),
+        "warning": FLAG_KINDS["warning"] & ~hold,
+    }
 
 
 def sessions_flagged_list(
-    *, project_ids: list[int], kind: str = "", acknowledged: bool = False
+    *,
+    project_ids: list[int],
+    kind: str = "",
+    acknowledged: bool = False,
+    stops: Sequence[PeriodBudget] = (),
 ) -> QuerySet[Session]:
-    """The flagged page: open near-cap, exhausted and runaway sessions, runaway first, then
-    exhausted, then near cap, each the newest flag first. Acknowledged ones (nothing flagged
-    since) only with `acknowledged`; `kind` keeps one of FLAG_KINDS."""
-    sessions = _flagged_open(project_ids)
+    """The flagged page: open near-cap, exhausted (or held by a stop-budget) and runaway
+    sessions, runaway first, then exhausted, then near cap, each the newest flag first.
+    Acknowledged ones (nothing flagged since) only with `acknowledged`; `kind` keeps one of
+    FLAG_KINDS. Each is annotated `held_by_budget`: the stop-budget holding it, or None."""
+    sessions = _flagged_open(project_ids, stops)
     if not acknowledged:
         sessions = sessions.filter(UNACKNOWLEDGED)
-    if kind in FLAG_KINDS:
-        sessions = sessions.filter(FLAG_KINDS[kind])
+    kinds = flag_kinds(stops)
+    if kind in kinds:
+        sessions = sessions.filter(kinds[kind])
     urgency = Case(
         When(runaway_at__isnull=False, then=Value(0)),
         When(state=Session.State.EXHAUSTED, then=Value(1)),
+        When(held(stops), then=Value(1)),
         default=Value(2),
         output_field=IntegerField(),
     )
@@ -326,6 +369,7 @@ def sessions_flagged_list(
     return (
         sessions.select_related("project")
         .alias(urgency=urgency, latest_flag=latest_flag)
+        .annotate(held_by_budget=held_by(stops))
         .order_by("urgency", "-latest_flag", "-last_active_at", "-id")
     )
 
@@ -342,12 +386,14 @@ class FlaggedCounts:
         return self.runaway + self.exhausted + self.warning
 
 
-def sessions_flagged_counts(*, project_ids: list[int], acknowledged: bool = False) -> FlaggedCounts:
+def sessions_flagged_counts(
+    *, project_ids: list[int], acknowledged: bool = False, stops: Sequence[PeriodBudget] = ()
+) -> FlaggedCounts:
     """How many sessions the flagged page lists per kind, and how many are acknowledged (one
     query)."""
     listed = Q() if acknowledged else UNACKNOWLEDGED
-    counts = _flagged_open(project_ids).aggregate(
-        **{name: Count("pk", filter=kind & listed) for name, kind in FLAG_KINDS.items()},
+    counts = _flagged_open(project_ids, stops).aggregate(
+        **{name: Count("pk", filter=kind & listed) for name, kind in flag_kinds(stops).items()},
         acknowledged=Count("pk", filter=~UNACKNOWLEDGED),
     )
     return FlaggedCounts(**{name: value or 0 for name, value in counts.items()})
@@ -445,7 +491,50 @@ STATE_FILTERS = {
     "exhausted": Q(state=Session.State.EXHAUSTED),
     "runaway": Q(runaway_at__isnull=False),
     "flagged": FLAGGED,
+    # what a stop-budget in force stops (its stopped_by is "budget:<id>"): state_filter
+    "stopped": Q(pk__in=[]),
 }
+
+
+def state_filter(state: str, stops: Sequence[PeriodBudget]) -> Q:
+    """A state filter of the sessions list, with the sessions `stops` hold in the state their
+    agents are told: exhausted (and flagged), no longer ok or near cap; `stopped` keeps those a
+    budget stops (not exhausted by their own caps)."""
+    if not stops:
+        return STATE_FILTERS[state]
+    hold = held(stops)
+    own = Q(state=Session.State.EXHAUSTED)
+    return {
+        "ok": STATE_FILTERS["ok"] & ~hold,
+        "warning": STATE_FILTERS["warning"] & ~hold,
+        "exhausted": own | hold,
+        "flagged": FLAGGED | hold,
+        "stopped": hold & ~own,
+    }.get(state, STATE_FILTERS[state])
+
+
+@dataclass(frozen=True)
+class SessionStop:
+    """A session's state as its agent is told it (costboard/budgets/caps.py, stop_verdict) and
+    the stop-budget that stops it, when that is what does."""
+
+    state: str
+    stopped_by: str | None  # "session", "runaway", "budget:<id>" or None
+    budget: PeriodBudget | None
+
+
+def session_stop(session: Session, caps: Caps, budget: PeriodBudget | None) -> SessionStop:
+    """`session`'s SessionStop, `budget` the stop-budget holding it (holds.session_held_by)."""
+    state, stopped_by = stop_verdict(
+        state=session.state,
+        runaway=session.runaway,
+        tokens_used=session.tokens_used,
+        cost_usd=session.cost_usd,
+        caps=caps,
+        stopped_by_budget=budget.pk if budget is not None else None,
+    )
+    by_budget = stopped_by is not None and stopped_by.startswith("budget:")
+    return SessionStop(state=state, stopped_by=stopped_by, budget=budget if by_budget else None)
 
 
 @dataclass(frozen=True)
@@ -485,10 +574,14 @@ class SessionFilters:
         return self.sort.startswith("-")
 
 
-def sessions_filtered(*, project_ids: list[int], filters: SessionFilters) -> QuerySet[Session]:
+def sessions_filtered(
+    *, project_ids: list[int], filters: SessionFilters, stops: Sequence[PeriodBudget] = ()
+) -> QuerySet[Session]:
+    """The sessions list's rows, each annotated `held_by_budget`: the id of the first of
+    `stops` (the projects' stop-budgets in force, holds.stops_in_force) holding it, or None."""
     sessions = Session.objects.filter(project_id__in=project_ids)
     if filters.state in STATE_FILTERS:
-        sessions = sessions.filter(STATE_FILTERS[filters.state])
+        sessions = sessions.filter(state_filter(filters.state, stops))
     if filters.exact:  # an exact name (within the family `model`, if given)
         usage = SessionModelUsage.objects.filter(model=filters.exact)
         if filters.model:
@@ -519,6 +612,7 @@ def sessions_filtered(*, project_ids: list[int], filters: SessionFilters) -> Que
     if column == "tokens_total":
         sessions = sessions.alias(tokens_total=F("input_tokens") + F("output_tokens"))
     order = f"-{column}" if filters.descending else column
+    sessions = sessions.annotate(held_by_budget=held_by(stops))
     return sessions.select_related("project").order_by(order, "-id" if filters.descending else "id")
 
 
@@ -877,6 +971,7 @@ class BudgetRow:
     cost_usd: Decimal
     forecast: Forecast | None
     period_end: datetime | None
+    period_start: datetime
 
     @property
     def forecast_usd(self) -> Decimal | None:
@@ -907,6 +1002,11 @@ def budgets_current(*, project_ids: list[int], now: datetime) -> list[BudgetRow]
         .select_related("project")
         .order_by("project__name", "name", "pk")
     )
+    return _budget_rows(budgets, now)
+
+
+def _budget_rows(budgets: list[PeriodBudget], now: datetime) -> list[BudgetRow]:
+    """Each budget in its current period, with its forecast (two queries)."""
     starts = {b.pk: period_bounds(b.period, b.timezone, now) for b in budgets}
     current = Q(pk__in=[])
     for b in budgets:
@@ -930,9 +1030,136 @@ def budgets_current(*, project_ids: list[int], now: datetime) -> list[BudgetRow]
                 cost_usd=cost,
                 forecast=forecast(b, cost, start=start, end=end, days=days[b.pk], now=now),
                 period_end=end,
+                period_start=start,
             )
         )
     return rows
+
+
+def budget_in_scope(*, project_ids: list[int], budget_id: int) -> PeriodBudget | None:
+    """One period budget of these projects (None: none such, or another team's)."""
+    return (
+        PeriodBudget.objects.select_related("project")
+        .filter(pk=budget_id, project_id__in=project_ids)
+        .first()
+    )
+
+
+def budgets_stopped_counts(
+    *, rows: Sequence[BudgetRow], stops: Sequence[PeriodBudget]
+) -> dict[int, int]:
+    """For each of `stops` among `rows`: how many sessions it holds that were active in its
+    current period (one query)."""
+    starts = {row.budget.pk: row.period_start for row in rows}
+    # an api_key budget stops its key's calls, never a session (costboard/budgets/holds.py)
+    counting = [b for b in stops if b.pk in starts and b.scope != PeriodBudget.Scope.API_KEY]
+    if not counting:
+        return {}
+    counts = Session.objects.filter(project_id__in={b.project_id for b in counting}).aggregate(
+        **{
+            f"b{b.pk}": Count("pk", filter=budget_sessions(b) & Q(last_active_at__gte=starts[b.pk]))
+            for b in counting
+        }
+    )
+    return {b.pk: counts[f"b{b.pk}"] or 0 for b in counting}
+
+
+PAST_PERIODS_SHOWN = 24
+BUDGET_EVENTS_SHOWN = 50
+STOPPED_SESSIONS_SHOWN = 50
+
+
+@dataclass(frozen=True)
+class MemberUse:
+    """A member of a per-member budget (a user, a key, a tag's value) and its period so far:
+    what the budget page lists as "nearest their limit"."""
+
+    member: str
+    tokens_used: int
+    cost_usd: Decimal
+    state: str
+
+
+@dataclass(frozen=True)
+class PeriodSpend:
+    """One period of a budget as its ledger has it, its days in the budget's timezone."""
+
+    first_day: date
+    last_day: date | None  # None: a total budget, which never ends
+    current: bool
+    state: str
+    tokens_used: int
+    cost_usd: Decimal
+    warned_at: datetime | None
+    exhausted_at: datetime | None
+
+
+def _period_spend(
+    budget: PeriodBudget, ledger: PeriodLedger, current_start: datetime
+) -> PeriodSpend:
+    tz = zone(budget.timezone)
+    end = ledger.period_end
+    return PeriodSpend(
+        first_day=ledger.period_start.astimezone(tz).date(),
+        last_day=(end - timedelta(microseconds=1)).astimezone(tz).date() if end else None,
+        current=ledger.period_start == current_start,
+        state=ledger.state,
+        tokens_used=ledger.tokens_used,
+        cost_usd=ledger.cost_usd,
+        warned_at=ledger.warned_at,
+        exhausted_at=ledger.exhausted_at,
+    )
+
+
+@dataclass(frozen=True)
+class BudgetDetail:
+    """One period budget's page: its current period, its periods newest first (spend from
+    its ledgers), its latest crossings and the sessions it holds now."""
+
+    row: BudgetRow
+    periods: list[PeriodSpend]
+    events: list[BudgetEvent]
+    holding: bool  # an exhausted stop-budget: its sessions are told to stop
+    stopped: list[Session]  # those active this period, the latest first
+    stopped_total: int
+    # per-member budgets: the members nearest their limit (empty until they are wired in)
+    members: list[MemberUse] = field(default_factory=list)
+
+
+def budget_detail(
+    *, budget: PeriodBudget, stops: Sequence[PeriodBudget], now: datetime
+) -> BudgetDetail:
+    """`budget`'s page (five queries). `stops`: its project's stop-budgets in force
+    (holds.stops_in_force)."""
+    row = _budget_rows([budget], now)[0]
+    periods = [
+        _period_spend(budget, ledger, row.period_start)
+        for ledger in PeriodLedger.objects.filter(budget=budget).order_by("-period_start")[
+            :PAST_PERIODS_SHOWN
+        ]
+    ]
+    events = list(
+        BudgetEvent.objects.filter(ledger__budget=budget)
+        .select_related("ledger")
+        .order_by("-at", "-id")[:BUDGET_EVENTS_SHOWN]
+    )
+    holding = any(b.pk == budget.pk for b in stops)
+    stopped: list[Session] = []
+    total = 0
+    if holding:
+        active = Session.objects.filter(
+            budget_sessions(budget), last_active_at__gte=row.period_start
+        )
+        total = active.count()
+        stopped = list(active.order_by("-last_active_at", "-id")[:STOPPED_SESSIONS_SHOWN])
+    return BudgetDetail(
+        row=row,
+        periods=periods,
+        events=events,
+        holding=holding,
+        stopped=stopped,
+        stopped_total=total,
+    )
 
 
 # --- end users ----------------------------------------------------------------------------------

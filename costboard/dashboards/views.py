@@ -36,13 +36,14 @@ from django.views.decorators.http import require_POST
 from django_htmx.middleware import HtmxDetails
 
 from costboard.budgets import services
-from costboard.budgets.caps import Caps, caps_for, session_caps
+from costboard.budgets.caps import Caps, caps_for, session_caps, stop_verdict
+from costboard.budgets.holds import session_held_by, stops_in_force
 from costboard.dashboards import charts, selectors
 from costboard.dashboards.pagination import KeyedPaginator
 from costboard.dashboards.scope import Scope, scope_for
 from costboard.exports import csv_cell
 from costboard.ingest.schemas import FIRST_YEAR, LAST_YEAR
-from costboard.models import SYSTEM_SESSION_ID, Project, Session, usd
+from costboard.models import SYSTEM_SESSION_ID, PeriodBudget, Project, Session, usd
 
 PAGE_SIZE = 50
 
@@ -99,6 +100,12 @@ def _period(params: QueryDict) -> Period:
     return Period(since=since, until=until, errors=errors)
 
 
+def _stops(project_ids: list[int]) -> list[PeriodBudget]:
+    """The projects' stop-budgets in force now: the sessions they hold show as stopped
+    (docs/budgets.md, "Stopped by a budget")."""
+    return stops_in_force(project_ids=project_ids, now=timezone.now())
+
+
 @login_required
 def overview(request: HttpRequest) -> HttpResponse:
     scope = scope_for(request)
@@ -106,7 +113,7 @@ def overview(request: HttpRequest) -> HttpResponse:
     today = timezone.now().date()
     since = _period_start(today)
     breakdown = selectors.usage_breakdown(project_ids=ids, since=since, until=today)
-    flagged, flagged_total = selectors.sessions_flagged(project_ids=ids)
+    flagged, flagged_total = selectors.sessions_flagged(project_ids=ids, stops=_stops(ids))
     context = {
         "scope": scope,
         "spend": selectors.spend_by_period(project_ids=ids, today=today),
@@ -186,12 +193,20 @@ def _session_filters(params: QueryDict) -> selectors.SessionFilters:
 def sessions_list(request: HtmxHttpRequest) -> HttpResponse:
     scope = scope_for(request)
     filters = _session_filters(request.GET)
-    sessions = selectors.sessions_filtered(project_ids=scope.project_ids, filters=filters)
+    stops = _stops(scope.project_ids)
+    sessions = selectors.sessions_filtered(
+        project_ids=scope.project_ids, filters=filters, stops=stops
+    )
     # All of them (the "All time" link): counted from the projects' tallies, not row by row
     total = selectors.sessions_total(project_ids=scope.project_ids) if filters.everything else None
     page = KeyedPaginator(sessions, PAGE_SIZE, count=total).get_page(request.GET.get("page"))
     mix = selectors.model_mix(session_ids=[s.pk for s in page])
-    rows = [(s, session_caps(s), mix.get(s.pk, [])) for s in page]
+    by_id = {b.pk: b for b in stops}
+    rows = []
+    for s in page:
+        caps = session_caps(s)
+        stop = selectors.session_stop(s, caps, by_id.get(s.held_by_budget))  # type: ignore[attr-defined]
+        rows.append((s, caps, mix.get(s.pk, []), stop))
     filter_errors = _period(request.GET).errors
     all_time = request.GET.copy()
     all_time.pop("page", None)
@@ -234,6 +249,8 @@ CSV_COLUMNS = [
     "started_at",
     "last_active_at",
     "ended_at",
+    "stopped_by",
+    "stopped_by_budget",
 ]
 
 
@@ -258,11 +275,14 @@ CSV_FIELDS = (
     "started_at",
     "last_active_at",
     "ended_at",
+    "held_by_budget",
 )
 CSV_CHUNK_ROWS = 500  # rows per chunk sent: one chunk per row costs more than the rows
 
 
-def _csv_rows(sessions: QuerySet[Session], projects: dict[int, Project]) -> Iterator[str]:
+def _csv_rows(
+    sessions: QuerySet[Session], projects: dict[int, Project], stops: dict[int, PeriodBudget]
+) -> Iterator[str]:
     buffer = io.StringIO()
     writer = csv.writer(buffer)
     writer.writerow(CSV_COLUMNS)
@@ -287,6 +307,7 @@ def _csv_rows(sessions: QuerySet[Session], projects: dict[int, Project]) -> Iter
             started_at,
             last_active_at,
             ended_at,
+            held_by_budget,
         ) = row
         project = projects[project_id]
         caps = caps_for(
@@ -295,6 +316,15 @@ def _csv_rows(sessions: QuerySet[Session], projects: dict[int, Project]) -> Iter
             cost_cap_usd=cost_cap_usd,
             system=external_id == SYSTEM_SESSION_ID,
         )
+        state, stopped_by = stop_verdict(
+            state=state,
+            runaway=runaway_at is not None,
+            tokens_used=input_tokens + output_tokens,
+            cost_usd=cost_usd,
+            caps=caps,
+            stopped_by_budget=held_by_budget,
+        )
+        holding = stops.get(held_by_budget) if stopped_by == f"budget:{held_by_budget}" else None
         writer.writerow(
             [
                 project.slug,
@@ -316,6 +346,8 @@ def _csv_rows(sessions: QuerySet[Session], projects: dict[int, Project]) -> Iter
                 started_at.isoformat(),
                 last_active_at.isoformat(),
                 ended_at.isoformat() if ended_at else "",
+                stopped_by or "",
+                csv_cell(holding.name) if holding is not None else "",
             ]
         )
         if count % CSV_CHUNK_ROWS == 0:
@@ -328,11 +360,13 @@ def _csv_rows(sessions: QuerySet[Session], projects: dict[int, Project]) -> Iter
 @login_required
 def sessions_csv(request: HttpRequest) -> StreamingHttpResponse:
     scope = scope_for(request)
+    stops = _stops(scope.project_ids)
     sessions = selectors.sessions_filtered(
-        project_ids=scope.project_ids, filters=_session_filters(request.GET)
+        project_ids=scope.project_ids, filters=_session_filters(request.GET), stops=stops
     )
     projects = {p.pk: p for p in scope.projects}
-    response = StreamingHttpResponse(_csv_rows(sessions, projects), content_type="text/csv")
+    by_id = {b.pk: b for b in stops}
+    response = StreamingHttpResponse(_csv_rows(sessions, projects, by_id), content_type="text/csv")
     stamp = timezone.now().strftime("%Y%m%d-%H%M")
     response["Content-Disposition"] = f'attachment; filename="sessions-{stamp}.csv"'
     return response
@@ -347,6 +381,11 @@ def _session_in_scope(scope: Scope, pk: int) -> Session:
     if session is None:
         raise Http404("no such session")
     return session
+
+
+def _held(session: Session) -> PeriodBudget | None:
+    """The stop-budget holding `session` now, if one does (the API's rule)."""
+    return session_held_by(session, _stops([session.project_id]))
 
 
 @login_required
@@ -371,7 +410,7 @@ def _session_render(
         "caps": caps,
         "detail": detail,
         "events": detail.events,
-        "flag": _flag_row(session, caps, user=request.user, form=form),
+        "flag": _flag_row(session, caps, user=request.user, form=form, held=_held(session)),
         "figures": _figures(
             tokens_gauge=charts.gauge(
                 title="tokens",
@@ -509,6 +548,37 @@ def users_page(request: HttpRequest) -> HttpResponse:
     return render(request, "costboard/users.html", context, status=422 if filter_errors else 200)
 
 
+# --- period budgets -----------------------------------------------------------------------------
+
+
+@login_required
+def budgets_page(request: HttpRequest) -> HttpResponse:
+    """Every period budget of the projects in scope in its current period: its state, spent
+    against its limits, its forecast, and how many sessions it stops."""
+    scope = scope_for(request)
+    now = timezone.now()
+    rows = selectors.budgets_current(project_ids=scope.project_ids, now=now)
+    # each with how many sessions it stops now (None: it stops none now)
+    stopped = selectors.budgets_stopped_counts(rows=rows, stops=_stops(scope.project_ids))
+    context = {"scope": scope, "rows": [(row, stopped.get(row.budget.pk)) for row in rows]}
+    return render(request, "costboard/budgets.html", context)
+
+
+@login_required
+def budget_page(request: HttpRequest, pk: int) -> HttpResponse:
+    """One period budget: its current period and forecast, its past periods, its crossings
+    and the sessions it stops (404 outside the projects in scope)."""
+    scope = scope_for(request)
+    budget = selectors.budget_in_scope(project_ids=scope.project_ids, budget_id=pk)
+    if budget is None:
+        raise Http404("no such budget")
+    detail = selectors.budget_detail(
+        budget=budget, stops=_stops([budget.project_id]), now=timezone.now()
+    )
+    context = {"scope": scope, "budget": budget, "detail": detail, "row": detail.row}
+    return render(request, "costboard/budget.html", context)
+
+
 # --- flagged sessions -----------------------------------------------------------------------
 
 
@@ -624,10 +694,11 @@ class FlagRow:
     uses: list[selectors.CapUse]
     form: RaiseCapForm
     can_act: bool
+    stop: selectors.SessionStop  # its state as its agent is told it, and a budget that stops it
 
     @property
     def resolved(self) -> bool:
-        return self.session.state == Session.State.OK and not self.session.runaway
+        return self.stop.state == Session.State.OK and not self.session.runaway
 
     @property
     def held(self) -> bool:
@@ -642,6 +713,7 @@ def _flag_row(
     user: AbstractBaseUser | AnonymousUser,
     can_act: bool | None = None,
     form: RaiseCapForm | None = None,
+    held: PeriodBudget | None = None,
 ) -> FlagRow:
     return FlagRow(
         session=session,
@@ -650,6 +722,7 @@ def _flag_row(
         uses=selectors.session_cap_uses(session, caps),
         form=form or RaiseCapForm(caps=caps, initial=suggested_caps(session, caps)),
         can_act=can_act_on_sessions(user) if can_act is None else can_act,
+        stop=selectors.session_stop(session, caps, held),
     )
 
 
@@ -666,14 +739,16 @@ def _flagged_render(
     form_session: int | None = None,
     status: int = 200,
 ) -> HttpResponse:
-    counts_context = _flag_counts(request, scope)
+    stops = _stops(scope.project_ids)
+    counts_context = _flag_counts(request, scope, stops)
     acknowledged, kind = counts_context["acknowledged"], counts_context["kind"]
     ids = scope.project_ids
     sessions = selectors.sessions_flagged_list(
-        project_ids=ids, kind=kind, acknowledged=acknowledged
+        project_ids=ids, kind=kind, acknowledged=acknowledged, stops=stops
     )
     page = Paginator(sessions, PAGE_SIZE).get_page(request.GET.get("page"))
     can_act = can_act_on_sessions(request.user)
+    by_id = {b.pk: b for b in stops}
     rows = [
         _flag_row(
             s,
@@ -681,6 +756,7 @@ def _flagged_render(
             user=request.user,
             can_act=can_act,
             form=form if s.pk == form_session else None,
+            held=by_id.get(s.held_by_budget),  # type: ignore[attr-defined]
         )
         for s in page
     ]
@@ -697,14 +773,18 @@ def _flagged_render(
     return render(request, template, context, status=status)
 
 
-def _flag_counts(request: HttpRequest, scope: Scope) -> dict[str, Any]:
+def _flag_counts(
+    request: HttpRequest, scope: Scope, stops: list[PeriodBudget] | None = None
+) -> dict[str, Any]:
     """/flagged/'s counts by kind, for the list's filters (kind, acknowledged) in the URL."""
     acknowledged = request.GET.get("acknowledged") == "1"
     kind = request.GET.get("kind", "")
     if kind not in selectors.FLAG_KINDS:
         kind = ""
     counts = selectors.sessions_flagged_counts(
-        project_ids=scope.project_ids, acknowledged=acknowledged
+        project_ids=scope.project_ids,
+        acknowledged=acknowledged,
+        stops=_stops(scope.project_ids) if stops is None else stops,
     )
     return {
         "counts": counts,
@@ -740,7 +820,7 @@ def _acted(
     status = 422 if form is not None else 200
     if request.htmx:
         caps = session_caps(session)
-        row = _flag_row(session, caps, user=request.user, form=form)
+        row = _flag_row(session, caps, user=request.user, form=form, held=_held(session))
         if on_session_page:
             context = {
                 "scope": scope,

@@ -24,7 +24,7 @@ def usd(amount: Decimal | None) -> str:
 
 
 # A page about one thing of one project lists that kind of thing when the project changes.
-_SWITCH_TO = {"session": "sessions", "memory-detail": "memory-browser"}
+_SWITCH_TO = {"session": "sessions", "budget": "budgets", "memory-detail": "memory-browser"}
 
 
 @register.simple_tag(takes_context=True)
