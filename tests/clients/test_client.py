@@ -808,7 +808,7 @@ def test_the_distribution_installs_alone_and_reports_to_a_live_server(
     listed = _run([*pip, "list", "--format=json"], env=_outside_env())
     assert listed.returncode == 0, listed.stderr
     packages = {p["name"].lower(): p["version"] for p in json.loads(listed.stdout)}
-    assert packages.get("costboard-client") == costboard_client.__version__ == "0.7.0"
+    assert packages.get("costboard-client") == costboard_client.__version__ == "0.8.0"
     assert set(packages) - VENV_OWN == {"costboard-client"}
 
     script = textwrap.dedent(
