@@ -75,7 +75,7 @@ def mock_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return calls
 
 
-def plain_acompletion(session: str, *, settle: bool = True) -> Any:
+def plain_acompletion(session: str) -> Any:
     """`await litellm.acompletion(...)` as an agent writes it, no wrapper: 10 + 20 tokens."""
 
     async def in_a_loop() -> Any:
@@ -85,8 +85,7 @@ def plain_acompletion(session: str, *, settle: bool = True) -> Any:
             mock_response="About two dollars.",
             metadata={"session_id": session},
         )
-        if settle:
-            await asyncio.sleep(0.3)  # LiteLLM logs from a task: the loop must outlive it
+        await asyncio.sleep(0.3)  # LiteLLM logs from a task: the loop must outlive it
         return response
 
     return asyncio.run(in_a_loop())
