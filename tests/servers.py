@@ -1,4 +1,5 @@
-"""Real servers a test starts and stops: a Redis broker of its own, and HTTP receivers."""
+"""Real servers a test starts and stops: a Redis broker of its own, HTTP receivers, and a relay
+to a server that a test can cut."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import shutil
 import socket
 import subprocess
 import threading
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -132,3 +135,84 @@ class Receiver:
     def received(self) -> list[str]:
         with self.lock:
             return list(self.deliveries)
+
+
+class Relay:
+    """The way to a server, which a test can cut: each request is passed to `upstream` and its
+    answer back; after `garbage()` every request is answered 200 with an HTML page instead;
+    `stop()` closes the port (connections refused) and `start()` opens the same port again."""
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream.rstrip("/")
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.answering_garbage = False
+        self.requests = 0  # requests that reached the relay, relayed or not
+        self.lock = threading.Lock()
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    def garbage(self, on: bool = True) -> None:
+        self.answering_garbage = on
+
+    def start(self) -> Relay:
+        state = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                self.relay()
+
+            def do_POST(self) -> None:
+                self.relay()
+
+            def relay(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                with state.lock:
+                    state.requests += 1
+                if state.answering_garbage:
+                    self.answer(200, b"<html>502 Bad Gateway (not really)</html>", "text/html")
+                    return
+                headers = {
+                    name: value
+                    for name, value in self.headers.items()
+                    if name.lower() not in ("host", "content-length", "connection")
+                }
+                request = urllib.request.Request(
+                    state.upstream + self.path,
+                    data=body if self.command == "POST" else None,
+                    headers=headers,
+                    method=self.command,
+                )
+                try:
+                    with urllib.request.urlopen(request, timeout=30) as response:
+                        status, content = response.status, response.read()
+                        kind = response.headers.get("Content-Type", "application/json")
+                except urllib.error.HTTPError as refused:
+                    status, content = refused.code, refused.read()
+                    kind = refused.headers.get("Content-Type", "application/json")
+                self.answer(status, content, kind)
+
+            def answer(self, status: int, content: bytes, kind: str) -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(content)))
+                self.end_headers()
+                self.wfile.write(content)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+        wait_for_port(self.port, up=True)
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            if self._thread is not None:
+                self._thread.join(timeout=5)
+            self._server = self._thread = None
+        wait_for_port(self.port, up=False)

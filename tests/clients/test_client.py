@@ -26,11 +26,12 @@ from typing import Any
 import costboard_client
 import pytest
 import time_machine
-from costboard_client import BudgetExceeded, Costboard, _client
+from costboard_client import BudgetExceeded, Costboard
 
 from costboard.models import IngestTally, PeriodBudget, Session, Step
+from tests.clients.conftest import Clock
 from tests.conftest import TEST_RATES, Agent, add_price, make_agent, usd
-from tests.servers import HOLD_AT_MOST, Receiver
+from tests.servers import HOLD_AT_MOST, Receiver, Relay
 from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -48,31 +49,6 @@ def cb(live_server: Any, acme: Agent) -> Iterator[Costboard]:
     client = Costboard(live_server.url, acme.key, flush_interval=60, flush_at=1000)
     yield client
     client.close(timeout=5)
-
-
-class Clock:
-    """The client's time, standing still but for its own sleeps and what a test adds: how
-    long the client waited is read off this clock, never measured."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-        self.slept: list[float] = []
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.slept.append(seconds)
-        self.now += seconds
-
-
-@pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
-    clock = Clock()
-    monkeypatch.setattr(_client, "_monotonic", clock)
-    monkeypatch.setattr(_client, "_perf_counter", clock)
-    monkeypatch.setattr(_client, "_sleep", clock.sleep)
-    return clock
 
 
 def closed_port() -> int:
@@ -214,6 +190,31 @@ def test_a_down_server_never_breaks_the_agent(clock: Clock) -> None:
     assert cb.budget("s-down") is None  # no exception either
     cb.close(timeout=1)
     assert clock.slept == [backoff]  # nothing left to send, nothing more waited
+
+
+def test_a_reply_that_is_not_costboards_is_retried_and_never_counted_sent(
+    live_server: Any, acme: Agent, clock: Clock
+) -> None:
+    """A 200 with an HTML page (a captive portal, a proxy's error page) stored nothing: the
+    batch is retried under its key and, once Costboard answers, stored once."""
+    relay = Relay(live_server.url).start()
+    relay.garbage()
+    cb = Costboard(relay.url, acme.key, max_retries=5, flush_interval=60, flush_at=1000)
+    try:
+        one_step(cb)
+        assert cb.flush(timeout=2) is False
+        stats = cb.stats
+        assert (stats.sent, stats.failed, stats.buffered) == (0, 0, 1)  # kept, to send again
+        assert relay.requests == stats.retries + 1 >= 2
+        assert "not a JSON object" in (stats.last_error or "")
+
+        relay.garbage(False)
+        assert cb.flush(timeout=2) is True
+    finally:
+        cb.close(timeout=1)
+        relay.stop()
+    assert (cb.stats.sent, cb.stats.failed) == (1, 0)
+    assert Step.objects.filter(session__external_id="s-flaky").count() == 1
 
 
 @pytest.mark.slow
@@ -807,7 +808,7 @@ def test_the_distribution_installs_alone_and_reports_to_a_live_server(
     listed = _run([*pip, "list", "--format=json"], env=_outside_env())
     assert listed.returncode == 0, listed.stderr
     packages = {p["name"].lower(): p["version"] for p in json.loads(listed.stdout)}
-    assert packages.get("costboard-client") == costboard_client.__version__ == "0.7.0"
+    assert packages.get("costboard-client") == costboard_client.__version__ == "0.8.0"
     assert set(packages) - VENV_OWN == {"costboard-client"}
 
     script = textwrap.dedent(

@@ -1,11 +1,14 @@
 """The LiteLLM integration (docs/integrations.md, "From LiteLLM") with the real `litellm` package,
 offline (`mock_response` calls), against a live test server: one step per call in the session its
-metadata names, with its user, tags and a cost equal to genai-prices'; an exhausted session's next
-call refused before it is made."""
+metadata names, with its user, tags and a cost equal to genai-prices'; an exhausted session's or
+stop-budget's next call refused before it is made, a plain `await litellm.acompletion(...)` too;
+and with Costboard cut off (a relay stopped, or answering garbage), calls go ahead on the budgets
+last heard."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Iterator
 from decimal import Decimal
@@ -14,13 +17,16 @@ from typing import Any
 import litellm
 import pytest
 from costboard_client import BudgetExceeded
+from costboard_client.integrations import litellm as integration
 from costboard_client.integrations.litellm import CostboardLogger, openai_usage
 from genai_prices import Usage, calc_price
 from litellm.llms.anthropic.chat.transformation import AnthropicConfig
 
-from costboard.models import Session, Step
+from costboard.models import PeriodBudget, Session, Step
 from costboard.pricing.sync import prices_sync
+from tests.clients.conftest import Clock
 from tests.conftest import Agent, make_agent
+from tests.servers import Relay
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -33,16 +39,56 @@ def acme(transactional_db: None) -> Agent:
     return make_agent("acme")
 
 
-@pytest.fixture
-def costboard(live_server: Any, acme: Agent) -> Iterator[CostboardLogger]:
-    logger = CostboardLogger(live_server.url, acme.key, flush_interval=60, flush_at=1000)
+@contextlib.contextmanager
+def registered(logger: CostboardLogger) -> Iterator[CostboardLogger]:
+    """`litellm.callbacks = [logger]` for the block."""
     before = list(litellm.callbacks)
     litellm.callbacks = [logger]
-    yield logger
-    litellm.callbacks = before
-    # LiteLLM copies a callback into its success and failure lists: take it out of them
-    litellm.logging_callback_manager.remove_callback_from_all_lists(logger)
-    logger.client.close(timeout=5)
+    try:
+        yield logger
+    finally:
+        litellm.callbacks = before
+        # LiteLLM copies a callback into its success and failure lists: take it out of them
+        litellm.logging_callback_manager.remove_callback_from_all_lists(logger)
+        logger.client.close(timeout=5)
+
+
+@pytest.fixture
+def costboard(live_server: Any, acme: Agent) -> Iterator[CostboardLogger]:
+    with registered(
+        CostboardLogger(live_server.url, acme.key, flush_interval=60, flush_at=1000)
+    ) as logger:
+        yield logger
+
+
+@pytest.fixture
+def mock_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The models LiteLLM's mock provider answered: a refused call never reaches it."""
+    calls: list[str] = []
+    answer = litellm.main.mock_completion
+
+    def counted(model: str, *args: Any, **kwargs: Any) -> Any:
+        calls.append(model)
+        return answer(model, *args, **kwargs)
+
+    monkeypatch.setattr(litellm.main, "mock_completion", counted)
+    return calls
+
+
+def plain_acompletion(session: str) -> Any:
+    """`await litellm.acompletion(...)` as an agent writes it, no wrapper: 10 + 20 tokens."""
+
+    async def in_a_loop() -> Any:
+        response = await litellm.acompletion(
+            model="gpt-4o",
+            messages=MESSAGES,
+            mock_response="About two dollars.",
+            metadata={"session_id": session},
+        )
+        await asyncio.sleep(0.3)  # LiteLLM logs from a task: the loop must outlive it
+        return response
+
+    return asyncio.run(in_a_loop())
 
 
 def stored(logger: CostboardLogger, count: int, **filters: Any) -> list[Step]:
@@ -268,3 +314,123 @@ def test_the_proxys_team_and_key_aliases_and_end_user_become_tags_and_user(
     [step] = stored(costboard, 1, session__external_id="s-team")
     assert step.tags == {"feature": "search", "team": "growth", "key_alias": "ci-key"}
     assert Session.objects.get(external_id="s-team").user_id == "erin"
+
+
+def test_a_plain_acompletion_is_recorded_with_its_exact_tokens_and_cost(
+    costboard: CostboardLogger, mock_calls: list[str]
+) -> None:
+    response = plain_acompletion("s-plain")
+    [step] = stored(costboard, 1, session__external_id="s-plain")
+    assert mock_calls == ["gpt-4o"]
+    assert step.event_id == response.id
+    assert (step.input_tokens, step.output_tokens, step.step_type) == (10, 20, "chat")
+    assert step.cost_usd == Decimal("0.000225")  # 10 × $2.50/M + 20 × $10/M
+    assert step.cost_usd == genai_cost("gpt-4o", "openai", input_tokens=10, output_tokens=20)
+    assert Session.objects.get(external_id="s-plain").cost_usd == step.cost_usd
+
+
+def test_a_plain_acompletion_of_an_exhausted_session_is_refused_before_the_call(
+    costboard: CostboardLogger, acme: Agent, mock_calls: list[str]
+) -> None:
+    acme.events({"type": "session", "session_id": "s-cap", "token_cap": 25})
+    plain_acompletion("s-cap")  # 30 tokens of 25: exhausted by this call
+    stored(costboard, 1, session__external_id="s-cap")
+
+    with pytest.raises(BudgetExceeded) as refused:  # LiteLLM re-raises the hook's own
+        plain_acompletion("s-cap")
+    assert refused.value.session_id == "s-cap"
+    assert "session 's-cap' has exhausted its budget (tokens 30/25" in str(refused.value)
+    assert mock_calls == ["gpt-4o"]  # the second call never reached the provider
+    plain_acompletion("s-elsewhere")  # another session is not refused
+    assert mock_calls == ["gpt-4o", "gpt-4o"]
+    stored(costboard, 1, session__external_id="s-elsewhere")
+    assert Step.objects.filter(session__external_id="s-cap").count() == 1
+    assert Session.objects.get(external_id="s-cap").tokens_used == 30
+
+
+def test_a_plain_acompletion_under_an_exhausted_stop_budget_is_refused(
+    costboard: CostboardLogger, acme: Agent, mock_calls: list[str]
+) -> None:
+    budget = PeriodBudget.objects.create(
+        project=acme.project, name="daily tokens", period="day", token_limit=50, action="stop"
+    )
+    plain_acompletion("s-team")
+    plain_acompletion("s-team")  # 60 tokens of the budget's 50
+    stored(costboard, 2, session__external_id="s-team")
+    known = costboard.client.known_budget("s-team")
+    assert known is not None
+    assert (known["state"], known["stopped_by"]) == ("exhausted", f"budget:{budget.pk}")
+
+    with pytest.raises(BudgetExceeded) as refused:
+        plain_acompletion("s-team")
+    assert refused.value.stopped_by == f"budget:{budget.pk}"
+    assert "stopped by budget 'daily tokens'" in str(refused.value)
+    assert "tokens 60/50" in str(refused.value)
+    assert mock_calls == ["gpt-4o", "gpt-4o"]
+    assert Step.objects.filter(session__external_id="s-team").count() == 2
+
+
+def test_with_costboard_cut_off_calls_go_ahead_on_the_budgets_last_heard(
+    live_server: Any, acme: Agent, mock_calls: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The documented policy (docs/integrations.md, "From LiteLLM"): fail open. A session
+    known to be exhausted stays refused; any other call goes ahead, the checks waiting on a
+    flush at most once per pause, and its step is sent once Costboard answers again."""
+    clock = Clock()  # the pause's clock; the client keeps its own
+    monkeypatch.setattr(integration, "_monotonic", clock)
+    relay = Relay(live_server.url).start()
+    acme.events({"type": "session", "session_id": "s-cap", "token_cap": 25})
+    # a client that keeps retrying, so that nothing is given up on while cut off
+    logger = CostboardLogger(
+        relay.url,
+        acme.key,
+        flush_interval=60,
+        flush_at=1000,
+        timeout=0.5,
+        max_retries=10_000,
+        backoff=0.05,
+        max_backoff=0.2,
+    )
+    flushes: list[bool] = []
+    flush = logger.client.flush
+
+    def counted_flush(timeout: float | None = 10.0) -> bool:
+        flushes.append(sent_all := flush(timeout))
+        return sent_all
+
+    monkeypatch.setattr(logger.client, "flush", counted_flush)
+    try:
+        with registered(logger):
+            plain_acompletion("s-cap")  # exhausted, and the logger hears of it
+            stored(logger, 1, session__external_id="s-cap")
+            flushes.clear()
+
+            relay.stop()  # Costboard unreachable: connections refused
+            with pytest.raises(BudgetExceeded):
+                plain_acompletion("s-cap")  # what was heard still holds
+            plain_acompletion("s-open")  # unknown: goes ahead
+            assert flushes == []  # nothing was buffered: nothing to wait for
+            plain_acompletion("s-open")  # its check tried to send the first s-open step
+            assert flushes == [False]
+            plain_acompletion("s-open")  # within the pause: the check does not wait
+            assert flushes == [False]
+            assert mock_calls == ["gpt-4o"] * 4
+            assert logger.client.stats.buffered == 3 and logger.client.stats.sent == 1
+
+            relay.start()
+            relay.garbage()  # up, but not Costboard answering
+            clock.now += integration.UNREACHABLE_PAUSE
+            plain_acompletion("s-open")  # goes ahead; its check's flush got garbage
+            assert flushes == [False, False]
+            assert mock_calls == ["gpt-4o"] * 5
+            assert logger.client.stats.sent == 1  # a page of HTML stored nothing
+            assert "not a JSON object" in (logger.client.stats.last_error or "")
+
+            relay.garbage(False)
+            steps = stored(logger, 4, session__external_id="s-open")
+    finally:
+        relay.stop()
+    assert len(steps) == 4  # every call that went ahead, stored once
+    assert [(s.input_tokens, s.output_tokens) for s in steps] == [(10, 20)] * 4
+    assert sum(s.cost_usd for s in steps) == 4 * Decimal("0.000225")
+    assert Step.objects.filter(session__external_id="s-cap").count() == 1

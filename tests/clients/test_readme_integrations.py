@@ -17,9 +17,10 @@ from typing import Any
 import litellm
 import openai
 import pytest
+import yaml
 from genai_prices import Usage, calc_price
 
-from costboard.models import Session, Step
+from costboard.models import PeriodBudget, Session, Step
 from costboard.pricing.sync import prices_sync
 from tests.conftest import Agent, make_agent
 from tests.servers import free_port
@@ -149,9 +150,24 @@ def stored_steps(session: str, count: int) -> list[Step]:
     return wait_until(enough, what=f"{count} steps of {session} stored")
 
 
+def test_the_documented_proxy_config_reads_its_master_key_from_the_environment() -> None:
+    # today's proxy refuses to start without a master key (general_settings.master_key, or
+    # LITELLM_MASTER_KEY); the config says where it comes from, as LiteLLM's refusal asks
+    config = yaml.safe_load(snippet("From the LiteLLM proxy", "yaml"))
+    assert config["general_settings"] == {"master_key": "os.environ/LITELLM_MASTER_KEY"}
+    assert "LITELLM_MASTER_KEY=" in snippet("From the LiteLLM proxy", "sh")
+
+
 def test_from_the_litellm_proxy(
     proxy: str, costboard_env: Agent, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    budget = PeriodBudget.objects.create(
+        project=costboard_env.project,
+        name="daily tokens",
+        period="day",
+        token_limit=50,
+        action="stop",
+    )
     costboard_env.events({"type": "session", "session_id": "chat-42", "token_cap": 25})
     monkeypatch.setenv("LITELLM_MASTER_KEY", MASTER_KEY)
     caller = snippet("From the LiteLLM proxy", "python").replace("http://127.0.0.1:4000", proxy)
@@ -173,12 +189,32 @@ def test_from_the_litellm_proxy(
     assert session.user_id == "u-7"
     assert session.tokens_used == 30  # of 25: exhausted
 
-    # The proxy's client learns the state from the ingest response it is reading now.
-    time.sleep(0.5)
+    # The proxy's client has read the ingest response by now, or its check waits for it.
     with pytest.raises(openai.BadRequestError) as refused:
         exec(caller, {})
     message = str(refused.value)
     assert "costboard: session 'chat-42' has exhausted its budget" in message
     assert "tokens 30/25" in message
-    time.sleep(0.5)
-    assert len(stored_steps("chat-42", 1)) == 1  # the provider was not called
+
+    # Another session, no cap of its own: its call takes the daily stop-budget to 60 of 50
+    other = caller.replace("chat-42", "chat-43")
+    exec(other, {})
+    stored_steps("chat-43", 1)
+    with pytest.raises(openai.BadRequestError) as stopped:
+        exec(other, {})
+    message = str(stopped.value)
+    named = f"costboard: session 'chat-43' is stopped by budget 'daily tokens' (budget:{budget.pk})"
+    assert named in message
+    assert "tokens 60/50" in message
+
+    # Another key is refused (a proxy without a database of keys says "No connected db.")
+    monkeypatch.setenv("LITELLM_MASTER_KEY", "sk-not-the-key")
+    with pytest.raises(openai.APIStatusError) as unknown:
+        exec(caller.replace("chat-42", "chat-44"), {})
+    assert unknown.value.status_code in (400, 401)
+    assert "costboard" not in str(unknown.value)
+
+    time.sleep(0.5)  # had the provider been called for a refused call, its step would be in
+    assert Step.objects.filter(session__external_id="chat-42").count() == 1
+    assert Step.objects.filter(session__external_id="chat-43").count() == 1
+    assert not Step.objects.filter(session__external_id="chat-44").exists()

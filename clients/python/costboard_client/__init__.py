@@ -11,4 +11,4 @@ from costboard_client._client import BudgetExceeded, ClientStats, Costboard, Ste
 
 __all__ = ["BudgetExceeded", "ClientStats", "Costboard", "Step", "__version__"]
 
-__version__ = "0.7.0"
+__version__ = "0.8.0"

@@ -11,11 +11,11 @@ Events are buffered and sent by a daemon thread (every `flush_interval` seconds,
 `flush_at` events wait), by `flush()`, and at interpreter exit. Nothing is stored twice: every
 event carries an `event_id`, and every batch an `Idempotency-Key` that its retries reuse (the
 server answers a retry of a batch it already stored with that batch's answer). Timeouts,
-connection errors, 408, 429 and 5xx are retried `max_retries` times with exponential back-off
-and jitter, or after the server's Retry-After (seconds or an HTTP date, at most
-`max_retry_after`); other 4xx never are. The agent never waits on the
-network inside `step()`: a down or slow server costs it nothing; what could not be sent is
-counted in `cb.stats` and logged on the `costboard.client` logger.
+connection errors, 408, 429, 5xx and a reply that is not a JSON object are retried
+`max_retries` times with exponential back-off and jitter, or after the server's Retry-After
+(seconds or an HTTP date, at most `max_retry_after`); other 4xx never are. The agent never
+waits on the network inside `step()`: a down or slow server costs it nothing; what could not
+be sent is counted in `cb.stats` and logged on the `costboard.client` logger.
 
 The budget check costs no request: every ingest response carries the budgets of the sessions
 it touched, and a step of a session last known to be exhausted raises `BudgetExceeded` before
@@ -725,6 +725,7 @@ class Costboard:
         try:
             with urllib.request.urlopen(request, timeout=timeout) as response:
                 raw = response.read()
+                status = response.status
         except urllib.error.HTTPError as exc:
             status = exc.code
             if status in (408, 429) or status >= 500:
@@ -741,10 +742,16 @@ class Costboard:
             raise _Transient(
                 str(getattr(exc, "reason", None) or exc) or type(exc).__name__
             ) from exc
-        try:
-            return json.loads(raw)
-        except ValueError:
+        if not raw.strip():
             return {}
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):  # not Costboard answering (a portal, a proxy's page):
+            # retried under the same Idempotency-Key, so a batch it did store is stored once
+            raise _Transient(f"HTTP {status}: a reply that is not a JSON object")
+        return body
 
     def _drop_refused(self, batch: list[dict[str, Any]], exc: _Refused) -> list[dict[str, Any]]:
         """The events to send again after a refusal: on a 422 naming the bad events, the

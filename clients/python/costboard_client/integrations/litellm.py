@@ -23,11 +23,19 @@ the proxy's team and key aliases (`team`, `key_alias`); the usage as LiteLLM rep
 cache reads and writes subtracted from the prompt once; a stream's final usage; the response
 id as `event_id` (LiteLLM logging a call twice stores it once).
 
-Refusing before a call: the proxy calls `async_pre_call_hook` before each request, and an
-exhausted session or stop-budget answers the caller with an error naming the budget. LiteLLM's
-SDK ignores what its callbacks raise, so in the SDK call through `costboard.completion(...)`
-/ `await costboard.acompletion(...)` (or call `costboard.check(...)` first): an exhausted
-session raises `BudgetExceeded` and the provider is never called.
+Refusing before a call, wherever LiteLLM lets a callback stop one:
+- async SDK calls (`await litellm.acompletion(...)`, `aresponses`, `aembedding`, ...): LiteLLM
+  awaits `async_pre_call_deployment_hook` before sending and passes what it raises to the
+  caller unchanged, so an exhausted session or stop-budget raises `BudgetExceeded`;
+- the proxy: `async_pre_call_hook` answers the request with a 400 naming the budget;
+- sync SDK calls: LiteLLM ignores what its sync callbacks raise, so call through
+  `costboard.completion(...)` (or call `costboard.check(...)` first).
+The provider is never called for a refused call, and no step is recorded for it.
+
+When Costboard cannot be reached or answers garbage, calls go ahead (fail open) on the budget
+last heard: a session already known to be exhausted stays refused, any other is let through.
+A check waits at most the client's `timeout` for steps still buffered to be sent; when they
+could not be, the checks of the next UNREACHABLE_PAUSE seconds do not wait again.
 """
 
 from __future__ import annotations
@@ -60,8 +68,12 @@ STEP_TYPES = {
 }
 ALIAS_TAGS = (("team", "user_api_key_team_alias"), ("key_alias", "user_api_key_alias"))
 REFUSAL = "costboard: "  # how the proxy's refusals begin
-SETTLE_SECONDS = 2.0  # flush() waits at most this long for LiteLLM to log calls it made
+SETTLE_SECONDS = 5.0  # flush() waits at most this long for LiteLLM to log calls it made
 MAX_PENDING = 10_000
+UNREACHABLE_PAUSE = 30.0  # after a check's flush found Costboard down, checks skip it this long
+
+# Looked up at each use, so that a test can turn time by hand
+_monotonic = time.monotonic
 
 
 def openai_usage(usage: Any) -> dict[str, Any] | None:
@@ -141,6 +153,7 @@ class CostboardLogger(CustomLogger):  # type: ignore[misc]
         # after the call returns, and flush() waits for those
         self._pending: set[str] = set()
         self._settled = threading.Condition()
+        self._flush_again_at = 0.0  # (monotonic) when a check may wait on a flush again
 
     # --- before a call ----------------------------------------------------------------------
 
@@ -153,10 +166,20 @@ class CostboardLogger(CustomLogger):  # type: ignore[misc]
         **_: Any,
     ) -> None:
         """Raise BudgetExceeded if the call's session (as the step would name it) is known
-        to be exhausted; steps still buffered are sent first, so the budget is current."""
+        to be exhausted; steps still buffered are sent first (waiting at most the client's
+        `timeout`), so the budget is current. Costboard down: the last known budget decides."""
         session = _session_of(metadata or {}, litellm_session_id, litellm_trace_id)
-        if self.client.stats.buffered:
-            self.client.flush(timeout=self.client.timeout)
+        if self.client.stats.buffered and _monotonic() >= self._flush_again_at:
+            sent_before = self.client.stats.sent
+            sent_all = self.client.flush(timeout=self.client.timeout)
+            if not sent_all and self.client.stats.sent == sent_before:  # nothing got through
+                self._flush_again_at = _monotonic() + UNREACHABLE_PAUSE
+                log.warning(
+                    "costboard: unreachable (%s); LiteLLM calls go ahead on the last known "
+                    "budgets, without waiting on it for %g s",
+                    self.client.stats.last_error,
+                    UNREACHABLE_PAUSE,
+                )
         self.client.check(session)
 
     def completion(self, **kwargs: Any) -> Any:
@@ -168,11 +191,21 @@ class CostboardLogger(CustomLogger):  # type: ignore[misc]
         return litellm.completion(**kwargs)
 
     async def acompletion(self, **kwargs: Any) -> Any:
-        """`await litellm.acompletion(**kwargs)`, refused like `completion`."""
+        """`await litellm.acompletion(**kwargs)`, refused like `completion` (also when this
+        logger is not in `litellm.callbacks`)."""
         import litellm
 
         await asyncio.to_thread(self.check, **_check_args(kwargs))
         return await litellm.acompletion(**kwargs)
+
+    async def async_pre_call_deployment_hook(
+        self, kwargs: dict[str, Any], call_type: Any
+    ) -> dict[str, Any] | None:
+        """LiteLLM's hook just before an async call is sent (`litellm.acompletion`,
+        `aresponses`, `aembedding`, ..., the proxy's calls too): BudgetExceeded for an
+        exhausted session or stop-budget, which LiteLLM re-raises to the caller as it is."""
+        await asyncio.to_thread(self.check, **_check_args(kwargs))
+        return None  # the call as it was
 
     async def async_pre_call_hook(
         self, user_api_key_dict: Any, cache: Any, data: dict[str, Any], call_type: Any
@@ -219,7 +252,8 @@ class CostboardLogger(CustomLogger):  # type: ignore[misc]
 
     def flush(self, timeout: float | None = 10.0) -> bool:
         """Send what is buffered now (see Costboard.flush), after waiting (at most
-        `settle` seconds of the timeout) for the calls LiteLLM has yet to log."""
+        SETTLE_SECONDS of the timeout) for the calls LiteLLM has yet to log: its first sync
+        call in a process is logged seconds after it returns."""
         deadline = None if timeout is None else time.monotonic() + timeout
         settle = time.monotonic() + min(SETTLE_SECONDS, timeout or SETTLE_SECONDS)
         with self._settled:
