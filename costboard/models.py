@@ -51,6 +51,9 @@ SYSTEM_SESSION_ID = "system"
 # The model of a step sent without one (a tool call, a retrieval): never priced, $0 by nature;
 # also its family (costboard/pricing/families.py).
 TOOL_MODEL = "none"
+# The step type of a tool call, whichever way it arrives (OTLP's `execute_tool` is stored as
+# this: costboard/ingest/otlp.py).
+TOOL_STEP_TYPE = "tool"
 
 # A turn whose prompt fills this much of its model's context window should be summarized.
 CONTEXT_PRESSURE_AT = Decimal("0.8")

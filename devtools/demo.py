@@ -14,7 +14,10 @@ traffic would give.
 - Events go to `events_ingest` in batches of up to 1000 per project; only the schedule is
   held in memory, so a million steps (`--steps`) fit.
 - The memories go through the memory services like any other (proposed, some approved by a
-  "demo reviewer"), each with its history.
+  "demo reviewer"), each with its history. Each is said first: the newest turns of its
+  project's newest sessions say the theme's memory sentences, in the theme's order, and each
+  memory cites its turn and is dated just after it, so a correction (listed after what it
+  corrects) is dated after it too. The memory detector reads those turns as it reads any.
 """
 
 from __future__ import annotations
@@ -152,6 +155,12 @@ def demo_seed(
         f"(seed {seed}), in batches of up to {MAX_EVENTS} events"
     )
 
+    sources = [
+        _memory_sources(
+            position, slots=slots, themes=themes, per_project=per_project, seed=seed, window=window
+        )
+        for position in range(len(themes))
+    ]
     every = max(1, total // 10)
     for done, slot in enumerate(slots, start=1):
         _session_send(
@@ -162,6 +171,7 @@ def demo_seed(
             seed=seed,
             window=window,
             table=table,
+            sources=sources[slot.project],
         )
         if done % every == 0 and done < total:
             say(_progress_line(done, total, tally, time.monotonic() - clock))
@@ -172,7 +182,8 @@ def demo_seed(
     for feed in feeds:
         _budgets_settle(feed.project, now=now)
     memories = sum(
-        _memories_seed(feed.project, theme, seed) for feed, theme in zip(feeds, themes, strict=True)
+        _memories_seed(feed.project, theme, seed, sources=found, unsourced_at=window.start)
+        for feed, theme, found in zip(feeds, themes, sources, strict=True)
     )
     cost = Session.objects.filter(project__in=[f.project for f in feeds]).aggregate(
         total=Sum("cost_usd")
@@ -211,23 +222,48 @@ def _session_send(
     seed: int,
     window: _Window,
     table: RateTable,
+    sources: Mapping[tuple[int, int], _MemorySource] | None = None,
 ) -> None:
-    """Write the session of one slot and hand its events to its project's feed."""
+    """Write the session of one slot and hand its events to its project's feed; the turns
+    `sources` names say their memory's sentence."""
     feed = feeds[slot.project]
-    writer = _SessionWriter(
+    said = {
+        turn: source.said
+        for (index, turn), source in (sources or {}).items()
+        if index == slot.index
+    }
+    writer = _writer(slot, themes=themes, per_project=per_project, seed=seed, said=said)
+    draft = writer.compose()
+    events = _session_events(
+        draft, start=_start(slot, draft, window), table=table, project=feed.project
+    )
+    feed.add(events)
+    feed.tally.sessions += 1
+    feed.tally.turns += draft.turns
+    feed.tally.steps += draft.steps
+
+
+def _writer(
+    slot: _Slot,
+    *,
+    themes: list[Theme],
+    per_project: list[int],
+    seed: int,
+    said: Mapping[int, str] | None = None,
+) -> _SessionWriter:
+    return _SessionWriter(
         theme=themes[slot.project],
         seed=seed,
         index=slot.index,
         count=per_project[slot.project],
         exhaust_by_cost=slot.project % 2 == 1,
+        said=said,
     )
-    draft = writer.compose()
-    latest = window.end - timedelta(milliseconds=draft.duration_ms + 60_000)
-    events = _session_events(draft, start=min(slot.at, latest), table=table, project=feed.project)
-    feed.add(events)
-    feed.tally.sessions += 1
-    feed.tally.turns += draft.turns
-    feed.tally.steps += draft.steps
+
+
+def _start(slot: _Slot, draft: _Draft, window: _Window) -> datetime:
+    """When the session starts: its slot, or early enough to end a minute before the window."""
+    return min(slot.at, window.end - timedelta(milliseconds=draft.duration_ms + 60_000))
 
 
 def _options_check(*, sessions: int | None, steps: int | None, days: int, projects: int) -> None:
@@ -537,9 +573,17 @@ class _SessionWriter:
     prompt caching, durations and the occasional failed call."""
 
     def __init__(
-        self, *, theme: Theme, seed: int, index: int, count: int, exhaust_by_cost: bool
+        self,
+        *,
+        theme: Theme,
+        seed: int,
+        index: int,
+        count: int,
+        exhaust_by_cost: bool,
+        said: Mapping[int, str] | None = None,
     ) -> None:
         self.theme = theme
+        self.said = said or {}  # turn number → what the user says there (a memory's source)
         self.seed = seed
         self.index = index
         self.count = count
@@ -636,6 +680,7 @@ class _SessionWriter:
         if searches:
             self.last_query = rng.choice(theme.queries).format_map(self.slots)
         asked = rng.choice(theme.openers if number == 1 else theme.follow_ups)
+        asked = self.said.get(number, asked)  # drawn all the same: the stream stays as it was
         answer = theme.retry_loop.apology if stuck else rng.choice(theme.answers)
         subject = self.slots[theme.selection_key]  # what this conversation is about
         others = [v for v in theme.vocab[theme.selection_key] if v != subject]
@@ -1071,6 +1116,52 @@ class _ProjectFeed:
 
 # --- memories -------------------------------------------------------------------------------
 
+
+@dataclass(frozen=True)
+class _MemorySource:
+    """The turn that says a memory idea: the idea's place in its theme, its sentence, and when
+    the turn starts."""
+
+    position: int
+    said: str
+    at: datetime
+
+
+def _memory_sources(
+    project: int,
+    *,
+    slots: list[_Slot],
+    themes: list[Theme],
+    per_project: list[int],
+    seed: int,
+    window: _Window,
+) -> dict[tuple[int, int], _MemorySource]:
+    """(session index, turn number) → the memory idea said there: the newest turns of the
+    project's newest sessions, one idea a turn, given in the theme's order from the oldest of
+    those turns to the newest, so a correction (listed after what it corrects) is said, and
+    dated, after it. The sessions are composed here only for their turns' times (composing
+    again with the sentences gives the very same session). Too few turns in all (a tiny demo):
+    the first ideas go without a source."""
+    ideas = themes[project].memories
+    turns: list[tuple[datetime, int, int]] = []
+    for slot in sorted((s for s in slots if s.project == project), key=lambda s: -s.index):
+        if len(turns) >= len(ideas):
+            break
+        draft = _writer(slot, themes=themes, per_project=per_project, seed=seed).compose()
+        start = _start(slot, draft, window)
+        turns.extend(
+            (start + timedelta(milliseconds=offset), slot.index, raw["turn"])
+            for offset, raw in draft.events
+            if raw["type"] == "turn"
+        )
+    hosts = sorted(turns)[-len(ideas) :] if ideas else []
+    first = len(ideas) - len(hosts)
+    return {
+        (index, number): _MemorySource(position=first + n, said=ideas[first + n].said, at=at)
+        for n, (at, index, number) in enumerate(hosts)
+    }
+
+
 DEMO_REVIEWER = "demo reviewer"  # who approves the approved ideas (no login)
 MEMORY_SOURCES = {
     Memory.Type.USER: Memory.Source.USER_STATED,
@@ -1083,17 +1174,29 @@ MEMORY_SOURCES = {
 # one commit for a project's memories (each service a savepoint in it): on SQLite a commit
 # each would take ten times as long
 @transaction.atomic
-def _memories_seed(project: Project, theme: Theme, seed: int) -> int:
-    """The memories the project's agent proposed in recent turns: most pending review, a few
-    approved by a demo reviewer, each through the services with its history. One already there
-    (same content) is not proposed again."""
+def _memories_seed(
+    project: Project,
+    theme: Theme,
+    seed: int,
+    *,
+    sources: Mapping[tuple[int, int], _MemorySource],
+    unsourced_at: datetime,
+) -> int:
+    """The memories the project's agent proposed from the turns that said them (`sources`),
+    each dated just after its turn: most pending review, a few approved by a demo reviewer,
+    each through the services with its history. One already there (same content) is not
+    proposed again; one without a source turn is dated `unsourced_at`, before every turn."""
     existing = set(Memory.objects.filter(project=project).values_list("content", flat=True))
-    turns = list(
-        Turn.objects.filter(project=project)
-        .exclude(session__external_id=SYSTEM_SESSION_ID)
-        .select_related("session")
-        .order_by("-started_at", "-id")[:64]
-    )
+    where = {
+        source.position: (session_external_id(theme, seed, index), number)
+        for (index, number), source in sources.items()
+    }
+    turns = {
+        (turn.session.external_id, turn.number): turn
+        for turn in Turn.objects.filter(
+            project=project, session__external_id__in={external for external, _ in where.values()}
+        ).select_related("session")
+    }
     rng = random.Random(f"memories:{seed}:{project.slug}")
     now = timezone.now()
     created = 0
@@ -1101,8 +1204,8 @@ def _memories_seed(project: Project, theme: Theme, seed: int) -> int:
         importance = Decimal(rng.randint(300, 950)) / 1000  # drawn for every idea: same stream
         if idea.content in existing:
             continue
-        turn = turns[(position * 7) % len(turns)] if turns else None
-        proposed_at = turn.started_at + timedelta(seconds=5) if turn else now
+        turn = turns.get(where[position]) if position in where else None
+        proposed_at = turn.started_at + timedelta(seconds=5) if turn else unsourced_at
         user_id = turn.session.user_id if turn else ""
         memory = services.candidate_propose(
             project=project,

@@ -9,7 +9,7 @@ fonts and the dark theme are applied by static/costboard/charts.js from the page
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -29,6 +29,11 @@ Figure = dict[str, Any]
 OK_COLOUR, WARN_COLOUR, OVER_COLOUR = "#1f8a4c", "#b7791f", "#c53030"
 # a cap more than this many times the data would flatten the line: it is named, not drawn
 CAP_OFF_CHART = 3
+# up to this many points a line also marks each point: one point alone draws no line at all
+FEW_POINTS = 30
+# a time axis spans at least this much, so one point (or a burst of them within a second)
+# is not ticked in tenths of a millisecond: the data's range is padded either side
+MIN_TIME_SPAN = timedelta(minutes=2)
 
 
 def _layout(**overrides: Any) -> dict[str, Any]:
@@ -75,6 +80,21 @@ def _empty(message: str, **layout: Any) -> Figure:
     }
 
 
+def _time_axis(times: Sequence[datetime]) -> dict[str, Any]:
+    """A date axis over the points; a span under MIN_TIME_SPAN is padded to it, centred on
+    the data, so its ticks are seconds apart at the finest."""
+    axis: dict[str, Any] = {"type": "date"}
+    first, last = min(times), max(times)
+    if last - first < MIN_TIME_SPAN:
+        pad = (MIN_TIME_SPAN - (last - first)) / 2
+        axis["range"] = [(first - pad).isoformat(), (last + pad).isoformat()]
+    return axis
+
+
+def _line_mode(points: int) -> str:
+    return "lines+markers" if points <= FEW_POINTS else "lines"
+
+
 def _stack_tops(series: Sequence[Sequence[float]]) -> list[float]:
     """Each x's stacked total: what a stacked bar's axis must reach."""
     return [sum(column) for column in zip(*series, strict=True)] if series else []
@@ -101,9 +121,9 @@ def daily_cost_by_model(breakdown: UsageBreakdown) -> Figure:
                 "hovertemplate": "%{x}<br>%{fullData.name}: %{text}<extra></extra>",
             }
         )
-    if not data:
-        return _empty("No priced steps in these 30 days")
     tops = _stack_tops(series)
+    if not any(tops):  # no family, or only unpriced ones at $0: bars of nothing
+        return _empty("No priced steps in these 30 days")
     return {
         "data": data,
         "layout": _layout(barmode="stack", yaxis=usd_axis(tops), xaxis={"type": "date"}),
@@ -114,6 +134,8 @@ def cost_by_step_type(breakdown: UsageBreakdown) -> Figure:
     items = list(breakdown.cost_by_step_type.items())[::-1]
     if not items:
         return _empty("No steps in these 30 days")
+    if not any(cost for _, cost in items):
+        return _empty("No cost data: every step in these 30 days cost $0")
     costs = _money([cost for _, cost in items])
     return {
         "data": [
@@ -221,10 +243,10 @@ def gauge(
 def cumulative_tokens(points: list[tuple[datetime, int]], *, cap: int, warn_at: Decimal) -> Figure:
     """Tokens used over the session's life against its cap; a cap far above the data is
     named in a note rather than drawn, so the line is not flattened against it."""
-    if not points:
-        return _empty("No tokens used yet")
-    x = [ts.isoformat() for ts, _ in points]
     used = [tokens for _, tokens in points]
+    if not any(used):  # no steps yet, or tool calls only: a flat line at 0 says nothing
+        return _empty("No token data: no step of this session used tokens")
+    x = [ts.isoformat() for ts, _ in points]
     peak = max(used)
     cap_drawn = cap <= CAP_OFF_CHART * max(peak, 1)
     shapes = []
@@ -263,7 +285,7 @@ def cumulative_tokens(points: list[tuple[datetime, int]], *, cap: int, warn_at: 
         "data": [
             {
                 "type": "scatter",
-                "mode": "lines",
+                "mode": _line_mode(len(points)),
                 "name": "tokens used",
                 "x": x,
                 "y": used,
@@ -275,7 +297,7 @@ def cumulative_tokens(points: list[tuple[datetime, int]], *, cap: int, warn_at: 
             shapes=shapes,
             annotations=annotations,
             yaxis=yaxis,
-            xaxis={"type": "date"},
+            xaxis=_time_axis([ts for ts, _ in points]),
             showlegend=False,
         ),
     }
@@ -285,6 +307,8 @@ def cost_per_turn(cost_by_turn: dict[str, dict[int, Decimal]]) -> Figure:
     turns = sorted({n for by_turn in cost_by_turn.values() for n in by_turn})
     if not turns:
         return _empty("No turns: this session's steps are outside any turn")
+    if not any(cost for by_turn in cost_by_turn.values() for cost in by_turn.values()):
+        return _empty("No cost data: this session's steps cost $0 (no tokens, or no price)")
     data = []
     series: list[list[float]] = []
     for step_type, by_turn in sorted(cost_by_turn.items()):

@@ -31,7 +31,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 from pydantic import ValidationError
 
 from costboard.ingest.schemas import MAX_BODY_BYTES, MAX_TOKENS, StepEvent
-from costboard.models import TOOL_MODEL
+from costboard.models import TOOL_MODEL, TOOL_STEP_TYPE
 
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
@@ -86,6 +86,10 @@ ALIAS_TAGS = (
 DUPLICATE_SPAN_NAMES = frozenset({"raw_gen_ai_request"})
 MAX_TAG_VALUE = 128
 STEP_TYPE_KEYS = ("gen_ai.operation.name",)
+# OpenTelemetry's operation names stored as Costboard's step types, so a tool call is one type
+# whichever way it arrives (the events API and the client send `tool`); the name as sent is
+# kept in the step's metadata.otlp.operation.
+STEP_TYPES = {"execute_tool": TOOL_STEP_TYPE}
 
 
 MAX_SPANS = 10_000  # per request (docs/api.md, "Limits")
@@ -371,7 +375,8 @@ def _span_step(
     if failed:
         error = span.status.message or _text(attrs, ("error.type",)) or "error"
 
-    step_type = _text(attrs, STEP_TYPE_KEYS) or span.name.strip() or "span"
+    operation = _text(attrs, STEP_TYPE_KEYS)
+    step_type = STEP_TYPES.get(operation or "", operation) or span.name.strip() or "span"
     fields: dict[str, Any] = {
         "event_id": f"otlp:{trace_hex}:{span_hex}",
         "timestamp": _time(span.start_time_unix_nano),
@@ -389,6 +394,7 @@ def _span_step(
                 "span_id": span_hex,
                 "parent_span_id": span.parent_span_id.hex() or None,
                 "name": span.name[:200],
+                **({"operation": operation[:64]} if operation else {}),
                 **({"user_id": user[:128]} if user else {}),
             }
         },

@@ -262,3 +262,86 @@ def test_sessions_stored_are_counted_in_their_projects_tallies() -> None:
     ]
     assert sessions_total(project_ids=[one.pk]) == 5
     assert sessions_total(project_ids=[one.pk, two.pk]) == 6
+
+
+@pytest.mark.django_db(transaction=True)
+def test_execute_tool_steps_and_their_rollups_become_tool_steps() -> None:
+    """0030 stores OTLP's `execute_tool` steps as `tool`, the name as sent kept in their
+    metadata; a daily or latency rollup row is added into its `tool` twin, or renamed."""
+    from datetime import date
+    from decimal import Decimal
+
+    before = ("costboard", "0027_session_recent_covers_user_and_id")
+    latest = [leaf("costboard"), leaf("memory_ui")]
+    executor = MigrationExecutor(connection)
+    executor.migrate([before])
+    old = executor.loader.project_state([before]).apps
+    project = old.get_model("costboard", "Project").objects.create(name="Old", slug="old")
+    session = old.get_model("costboard", "Session").objects.create(project=project, external_id="s")
+    Step = old.get_model("costboard", "Step")
+    Daily = old.get_model("costboard", "DailyRollup")
+    Latency = old.get_model("costboard", "LatencyRollup")
+    at = datetime(2026, 3, 1, 12, tzinfo=UTC)
+    otlp = {"otlp": {"trace_id": "ab" * 16, "span_id": "cd" * 8, "name": "execute_tool search"}}
+    for event_id, step_type, metadata in [
+        ("otlp", "execute_tool", otlp),
+        ("sent-with-metadata", "execute_tool", {"tool": "search"}),
+        ("sent-bare", "execute_tool", None),
+        ("tool", "tool", {"tool": "fetch"}),
+        ("chat", "chat", None),
+    ]:
+        Step.objects.create(
+            project=project,
+            session=session,
+            event_id=event_id,
+            timestamp=at,
+            step_type=step_type,
+            model="none",
+            metadata=metadata,
+        )
+    day, other_day = date(2026, 3, 1), date(2026, 3, 2)
+    for when, step_type, calls, duration in [
+        (day, "execute_tool", 3, 750),
+        (day, "tool", 1, 100),
+        (other_day, "execute_tool", 2, 40),
+    ]:
+        Daily.objects.create(
+            project=project,
+            day=when,
+            family="none",
+            model="none",
+            step_type=step_type,
+            calls=calls,
+            errors=1,
+            duration_ms=duration,
+            cost_usd=Decimal("0.000001"),
+        )
+        Latency.objects.create(
+            project=project, day=when, step_type=step_type, bucket=48, calls=calls
+        )
+
+    executor = MigrationExecutor(connection)
+    executor.migrate(latest)
+    new = executor.loader.project_state(latest).apps
+    steps = {
+        s.event_id: (s.step_type, s.metadata)
+        for s in new.get_model("costboard", "Step").objects.all()
+    }
+    assert steps == {
+        "otlp": ("tool", {"otlp": {**otlp["otlp"], "operation": "execute_tool"}}),
+        "sent-with-metadata": ("tool", {"tool": "search", "step_type_sent": "execute_tool"}),
+        "sent-bare": ("tool", {"step_type_sent": "execute_tool"}),
+        "tool": ("tool", {"tool": "fetch"}),
+        "chat": ("chat", None),
+    }
+    daily = new.get_model("costboard", "DailyRollup").objects.order_by("day")
+    assert list(daily.values_list("day", "step_type", "calls", "errors", "duration_ms")) == [
+        (day, "tool", 4, 2, 850),
+        (other_day, "tool", 2, 1, 40),
+    ]
+    assert [row.cost_usd for row in daily] == [Decimal("0.000002"), Decimal("0.000001")]
+    latency = new.get_model("costboard", "LatencyRollup").objects.order_by("day")
+    assert list(latency.values_list("day", "step_type", "bucket", "calls")) == [
+        (day, "tool", 48, 4),
+        (other_day, "tool", 48, 2),
+    ]

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from datetime import timedelta
 from decimal import Decimal
@@ -347,3 +348,35 @@ def test_progress_tells_no_rate_before_the_first_batch_is_stored(seeded: str) ->
     for line in progress:
         stored = int(line.split(" steps, ")[1].split(" events stored")[0].replace(",", ""))
         assert line.endswith("events/s") if stored else line.endswith("still filling")
+
+
+def _numbers(text: str) -> set[str]:
+    return set(re.findall(r"\d+", text))
+
+
+def test_every_memory_cites_a_turn_that_states_it(seeded: str) -> None:
+    """A memory's source turn says it: the sentence quoted on its card is the turn's, and the
+    fact's numbers are the turn's (a 45-day rule is not cited from a turn about 30 days)."""
+    memories = list(Memory.objects.select_related("turn", "session"))
+    assert len(memories) >= 3 * 15
+    for memory in memories:
+        turn = memory.turn
+        assert turn is not None, memory.content
+        assert turn.session == memory.session and turn.project_id == memory.project_id
+        said = f"{turn.user_message}\n{turn.assistant_response}"
+        assert memory.evidence, memory.content
+        assert memory.evidence in said, (memory.content, said)
+        assert _numbers(memory.content) <= _numbers(said), (memory.content, said)
+        assert memory.created_at > turn.started_at  # proposed after it was said
+
+
+def test_every_replacement_is_dated_after_what_it_replaces(seeded: str) -> None:
+    pairs = [(new, old) for new in Memory.objects.all() for old in new.conflicts_with.all()]
+    pairs += [(m.superseded_by, m) for m in Memory.objects.filter(superseded_by__isnull=False)]
+    assert len(pairs) >= 3, "each project has a correction"
+    for new, old in pairs:
+        assert new is not None and new.turn is not None and old.turn is not None
+        assert new.created_at > old.created_at, (new.content, old.content)
+        assert new.turn.started_at > old.turn.started_at, (new.content, old.content)
+        proposed = MemoryEvent.objects.get(memory=new, action=MemoryEvent.Action.PROPOSED)
+        assert proposed.at > old.created_at

@@ -124,3 +124,46 @@ def test_one_model_under_three_names_is_one_row_with_its_names_a_click_away(
     )
     assert "$0 (tool)" in page.text_content('#step-table tr[data-family="none"]')
     assert page.errors == []
+
+
+def test_a_one_step_session_draws_its_point_and_a_tool_only_one_says_it_has_no_tokens(
+    live_server: Any, page: Any
+) -> None:
+    get_user_model().objects.create_superuser("viewer", "", "pw-viewer-123")
+    add_price("test-sonnet")
+    agent = make_agent("acme")
+    agent.events(
+        {
+            "session_id": "one-step",
+            "turn": 1,
+            "step_type": "response",
+            "model": "test-sonnet",
+            "input_tokens": 800,
+            "output_tokens": 40,
+        },
+        *[
+            {"session_id": "tools", "turn": 1, "step_type": "tool", "model": "none"}
+            for _ in range(2)
+        ],
+    )
+    base = live_server.url
+    log_in(page, base)
+
+    one = Session.objects.get(external_id="one-step")
+    page.goto(f"{base}/sessions/{one.pk}/")
+    point = page.locator('[data-chart="cumulative"] .scatterlayer .points path.point')
+    point.first.wait_for(state="attached")
+    assert point.count() == 1
+    box = point.first.bounding_box()
+    assert box is not None and box["width"] > 0 and box["height"] > 0  # a visible marker
+    ticks = page.locator('[data-chart="cumulative"] .xtick text').all_text_contents()
+    assert ticks and not any(".0001" in tick or "ms" in tick for tick in ticks)
+
+    tools = Session.objects.get(external_id="tools")
+    page.goto(f"{base}/sessions/{tools.pk}/")
+    for name, words in (("cumulative", "No token data"), ("per_turn", "No cost data")):
+        note = page.locator(f'[data-chart="{name}"] .annotation-text')
+        note.first.wait_for(state="attached")
+        assert words in note.first.text_content()
+        assert page.locator(f'[data-chart="{name}"] .scatterlayer .trace').count() == 0
+    assert page.errors == []

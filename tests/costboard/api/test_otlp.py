@@ -73,8 +73,9 @@ def test_the_sdk_exporter_stores_a_turn_with_cache_tokens_counted_once(
     assert chat.cost_usd == CHAT_COST
     assert session.tokens_used == 150  # cache tokens are not counted as input again
     assert session.cost_usd == CHAT_COST
-    tool = Step.objects.get(session=session, step_type="execute_tool")
+    tool = Step.objects.get(session=session, step_type="tool")  # OTel's execute_tool
     assert (tool.input_tokens, tool.output_tokens, tool.duration_ms) == (0, 0, 250)
+    assert tool.metadata["otlp"]["operation"] == "execute_tool"
     # one trace = one turn: the chat, the tool and the root span
     assert {s.turn.number for s in Step.objects.filter(session=session)} == {1}
     assert session.turns.get().step_count == 3
@@ -122,6 +123,48 @@ def test_tool_and_root_spans_are_tool_steps_not_unpriced(agent_priced: Agent) ->
     rollups = DailyRollup.objects.filter(family="none")
     assert sum(r.calls for r in rollups) == 2
     assert sum(r.unpriced_calls for r in rollups) == 0
+
+
+def test_an_otlp_tool_call_and_an_events_tool_call_are_one_step_type(
+    agent_priced: Agent, staff: Client
+) -> None:
+    """OTel's `execute_tool` is stored as `tool`, the type the events API and the client send:
+    the steps page and its rollups show one row for tool calls, not two."""
+    from costboard.dashboards.selectors import latency_by_step_type, steps_by_type_and_model
+
+    post_spans(agent_priced, spans_of(chat_trace))
+    agent_priced.events(
+        {
+            "session_id": "conv-1",
+            "timestamp": "2025-10-09T08:53:25Z",  # beside T0's trace
+            "step_type": "tool",
+            "model": "none",
+            "duration_ms": 250,
+        }
+    )
+    steps = Step.objects.filter(session__external_id="conv-1")
+    chat = steps.get(step_type="chat")
+    assert chat.metadata["otlp"]["operation"] == "chat"
+    tools = steps.filter(step_type="tool")
+    assert tools.count() == 2
+    assert sorted(str((s.metadata or {}).get("otlp", {}).get("operation")) for s in tools) == [
+        "None",
+        "execute_tool",
+    ]
+    assert not steps.filter(step_type="execute_tool").exists()
+    day = chat.timestamp.date()
+    rows = steps_by_type_and_model(
+        project_ids=[agent_priced.project.pk], since=day, until=day, step_type=""
+    )
+    tool_rows = [r for r in rows if r.family == TOOL_MODEL]
+    # the tool calls in one row; the root span (no operation) is its own type, by its name
+    assert sorted((r.step_type, r.calls) for r in tool_rows) == [("invoke_agent", 1), ("tool", 2)]
+    latency = latency_by_step_type(project_ids=[agent_priced.project.pk], since=day, until=day)
+    assert {lat.step_type: lat.calls for lat in latency}["tool"] == 2
+    page = staff.get("/steps/", {"since": day.isoformat(), "until": day.isoformat()})
+    assert page.status_code == 200
+    assert b"invoke_agent" in page.content
+    assert b"execute_tool" not in page.content
 
 
 def test_a_second_trace_is_turn_2_and_a_late_span_joins_its_trace(agent_priced: Agent) -> None:
