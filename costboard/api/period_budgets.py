@@ -191,7 +191,9 @@ def budget_read(request: HttpRequest, budget_id: int) -> HttpResponse:
             **_answer(budget),
             events=[
                 PeriodBudgetEvent(
-                    **event.to_dict(), period_start=event.ledger.period_start.isoformat()
+                    **event.to_dict(),
+                    period_start=event.ledger.period_start.isoformat(),
+                    member=event.ledger.member or None,
                 )
                 for event in events
                 if event.ledger is not None

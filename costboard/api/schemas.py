@@ -87,7 +87,15 @@ class PeriodBudgetAnswer(Answer):
     id: int
     name: str
     scope: Literal["project", "user", "api_key", "tag"]
-    scope_value: str | None = Field(description="the user_id, key prefix or key=value")
+    scope_value: str | None = Field(
+        description='the user_id, key prefix or key=value; "*" (a tag\'s "key=*"): each user, '
+        "key or tag value on its own (a per-member budget)"
+    )
+    member: str | None = Field(
+        description="a per-member budget's member this entry was decided for (the user_id, "
+        "key prefix or tag value); null for other budgets, and for a per-member budget read "
+        "as a whole"
+    )
     period: Literal["day", "week", "month", "total"]
     timezone: str = Field(description="where days, weeks and months begin")
     period_start: IsoTime
@@ -125,6 +133,9 @@ class PeriodBudgetList(Answer):
 
 class PeriodBudgetEvent(BudgetEvent):
     period_start: IsoTime = Field(description="the period it happened in")
+    member: str | None = Field(
+        description="the member it happened to, for a per-member budget; else null"
+    )
 
 
 class PeriodBudgetDetail(PeriodBudgetAnswer):
@@ -142,7 +153,8 @@ class EventsResponse(Answer):
     )
     budgets: dict[str, PeriodBudgetAnswer] = Field(
         description="every period budget the batch's steps counted toward, by id, in the "
-        "period they counted in"
+        "period they counted in; a per-member budget the batch counted toward for several "
+        'members, once per member, by "<id>:<member>"'
     )
     # optional in the document: present only in the minimal answer
     model_config = ConfigDict(json_schema_serialization_defaults_required=False)

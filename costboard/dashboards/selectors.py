@@ -910,7 +910,8 @@ def budgets_current(*, project_ids: list[int], now: datetime) -> list[BudgetRow]
     starts = {b.pk: period_bounds(b.period, b.timezone, now) for b in budgets}
     current = Q(pk__in=[])
     for b in budgets:
-        current |= Q(budget_id=b.pk, period_start=starts[b.pk][0])
+        # a per-member budget's members have ledgers of their own (members_nearest_limit)
+        current |= Q(budget_id=b.pk, period_start=starts[b.pk][0], member="")
     ledgers = (
         {row.budget_id: row for row in PeriodLedger.objects.filter(current)} if budgets else {}
     )

@@ -56,6 +56,7 @@ def test_make_read_change_and_delete_a_budget(admin: Admin, agent: Agent) -> Non
         "name": "monthly",
         "scope": "project",
         "scope_value": None,
+        "member": None,
         "period": "month",
         "timezone": "UTC",
         "period_start": start.isoformat(),
