@@ -129,9 +129,12 @@ def _warn_at(value: Any) -> Decimal:
     return fraction.quantize(Decimal("0.001"))
 
 
-def budget_check(project: Project, fields: Mapping[str, Any]) -> dict[str, Any]:
+def budget_check(
+    project: Project, fields: Mapping[str, Any], *, stored: PeriodBudget | None = None
+) -> dict[str, Any]:
     """Every field of a budget (all of them: a new one's, or a stored one's with the changes
-    over them), checked and cleaned; BudgetInputError at the first that cannot be stored."""
+    over them), checked and cleaned; BudgetInputError at the first that cannot be stored.
+    `stored`: the budget as it is, when these are changes to it."""
     name = fields.get("name")
     if not isinstance(name, str) or not name.strip() or len(name.strip()) > 100:
         raise BudgetInputError("name", 'is required: 1 to 100 characters, e.g. "monthly"')
@@ -150,10 +153,20 @@ def budget_check(project: Project, fields: Mapping[str, Any]) -> dict[str, Any]:
         raise BudgetInputError(
             "token_limit", "give a token_limit, a cost_limit_usd or both: a budget needs a limit"
         )
+    scope_value = _scope_value(project, scope, fields.get("scope_value"))
+    if stored is not None and stored.pk is not None:
+        changed = PeriodBudget(scope=scope, scope_value=scope_value)
+        if per_member(changed) != per_member(stored):
+            # its ledgers are kept per member or not: they cannot be carried across
+            raise BudgetInputError(
+                "scope_value",
+                'cannot change between "*" (each member on its own) and one value: make a '
+                "new budget and delete this one",
+            )
     return {
         "name": name.strip(),
         "scope": scope,
-        "scope_value": _scope_value(project, scope, fields.get("scope_value")),
+        "scope_value": scope_value,
         "period": period,
         "timezone": tz_name,
         "token_limit": token_limit,
@@ -182,14 +195,7 @@ def period_budget_update(
         raise BudgetInputError(sorted(unknown)[0], "is not a field of a budget")
     locked = PeriodBudget.objects.select_for_update().get(pk=budget.pk)
     current = {name: getattr(locked, name) for name in FIELDS}
-    cleaned = budget_check(locked.project, {**current, **changes})
-    if per_member(PeriodBudget(**cleaned)) != per_member(locked):
-        # its ledgers are kept per member or not: they cannot be carried across
-        raise BudgetInputError(
-            "scope_value",
-            'cannot change between "*" (each member on its own) and one value: make a new '
-            "budget and delete this one",
-        )
+    cleaned = budget_check(locked.project, {**current, **changes}, stored=locked)
     for name, value in cleaned.items():
         setattr(locked, name, value)
     locked.updated_at = now or timezone.now()

@@ -420,3 +420,29 @@ def test_two_batches_of_one_member_at_once_lose_no_count() -> None:
     assert ledger.member == "u-a" and ledger.tokens_used == 16 * STEP_TOKENS
     assert ledger.cost_usd == spent() == STEP_COST * 16
     assert kinds(b, "u-a") == ["soft_warned", "exhausted"]
+
+
+def test_the_admin_keeps_a_budget_per_member_or_not(admin_client: Client, agent: Agent) -> None:
+    b = every(agent, "tag", "customer=*", token_limit=1000, cost_limit_usd=None)
+    form = {
+        "project": agent.project.pk,
+        "name": "each customer",
+        "scope": "tag",
+        "scope_value": "customer=acme",
+        "period": "day",
+        "timezone": "UTC",
+        "token_limit": "1000",
+        "cost_limit_usd": "",
+        "warn_at_pct": "0.8",
+        "action": "stop",
+        "ledgers-TOTAL_FORMS": "0",
+        "ledgers-INITIAL_FORMS": "0",
+    }
+    url = f"/admin/costboard/periodbudget/{b.pk}/change/"
+    refused = admin_client.post(url, form)
+    assert refused.status_code == 200
+    assert "cannot change between" in refused.content.decode()
+    kept = admin_client.post(url, {**form, "scope_value": "plan=*", "token_limit": "2000"})
+    assert kept.status_code == 302, kept.content.decode()[:2000]
+    b.refresh_from_db()
+    assert (b.scope_value, b.token_limit) == ("plan=*", 2000)
