@@ -15,10 +15,12 @@ import time_machine
 from django.core import mail
 from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 
+from costboard.budgets.alerts import alert_payload
 from costboard.budgets.period_ledgers import period_forecast_sweep
 from costboard.budgets.periods import members_nearest_limit, period_bounds
-from costboard.models import ApiKey, BudgetEvent, PeriodBudget, PeriodLedger, Step
+from costboard.models import AlertDelivery, ApiKey, BudgetEvent, PeriodBudget, PeriodLedger, Step
 from costboard.outbox import outbox_dispatch
 from tests.conftest import Agent, add_price, make_agent, run_in_threads, usd
 
@@ -165,6 +167,25 @@ def test_an_ordinary_budget_is_unchanged_beside_a_per_member_one(agent: Agent) -
     assert ledgers(each) == {"u-a": STEP_COST, "u-b": STEP_COST * 2}
 
 
+def test_members_are_upserted_in_the_statements_every_budget_shares(agent: Agent) -> None:
+    users = [session(f"s{n}", user_id=f"u-{n}") for n in range(3)]
+    PeriodBudget.objects.create(
+        project=agent.project, name="all", cost_limit_usd=Decimal(100), action="warn"
+    )
+    agent.events(*users, *steps("s0", 1))  # the first batch makes the sessions
+
+    def statements(*events: dict[str, Any]) -> int:
+        with CaptureQueriesContext(connection) as queries:
+            agent.events(*events)
+        return len(queries)
+
+    batch = [step for n in range(3) for step in steps(f"s{n}", 2)]
+    alone = statements(*batch)
+    each = every(agent, "user", cost_limit_usd=Decimal(100), action="warn")
+    assert statements(*batch) == alone  # three members more: no statement more
+    assert ledgers(each) == {f"u-{n}": STEP_COST * 2 for n in range(3)}
+
+
 def test_each_api_key_is_held_to_the_limit_on_its_own(agent: Agent) -> None:
     b = every(agent, "api_key")
     _, second = ApiKey.issue(project=agent.project)
@@ -229,6 +250,10 @@ def test_a_member_s_crossings_are_alerted_naming_it(agent: Agent) -> None:
         f"[Costboard] acme: {who} exhausted its cost cap",
         f"[Costboard] acme: {who} passed 80% of its cost cap",
     ]
+    delivery = AlertDelivery.objects.get(budget_event__kind="exhausted")
+    payload = alert_payload(delivery)
+    assert (payload["member"], payload["budget"]["member"]) == ("u-a", "u-a")
+    assert payload["detail"]["member"] == "u-a"
 
 
 def test_the_forecast_is_each_member_s_own(agent: Agent) -> None:
