@@ -141,17 +141,19 @@ def _by_period(
     return dict(groups)
 
 
-Spans = dict[int, tuple[datetime, datetime]]  # a list of steps' id → its first and last moment
+# a list of steps' id → the list (held, so no other list takes its id while the batch is
+# decided) and its first and last moment
+Spans = dict[int, tuple[Sequence[SpendStep], datetime, datetime]]
 
 
 def _span(steps: Sequence[SpendStep], spans: Spans) -> tuple[datetime, datetime]:
     """The first and last moment of `steps`, read once per list in a batch (`spans`): the
     budgets that cover a whole batch share one list."""
-    span = spans.get(id(steps))
-    if span is None:
+    known = spans.get(id(steps))
+    if known is None:
         moments = [step.at for step in steps]
-        span = spans[id(steps)] = (min(moments), max(moments))
-    return span
+        known = spans[id(steps)] = (steps, min(moments), max(moments))
+    return known[1], known[2]
 
 
 def period_budgets_apply(

@@ -150,6 +150,24 @@ def test_a_batch_of_several_members_answers_for_each(agent: Agent) -> None:
     assert ledgers(b) == {"u-a": STEP_COST * 2, "u-b": STEP_COST}
 
 
+def test_a_member_s_steps_count_in_the_periods_they_fall_in(agent: Agent) -> None:
+    b = every(agent, "user", action="warn")
+    today = period_bounds("day", "UTC", NOW)[0]
+    yesterday = today - timedelta(hours=1)
+    agent.events(session("a", user_id="u-a"), session("b", user_id="u-b"))
+    agent.events(*steps("a", 1, at=yesterday), *steps("b", 1, at=yesterday), *steps("a", 2))
+    counted = {
+        (row.member, row.period_start): row.cost_usd
+        for row in PeriodLedger.objects.filter(budget=b)
+    }
+    assert counted == {
+        ("u-a", today - timedelta(days=1)): STEP_COST,
+        ("u-b", today - timedelta(days=1)): STEP_COST,
+        ("u-a", today): STEP_COST * 2,
+    }
+    assert kinds(b, "u-a") == ["soft_warned", "exhausted"]  # today's, at $0.60
+
+
 def test_an_ordinary_budget_is_unchanged_beside_a_per_member_one(agent: Agent) -> None:
     whole = PeriodBudget.objects.create(
         project=agent.project, name="all", cost_limit_usd=Decimal(100), action="warn"
