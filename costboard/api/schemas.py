@@ -138,10 +138,26 @@ class PeriodBudgetEvent(BudgetEvent):
     )
 
 
+class PeriodBudgetMember(Answer):
+    """A per-member budget's member in the current period."""
+
+    member: str = Field(description="the user_id, key prefix or tag value")
+    state: Literal["ok", "warning", "exhausted"]
+    tokens_used: Count
+    cost_usd: Money
+    used: float = Field(
+        ge=0, description="the larger of tokens_used/token_limit and cost_usd/cost_limit_usd"
+    )
+
+
 class PeriodBudgetDetail(PeriodBudgetAnswer):
     events: list[PeriodBudgetEvent] = Field(
-        description="soft_warned and exhausted, once per period each, oldest first; "
-        "tokens_used and cost_usd are the period's then"
+        description="soft_warned and exhausted, once per period (and member) each, oldest "
+        "first; tokens_used and cost_usd are the period's then"
+    )
+    members: list[PeriodBudgetMember] | None = Field(
+        description="a per-member budget's members nearest their limits in the current "
+        "period, nearest first (at most 10); null for other budgets"
     )
 
 

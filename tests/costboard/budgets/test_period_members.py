@@ -441,6 +441,29 @@ class TestScopeValues:
             f"/api/v1/budgets/{b.pk}", headers={"Authorization": f"Bearer {admin_key}"}
         )
         assert {e["member"] for e in detail.json()["events"]} == {"u-a"}
+        assert detail.json()["members"] == [
+            {
+                "member": "u-a",
+                "state": "exhausted",
+                "tokens_used": 2 * STEP_TOKENS,
+                "cost_usd": "0.60",
+                "used": 1.2,
+            },
+            {
+                "member": "u-b",
+                "state": "ok",
+                "tokens_used": STEP_TOKENS,
+                "cost_usd": "0.30",
+                "used": 0.6,
+            },
+        ]
+
+    def test_an_ordinary_budget_lists_no_members(self, admin_key: str, agent: Agent) -> None:
+        b = every(agent, "user", "u-a")
+        detail = Client().get(
+            f"/api/v1/budgets/{b.pk}", headers={"Authorization": f"Bearer {admin_key}"}
+        )
+        assert detail.json()["members"] is None
 
 
 @pytest.mark.slow
