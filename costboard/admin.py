@@ -747,10 +747,11 @@ class PeriodBudgetForm(forms.ModelForm):
 
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean() or {}
-        project = cleaned.get("project")
+        # a stored budget's project is read-only in its form: checked against it all the same
+        project = cleaned.get("project") or (self.instance.project if self.instance.pk else None)
         if project is not None and not self.errors:
             try:
-                cleaned.update(budget_check(project, cleaned))
+                cleaned.update(budget_check(project, cleaned, stored=self.instance))
             except BudgetInputError as exc:
                 self.add_error(exc.field if exc.field in self.fields else None, exc.message)
         return cleaned
@@ -759,10 +760,10 @@ class PeriodBudgetForm(forms.ModelForm):
 class PeriodLedgerInline(admin.TabularInline):
     model = PeriodLedger
     extra = 0
-    fields = ("period_start", "period_end", "state", "tokens", "spent", "warned_at")
+    fields = ("period_start", "period_end", "member", "state", "tokens", "spent", "warned_at")
     readonly_fields = fields
     can_delete = False
-    ordering = ("-period_start",)
+    ordering = ("-period_start", "member")
     max_num = 0  # written by the budget engine only
 
     @admin.display(description="tokens used")

@@ -765,7 +765,9 @@ class PeriodBudget(models.Model):
     an API key's or a tag's spend in each day, week or month (in a timezone), or in total, held to a
     token and/or USD limit. Every step whose scope matches counts toward it, in the period its
     timestamp falls in (a PeriodLedger each); `stop` tells the agents of its sessions to stop when
-    it is exhausted, `warn` only warns."""
+    it is exhausted, `warn` only warns. A `scope_value` of "*" (a tag's "key=*") makes it a
+    per-member budget: each user, key or tag value held to the limits on its own, with a
+    ledger of its own (`PeriodLedger.member`)."""
 
     class Scope(models.TextChoices):
         PROJECT = "project", "the whole project"
@@ -790,7 +792,7 @@ class PeriodBudget(models.Model):
         max_length=200,
         blank=True,
         help_text="the user_id, the key prefix (cb_…) or the tag as key=value; empty for the "
-        "project",
+        'project; "*" (a tag\'s "key=*"): each user, key or tag value on its own',
     )
     period = models.CharField(max_length=5, choices=Period.choices, default=Period.MONTH)
     # (before `timezone`, which names a field from there on in this class)
@@ -847,6 +849,8 @@ class PeriodLedger(models.Model):
         db_constraint=False,
     )
     period_start = models.DateTimeField()
+    # a per-member budget's member (the user_id, key prefix or tag value); '' for the others
+    member = models.CharField(max_length=128, blank=True, default="", db_default="")
     period_end = models.DateTimeField(null=True, blank=True)  # None: a total budget
     tokens_used = models.BigIntegerField(default=0)
     cost_usd = money_field()
@@ -858,12 +862,13 @@ class PeriodLedger(models.Model):
     class Meta:
         constraints = [
             models.UniqueConstraint(
-                fields=["budget", "period_start", "project"], name="ledger_period"
+                fields=["budget", "period_start", "member", "project"], name="ledger_period"
             ),
         ]
 
     def __str__(self) -> str:
-        return f"{self.budget_id} from {self.period_start:%Y-%m-%d}"
+        member = f" {self.member}" if self.member else ""
+        return f"{self.budget_id}{member} from {self.period_start:%Y-%m-%d}"
 
 
 class BudgetDay(models.Model):
@@ -881,16 +886,20 @@ class BudgetDay(models.Model):
         db_constraint=False,
     )
     day = models.DateField()
+    # a per-member budget's member, as its ledgers': each member's forecast is its own
+    member = models.CharField(max_length=128, blank=True, default="", db_default="")
     tokens_used = models.BigIntegerField(default=0)
     cost_usd = money_field()
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["budget", "day", "project"], name="budgetday_day")
+            models.UniqueConstraint(
+                fields=["budget", "day", "member", "project"], name="budgetday_day"
+            )
         ]
 
     def __str__(self) -> str:
-        return f"{self.budget_id} {self.day}"
+        return f"{self.budget_id} {self.member} {self.day}".replace("  ", " ")
 
 
 class EventReceipt(models.Model):

@@ -25,6 +25,7 @@ from costboard.api.schemas import (
     PeriodBudgetDetail,
     PeriodBudgetEvent,
     PeriodBudgetList,
+    PeriodBudgetMember,
 )
 from costboard.budgets.period_services import (
     BudgetInputError,
@@ -32,8 +33,14 @@ from costboard.budgets.period_services import (
     period_budget_delete,
     period_budget_update,
 )
-from costboard.budgets.periods import budget_days, ledger_now, period_budget_view
-from costboard.models import BudgetEvent, PeriodBudget, Project
+from costboard.budgets.periods import (
+    budget_days,
+    ledger_now,
+    members_nearest_limit,
+    per_member,
+    period_budget_view,
+)
+from costboard.models import BudgetEvent, PeriodBudget, Project, usd
 
 ADMIN = ("admin",)
 MAX_BODY = 16 * 1024
@@ -191,13 +198,34 @@ def budget_read(request: HttpRequest, budget_id: int) -> HttpResponse:
             **_answer(budget),
             events=[
                 PeriodBudgetEvent(
-                    **event.to_dict(), period_start=event.ledger.period_start.isoformat()
+                    **event.to_dict(),
+                    period_start=event.ledger.period_start.isoformat(),
+                    member=event.ledger.member or None,
                 )
                 for event in events
                 if event.ledger is not None
             ],
+            members=_members(budget),
         )
     )
+
+
+def _members(budget: PeriodBudget) -> list[PeriodBudgetMember] | None:
+    """A per-member budget's members nearest their limits now; None for other budgets."""
+    if not per_member(budget):
+        return None
+    return [
+        PeriodBudgetMember.model_validate(
+            {
+                "member": standing.member,
+                "state": standing.state,
+                "tokens_used": standing.tokens_used,
+                "cost_usd": usd(standing.cost_usd),
+                "used": float(standing.fraction),
+            }
+        )
+        for standing in members_nearest_limit(budget, timezone.now())
+    ]
 
 
 @endpoint(CHANGE)

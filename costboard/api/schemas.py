@@ -87,7 +87,15 @@ class PeriodBudgetAnswer(Answer):
     id: int
     name: str
     scope: Literal["project", "user", "api_key", "tag"]
-    scope_value: str | None = Field(description="the user_id, key prefix or key=value")
+    scope_value: str | None = Field(
+        description='the user_id, key prefix or key=value; "*" (a tag\'s "key=*"): each user, '
+        "key or tag value on its own (a per-member budget)"
+    )
+    member: str | None = Field(
+        description="a per-member budget's member this entry was decided for (the user_id, "
+        "key prefix or tag value); null for other budgets, and for a per-member budget read "
+        "as a whole"
+    )
     period: Literal["day", "week", "month", "total"]
     timezone: str = Field(description="where days, weeks and months begin")
     period_start: IsoTime
@@ -125,12 +133,31 @@ class PeriodBudgetList(Answer):
 
 class PeriodBudgetEvent(BudgetEvent):
     period_start: IsoTime = Field(description="the period it happened in")
+    member: str | None = Field(
+        description="the member it happened to, for a per-member budget; else null"
+    )
+
+
+class PeriodBudgetMember(Answer):
+    """A per-member budget's member in the current period."""
+
+    member: str = Field(description="the user_id, key prefix or tag value")
+    state: Literal["ok", "warning", "exhausted"]
+    tokens_used: Count
+    cost_usd: Money
+    used: float = Field(
+        ge=0, description="the larger of tokens_used/token_limit and cost_usd/cost_limit_usd"
+    )
 
 
 class PeriodBudgetDetail(PeriodBudgetAnswer):
     events: list[PeriodBudgetEvent] = Field(
-        description="soft_warned and exhausted, once per period each, oldest first; "
-        "tokens_used and cost_usd are the period's then"
+        description="soft_warned and exhausted, once per period (and member) each, oldest "
+        "first; tokens_used and cost_usd are the period's then"
+    )
+    members: list[PeriodBudgetMember] | None = Field(
+        description="a per-member budget's members nearest their limits in the current "
+        "period, nearest first (at most 10); null for other budgets"
     )
 
 
@@ -142,7 +169,8 @@ class EventsResponse(Answer):
     )
     budgets: dict[str, PeriodBudgetAnswer] = Field(
         description="every period budget the batch's steps counted toward, by id, in the "
-        "period they counted in"
+        "period they counted in; a per-member budget the batch counted toward for several "
+        'members, once per member, by "<id>:<member>"'
     )
     # optional in the document: present only in the minimal answer
     model_config = ConfigDict(json_schema_serialization_defaults_required=False)

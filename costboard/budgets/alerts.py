@@ -83,7 +83,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from costboard.budgets.caps import session_budget
-from costboard.budgets.periods import budget_days, period_budget_view
+from costboard.budgets.periods import member_days, period_budget_view
 from costboard.egress import (
     WebhookRefused,
     short,
@@ -361,12 +361,14 @@ def _caps_crossed(
 
 def _period_payload(delivery: AlertDelivery, event: BudgetEvent) -> dict[str, Any]:
     """A period budget's crossing: `session_id` null, the budget in the period it crossed in
-    under `budget`, its limits as the caps."""
+    under `budget`, its limits as the caps; `member` the per-member budget's member it
+    crossed for (null for other budgets)."""
     ledger = event.ledger
     assert ledger is not None
     budget = ledger.budget
     now = timezone.now()
-    view = period_budget_view(budget, ledger, now=now, days=budget_days([budget], now)[budget.pk])
+    key = (budget.pk, ledger.member)
+    view = period_budget_view(budget, ledger, now=now, days=member_days([key], now)[key])
     return {
         "delivery_id": delivery.pk,
         "event_id": event.pk,
@@ -374,6 +376,7 @@ def _period_payload(delivery: AlertDelivery, event: BudgetEvent) -> dict[str, An
         "at": event.at.isoformat(),
         "project": delivery.project.slug,
         "session_id": None,
+        "member": ledger.member or None,
         "budget": view,
         "state": ledger.state,
         "runaway": False,
@@ -552,7 +555,10 @@ def alert_email(payload: dict[str, Any]) -> tuple[str, str]:
     headline = alert_headline(payload)
     budget = payload.get("budget")
     if budget is not None:  # a period budget's crossing
-        who = f"budget {budget['name']!r} ({budget['period']} from {budget['period_start']})"
+        member = f" for {budget['member']!r}" if budget.get("member") else ""
+        who = (
+            f"budget {budget['name']!r}{member} ({budget['period']} from {budget['period_start']})"
+        )
         where = f"Budget:      {budget['name']} (id {budget['id']}, {budget['scope']})"
     else:
         who = f"session {payload['session_id']}"

@@ -5,8 +5,10 @@ A session is held while an exhausted period budget with action `stop`, in its cu
 covers it (`budget_covers`, asked with no key: a session is not tied to the key that sent
 it, so an `api_key` budget stops that key's calls, never a session the pages could name).
 Nothing is stored on the session: when the budget's period ends, or its limit is raised, the
-sessions it held go on. `exhausted_stops` finds the budgets (the same call the API and ingest
-make); `budget_sessions` is `budget_covers` as a filter over sessions, for lists.
+sessions it held go on. `stops_in_force` finds the budgets and, for a per-member budget
+(docs/budgets.md, "Per-member budgets"), its exhausted members; `budget_sessions` is
+`budget_member` as a filter over sessions, for lists; both ask `budget_member`
+(costboard/budgets/periods.py), the one rule of which budget covers what.
 """
 
 from __future__ import annotations
@@ -16,22 +18,45 @@ from datetime import datetime
 
 from django.db.models import Case, IntegerField, Q, Value, When
 from django.db.models.fields.json import KeyTextTransform
-from django.db.models.lookups import Exact
+from django.db.models.lookups import Exact, In
 
-from costboard.budgets.period_ledgers import exhausted_stops, first_stopping
-from costboard.budgets.periods import StepScope
-from costboard.models import PeriodBudget, Session
+from costboard.budgets.engine import EXHAUSTED
+from costboard.budgets.periods import StepScope, budget_member, per_member, period_bounds
+from costboard.models import PeriodBudget, PeriodLedger, Session
 
 NOTHING = Q(pk__in=[])
 
 
 def stops_in_force(*, project_ids: Sequence[int], now: datetime) -> list[PeriodBudget]:
     """The projects' exhausted stop-budgets in their current periods, by id (two queries;
-    one when no budget stops)."""
-    budgets = PeriodBudget.objects.filter(
-        project_id__in=project_ids, action=PeriodBudget.Action.STOP
-    ).order_by("pk")
-    return exhausted_stops(list(budgets), now)
+    one when no budget stops). Each carries `exhausted_members`: the members whose ledgers
+    are exhausted ('' alone for a budget that is not per member)."""
+    budgets = list(
+        PeriodBudget.objects.filter(
+            project_id__in=project_ids, action=PeriodBudget.Action.STOP
+        ).order_by("pk")
+    )
+    if not budgets:
+        return []
+    current = NOTHING
+    for budget in budgets:
+        start = period_bounds(budget.period, budget.timezone, now)[0]
+        current |= Q(budget=budget, period_start=start)
+    exhausted: dict[int, set[str]] = {}
+    for budget_id, member in PeriodLedger.objects.filter(current, state=EXHAUSTED).values_list(
+        "budget_id", "member"
+    ):
+        exhausted.setdefault(budget_id, set()).add(member)
+    found = []
+    for budget in budgets:
+        if budget.pk in exhausted:
+            budget.exhausted_members = frozenset(exhausted[budget.pk])  # type: ignore[attr-defined]
+            found.append(budget)
+    return found
+
+
+def _members(budget: PeriodBudget) -> frozenset[str]:
+    return getattr(budget, "exhausted_members", frozenset({""}))
 
 
 def session_scope(session: Session) -> StepScope:
@@ -40,23 +65,34 @@ def session_scope(session: Session) -> StepScope:
 
 
 def session_held_by(session: Session, stops: Sequence[PeriodBudget]) -> PeriodBudget | None:
-    """The first of `stops` (by id, as the API answers) that holds this session."""
-    found = first_stopping(
-        [b for b in stops if b.project_id == session.project_id], session_scope(session)
-    )
-    return next((b for b in stops if b.pk == found), None)
+    """The first of `stops` (by id, as the API answers) that holds this session: it covers
+    the session's scope, for a member that is exhausted."""
+    scope = session_scope(session)
+    for budget in stops:
+        if budget.project_id == session.project_id:
+            member = budget_member(budget, scope)
+            if member is not None and member in _members(budget):
+                return budget
+    return None
 
 
 def budget_sessions(budget: PeriodBudget) -> Q:
-    """The sessions `budget` covers, as a filter: `budget_covers` of each session's scope."""
+    """The sessions `budget` holds, as a filter: `budget_member` of each session's scope, in
+    the budget's exhausted members when it is per member."""
     project = Q(project_id=budget.project_id)
     if budget.scope == PeriodBudget.Scope.PROJECT:
         return project
+    every = per_member(budget)
+    members = sorted(m for m in _members(budget) if m)
     if budget.scope == PeriodBudget.Scope.USER:
+        if every:
+            return project & Q(user_id__in=members) if members else NOTHING
         return project & Q(user_id=budget.scope_value) if budget.scope_value else NOTHING
     if budget.scope == PeriodBudget.Scope.TAG:
         key, _, value = budget.scope_value.partition("=")
         # a key transform built by name (a key may hold "__"), compared as text
+        if every:
+            return project & Q(In(KeyTextTransform(key, "tags"), members)) if members else NOTHING
         return project & Q(Exact(KeyTextTransform(key, "tags"), value))
     return NOTHING  # api_key: the key is stopped, not a session (module docstring)
 

@@ -1,15 +1,16 @@
 """Period budgets decided with the spend: what ingest calls, inside the batch's transaction,
 after the steps are stored (and last, so the ledger rows are held only until the commit).
 
-For each of the project's budgets, the batch's steps it covers (periods.budget_covers's rule,
-asked once per batch, per session or per step as the scope needs) are
-grouped by the period their timestamps fall in; the sums are added to each (budget, period)
-ledger row in one upsert, made if missing, in one order (budget, period start), which locks the
-rows, so two batches never deadlock and never decide on stale totals; the budget engine
-decides each from its totals before the batch (the same
-`budget_decide` as a session's) and its crossings become BudgetEvents — soft_warned and
-exhausted once per budget and period (a unique constraint holds it under any race) — which
-the caller announces through the outbox.
+For each of the project's budgets, the batch's steps it covers (periods.budget_member's rule,
+asked once per batch, per session or per step as the scope needs) are grouped by the member
+they count toward (a per-member budget's user, key or tag value; '' for the others) and the
+period their timestamps fall in; the sums are added to each (budget, period, member) ledger
+row in one upsert, made if missing, in one order (budget, period start, member), which locks
+the rows, so two batches never deadlock and never decide on stale totals; the budget engine
+decides each from its totals before the batch (the same `budget_decide` as a session's) and
+its crossings become BudgetEvents — soft_warned and exhausted once per ledger, so per budget,
+period and member (a unique constraint holds it under any race) — which the caller announces
+through the outbox.
 """
 
 from __future__ import annotations
@@ -29,9 +30,9 @@ from costboard.budgets.engine import EXHAUSTED, Crossing, Ledger, budget_decide
 from costboard.budgets.periods import (
     PeriodLimits,
     StepScope,
-    budget_covers,
-    budget_days,
+    budget_member,
     forecast,
+    member_days,
     period_bounds,
     zone,
 )
@@ -67,25 +68,35 @@ class SpendBatch:
     user_of: Mapping[str, str] = field(default_factory=dict)
     tags_of: Callable[[Any], dict[str, str] | None] = lambda step: None
 
-    def covered_by(self, budget: PeriodBudget) -> Sequence[SpendStep]:
-        """The steps that count toward `budget` (its period aside): all of them for the
-        project's budgets and the sending key's, without looking at each."""
+    def members(self, budget: PeriodBudget) -> dict[str, Sequence[SpendStep]]:
+        """The steps that count toward `budget` (its period aside), by the member they count
+        toward ('' alone for a budget that is not per member): for the project's budgets and
+        the sending key's, the whole batch, without looking at each step."""
         if budget.scope in (PeriodBudget.Scope.PROJECT, PeriodBudget.Scope.API_KEY):
             # the same for every step of the batch: asked once
             whole = StepScope(user_id="", key_prefix=self.key_prefix, tags=None)
-            return self.steps if budget_covers(budget, whole) else ()
+            member = budget_member(budget, whole)
+            return {} if member is None else {member: self.steps}
+        groups: dict[str, list[SpendStep]] = {}
         if budget.scope == PeriodBudget.Scope.USER:
-            covered_sessions = {
-                key
-                for key, user_id in self.user_of.items()
-                if budget_covers(budget, StepScope(user_id=user_id, key_prefix="", tags=None))
-            }
-            return [s for s in self.steps if s.session_key in covered_sessions]
-        return [
-            s
-            for s in self.steps
-            if budget_covers(budget, StepScope(user_id="", key_prefix="", tags=self.tags_of(s)))
-        ]
+            member_of: dict[str, str] = {}
+            for key, user_id in self.user_of.items():
+                found = budget_member(budget, StepScope(user_id=user_id, key_prefix="", tags=None))
+                if found is not None:
+                    member_of[key] = found
+            if not member_of:
+                return {}
+            for step in self.steps:
+                found = member_of.get(step.session_key)
+                if found is not None:
+                    groups.setdefault(found, []).append(step)
+            return dict(groups)
+        for step in self.steps:
+            scope = StepScope(user_id="", key_prefix="", tags=self.tags_of(step))
+            found = budget_member(budget, scope)
+            if found is not None:
+                groups.setdefault(found, []).append(step)
+        return dict(groups)
 
 
 @dataclass
@@ -130,17 +141,19 @@ def _by_period(
     return dict(groups)
 
 
-Spans = dict[int, tuple[datetime, datetime]]  # a list of steps' id → its first and last moment
+# a list of steps' id → the list (held, so no other list takes its id while the batch is
+# decided) and its first and last moment
+Spans = dict[int, tuple[Sequence[SpendStep], datetime, datetime]]
 
 
 def _span(steps: Sequence[SpendStep], spans: Spans) -> tuple[datetime, datetime]:
     """The first and last moment of `steps`, read once per list in a batch (`spans`): the
     budgets that cover a whole batch share one list."""
-    span = spans.get(id(steps))
-    if span is None:
+    known = spans.get(id(steps))
+    if known is None:
         moments = [step.at for step in steps]
-        span = spans[id(steps)] = (min(moments), max(moments))
-    return span
+        known = spans[id(steps)] = (steps, min(moments), max(moments))
+    return known[1], known[2]
 
 
 def period_budgets_apply(
@@ -155,17 +168,15 @@ def period_budgets_apply(
     outcome = PeriodOutcome()
     if not budgets or not batch.steps:
         return outcome
-    groups: dict[tuple[int, datetime], Sequence[SpendStep]] = {}
-    ends: dict[tuple[int, datetime], datetime | None] = {}
+    groups: dict[LedgerKey, Sequence[SpendStep]] = {}
+    ends: dict[LedgerKey, datetime | None] = {}
     by_id = {budget.pk: budget for budget in budgets}
     spans: Spans = {}
     for budget in budgets:
-        covered = batch.covered_by(budget)
-        if not covered:
-            continue
-        for start, (end, steps) in _by_period(budget, covered, spans).items():
-            groups[(budget.pk, start)] = steps
-            ends[(budget.pk, start)] = end
+        for member, covered in batch.members(budget).items():
+            for start, (end, steps) in _by_period(budget, covered, spans).items():
+                groups[(budget.pk, start, member)] = steps
+                ends[(budget.pk, start, member)] = end
     if not groups:
         return outcome
     # sums once per list of steps: the budgets that cover the whole batch share one
@@ -208,79 +219,89 @@ def period_budgets_apply(
     return outcome
 
 
+# a ledger row's key: (budget id, period start, member ('' unless the budget is per member))
+LedgerKey = tuple[int, datetime, str]
+
+
 def _ledgers_add(
     project_id: int,
-    added: dict[tuple[int, datetime], tuple[int, int]],
-    ends: dict[tuple[int, datetime], datetime | None],
+    added: dict[LedgerKey, tuple[int, int]],
+    ends: dict[LedgerKey, datetime | None],
     now: datetime,
-) -> dict[tuple[int, datetime], PeriodLedger]:
-    """Add each (budget, period)'s tokens and pico-dollars to its ledger row, made if missing:
-    one upsert, in (budget, period start) order so two batches never deadlock, which locks the
-    rows until the commit and returns them with the sums added (so the engine reads the totals
-    before the batch as these less what it added, no other batch between)."""
+) -> dict[LedgerKey, PeriodLedger]:
+    """Add each (budget, period, member)'s tokens and pico-dollars to its ledger row, made if
+    missing: one upsert, in (budget, period start, member) order so two batches never
+    deadlock, which locks the rows until the commit and returns them with the sums added (so
+    the engine reads the totals before the batch as these less what it added, no other batch
+    between)."""
     table = PeriodLedger._meta.db_table
     keys = sorted(added)
     ops = connection.ops
-    values = ", ".join(["(%s, %s, %s, %s, %s, %s, 'ok', %s)"] * len(keys))
+    values = ", ".join(["(%s, %s, %s, %s, %s, %s, %s, 'ok', %s)"] * len(keys))
     params: list[Any] = []
-    for budget_id, start in keys:
-        tokens, pico = added[(budget_id, start)]
-        end = ends[(budget_id, start)]
+    for key in keys:
+        budget_id, start, member = key
+        tokens, pico = added[key]
         params += [
             project_id,
             budget_id,
             ops.adapt_datetimefield_value(start),
-            ops.adapt_datetimefield_value(end),
+            member,
+            ops.adapt_datetimefield_value(ends[key]),
             tokens,
             ops.adapt_decimalfield_value(pico_usd(pico)),
             ops.adapt_datetimefield_value(now),
         ]
     sql = (
-        f"INSERT INTO {table} (project_id, budget_id, period_start, period_end, tokens_used, "
-        f"cost_usd, state, updated_at) VALUES {values} "
-        f"ON CONFLICT (budget_id, period_start, project_id) DO UPDATE "
+        f"INSERT INTO {table} (project_id, budget_id, period_start, member, period_end, "
+        f"tokens_used, cost_usd, state, updated_at) VALUES {values} "
+        f"ON CONFLICT (budget_id, period_start, member, project_id) DO UPDATE "
         f"SET tokens_used = {table}.tokens_used + excluded.tokens_used, "
         f"cost_usd = {table}.cost_usd + excluded.cost_usd, updated_at = excluded.updated_at "
-        f"RETURNING id, project_id, budget_id, period_start, period_end, tokens_used, "
+        f"RETURNING id, project_id, budget_id, period_start, member, period_end, tokens_used, "
         f"cost_usd, state, warned_at, exhausted_at, updated_at"
     )
-    return {(row.budget_id, row.period_start): row for row in PeriodLedger.objects.raw(sql, params)}
+    return {
+        (row.budget_id, row.period_start, row.member): row
+        for row in PeriodLedger.objects.raw(sql, params)
+    }
 
 
 def _days_add(
     project_id: int,
     budgets: dict[int, PeriodBudget],
-    groups: dict[tuple[int, datetime], Sequence[SpendStep]],
+    groups: dict[LedgerKey, Sequence[SpendStep]],
     sums: dict[int, tuple[int, int]],
     spans: Spans,
 ) -> None:
-    """Add the batch to each budget's days (in its timezone): one statement. A group within
-    one day adds its sums as they are."""
-    adds: dict[tuple[int, date], list[int]] = {}
-    for (budget_id, _), steps in sorted(groups.items()):
+    """Add the batch to each budget's (and member's) days, in its timezone: one statement.
+    A group within one day adds its sums as they are."""
+    adds: dict[tuple[int, date, str], list[int]] = {}
+    for (budget_id, _, member), steps in sorted(groups.items()):
         tz = zone(budgets[budget_id].timezone)
         earliest, latest = _span(steps, spans)
         first, last = earliest.astimezone(tz).date(), latest.astimezone(tz).date()
 
         if first == last and id(steps) in sums:
-            adds[(budget_id, first)] = list(sums[id(steps)])
+            adds[(budget_id, first, member)] = list(sums[id(steps)])
             continue
         for step in steps:
-            tally = adds.setdefault((budget_id, step.at.astimezone(tz).date()), [0, 0])
+            day = step.at.astimezone(tz).date()
+            tally = adds.setdefault((budget_id, day, member), [0, 0])
             tally[0] += step.tokens
             tally[1] += step.cost_pico
     if not adds:
         return
     table = BudgetDay._meta.db_table
     rows = sorted(adds.items())
-    values = ", ".join(["(%s, %s, %s, %s, %s)"] * len(rows))
+    values = ", ".join(["(%s, %s, %s, %s, %s, %s)"] * len(rows))
     params: list[Any] = []
-    for (budget_id, day), (tokens, pico) in rows:
-        params += [project_id, budget_id, day, tokens, pico_usd(pico)]
+    for (budget_id, day, member), (tokens, pico) in rows:
+        params += [project_id, budget_id, day, member, tokens, pico_usd(pico)]
     with connection.cursor() as cursor:
         cursor.execute(
-            f"INSERT INTO {table} (project_id, budget_id, day, tokens_used, cost_usd) "
-            f"VALUES {values} ON CONFLICT (budget_id, day, project_id) DO UPDATE SET "
+            f"INSERT INTO {table} (project_id, budget_id, day, member, tokens_used, cost_usd) "
+            f"VALUES {values} ON CONFLICT (budget_id, day, member, project_id) DO UPDATE SET "
             f"tokens_used = {table}.tokens_used + excluded.tokens_used, "
             f"cost_usd = {table}.cost_usd + excluded.cost_usd",
             params,
@@ -305,7 +326,8 @@ def _crossings_recorded(
     crossings: Sequence[Crossing],
     extra: dict[str, object] | None = None,
 ) -> list[BudgetEvent]:
-    """The crossings as BudgetEvents of the ledger, each kind once per period: one already
+    """The crossings as BudgetEvents of the ledger (a per-member budget's: of its member, named
+    in the detail), each kind once per period: one already
     recorded (crossed before a limit was raised, then crossed again) is not recorded twice.
     Returns those recorded now (to announce)."""
     recorded = []
@@ -321,6 +343,7 @@ def _crossings_recorded(
                 "detail": {
                     "budget_id": budget.pk,
                     "budget": budget.name,
+                    **({"member": ledger.member} if ledger.member else {}),
                     **PeriodLimits.of(budget).describe(),
                     "warn_at_pct": str(budget.warn_at_pct),
                     **(extra or {}),
@@ -334,40 +357,60 @@ def _crossings_recorded(
 
 def period_budget_recheck(budget: PeriodBudget, *, now: datetime) -> list[BudgetEvent]:
     """After a budget's limits changed: its current period decided again under the new ones
-    (a raised limit clears a state, a lowered one may cross), in the caller's transaction,
-    under the ledger's lock. Returns the crossings recorded (to announce)."""
+    (a raised limit clears a state, a lowered one may cross), each member's of a per-member
+    budget, in the caller's transaction, under the ledgers' locks (taken in member order).
+    Returns the crossings recorded (to announce)."""
     start, _ = period_bounds(budget.period, budget.timezone, now)
-    row = PeriodLedger.objects.select_for_update().filter(budget=budget, period_start=start).first()
-    if row is None:
-        return []
-    decided = budget_decide(ledger=_ledger_of(row), limits=PeriodLimits.of(budget), at=now)
-    after = decided.ledger
-    row.state, row.warned_at, row.exhausted_at = after.state, after.warned_at, after.exhausted_at
-    row.updated_at = now
-    row.save(update_fields=["state", "warned_at", "exhausted_at", "updated_at"])
-    return _crossings_recorded(budget.project, budget, row, decided.crossings)
+    rows = (
+        PeriodLedger.objects.select_for_update()
+        .filter(budget=budget, period_start=start)
+        .order_by("member")
+    )
+    recorded: list[BudgetEvent] = []
+    for row in rows:
+        decided = budget_decide(ledger=_ledger_of(row), limits=PeriodLimits.of(budget), at=now)
+        after = decided.ledger
+        row.state, row.warned_at = after.state, after.warned_at
+        row.exhausted_at, row.updated_at = after.exhausted_at, now
+        row.save(update_fields=["state", "warned_at", "exhausted_at", "updated_at"])
+        recorded += _crossings_recorded(budget.project, budget, row, decided.crossings)
+    return recorded
 
 
-def exhausted_stops(budgets: Sequence[PeriodBudget], now: datetime) -> list[PeriodBudget]:
-    """Those of `budgets` that stop (action stop) and are exhausted in their current period
-    (one query; none when no budget stops)."""
+def stopping_budgets(
+    budgets: Sequence[PeriodBudget], scopes: Mapping[str, StepScope], now: datetime
+) -> dict[str, int]:
+    """Each of `scopes` (a session's, by its key) that an exhausted stop-budget covers, in
+    the budget's current period → the first such budget's id. A per-member budget stops
+    only the scopes of its exhausted members. One query; none when no budget stops or
+    covers them."""
     stops = [b for b in budgets if b.action == PeriodBudget.Action.STOP]
-    if not stops:
-        return []
+    if not stops or not scopes:
+        return {}
+    wanted: dict[str, list[tuple[int, str]]] = {}
+    members: dict[int, set[str]] = {}
+    for key, scope in scopes.items():
+        for budget in stops:
+            member = budget_member(budget, scope)
+            if member is not None:
+                wanted.setdefault(key, []).append((budget.pk, member))
+                members.setdefault(budget.pk, set()).add(member)
+    if not members:
+        return {}
     current = Q()
     for budget in stops:
-        current |= Q(
-            budget=budget, period_start=period_bounds(budget.period, budget.timezone, now)[0]
-        )
+        if budget.pk in members:
+            start = period_bounds(budget.period, budget.timezone, now)[0]
+            current |= Q(budget=budget, period_start=start, member__in=members[budget.pk])
     exhausted = set(
-        PeriodLedger.objects.filter(current, state=EXHAUSTED).values_list("budget_id", flat=True)
+        PeriodLedger.objects.filter(current, state=EXHAUSTED).values_list("budget_id", "member")
     )
-    return [b for b in stops if b.pk in exhausted]
-
-
-def first_stopping(stops: Sequence[PeriodBudget], scope: StepScope) -> int | None:
-    """The id of the first of these exhausted stop-budgets that covers `scope`."""
-    return next((b.pk for b in stops if budget_covers(b, scope)), None)
+    found: dict[str, int] = {}
+    for key, pairs in wanted.items():
+        first = next((budget_id for budget_id, m in pairs if (budget_id, m) in exhausted), None)
+        if first is not None:
+            found[key] = first
+    return found
 
 
 def stopping_budget(
@@ -375,33 +418,40 @@ def stopping_budget(
 ) -> int | None:
     """The id of an exhausted stop-budget (in its current period) that covers a session of
     this user and these tags asked about with this key; None if nothing stops it."""
-    stops = exhausted_stops(project_budgets(project), now)
     scope = StepScope(user_id=user_id, key_prefix=key_prefix, tags=tags or None)
-    return first_stopping(stops, scope)
+    return stopping_budgets(project_budgets(project), {"": scope}, now).get("")
 
 
 def period_forecast_sweep(*, now: datetime) -> int:
-    """Alert, once per period, each budget whose current period is projected at its recent
-    daily rate to pass its USD limit before the period ends (a `forecast` event, through the
-    outbox). Run by beat and guard_sweep; safe to run twice (the event is once per ledger).
-    Returns how many were recorded."""
-    budgets = list(
-        PeriodBudget.objects.filter(cost_limit_usd__isnull=False).select_related("project")
+    """Alert, once per period (and member, for a per-member budget), each budget whose
+    current period is projected at its recent daily rate to pass its USD limit before the
+    period ends (a `forecast` event, through the outbox). Run by beat and guard_sweep; safe
+    to run twice (the event is once per ledger). Returns how many were recorded."""
+    budgets = {
+        b.pk: b
+        for b in PeriodBudget.objects.filter(cost_limit_usd__isnull=False).select_related("project")
+    }
+    bounds = {pk: period_bounds(b.period, b.timezone, now) for pk, b in budgets.items()}
+    current = Q(pk__in=[])
+    for pk, (start, _) in bounds.items():
+        current |= Q(budget_id=pk, period_start=start)
+    ledgers = list(
+        PeriodLedger.objects.filter(current)
+        .exclude(state=EXHAUSTED)
+        .order_by("budget_id", "member")
+        .values_list("pk", "budget_id", "member")
     )
-    days = budget_days(budgets, now)
+    days = member_days([(budget_id, member) for _, budget_id, member in ledgers], now)
     recorded: list[BudgetEvent] = []
-    for budget in budgets:
-        start, end = period_bounds(budget.period, budget.timezone, now)
+    for ledger_id, budget_id, member in ledgers:
+        budget = budgets[budget_id]
+        start, end = bounds[budget_id]
         with transaction.atomic():
-            row = (
-                PeriodLedger.objects.select_for_update()
-                .filter(budget=budget, period_start=start)
-                .first()
-            )
+            row = PeriodLedger.objects.select_for_update().filter(pk=ledger_id).first()
             if row is None or row.state == EXHAUSTED:
                 continue
             ahead = forecast(
-                budget, row.cost_usd, start=start, end=end, days=days[budget.pk], now=now
+                budget, row.cost_usd, start=start, end=end, days=days[(budget_id, member)], now=now
             )
             if ahead is None or ahead.crossing_day is None:
                 continue

@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from costboard.budgets.alerts import announce
 from costboard.budgets.period_ledgers import period_budget_recheck
-from costboard.budgets.periods import zone
+from costboard.budgets.periods import EVERY, per_member, zone
 from costboard.models import ApiKey, PeriodBudget, Project
 
 FIELDS = (
@@ -61,9 +61,9 @@ def _scope_value(project: Project, scope: str, value: Any) -> str:
         return ""
     if not text:
         examples = {
-            "user": '"u-7" (a user_id)',
-            "api_key": '"cb_AbCdEfG" (a key prefix)',
-            "tag": '"feature=search" (a tag)',
+            "user": '"u-7" (a user_id), or "*" for each user on its own',
+            "api_key": '"cb_AbCdEfG" (a key prefix), or "*" for each key on its own',
+            "tag": '"feature=search" (a tag), or "customer=*" for each customer on its own',
         }
         raise BudgetInputError(
             "scope_value", f'is required for scope "{scope}": e.g. {examples[scope]}'
@@ -72,20 +72,23 @@ def _scope_value(project: Project, scope: str, value: Any) -> str:
         raise BudgetInputError("scope_value", "a user_id is at most 128 characters")
     if (
         scope == PeriodBudget.Scope.API_KEY
+        and text != EVERY
         and not ApiKey.objects.filter(project=project, prefix=text).exists()
     ):
         raise BudgetInputError(
             "scope_value",
             f"no key of project {project.slug} has the prefix {text[:20]!r}: use the first 10 "
-            "characters of one of its keys (the admin's API keys page lists them)",
+            'characters of one of its keys (the admin\'s API keys page lists them), or "*" '
+            "for each key on its own",
         )
     if scope == PeriodBudget.Scope.TAG:
         key, equals, tag = text.partition("=")
         if not equals or not _TAG_KEY.fullmatch(key) or not tag or len(tag) > 128:
             raise BudgetInputError(
                 "scope_value",
-                'must be a tag as key=value, e.g. "feature=search" (key: 1 to 64 of '
-                "a-z 0-9 _ . -; value: 1 to 128 characters)",
+                'must be a tag as key=value, e.g. "feature=search", or key=* for each value '
+                'on its own, e.g. "customer=*" (key: 1 to 64 of a-z 0-9 _ . -; value: 1 to '
+                "128 characters)",
             )
     return text
 
@@ -126,9 +129,12 @@ def _warn_at(value: Any) -> Decimal:
     return fraction.quantize(Decimal("0.001"))
 
 
-def budget_check(project: Project, fields: Mapping[str, Any]) -> dict[str, Any]:
+def budget_check(
+    project: Project, fields: Mapping[str, Any], *, stored: PeriodBudget | None = None
+) -> dict[str, Any]:
     """Every field of a budget (all of them: a new one's, or a stored one's with the changes
-    over them), checked and cleaned; BudgetInputError at the first that cannot be stored."""
+    over them), checked and cleaned; BudgetInputError at the first that cannot be stored.
+    `stored`: the budget as it is, when these are changes to it."""
     name = fields.get("name")
     if not isinstance(name, str) or not name.strip() or len(name.strip()) > 100:
         raise BudgetInputError("name", 'is required: 1 to 100 characters, e.g. "monthly"')
@@ -147,10 +153,20 @@ def budget_check(project: Project, fields: Mapping[str, Any]) -> dict[str, Any]:
         raise BudgetInputError(
             "token_limit", "give a token_limit, a cost_limit_usd or both: a budget needs a limit"
         )
+    scope_value = _scope_value(project, scope, fields.get("scope_value"))
+    if stored is not None and stored.pk is not None:
+        changed = PeriodBudget(scope=scope, scope_value=scope_value)
+        if per_member(changed) != per_member(stored):
+            # its ledgers are kept per member or not: they cannot be carried across
+            raise BudgetInputError(
+                "scope_value",
+                'cannot change between "*" (each member on its own) and one value: make a '
+                "new budget and delete this one",
+            )
     return {
         "name": name.strip(),
         "scope": scope,
-        "scope_value": _scope_value(project, scope, fields.get("scope_value")),
+        "scope_value": scope_value,
         "period": period,
         "timezone": tz_name,
         "token_limit": token_limit,
@@ -179,7 +195,7 @@ def period_budget_update(
         raise BudgetInputError(sorted(unknown)[0], "is not a field of a budget")
     locked = PeriodBudget.objects.select_for_update().get(pk=budget.pk)
     current = {name: getattr(locked, name) for name in FIELDS}
-    cleaned = budget_check(locked.project, {**current, **changes})
+    cleaned = budget_check(locked.project, {**current, **changes}, stored=locked)
     for name, value in cleaned.items():
         setattr(locked, name, value)
     locked.updated_at = now or timezone.now()

@@ -7,11 +7,15 @@ costboard/budgets/period_services.py, the decisions the budget engine's (engine.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from django.db.models import DecimalField, ExpressionWrapper, F, Value
+from django.db.models.functions import Greatest
 
 from costboard.budgets.engine import EXHAUSTED, OK, WARNING
 from costboard.models import BudgetDay, PeriodBudget, PeriodLedger, usd
@@ -65,18 +69,42 @@ class StepScope:
     tags: dict[str, str] | None
 
 
-def budget_covers(budget: PeriodBudget, step: StepScope) -> bool:
-    """Does this step count toward `budget`? (Its period is a separate question.)"""
-    if budget.scope == PeriodBudget.Scope.PROJECT:
-        return True
-    if budget.scope == PeriodBudget.Scope.USER:
-        return bool(step.user_id) and step.user_id == budget.scope_value
-    if budget.scope == PeriodBudget.Scope.API_KEY:
-        return bool(step.key_prefix) and step.key_prefix == budget.scope_value
+EVERY = "*"  # a scope value (a tag's value) that makes a budget per member
+
+
+def per_member(budget: PeriodBudget) -> bool:
+    """Is `budget` held per member: each user, key or tag value on its own ("*", "key=*")?"""
     if budget.scope == PeriodBudget.Scope.TAG:
-        key, _, value = budget.scope_value.partition("=")
-        return step.tags is not None and step.tags.get(key) == value
-    return False
+        return budget.scope_value.partition("=")[2] == EVERY
+    return budget.scope != PeriodBudget.Scope.PROJECT and budget.scope_value == EVERY
+
+
+def budget_member(budget: PeriodBudget, step: StepScope) -> str | None:
+    """The member of `budget` a step counts toward: None if it does not count, '' for a
+    budget that is not per member, else the user_id, key prefix or tag value. The one rule
+    of which budget covers what (its period aside)."""
+    scope, wanted = budget.scope, budget.scope_value
+    if scope == PeriodBudget.Scope.PROJECT:
+        return ""
+    if scope == PeriodBudget.Scope.USER:
+        found = step.user_id
+    elif scope == PeriodBudget.Scope.API_KEY:
+        found = step.key_prefix
+    elif scope == PeriodBudget.Scope.TAG:
+        key, _, wanted = wanted.partition("=")
+        found = step.tags.get(key, "") if step.tags is not None else ""
+    else:
+        return None
+    if not found:
+        return None
+    if wanted == EVERY:
+        return found
+    return "" if found == wanted else None
+
+
+def budget_covers(budget: PeriodBudget, step: StepScope) -> bool:
+    """Does this step count toward `budget` (toward one of its members, if per member)?"""
+    return budget_member(budget, step) is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,9 +223,10 @@ def period_budget_view(
     now: datetime,
     days: dict[date, Decimal] | None = None,
 ) -> dict[str, Any]:
-    """`<period budget>`: the budget in the period of `now` (the ledger's, when given);
-    `days` (its recent cost per day, `budget_days`) makes the forecast's range and crossing
-    day, else the forecast is the rate so far."""
+    """`<period budget>`: the budget in the period of `now` (the ledger's, when given, and
+    for a per-member budget the ledger's member); `days` (its recent cost per day,
+    `budget_days`) makes the forecast's range and crossing day, else the forecast is the
+    rate so far."""
     if ledger is not None:
         start, end = ledger.period_start, ledger.period_end
         tokens, cost = ledger.tokens_used, ledger.cost_usd
@@ -218,6 +247,7 @@ def period_budget_view(
         "name": budget.name,
         "scope": budget.scope,
         "scope_value": budget.scope_value or None,
+        "member": (ledger.member or None) if ledger is not None else None,
         "period": budget.period,
         "timezone": budget.timezone,
         "period_start": start.isoformat(),
@@ -238,21 +268,92 @@ def period_budget_view(
     }
 
 
-def ledger_now(budget: PeriodBudget, now: datetime) -> PeriodLedger | None:
-    """The ledger of the period `now` falls in, if anything counted toward it yet."""
+def ledger_now(budget: PeriodBudget, now: datetime, member: str = "") -> PeriodLedger | None:
+    """The ledger of the period `now` falls in (of `member`, for a per-member budget), if
+    anything counted toward it yet."""
     start, _ = period_bounds(budget.period, budget.timezone, now)
-    return PeriodLedger.objects.filter(budget=budget, period_start=start).first()
+    return PeriodLedger.objects.filter(budget=budget, period_start=start, member=member).first()
 
 
 def budget_days(budgets: list[PeriodBudget], now: datetime) -> dict[int, dict[date, Decimal]]:
-    """Each budget's cost per day over the recent days a forecast reads (one query)."""
-    if not budgets:
-        return {}
+    """Each budget's cost per day over the recent days a forecast reads (one query); a
+    per-member budget's are its members', read with `member_days`."""
+    found = member_days([(b.pk, "") for b in budgets], now)
+    return {b.pk: found[(b.pk, "")] for b in budgets}
+
+
+def member_days(
+    keys: Collection[tuple[int, str]], now: datetime
+) -> dict[tuple[int, str], dict[date, Decimal]]:
+    """The cost per day of each (budget id, member) over the recent days a forecast reads
+    (one query; member '' for a budget that is not per member)."""
+    found: dict[tuple[int, str], dict[date, Decimal]] = {key: {} for key in keys}
+    if not found:
+        return found
     since = (now - timedelta(days=RATE_DAYS + 2)).date()
-    found: dict[int, dict[date, Decimal]] = {b.pk: {} for b in budgets}
-    rows = BudgetDay.objects.filter(budget__in=budgets, day__gte=since).values_list(
-        "budget_id", "day", "cost_usd"
-    )
-    for budget_id, day, cost in rows:
-        found[budget_id][day] = cost
+    rows = BudgetDay.objects.filter(
+        budget_id__in={budget_id for budget_id, _ in found},
+        member__in={member for _, member in found},
+        day__gte=since,
+    ).values_list("budget_id", "member", "day", "cost_usd")
+    for budget_id, member, day, cost in rows:
+        if (budget_id, member) in found:
+            found[(budget_id, member)][day] = cost
     return found
+
+
+@dataclass(frozen=True, slots=True)
+class MemberStanding:
+    """A member of a per-member budget in a period: what it spent, its limits, how near it
+    is to them (the larger of tokens/token_limit and cost/cost_limit; 1 or more: exhausted)
+    and its state."""
+
+    member: str
+    tokens_used: int
+    token_limit: int | None
+    cost_usd: Decimal
+    cost_limit_usd: Decimal | None
+    fraction: Decimal
+    state: str
+
+
+def _fraction(budget: PeriodBudget, tokens: int, cost: Decimal) -> Decimal:
+    parts = [Decimal(0)]
+    if budget.token_limit:
+        parts.append(Decimal(tokens) / Decimal(budget.token_limit))
+    if budget.cost_limit_usd:
+        parts.append(cost / budget.cost_limit_usd)
+    return max(parts).quantize(Decimal("0.0001"))
+
+
+def members_nearest_limit(
+    budget: PeriodBudget, now: datetime, limit: int = 10
+) -> list[MemberStanding]:
+    """The members of a per-member budget that spent in its period of `now`, nearest their
+    limit first (ties by member), at most `limit` of them (one query). The ordering is the
+    database's: max(tokens/T, cost/C) orders as max(tokens*C, cost*T), the limits being the
+    same for every member."""
+    start, _ = period_bounds(budget.period, budget.timezone, now)
+    rows = PeriodLedger.objects.filter(budget=budget, period_start=start).exclude(member="")
+    tokens_limit, cost_limit = budget.token_limit, budget.cost_limit_usd
+    nearness: Any
+    if tokens_limit is not None and cost_limit is not None:
+        nearness = Greatest(
+            ExpressionWrapper(F("tokens_used") * Value(cost_limit), output_field=DecimalField()),
+            ExpressionWrapper(F("cost_usd") * Value(tokens_limit), output_field=DecimalField()),
+        )
+    else:
+        nearness = F("tokens_used") if tokens_limit is not None else F("cost_usd")
+    ordered = rows.annotate(nearness=nearness).order_by("-nearness", "member")[: max(limit, 0)]
+    return [
+        MemberStanding(
+            member=row.member,
+            tokens_used=row.tokens_used,
+            token_limit=tokens_limit,
+            cost_usd=row.cost_usd,
+            cost_limit_usd=cost_limit,
+            fraction=_fraction(budget, row.tokens_used, row.cost_usd),
+            state=row.state,
+        )
+        for row in ordered
+    ]

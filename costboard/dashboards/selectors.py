@@ -21,6 +21,8 @@ from django.db.models import (
     DateTimeField,
     F,
     IntegerField,
+    Max,
+    Min,
     Q,
     QuerySet,
     Sum,
@@ -35,8 +37,11 @@ from costboard.budgets.caps import Caps, stop_verdict
 from costboard.budgets.holds import budget_sessions, held, held_by
 from costboard.budgets.periods import (
     Forecast,
+    MemberStanding,
     budget_days,
     forecast,
+    members_nearest_limit,
+    per_member,
     period_bounds,
     state_of,
     zone,
@@ -978,8 +983,16 @@ class BudgetRow:
         return self.forecast.cost_usd if self.forecast is not None else None
 
     @property
+    def per_member(self) -> bool:
+        """Its limits hold each member (user, key, tag value); its spend is all of theirs."""
+        return per_member(self.budget)
+
+    @property
     def used_pct(self) -> Decimal | None:
-        """The larger share of a limit used so far (tokens or USD), as a percentage."""
+        """The larger share of a limit used so far (tokens or USD), as a percentage; None for
+        a per-member budget, whose limits are each member's (its page lists them)."""
+        if self.per_member:
+            return None
         shares = []
         if self.budget.token_limit:
             shares.append(Decimal(self.tokens_used) / self.budget.token_limit * 100)
@@ -1011,9 +1024,7 @@ def _budget_rows(budgets: list[PeriodBudget], now: datetime) -> list[BudgetRow]:
     current = Q(pk__in=[])
     for b in budgets:
         current |= Q(budget_id=b.pk, period_start=starts[b.pk][0])
-    ledgers = (
-        {row.budget_id: row for row in PeriodLedger.objects.filter(current)} if budgets else {}
-    )
+    ledgers = {row.budget_id: row for row in _ledger_sums(current)} if budgets else {}
     days = budget_days(budgets, now)
     rows = []
     for b in budgets:
@@ -1028,12 +1039,73 @@ def _budget_rows(budgets: list[PeriodBudget], now: datetime) -> list[BudgetRow]:
                 state=state,
                 tokens_used=tokens,
                 cost_usd=cost,
-                forecast=forecast(b, cost, start=start, end=end, days=days[b.pk], now=now),
+                # a per-member budget's forecasts are its members' (each its own days)
+                forecast=None
+                if per_member(b)
+                else forecast(b, cost, start=start, end=end, days=days[b.pk], now=now),
                 period_end=end,
                 period_start=start,
             )
         )
     return rows
+
+
+_STATE_RANK = {"ok": 0, "warning": 1, "exhausted": 2}
+
+
+@dataclass(frozen=True)
+class LedgerSum:
+    """A budget in one period as the pages show it: a per-member budget's members summed."""
+
+    budget_id: int
+    period_start: datetime
+    period_end: datetime | None
+    tokens_used: int
+    cost_usd: Decimal
+    state: str
+    warned_at: datetime | None
+    exhausted_at: datetime | None
+
+
+def _ledger_sums(where: Q, *, newest: int | None = None) -> list[LedgerSum]:
+    """The ledgers matching `where`, one per budget and period: a per-member budget's
+    members summed (their spend; its state the worst of theirs, its crossings the first),
+    so the pages' totals are all that counted toward it. `newest`: only the latest periods,
+    that many. One query."""
+    worst = Max(
+        Case(
+            *[When(state=state, then=Value(rank)) for state, rank in _STATE_RANK.items()],
+            default=Value(0),
+            output_field=IntegerField(),
+        )
+    )
+    rows = (
+        PeriodLedger.objects.filter(where)
+        .values("budget_id", "period_start")
+        .annotate(
+            end=Max("period_end"),
+            tokens=Sum("tokens_used"),
+            cost=Sum("cost_usd"),
+            rank=worst,
+            warned=Min("warned_at"),
+            exhausted=Min("exhausted_at"),
+        )
+        .order_by("-period_start", "budget_id")
+    )
+    states = {rank: state for state, rank in _STATE_RANK.items()}
+    return [
+        LedgerSum(
+            budget_id=row["budget_id"],
+            period_start=row["period_start"],
+            period_end=row["end"],
+            tokens_used=row["tokens"],
+            cost_usd=row["cost"],
+            state=states[row["rank"]],
+            warned_at=row["warned"],
+            exhausted_at=row["exhausted"],
+        )
+        for row in (rows[:newest] if newest is not None else rows)
+    ]
 
 
 def budget_in_scope(*, project_ids: list[int], budget_id: int) -> PeriodBudget | None:
@@ -1070,17 +1142,6 @@ STOPPED_SESSIONS_SHOWN = 50
 
 
 @dataclass(frozen=True)
-class MemberUse:
-    """A member of a per-member budget (a user, a key, a tag's value) and its period so far:
-    what the budget page lists as "nearest their limit"."""
-
-    member: str
-    tokens_used: int
-    cost_usd: Decimal
-    state: str
-
-
-@dataclass(frozen=True)
 class PeriodSpend:
     """One period of a budget as its ledger has it, its days in the budget's timezone."""
 
@@ -1094,9 +1155,7 @@ class PeriodSpend:
     exhausted_at: datetime | None
 
 
-def _period_spend(
-    budget: PeriodBudget, ledger: PeriodLedger, current_start: datetime
-) -> PeriodSpend:
+def _period_spend(budget: PeriodBudget, ledger: LedgerSum, current_start: datetime) -> PeriodSpend:
     tz = zone(budget.timezone)
     end = ledger.period_end
     return PeriodSpend(
@@ -1122,8 +1181,8 @@ class BudgetDetail:
     holding: bool  # an exhausted stop-budget: its sessions are told to stop
     stopped: list[Session]  # those active this period, the latest first
     stopped_total: int
-    # per-member budgets: the members nearest their limit (empty until they are wired in)
-    members: list[MemberUse] = field(default_factory=list)
+    # a per-member budget's members nearest their limit this period (members_nearest_limit)
+    members: list[MemberStanding] = field(default_factory=list)
 
 
 def budget_detail(
@@ -1134,22 +1193,19 @@ def budget_detail(
     row = _budget_rows([budget], now)[0]
     periods = [
         _period_spend(budget, ledger, row.period_start)
-        for ledger in PeriodLedger.objects.filter(budget=budget).order_by("-period_start")[
-            :PAST_PERIODS_SHOWN
-        ]
+        for ledger in _ledger_sums(Q(budget=budget), newest=PAST_PERIODS_SHOWN)
     ]
     events = list(
         BudgetEvent.objects.filter(ledger__budget=budget)
         .select_related("ledger")
         .order_by("-at", "-id")[:BUDGET_EVENTS_SHOWN]
     )
-    holding = any(b.pk == budget.pk for b in stops)
+    stop = next((b for b in stops if b.pk == budget.pk), None)
+    holding = stop is not None
     stopped: list[Session] = []
     total = 0
-    if holding:
-        active = Session.objects.filter(
-            budget_sessions(budget), last_active_at__gte=row.period_start
-        )
+    if stop is not None:
+        active = Session.objects.filter(budget_sessions(stop), last_active_at__gte=row.period_start)
         total = active.count()
         stopped = list(active.order_by("-last_active_at", "-id")[:STOPPED_SESSIONS_SHOWN])
     return BudgetDetail(
@@ -1159,6 +1215,7 @@ def budget_detail(
         holding=holding,
         stopped=stopped,
         stopped_total=total,
+        members=members_nearest_limit(budget, now) if per_member(budget) else [],
     )
 
 

@@ -55,12 +55,11 @@ from costboard.budgets.caps import CapsMemo, CapsOf, SessionBudget, session_budg
 from costboard.budgets.engine import Flag, Ledger, budget_decide
 from costboard.budgets.period_ledgers import (
     SpendBatch,
-    exhausted_stops,
-    first_stopping,
     period_budgets_apply,
     project_budgets,
+    stopping_budgets,
 )
-from costboard.budgets.periods import StepScope, budget_days, period_budget_view
+from costboard.budgets.periods import StepScope, member_days, per_member, period_budget_view
 from costboard.budgets.services import budget_events_of
 from costboard.hooks import Ingested, after_ingest_run
 from costboard.ingest.latency import latency_bucket
@@ -698,14 +697,21 @@ _KEYED_JOINS = (
 def _period_views(
     ledgers: list[tuple[PeriodBudget, PeriodLedger]], now: datetime
 ) -> dict[str, dict[str, Any]]:
-    """`<period budget>` of each budget the batch touched, with its forecast (one query)."""
+    """`<period budget>` of each budget the batch touched, with its forecast (one query),
+    keyed by id; a per-member budget of which the batch touched several members, each of
+    them by "<id>:<member>"."""
     if not ledgers:
         return {}
-    days = budget_days([budget for budget, _ in ledgers], now)
-    return {
-        str(budget.pk): period_budget_view(budget, ledger, now=now, days=days[budget.pk])
-        for budget, ledger in ledgers
-    }
+    days = member_days([(budget.pk, ledger.member) for budget, ledger in ledgers], now)
+    members = Counter(pk for pk, _ in {(b.pk, ledger.member) for b, ledger in ledgers})
+    views = {}
+    for budget, ledger in ledgers:
+        several = per_member(budget) and members[budget.pk] > 1
+        key = f"{budget.pk}:{ledger.member}" if several else str(budget.pk)
+        views[key] = period_budget_view(
+            budget, ledger, now=now, days=days[(budget.pk, ledger.member)]
+        )
+    return views
 
 
 def _stepless(touched: list[_SessionNow], steps: list[_Step]) -> list[_SessionNow]:
@@ -730,15 +736,15 @@ def _stopped_sessions(
     stopped = dict(by_steps)
     if not stepless or not budgets_above:
         return stopped
-    stops = exhausted_stops(budgets_above, now)
-    for session in stepless:
-        key = session.external_id
-        scope = StepScope(
-            user_id=users.get(key, ""), key_prefix=key_prefix, tags=session_tags.get(key)
+    scopes = {
+        s.external_id: StepScope(
+            user_id=users.get(s.external_id, ""),
+            key_prefix=key_prefix,
+            tags=session_tags.get(s.external_id),
         )
-        found = first_stopping(stops, scope)
-        if found is not None:
-            stopped[key] = found
+        for s in stepless
+    }
+    stopped.update(stopping_budgets(budgets_above, scopes, now))
     return stopped
 
 

@@ -86,6 +86,6 @@ def forwards(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
-    dependencies = [("costboard", "0028_step_receipts")]
+    dependencies = [("costboard", "0029_period_ledger_member")]
 
     operations = [migrations.RunPython(forwards, migrations.RunPython.noop, elidable=False)]

@@ -56,6 +56,7 @@ def test_make_read_change_and_delete_a_budget(admin: Admin, agent: Agent) -> Non
         "name": "monthly",
         "scope": "project",
         "scope_value": None,
+        "member": None,
         "period": "month",
         "timezone": "UTC",
         "period_start": start.isoformat(),
@@ -95,7 +96,7 @@ def test_make_read_change_and_delete_a_budget(admin: Admin, agent: Agent) -> Non
     assert [b["name"] for b in listed] == ["monthly", "per user"]
     read = admin.call("GET", f"/api/v1/budgets/{budget_id}")
     assert read.status_code == 200
-    assert read.json() == {**body, "events": []}
+    assert read.json() == {**body, "events": [], "members": None}
 
     changed = admin.call(
         "PATCH", f"/api/v1/budgets/{budget_id}", {"cost_limit_usd": 10, "token_limit": 5000}

@@ -359,3 +359,43 @@ def test_the_admin_shows_budget_money_in_dollars(staff: Client, agent: Agent) ->
     assert '<td class="field-cost_limit">$0.005</td>' in html
     assert '<td class="field-tokens">250,000</td>' in html
     assert "1.0000" not in html and "0.0050" not in html
+
+
+def test_a_per_member_budget_holds_only_its_exhausted_members(staff: Client, agent: Agent) -> None:
+    """Every user, $1.00 a month: ann ($1.20) is held, bob ($0.30) is not; the budget's page
+    lists its members nearest their limit and its period's spend is all of theirs."""
+    budget = PeriodBudget.objects.create(
+        project=agent.project,
+        name="each user",
+        scope="user",
+        scope_value="*",
+        period="month",
+        cost_limit_usd=Decimal("1.00"),
+        action="stop",
+    )
+    agent.events(
+        {"type": "session", "session_id": "ann-1", "user_id": "ann"},
+        {"type": "session", "session_id": "bob-1", "user_id": "bob"},
+    )
+    agent.events(*steps("ann-1", 4), *steps("bob-1", 1))
+
+    page = staff.get(f"/sessions/{session('ann-1').pk}/").content.decode()
+    assert f'href="/budgets/{budget.pk}/' in page
+    assert (
+        f'href="/budgets/{budget.pk}/'
+        not in staff.get(f"/sessions/{session('bob-1').pk}/").content.decode()
+    )
+    assert listed(staff.get("/sessions/?state=stopped").content.decode()) == ["ann-1"]
+
+    html = staff.get(f"/budgets/{budget.pk}/").content.decode()
+    members = re.findall(
+        r'<tr data-member="([^"]+)">.*?badge (\w+)".*?<td class="num">([^<]+)</td>', html, re.S
+    )
+    assert members == [("ann", "exhausted", "$1.20"), ("bob", "ok", "$0.30")]
+    spent = re.findall(
+        r'<tr data-period="[\d-]+" data-current>.*?data-period-spent>([^<]+)<', html, re.S
+    )
+    assert spent == [usd_text(sum(s.cost_usd for s in Step.objects.all()))] == ["$1.50"]
+    stopped = re.search(r'<section class="card" id="stopped">.*?</section>', html, re.S)
+    assert stopped is not None
+    assert re.findall(r'<tr data-session="([^"]+)">', stopped.group(0)) == ["ann-1"]
