@@ -104,6 +104,13 @@ def model_response(body: BaseModel, *, status: int = 200) -> JsonResponse:
     return JsonResponse(body.model_dump(mode="json"), status=status)
 
 
+def no_content() -> HttpResponse:
+    """204: no body, so no Content-Type (Django would say text/html)."""
+    response = HttpResponse(status=204)
+    del response["Content-Type"]
+    return response
+
+
 # --- keys -------------------------------------------------------------------------------------
 
 
@@ -164,11 +171,12 @@ def _rate_limited(request: HttpRequest, project: Project) -> JsonResponse | None
 
 @dataclass(frozen=True)
 class Reply:
-    """One documented response: a model (JSON), or a raw schema for another media type."""
+    """One documented response: a model (JSON), a raw schema for another media type, or no
+    body at all (`media_type` None, as a 204 answers: `no_content()`)."""
 
     description: str
     model: type[BaseModel] | None = None
-    media_type: str = "application/json"
+    media_type: str | None = "application/json"
     schema: Mapping[str, Any] | None = None
     headers: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # OpenAPI headers
     alternatives: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)

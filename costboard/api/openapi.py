@@ -145,10 +145,9 @@ def _response(reply: Reply, refs: Refs) -> dict[str, Any]:
         schema = dict(reply.schema)
     else:
         schema = refs[(Errors, "serialization")]
-    response: dict[str, Any] = {
-        "description": reply.description,
-        "content": _content(reply.media_type, schema, reply.alternatives),
-    }
+    response: dict[str, Any] = {"description": reply.description}
+    if reply.media_type is not None:  # None: no body, so no content (a 204)
+        response["content"] = _content(reply.media_type, schema, reply.alternatives)
     if reply.headers:
         response["headers"] = {name: dict(header) for name, header in reply.headers.items()}
     return response
@@ -225,8 +224,15 @@ def _models(operations: list[Operation]) -> list[tuple[type[BaseModel], JsonSche
 
 
 def _name(route: str, method: Literal["GET", "POST", "PATCH", "DELETE"]) -> str:
+    """The operationId: the method, the path's words, then `By` each path parameter
+    (`getBudgetsByBudgetId` beside `getBudgets`), so no two operations share one."""
     words = re.findall(r"[A-Za-z0-9]+", _PARAMETER.sub("", route).removeprefix("api/v1/"))
-    return method.lower() + "".join(word.capitalize() for word in words)
+    by = [f"By{_camel(match['name'])}" for match in _PARAMETER.finditer(route)]
+    return method.lower() + "".join(word.capitalize() for word in words) + "".join(by)
+
+
+def _camel(name: str) -> str:
+    return "".join(word.capitalize() for word in name.split("_"))
 
 
 @cache
@@ -237,9 +243,14 @@ def openapi_document() -> dict[str, Any]:
     refs, definitions = models_json_schema(keyed_models, ref_template=REF)
     schemas: dict[str, Any] = dict(definitions.get("$defs", {}))
     paths: dict[str, dict[str, Any]] = {}
+    named: dict[str, str] = {}
     for path, route, operation in routes:
+        operation_id = _name(route, operation.method)
+        if operation_id in named:  # OpenAPI: an operationId names one operation
+            raise ValueError(f"{operation_id} names {named[operation_id]} and {route}")
+        named[operation_id] = route
         paths.setdefault(path, {})[operation.method.lower()] = _operation(
-            route, operation, schemas, refs, _name(route, operation.method)
+            route, operation, schemas, refs, operation_id
         )
     return {
         "openapi": "3.1.0",
