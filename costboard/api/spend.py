@@ -30,6 +30,7 @@ from costboard.api.boundary import (
 from costboard.api.schemas import Answer, Money
 from costboard.api.schemas import Count as CountField
 from costboard.exports import csv_cell
+from costboard.ingest.schemas import FIRST_YEAR, LAST_YEAR
 from costboard.models import DailyRollup, TagDailyRollup, UserDailyRollup, usd
 
 READERS = ("read", "admin")
@@ -129,6 +130,13 @@ def _groups(text: str) -> list[str]:
 
 
 def _days(asked: SpendQuery) -> tuple[date, date]:
+    for name in ("since", "until"):
+        day = getattr(asked, name)
+        if day is not None and not FIRST_YEAR <= day.year <= LAST_YEAR:
+            # no step is outside them, and a default counted back from year 1 would overflow
+            raise ApiError(
+                422, name, f"{day} is outside the years {FIRST_YEAR}–{LAST_YEAR} of the data"
+            )
     today = timezone.now().date()
     until = asked.until or today
     since = asked.since or until - timedelta(days=DEFAULT_DAYS - 1)

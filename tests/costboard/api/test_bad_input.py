@@ -5,6 +5,7 @@ whose JSON `errors` name the field and the fix, and no row stored. Against the r
 from __future__ import annotations
 
 import json
+from datetime import UTC
 from typing import Any
 
 import pytest
@@ -106,7 +107,33 @@ EVENTS: list[tuple[Any, str, str]] = [
     # times that overflow when converted
     (step(timestamp="0001-01-01T00:00:00+14:00"), "timestamp", "1970 to 2999"),
     (step(timestamp="9999-12-31T23:59:59-14:00"), "timestamp", "1970 to 2999"),
+    # the years are UTC's: the offset moves these across the bound
+    (step(timestamp="2999-12-31T23:00:00-14:00"), "timestamp", "1970 to 2999 in UTC"),
+    (step(timestamp="2999-12-31T12:00:00-12:00"), "timestamp", "1970 to 2999 in UTC"),
+    (step(timestamp="1970-01-01T00:30:00+01:00"), "timestamp", "1970 to 2999 in UTC"),
+    (step(timestamp="3000-01-01T00:00:00"), "timestamp", "1970 to 2999 in UTC"),
+    (step(timestamp="1969-12-31T23:59:59.999999Z"), "timestamp", "1970 to 2999 in UTC"),
 ]
+
+
+@pytest.mark.parametrize(
+    ("timestamp", "stored"),
+    [
+        ("2999-12-31T23:59:59.999999Z", "2999-12-31T23:59:59.999999+00:00"),
+        ("3000-01-01T09:00:00+14:00", "2999-12-31T19:00:00+00:00"),  # 3000 locally, 2999 in UTC
+        ("1969-12-31T20:00:00-05:00", "1970-01-01T01:00:00+00:00"),  # 1969 locally
+        ("1970-01-01T00:00:00", "1970-01-01T00:00:00+00:00"),  # no offset: UTC
+    ],
+)
+def test_a_time_within_the_years_in_utc_is_stored_in_utc(
+    client: Client, timestamp: str, stored: str
+) -> None:
+    response = client.post(
+        "/api/v1/events", step(input_tokens=1, timestamp=timestamp), content_type="application/json"
+    )
+    assert response.status_code == 200, response.content
+    [kept] = Step.objects.all()
+    assert kept.timestamp.astimezone(UTC).isoformat() == stored
 
 
 @pytest.mark.slow

@@ -142,6 +142,8 @@ def test_only_read_and_admin_keys(agent: Agent, reader: str) -> None:
         ("?since=notadate", "since", "date"),
         ("?until=2026-13-01", "until", "date"),
         ("?groupby=day", "groupby", "did you mean 'group_by'"),
+        ("?until=0001-01-05", "until", "outside the years 1970–2999"),
+        ("?since=9999-01-01&until=9999-12-31", "since", "outside the years 1970–2999"),
     ],
 )
 def test_a_bad_parameter_is_a_422_naming_it(reader: str, query: str, field: str, says: str) -> None:
