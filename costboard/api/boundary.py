@@ -1,6 +1,8 @@
 """The API's one boundary: every JSON endpoint is a view decorated with `endpoint(Operation)`.
 
-The decorator answers wrong methods (405) and overlong query strings (414), resolves the key
+The decorator answers wrong methods (405), overlong query strings (414) and query parameters
+holding NUL, control characters or bytes that are not UTF-8 (422, costboard/query_text.py),
+resolves the key
 (`Authorization: Bearer` or `X-Costboard-Key`) to `request.project` on a typed `ApiRequest`
 (401 otherwise), refuses a body it cannot read (411 chunked, 415 Content-Type), and turns
 every refusal the view raises into the contract's body
@@ -36,6 +38,7 @@ from costboard.ingest.schemas import (
 )
 from costboard.models import ApiKey, Project
 from costboard.projects import key_for
+from costboard.query_text import query_faults
 
 # Longer query strings are refused (414) before anything reads them: the longest useful one
 # (a 500-character search in any script, percent-encoded, and a scope) fits well within.
@@ -234,6 +237,15 @@ def endpoint(operation: Operation) -> Callable[[View], View]:
                     "query",
                     f"the query string is {len(query_string)} bytes; at most "
                     f"{MAX_QUERY_STRING}: ask for less",
+                )
+            faulty = query_faults(query_string)
+            if faulty is not None:  # before any view, or the database, reads them
+                return errors_response(
+                    422,
+                    [
+                        {"index": None, "field": name, "message": message}
+                        for name, message in faulty.faults.items()
+                    ],
                 )
             if operation.auth:
                 key = _key_or_refusal(request, operation)

@@ -46,8 +46,9 @@ create one with `python manage.py create_api_key <project>`.
 Every refusal is JSON `{{"errors": [{{"index", "field", "message"}}]}}`, the message saying what
 to send instead. Each key may make at most its project's number of requests per second
 (`COSTBOARD_API_RATE_LIMIT`, default 50): beyond it 429 with `Retry-After`. Text must not
-hold NUL or unpaired surrogates; objects nest at most {MAX_DEPTH} deep; a query string is at
-most {MAX_QUERY_STRING} bytes; a JSON number with a zero fraction (100.0) is the integer it
+hold NUL or unpaired surrogates, nor a query parameter control characters or bytes that are not
+UTF-8 (422 naming it); objects nest at most {MAX_DEPTH} deep; a query string is at most
+{MAX_QUERY_STRING} bytes; a JSON number with a zero fraction (100.0) is the integer it
 equals; NaN and Infinity are not JSON (400).
 
 JSON bodies are sent as `Content-Type: application/json`; no Content-Type, or curl's default
@@ -67,7 +68,8 @@ STANDARD_ERRORS: dict[int, str] = {
     413: "body too large",
     414: f"query string over {MAX_QUERY_STRING} bytes",
     415: "a Content-Type this endpoint does not read (field Content-Type)",
-    422: "invalid input; the field is named",
+    422: "invalid input (a body's field, or a query parameter holding NUL, a control "
+    "character or bytes that are not UTF-8); the field is named",
     429: "more requests per second with this key than its project allows; nothing stored",
     503: "the database is unavailable: retry after Retry-After seconds",
 }
@@ -153,15 +155,14 @@ def _response(reply: Reply, refs: Refs) -> dict[str, Any]:
     return response
 
 
-def _replies(operation: Operation, has_parameters: bool) -> dict[int, Reply]:
+def _replies(operation: Operation) -> dict[int, Reply]:
     replies = dict(operation.responses)
-    standard = [405, 414]
+    # 422 on every one: a query parameter with NUL or a control character, whatever it is
+    standard = [405, 414, 422]
     if operation.auth:  # the key is looked up in the database
         standard += [401, 403, 429, 503]
     if operation.body is not None:
-        standard += [400, 411, 413, 415, 422]
-    elif has_parameters:
-        standard.append(422)
+        standard += [400, 411, 413, 415]
     for status in standard:
         replies.setdefault(status, Reply(STANDARD_ERRORS[status]))
     for status, name, header in (
@@ -204,7 +205,7 @@ def _operation(
             ),
         }
     responses: dict[str, Any] = {}
-    for status, reply in _replies(operation, bool(parameters)).items():
+    for status, reply in _replies(operation).items():
         responses[str(status)] = _response(reply, refs)
     document["responses"] = responses
     if not operation.auth:
