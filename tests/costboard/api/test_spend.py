@@ -16,6 +16,7 @@ from django.test import Client
 from django.utils import timezone
 
 from costboard.models import ApiKey, Step
+from costboard.pricing.repricing import steps_reprice
 from tests.conftest import Agent, add_price
 
 pytestmark = pytest.mark.django_db
@@ -263,3 +264,17 @@ def test_a_key_no_step_carries_is_one_untagged_row(mixed: str) -> None:
     assert row["tag:absent"] is None
     assert Decimal(row["cost_usd"]) == cost_of(Step.objects.all())
     assert row["steps"] == 9
+
+
+def test_after_a_repricing_every_grouping_still_adds_up_to_the_steps(
+    mixed: str, agent: Agent
+) -> None:
+    add_price("no-price")  # the unknown model gets a price: its steps are repriced
+    steps_reprice(models=["no-price"])
+    whole = cost_of(Step.objects.all())
+    assert cost_of(Step.objects.filter(model="no-price")) > 0
+    for group_by in GROUPINGS:
+        answer = get(mixed, f"?group_by={group_by}").json()
+        assert Decimal(answer["total"]["cost_usd"]) == whole, group_by
+        assert sum(Decimal(row["cost_usd"]) for row in answer["rows"]) == whole, group_by
+        assert all(row["steps"] > 0 for row in answer["rows"]), group_by
