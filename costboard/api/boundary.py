@@ -1,6 +1,8 @@
 """The API's one boundary: every JSON endpoint is a view decorated with `endpoint(Operation)`.
 
-The decorator answers wrong methods (405) and overlong query strings (414), resolves the key
+The decorator answers wrong methods (405), overlong query strings (414) and query parameters
+holding NUL, control characters or bytes that are not UTF-8 (422, costboard/query_text.py),
+resolves the key
 (`Authorization: Bearer` or `X-Costboard-Key`) to `request.project` on a typed `ApiRequest`
 (401 otherwise), refuses a body it cannot read (411 chunked, 415 Content-Type), and turns
 every refusal the view raises into the contract's body
@@ -36,6 +38,7 @@ from costboard.ingest.schemas import (
 )
 from costboard.models import ApiKey, Project
 from costboard.projects import key_for
+from costboard.query_text import query_faults
 
 # Longer query strings are refused (414) before anything reads them: the longest useful one
 # (a 500-character search in any script, percent-encoded, and a scope) fits well within.
@@ -104,6 +107,13 @@ def model_response(body: BaseModel, *, status: int = 200) -> JsonResponse:
     return JsonResponse(body.model_dump(mode="json"), status=status)
 
 
+def no_content() -> HttpResponse:
+    """204: no body, so no Content-Type (Django would say text/html)."""
+    response = HttpResponse(status=204)
+    del response["Content-Type"]
+    return response
+
+
 # --- keys -------------------------------------------------------------------------------------
 
 
@@ -164,11 +174,12 @@ def _rate_limited(request: HttpRequest, project: Project) -> JsonResponse | None
 
 @dataclass(frozen=True)
 class Reply:
-    """One documented response: a model (JSON), or a raw schema for another media type."""
+    """One documented response: a model (JSON), a raw schema for another media type, or no
+    body at all (`media_type` None, as a 204 answers: `no_content()`)."""
 
     description: str
     model: type[BaseModel] | None = None
-    media_type: str = "application/json"
+    media_type: str | None = "application/json"
     schema: Mapping[str, Any] | None = None
     headers: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # OpenAPI headers
     alternatives: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
@@ -226,6 +237,15 @@ def endpoint(operation: Operation) -> Callable[[View], View]:
                     "query",
                     f"the query string is {len(query_string)} bytes; at most "
                     f"{MAX_QUERY_STRING}: ask for less",
+                )
+            faulty = query_faults(query_string)
+            if faulty is not None:  # before any view, or the database, reads them
+                return errors_response(
+                    422,
+                    [
+                        {"index": None, "field": name, "message": message}
+                        for name, message in faulty.faults.items()
+                    ],
                 )
             if operation.auth:
                 key = _key_or_refusal(request, operation)

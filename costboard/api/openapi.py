@@ -46,8 +46,9 @@ create one with `python manage.py create_api_key <project>`.
 Every refusal is JSON `{{"errors": [{{"index", "field", "message"}}]}}`, the message saying what
 to send instead. Each key may make at most its project's number of requests per second
 (`COSTBOARD_API_RATE_LIMIT`, default 50): beyond it 429 with `Retry-After`. Text must not
-hold NUL or unpaired surrogates; objects nest at most {MAX_DEPTH} deep; a query string is at
-most {MAX_QUERY_STRING} bytes; a JSON number with a zero fraction (100.0) is the integer it
+hold NUL or unpaired surrogates, nor a query parameter control characters or bytes that are not
+UTF-8 (422 naming it); objects nest at most {MAX_DEPTH} deep; a query string is at most
+{MAX_QUERY_STRING} bytes; a JSON number with a zero fraction (100.0) is the integer it
 equals; NaN and Infinity are not JSON (400).
 
 JSON bodies are sent as `Content-Type: application/json`; no Content-Type, or curl's default
@@ -67,7 +68,8 @@ STANDARD_ERRORS: dict[int, str] = {
     413: "body too large",
     414: f"query string over {MAX_QUERY_STRING} bytes",
     415: "a Content-Type this endpoint does not read (field Content-Type)",
-    422: "invalid input; the field is named",
+    422: "invalid input (a body's field, or a query parameter holding NUL, a control "
+    "character or bytes that are not UTF-8); the field is named",
     429: "more requests per second with this key than its project allows; nothing stored",
     503: "the database is unavailable: retry after Retry-After seconds",
 }
@@ -145,24 +147,22 @@ def _response(reply: Reply, refs: Refs) -> dict[str, Any]:
         schema = dict(reply.schema)
     else:
         schema = refs[(Errors, "serialization")]
-    response: dict[str, Any] = {
-        "description": reply.description,
-        "content": _content(reply.media_type, schema, reply.alternatives),
-    }
+    response: dict[str, Any] = {"description": reply.description}
+    if reply.media_type is not None:  # None: no body, so no content (a 204)
+        response["content"] = _content(reply.media_type, schema, reply.alternatives)
     if reply.headers:
         response["headers"] = {name: dict(header) for name, header in reply.headers.items()}
     return response
 
 
-def _replies(operation: Operation, has_parameters: bool) -> dict[int, Reply]:
+def _replies(operation: Operation) -> dict[int, Reply]:
     replies = dict(operation.responses)
-    standard = [405, 414]
+    # 422 on every one: a query parameter with NUL or a control character, whatever it is
+    standard = [405, 414, 422]
     if operation.auth:  # the key is looked up in the database
         standard += [401, 403, 429, 503]
     if operation.body is not None:
-        standard += [400, 411, 413, 415, 422]
-    elif has_parameters:
-        standard.append(422)
+        standard += [400, 411, 413, 415]
     for status in standard:
         replies.setdefault(status, Reply(STANDARD_ERRORS[status]))
     for status, name, header in (
@@ -205,7 +205,7 @@ def _operation(
             ),
         }
     responses: dict[str, Any] = {}
-    for status, reply in _replies(operation, bool(parameters)).items():
+    for status, reply in _replies(operation).items():
         responses[str(status)] = _response(reply, refs)
     document["responses"] = responses
     if not operation.auth:
@@ -225,8 +225,15 @@ def _models(operations: list[Operation]) -> list[tuple[type[BaseModel], JsonSche
 
 
 def _name(route: str, method: Literal["GET", "POST", "PATCH", "DELETE"]) -> str:
+    """The operationId: the method, the path's words, then `By` each path parameter
+    (`getBudgetsByBudgetId` beside `getBudgets`), so no two operations share one."""
     words = re.findall(r"[A-Za-z0-9]+", _PARAMETER.sub("", route).removeprefix("api/v1/"))
-    return method.lower() + "".join(word.capitalize() for word in words)
+    by = [f"By{_camel(match['name'])}" for match in _PARAMETER.finditer(route)]
+    return method.lower() + "".join(word.capitalize() for word in words) + "".join(by)
+
+
+def _camel(name: str) -> str:
+    return "".join(word.capitalize() for word in name.split("_"))
 
 
 @cache
@@ -237,9 +244,14 @@ def openapi_document() -> dict[str, Any]:
     refs, definitions = models_json_schema(keyed_models, ref_template=REF)
     schemas: dict[str, Any] = dict(definitions.get("$defs", {}))
     paths: dict[str, dict[str, Any]] = {}
+    named: dict[str, str] = {}
     for path, route, operation in routes:
+        operation_id = _name(route, operation.method)
+        if operation_id in named:  # OpenAPI: an operationId names one operation
+            raise ValueError(f"{operation_id} names {named[operation_id]} and {route}")
+        named[operation_id] = route
         paths.setdefault(path, {})[operation.method.lower()] = _operation(
-            route, operation, schemas, refs, _name(route, operation.method)
+            route, operation, schemas, refs, operation_id
         )
     return {
         "openapi": "3.1.0",

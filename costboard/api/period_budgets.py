@@ -18,6 +18,7 @@ from costboard.api.boundary import (
     endpoint,
     json_object,
     model_response,
+    no_content,
     parse,
 )
 from costboard.api.schemas import (
@@ -160,7 +161,7 @@ DELETE = Operation(
     summary="Delete a period budget and its ledgers",
     roles=ADMIN,
     path_parameters=ID,
-    responses={204: Reply("deleted"), 404: NOT_FOUND},
+    responses={204: Reply("deleted: no body", media_type=None), 404: NOT_FOUND},
 )
 
 
@@ -243,4 +244,4 @@ def budget_change(request: HttpRequest, budget_id: int) -> HttpResponse:
 @endpoint(DELETE)
 def budget_delete(request: HttpRequest, budget_id: int) -> HttpResponse:
     period_budget_delete(_budget_of(request, budget_id))
-    return HttpResponse(status=204)
+    return no_content()

@@ -1,7 +1,9 @@
 """`GET /api/v1/spend` (docs/api.md, "Spend"; keys with the `read` or `admin` role): spend grouped
 by day, model (its family, as the pages show it), step type, end user or one tag key, between two
 UTC days, as JSON or CSV. Read from the daily rollups only, never the steps: day, model and step
-type from DailyRollup; user from UserDailyRollup; tag:<key> from TagDailyRollup."""
+type from DailyRollup; user from UserDailyRollup; tag:<key> from TagDailyRollup, whose untagged
+row (the tag null) is the day's DailyRollup less its tagged rows, so `total` is the window's
+whole spend whatever the grouping."""
 
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from costboard.api.boundary import (
 from costboard.api.schemas import Answer, Money
 from costboard.api.schemas import Count as CountField
 from costboard.exports import csv_cell
+from costboard.ingest.schemas import FIRST_YEAR, LAST_YEAR
 from costboard.models import DailyRollup, TagDailyRollup, UserDailyRollup, usd
 
 READERS = ("read", "admin")
@@ -66,7 +69,8 @@ class SpendTotals(Answer):
 
 
 class SpendRow(SpendTotals):
-    """The group_by fields (day, model, step_type, user, tag:<key>), then the sums."""
+    """The group_by fields (day, model, step_type, user, tag:<key>; the tag null for the
+    steps without it), then the sums."""
 
 
 class SpendAnswer(Answer):
@@ -81,7 +85,9 @@ SPEND = Operation(
     method="GET",
     summary="Spend grouped by day, model, step type, user or a tag, as JSON or CSV",
     description="Read from the daily rollups. `Accept: text/csv` answers CSV, a header row "
-    "first. `total` equals the overview's figure for the same days.",
+    "first. `total` is the window's whole spend whatever the grouping (the overview's figure "
+    "for the same days): grouped by `tag:<key>`, the steps without that tag are a row whose "
+    "tag is null (an empty cell in CSV).",
     roles=READERS,
     query=SpendQuery,
     responses={
@@ -124,6 +130,13 @@ def _groups(text: str) -> list[str]:
 
 
 def _days(asked: SpendQuery) -> tuple[date, date]:
+    for name in ("since", "until"):
+        day = getattr(asked, name)
+        if day is not None and not FIRST_YEAR <= day.year <= LAST_YEAR:
+            # no step is outside them, and a default counted back from year 1 would overflow
+            raise ApiError(
+                422, name, f"{day} is outside the years {FIRST_YEAR}–{LAST_YEAR} of the data"
+            )
     today = timezone.now().date()
     until = asked.until or today
     since = asked.since or until - timedelta(days=DEFAULT_DAYS - 1)
@@ -148,15 +161,25 @@ def _rows(project_id: int, names: list[str], since: date, until: date) -> list[d
     else:
         source = DailyRollup
         columns = {n: PLAIN[n] for n in names}
+    rows = _sums(source, filters, columns)
+    if tag_key is not None:
+        tag = f"tag:{tag_key}"
+        rows = _with_untagged(rows, project_id, tag, [n for n in names if n != tag], since, until)
+    return rows
+
+
+def _sums(
+    source: type[Model], filters: dict[str, Any], columns: dict[str, str]
+) -> list[dict[str, Any]]:
+    """One row per group of `columns` (group name → rollup column), with the sums."""
     order = list(columns.values())
+    rollups = source._default_manager.filter(**filters)  # type: ignore[attr-defined]
+    sums = {f"s_{name}": Sum(name) for name in SUMS} | {"s_steps": Sum("calls")}
+    # no columns: one row of the whole window (values() with no field would group by every one)
     grouped = (
-        source._default_manager.filter(**filters)  # type: ignore[attr-defined]
-        .values(*order)
-        .annotate(
-            **{f"s_{name}": Sum(name) for name in SUMS},
-            s_steps=Sum("calls"),
-        )
-        .order_by(*order)
+        rollups.values(*order).annotate(**sums).order_by(*order)
+        if order
+        else [rollups.aggregate(**sums)]
     )
     rows = []
     for group in grouped:
@@ -168,6 +191,37 @@ def _rows(project_id: int, names: list[str], since: date, until: date) -> list[d
         row.update({name: _zero_if_none(group[f"s_{name}"], name) for name in SUMS})
         row["steps"] = group["s_steps"] or 0
         rows.append(row)
+    return rows
+
+
+def _with_untagged(
+    tagged: list[dict[str, Any]],
+    project_id: int,
+    tag: str,
+    others: list[str],
+    since: date,
+    until: date,
+) -> list[dict[str, Any]]:
+    """`tagged` and, per group of `others` (day or nothing), the spend of the steps without
+    the tag: the whole spend (DailyRollup) less the tagged rows (a step has at most one value
+    per key). Its tag is None: null in JSON, an empty cell in CSV."""
+    filters = {"project_id": project_id, "day__gte": since, "day__lte": until}
+    untagged = {
+        tuple(row[n] for n in others): row
+        for row in _sums(DailyRollup, filters, {n: PLAIN[n] for n in others})
+    }
+    for row in tagged:
+        group = tuple(row[n] for n in others)
+        zero = {name: _zero_if_none(None, name) for name in SUMS} | {"steps": 0}
+        whole = untagged.setdefault(group, {**dict(zip(others, group, strict=True)), **zero})
+        for name in (*SUMS, "steps"):
+            whole[name] -= row[name]
+    rows = list(tagged)
+    for group, row in untagged.items():
+        if any(row[name] for name in (*SUMS, "steps")):
+            rows.append({**dict(zip(others, group, strict=True)), tag: None, **row})
+    # by the other groups, the untagged row after the tag's values
+    rows.sort(key=lambda r: (*(r[n] for n in others), r[tag] is None, r[tag] or ""))
     return rows
 
 

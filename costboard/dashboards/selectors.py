@@ -1301,7 +1301,7 @@ TAG_KEYS_SHOWN = 50
 
 @dataclass(frozen=True)
 class TagSpend:
-    value: str
+    value: str | None  # None: the steps without the key ("untagged")
     calls: int
     tokens: int
     cost_usd: Decimal
@@ -1319,7 +1319,9 @@ def tag_keys(*, project_ids: list[int], since: date, until: date) -> list[str]:
 
 
 def spend_by_tag(*, project_ids: list[int], since: date, until: date, key: str) -> list[TagSpend]:
-    """Spend per value of one tag key between two UTC days, costliest first (one query)."""
+    """Spend per value of one tag key between two UTC days, costliest first, and the steps
+    without the key as one untagged row (value None): the rows add up to the period's whole
+    spend (two queries)."""
     rows = (
         TagDailyRollup.objects.filter(
             project_id__in=project_ids, day__gte=since, day__lte=until, key=key
@@ -1333,7 +1335,7 @@ def spend_by_tag(*, project_ids: list[int], since: date, until: date, key: str) 
         )
         .order_by("-cost", "value")
     )
-    return [
+    tagged = [
         TagSpend(
             value=r["value"],
             calls=r["calls"] or 0,
@@ -1342,3 +1344,19 @@ def spend_by_tag(*, project_ids: list[int], since: date, until: date, key: str) 
         )
         for r in rows
     ]
+    whole = DailyRollup.objects.filter(
+        project_id__in=project_ids, day__gte=since, day__lte=until
+    ).aggregate(
+        calls=Sum("calls"), inp=Sum("input_tokens"), out=Sum("output_tokens"), cost=Sum("cost_usd")
+    )
+    # a step has at most one value per key: what the values leave out carries no such tag
+    untagged = TagSpend(
+        value=None,
+        calls=(whole["calls"] or 0) - sum(t.calls for t in tagged),
+        tokens=(whole["inp"] or 0) + (whole["out"] or 0) - sum(t.tokens for t in tagged),
+        cost_usd=(whole["cost"] or ZERO) - sum((t.cost_usd for t in tagged), ZERO),
+    )
+    if not (untagged.calls or untagged.tokens or untagged.cost_usd):
+        return tagged
+    # costliest first, the untagged row among the values
+    return sorted([*tagged, untagged], key=lambda t: t.cost_usd, reverse=True)

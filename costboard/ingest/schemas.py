@@ -104,7 +104,7 @@ Timestamp = Annotated[
         {
             "type": "string",
             "format": "date-time",
-            "description": "ISO 8601, from 1970 to 2999; without an offset it is UTC",
+            "description": "ISO 8601, from 1970 to 2999 in UTC; without an offset it is UTC",
         }
     ),
 ]
@@ -485,7 +485,20 @@ def validation_errors(
 
 
 ISO_TIME = "must be an ISO 8601 time as a string, e.g. 2026-11-22T10:15:00Z"
-ISO_TIME_RANGE = f"must be a time from {FIRST_YEAR} to {LAST_YEAR}, e.g. 2026-11-22T10:15:00Z"
+ISO_TIME_RANGE = (
+    f"must be a time from {FIRST_YEAR} to {LAST_YEAR} in UTC (its offset counted), "
+    "e.g. 2026-11-22T10:15:00Z"
+)
+
+
+def in_years(moment: datetime) -> bool:
+    """Whether `moment` (UTC when naive) falls within FIRST_YEAR..LAST_YEAR in UTC: the year
+    it is stored under, not the year its offset names (2999-12-31T23:00-14:00 is 3000)."""
+    if not FIRST_YEAR - 1 <= moment.year <= LAST_YEAR + 1:
+        return False  # and near year 1 or 9999 the conversion below would overflow
+    if moment.tzinfo is not None:
+        moment = moment.astimezone(UTC)
+    return FIRST_YEAR <= moment.year <= LAST_YEAR
 
 
 def validate_event(index: int, raw: Any) -> tuple[Event | None, list[dict[str, Any]]]:
@@ -504,7 +517,7 @@ def validate_event(index: int, raw: Any) -> tuple[Event | None, list[dict[str, A
         event = cast(Event, model.model_validate(raw))
     except ValidationError as exc:
         return None, validation_errors(exc, model, index=index)
-    if event.timestamp is not None and not FIRST_YEAR <= event.timestamp.year <= LAST_YEAR:
+    if event.timestamp is not None and not in_years(event.timestamp):
         return None, [_error(index, "timestamp", ISO_TIME_RANGE)]
     for name in _NESTED[model]:
         value = raw.get(name)

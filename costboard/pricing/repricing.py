@@ -2,10 +2,10 @@
 
 Each affected step is priced again with the current rate table; what changed is written to
 the step and the difference (never a recount) is added to its turn, session, the session's
-per-model usage and the daily rollup, so rollups stay equal to the sum of their steps even
-where old steps were deleted by retention. A step whose model family changes with its price
-row is moved, whole, from its old family's rollup rows to its new family's. Steps are
-locked while repriced, so two repricings never apply one change twice.
+per-model usage and the daily rollups (by model, by user, by tag), so rollups stay equal to
+the sum of their steps even where old steps were deleted by retention. A step whose model
+family changes with its price row is moved, whole, from its old family's rollup rows to its
+new family's. Steps are locked while repriced, so two repricings never apply one change twice.
 Lock order matches ingest (sessions, then turns, then rollups) so the two cannot deadlock.
 """
 
@@ -23,7 +23,16 @@ from django.db.models import F
 from django.utils import timezone
 
 from costboard.budgets.services import session_recheck
-from costboard.models import TOOL_MODEL, DailyRollup, Session, SessionModelUsage, Step, Turn
+from costboard.models import (
+    TOOL_MODEL,
+    DailyRollup,
+    Session,
+    SessionModelUsage,
+    Step,
+    TagDailyRollup,
+    Turn,
+    UserDailyRollup,
+)
 from costboard.pricing.families import (
     is_tool_model,
     model_family,
@@ -184,6 +193,21 @@ def _reprice_chunk(steps: list[Step], table: Any, result: RepriceResult) -> None
     rollups: dict[tuple[int, date, str, str, str], list[Any]] = defaultdict(
         lambda: [0] * len(ROLLUP_TOKENS) + [ZERO] * len(COST_COLUMNS) + [0] * 4
     )
+    # (project, day, user) and (project, day, tag key, value) → COST_COLUMNS: the spend by
+    # user and by tag change with the steps' prices too
+    by_user: dict[tuple[int, date, str], list[Decimal]] = defaultdict(
+        lambda: [ZERO] * len(COST_COLUMNS)
+    )
+    by_tag: dict[tuple[int, date, str, str], list[Decimal]] = defaultdict(
+        lambda: [ZERO] * len(COST_COLUMNS)
+    )
+    # the session's user now: ingest rolled the step up under its user then, the same unless
+    # the session's user_id was changed since
+    users = dict(
+        Session.objects.filter(pk__in={step.session_id for step in steps}).values_list(
+            "pk", "user_id"
+        )
+    )
     changed: list[Step] = []
     moved: set[int] = set()  # sessions with a step moved to another family
     for step in steps:
@@ -227,6 +251,10 @@ def _reprice_chunk(steps: list[Step], table: Any, result: RepriceResult) -> None
         new_key = (step.project_id, day, family, step.model, step.step_type)
         _add(rollups[old_key], _rollup_share(step, before, unpriced_before), -1)
         _add(rollups[new_key], _rollup_share(step, after, unpriced_after))
+        differences = [new - old for old, new in zip(before, after, strict=True)]
+        _add(by_user[(step.project_id, day, users.get(step.session_id) or "")], differences)
+        for key, value in (step.tags or {}).items():
+            _add(by_tag[(step.project_id, day, key, value)], differences)
         _add(
             model_usage[(step.session_id, old_family, step.model, step.project_id)],
             [1, step.tokens_used, before[-1]],
@@ -268,10 +296,22 @@ def _reprice_chunk(steps: list[Step], table: Any, result: RepriceResult) -> None
         ROLLUP_COUNTERS,
         {key: values for key, values in rollups.items() if any(values)},
     )
+    _counters_add(
+        UserDailyRollup,
+        ("project_id", "day", "user_id"),
+        COST_COLUMNS,
+        {key: values for key, values in by_user.items() if any(values)},
+    )
+    _counters_add(
+        TagDailyRollup,
+        ("project_id", "day", "key", "value"),
+        COST_COLUMNS,
+        {key: values for key, values in by_tag.items() if any(values)},
+    )
 
 
 def _counters_add(
-    model: type[DailyRollup] | type[SessionModelUsage],
+    model: type[DailyRollup | SessionModelUsage | UserDailyRollup | TagDailyRollup],
     key_columns: tuple[str, ...],
     counters: tuple[str, ...],
     deltas: dict[Any, list[Any]],
@@ -294,7 +334,7 @@ def _counters_add(
                 for part in key
             ]
             cursor.execute(sql, [*params, *values])
-            if values[counters.index("calls")] < 0:
+            if "calls" in counters and values[counters.index("calls")] < 0:
                 emptied.append(dict(zip(key_columns, key, strict=True)))
     for key_values in emptied:
         model.objects.filter(**key_values, calls=0).delete()

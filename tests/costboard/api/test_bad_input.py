@@ -5,12 +5,14 @@ whose JSON `errors` name the field and the fix, and no row stored. Against the r
 from __future__ import annotations
 
 import json
+from datetime import UTC
 from typing import Any
 
 import pytest
 from django.test import Client
 
-from costboard.models import Session, Step, Turn
+from costboard.api.openapi import openapi_document
+from costboard.models import ApiKey, Session, Step, Turn
 from memory_ui.models import Memory
 from tests.conftest import Agent
 
@@ -106,7 +108,33 @@ EVENTS: list[tuple[Any, str, str]] = [
     # times that overflow when converted
     (step(timestamp="0001-01-01T00:00:00+14:00"), "timestamp", "1970 to 2999"),
     (step(timestamp="9999-12-31T23:59:59-14:00"), "timestamp", "1970 to 2999"),
+    # the years are UTC's: the offset moves these across the bound
+    (step(timestamp="2999-12-31T23:00:00-14:00"), "timestamp", "1970 to 2999 in UTC"),
+    (step(timestamp="2999-12-31T12:00:00-12:00"), "timestamp", "1970 to 2999 in UTC"),
+    (step(timestamp="1970-01-01T00:30:00+01:00"), "timestamp", "1970 to 2999 in UTC"),
+    (step(timestamp="3000-01-01T00:00:00"), "timestamp", "1970 to 2999 in UTC"),
+    (step(timestamp="1969-12-31T23:59:59.999999Z"), "timestamp", "1970 to 2999 in UTC"),
 ]
+
+
+@pytest.mark.parametrize(
+    ("timestamp", "stored"),
+    [
+        ("2999-12-31T23:59:59.999999Z", "2999-12-31T23:59:59.999999+00:00"),
+        ("3000-01-01T09:00:00+14:00", "2999-12-31T19:00:00+00:00"),  # 3000 locally, 2999 in UTC
+        ("1969-12-31T20:00:00-05:00", "1970-01-01T01:00:00+00:00"),  # 1969 locally
+        ("1970-01-01T00:00:00", "1970-01-01T00:00:00+00:00"),  # no offset: UTC
+    ],
+)
+def test_a_time_within_the_years_in_utc_is_stored_in_utc(
+    client: Client, timestamp: str, stored: str
+) -> None:
+    response = client.post(
+        "/api/v1/events", step(input_tokens=1, timestamp=timestamp), content_type="application/json"
+    )
+    assert response.status_code == 200, response.content
+    [kept] = Step.objects.all()
+    assert kept.timestamp.astimezone(UTC).isoformat() == stored
 
 
 @pytest.mark.slow
@@ -190,7 +218,7 @@ def test_a_bad_memory_candidate_is_refused_and_nothing_stored(
         ("/api/v1/memory/search?q=a%00b", "q", "NUL"),
         ("/api/v1/memory/search?q=a&scope=user:a%0A", "scope", "user:"),
         ("/api/v1/memory/search?q=a&k=99999999999999999999", "k", "1 to 50"),
-        ("/api/v1/memory/MEMORY.md?scope=user:%00", "scope", "user:"),
+        ("/api/v1/memory/MEMORY.md?scope=user:%00", "scope", "NUL"),
         ("/api/v1/sessions/a%00b/context?budget=5", "session_id", "NUL"),
         ("/api/v1/sessions/s1/context?budget=99999999999999999999999", "budget", "at most"),
         ("/api/v1/sessions/a%00b/budget", "session_id", "NUL"),
@@ -208,3 +236,54 @@ def test_memory_feedback_with_an_id_past_bigint_is_422(client: Client) -> None:
     body = {"memory_id": 2**63, "useful": True}
     response = client.post("/api/v1/memory/feedback", body, content_type="application/json")
     assert refused(response, 422)["field"] == "memory_id"
+
+
+# --- a query parameter no endpoint can use: 422 naming it, before anything reads it -----------
+
+BAD_QUERIES = [
+    ("group_by=tag:a%00b", "group_by", "must not contain NUL (%00): remove it"),
+    ("group_by=tag:a%1Fb", "group_by", "must not contain the control character U+001F"),
+    ("group_by=tag:%C2%9B", "group_by", "must not contain the control character U+009B"),
+    ("group_by=tag:%FF", "group_by", "is not valid UTF-8"),
+    ("x%00y=1", "x%00y", "must not contain NUL"),
+    ("since=2026-01-01&%ED%A0%80=1", "\ufffd\ufffd\ufffd", "is not valid UTF-8"),
+]
+
+
+@pytest.mark.parametrize(("query", "field", "says"), BAD_QUERIES)
+def test_a_bad_character_in_spends_query_is_422_naming_the_parameter(
+    agent: Agent, query: str, field: str, says: str
+) -> None:
+    reader = ApiKey.issue(project=agent.project, role="read")[1]
+    for accept in ("application/json", "text/csv"):
+        response = Client().get(
+            f"/api/v1/spend?{query}",
+            headers={"Authorization": f"Bearer {reader}", "Accept": accept},
+        )
+        error = refused(response, 422)
+        assert error["field"] == field
+        assert says in error["message"]
+
+
+def test_every_endpoint_refuses_a_nul_in_any_query_parameter(agent: Agent) -> None:
+    """Whatever the operation, with a key or without: the parameter is named, nothing runs."""
+    concrete = {"{session_id}": "s1", "{budget_id}": "1"}
+    for path, methods in openapi_document()["paths"].items():
+        for name, value in concrete.items():
+            path = path.replace(name, value)
+        for method in methods:
+            response = Client().generic(
+                method.upper(),
+                f"{path}?fine=1&not%00fine=1",
+                b"{}",
+                content_type="application/json",
+                headers={"Authorization": f"Bearer {agent.key}"},
+            )
+            error = refused(response, 422)
+            assert (error["field"], method, path) == ("not%00fine", method, path)
+    assert rows() == (0, 0, 0, 0)
+
+
+@pytest.mark.parametrize("query", ["q=a%09b", "q=caf%C3%A9+%E2%82%AC", "q=%F0%9F%98%80"])
+def test_tabs_and_any_script_in_a_query_are_fine(client: Client, query: str) -> None:
+    assert client.get(f"/api/v1/memory/search?{query}").status_code == 200

@@ -16,6 +16,7 @@ import pytest
 from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver
 from jsonschema import Draft202012Validator, FormatChecker
+from openapi_spec_validator import OpenAPIV31SpecValidator
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
@@ -25,6 +26,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans
 from costboard.api.boundary import MAX_QUERY_STRING
 from costboard.api.openapi import openapi_document
 from costboard.ingest.schemas import MAX_BODY_BYTES
+from costboard.models import ApiKey
 from memory_ui.models import Memory, RetrievalLog
 from tests.conftest import Agent, make_agent
 
@@ -59,6 +61,10 @@ def conforms(response: Any, path: str, method: str) -> Any:
     status = str(response.status_code)
     assert status in documented, f"{method} {path} answered an undocumented {status}"
     reply = documented[status]
+    if "content" not in reply:  # documented without a body (a 204): none, nor a Content-Type
+        assert not response.content, f"{method} {path} {status} has a body"
+        assert "Content-Type" not in response, f"{method} {path} {status} names a Content-Type"
+        return None
     media_type = response["Content-Type"].split(";")[0].strip()
     assert media_type in reply["content"], f"{media_type} not documented for {status}"
     for header, spec in reply.get("headers", {}).items():
@@ -153,6 +159,34 @@ def test_the_served_document_is_the_generated_one_and_valid_openapi_3_1(client: 
                 assert "401" in statuses, (method, path)
             if "requestBody" in spec:
                 assert {"400", "413", "422"} <= statuses, (method, path)
+
+
+def test_the_served_document_passes_an_openapi_validator(client: Client) -> None:
+    served = client.get("/api/v1/openapi.json").json()
+    errors = [str(error) for error in OpenAPIV31SpecValidator(served).iter_errors()]
+    assert errors == []
+
+
+def test_every_operation_has_its_own_operation_id() -> None:
+    ids = [spec["operationId"] for methods in DOC["paths"].values() for spec in methods.values()]
+    assert len(ids) == len(set(ids)) == 16
+    budget = DOC["paths"]["/api/v1/budgets/{budget_id}"]
+    assert (
+        budget["get"]["operationId"],
+        DOC["paths"]["/api/v1/budgets"]["get"]["operationId"],
+    ) == (
+        "getBudgetsByBudgetId",
+        "getBudgets",
+    )
+
+
+def test_a_response_without_a_body_documents_no_content() -> None:
+    deleted = DOC["paths"]["/api/v1/budgets/{budget_id}"]["delete"]["responses"]["204"]
+    assert deleted == {"description": "deleted: no body"}
+    for path, methods in DOC["paths"].items():
+        for method, spec in methods.items():
+            for status, reply in spec["responses"].items():
+                assert ("content" in reply) == (status != "204"), (method, path, status)
 
 
 def test_every_schema_ref_resolves() -> None:
@@ -332,6 +366,63 @@ def test_memory_md_search_and_feedback_answers_conform(agent: Agent) -> None:
     }.items():
         assert response.status_code == status, (status, response.content)
         conforms(response, path, "POST")
+
+
+def test_period_budget_answers_conform(agent: Agent) -> None:
+    admin = {"Authorization": f"Bearer {ApiKey.issue(project=agent.project, role='admin')[1]}"}
+
+    def call(method: str, path: str, body: Any = None) -> Any:
+        if body is None:
+            return Client().generic(method, path, headers=admin)
+        return Client().generic(
+            method, path, json.dumps(body), content_type="application/json", headers=admin
+        )
+
+    listed, one = "/api/v1/budgets", "/api/v1/budgets/{budget_id}"
+    kept = call("POST", listed, {"name": "kept", "token_limit": 100}).json()
+    made = conforms(call("POST", listed, {"name": "m", "cost_limit_usd": "5.00"}), listed, "POST")
+    at = f"/api/v1/budgets/{made['id']}"
+    assert {b["id"] for b in conforms(call("GET", listed), listed, "GET")["budgets"]} == {
+        kept["id"],
+        made["id"],
+    }
+    assert conforms(call("GET", at), one, "GET")["name"] == "m"
+    assert conforms(call("PATCH", at, {"name": "n"}), one, "PATCH")["name"] == "n"
+    deleted = call("DELETE", at)
+    assert deleted.status_code == 204
+    assert conforms(deleted, one, "DELETE") is None
+    for method, status, response in [
+        ("GET", 404, call("GET", at)),
+        ("PATCH", 404, call("PATCH", at, {"name": "n"})),
+        ("DELETE", 404, call("DELETE", at)),
+        ("GET", 401, Client().get(at)),
+        ("GET", 403, get(agent, at)),
+        ("PATCH", 422, call("PATCH", f"/api/v1/budgets/{kept['id']}", {"name": 5})),
+    ]:
+        assert response.status_code == status, (method, status, response.content)
+        conforms(response, one, method)
+    refused = call("POST", listed, {"name": "m", "cost_limit_usd": "-1"})
+    assert refused.status_code == 422
+    conforms(refused, listed, "POST")
+
+
+def test_spend_answers_conform(used: Agent) -> None:
+    reader = {"Authorization": f"Bearer {ApiKey.issue(project=used.project, role='read')[1]}"}
+    path = "/api/v1/spend"
+    for group_by in ("day", "model,step_type", "user", "day,tag:feature"):
+        answer = Client().get(path, {"group_by": group_by}, headers=reader)
+        assert conforms(answer, path, "GET")["group_by"] == group_by.split(",")
+        csv_answer = Client().get(
+            path, {"group_by": group_by}, headers={**reader, "Accept": "text/csv"}
+        )
+        assert conforms(csv_answer, path, "GET").startswith(group_by.encode() + b",cost_usd")
+    for status, response in {
+        401: Client().get(path),
+        403: get(used, path),
+        422: Client().get(path, {"group_by": "hour"}, headers=reader),
+    }.items():
+        assert response.status_code == status, (status, response.content)
+        conforms(response, path, "GET")
 
 
 def test_the_docs_page_is_documented_html(client: Client) -> None:

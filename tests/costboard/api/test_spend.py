@@ -16,6 +16,7 @@ from django.test import Client
 from django.utils import timezone
 
 from costboard.models import ApiKey, Step
+from costboard.pricing.repricing import steps_reprice
 from tests.conftest import Agent, add_price
 
 pytestmark = pytest.mark.django_db
@@ -96,10 +97,11 @@ def test_grouped_by_model_user_and_tag(reader: str) -> None:
     assert {r["tag:feature"]: r["steps"] for r in by_tag["rows"]} == {
         "search": 3,
         "=HYPERLINK(1)": 1,
+        None: 1,  # session c's step, untagged
     }
-    assert Decimal(by_tag["total"]["cost_usd"]) == cost_of(
-        Step.objects.exclude(session__external_id="c")
-    )
+    [untagged] = [r for r in by_tag["rows"] if r["tag:feature"] is None]
+    assert Decimal(untagged["cost_usd"]) == cost_of(Step.objects.filter(session__external_id="c"))
+    assert Decimal(by_tag["total"]["cost_usd"]) == cost_of(Step.objects.all())
     today = timezone.now().date()
     only_today = get(reader, f"?since={today}&until={today}").json()
     assert only_today["total"]["steps"] == 4
@@ -121,7 +123,7 @@ def test_csv_has_a_header_and_quotes_formulas(reader: str) -> None:
         "cache_creation_input_tokens",
         "steps",
     ]
-    assert sorted(r[0] for r in rows[1:]) == ["'=HYPERLINK(1)", "search"]
+    assert sorted(r[0] for r in rows[1:]) == ["", "'=HYPERLINK(1)", "search"]  # "": untagged
 
 
 def test_only_read_and_admin_keys(agent: Agent, reader: str) -> None:
@@ -141,6 +143,8 @@ def test_only_read_and_admin_keys(agent: Agent, reader: str) -> None:
         ("?since=notadate", "since", "date"),
         ("?until=2026-13-01", "until", "date"),
         ("?groupby=day", "groupby", "did you mean 'group_by'"),
+        ("?until=0001-01-05", "until", "outside the years 1970–2999"),
+        ("?since=9999-01-01&until=9999-12-31", "since", "outside the years 1970–2999"),
     ],
 )
 def test_a_bad_parameter_is_a_422_naming_it(reader: str, query: str, field: str, says: str) -> None:
@@ -161,3 +165,116 @@ def test_a_group_of_unpriced_steps_costs_zero_dollars(
     rows = {row[group_by]: row for row in answer.json()["rows"]}
     assert (rows[group]["cost_usd"], rows[group]["input_tokens"]) == ("0.00", 50)
     assert Decimal(answer.json()["total"]["cost_usd"]) == cost_of(Step.objects.all()) > 0
+
+
+# --- every grouping answers, and its rows add up to the window's whole spend -----------------
+
+GROUPINGS = [
+    "day",
+    "model",
+    "step_type",
+    "user",
+    "day,model",
+    "day,step_type",
+    "model,step_type",
+    "day,model,step_type",
+    "day,user",
+    "tag:feature",
+    "day,tag:feature",
+    "tag:plan",
+    "tag:absent",
+]
+
+
+@pytest.fixture
+def mixed(reader: str, agent: Agent) -> str:
+    """Beside `reader`'s priced steps: tool steps and an unknown model ($0 groups), tagged and
+    untagged, on two days."""
+    yesterday = (timezone.now() - timedelta(days=1)).isoformat()
+    agent.events(
+        {"session_id": "d", "step_type": "tool", "model": "none", "tags": {"feature": "tools"}},
+        {"session_id": "d", "step_type": "tool", "model": "none", "timestamp": yesterday},
+        {"session_id": "e", "step_type": "free", "model": "no-price", "input_tokens": 50},
+        {
+            "session_id": "e",
+            "step_type": "free",
+            "model": "no-price",
+            "input_tokens": 7,
+            "timestamp": yesterday,
+            "tags": {"feature": "free"},
+        },
+    )
+    return reader
+
+
+def csv_rows(key: str, group_by: str) -> list[dict[str, str]]:
+    response = get(key, f"?group_by={group_by}", Accept="text/csv")
+    assert response.status_code == 200, response.content
+    assert response["Content-Type"] == "text/csv; charset=utf-8"
+    return list(csv.DictReader(io.StringIO(response.content.decode())))
+
+
+@pytest.mark.parametrize("group_by", GROUPINGS)
+def test_every_grouping_adds_up_to_the_steps_in_json_and_csv(mixed: str, group_by: str) -> None:
+    steps = Step.objects.all()
+    whole = cost_of(steps)
+    assert whole > 0 and steps.filter(cost_usd=0).count() == 4  # $0 groups are in the data
+    response = get(mixed, f"?group_by={group_by}")
+    assert response.status_code == 200, response.content
+    answer = response.json()
+    assert Decimal(answer["total"]["cost_usd"]) == whole
+    assert sum(Decimal(row["cost_usd"]) for row in answer["rows"]) == whole
+    assert answer["total"]["steps"] == sum(row["steps"] for row in answer["rows"]) == 9
+    assert answer["total"]["input_tokens"] == sum(s.input_tokens for s in steps)
+    rows = csv_rows(mixed, group_by)
+    assert sum(Decimal(row["cost_usd"]) for row in rows) == whole
+    assert sum(int(row["steps"]) for row in rows) == 9
+    assert [row["cost_usd"] for row in rows] == [row["cost_usd"] for row in answer["rows"]]
+
+
+def test_grouped_by_a_tag_the_untagged_spend_is_a_row_with_the_tag_null(mixed: str) -> None:
+    answer = get(mixed, "?group_by=tag:feature").json()
+    by_value = {row["tag:feature"]: row for row in answer["rows"]}
+    assert list(by_value) == ["=HYPERLINK(1)", "free", "search", "tools", None]
+    untagged = Step.objects.filter(tags__isnull=True) | Step.objects.exclude(
+        tags__has_key="feature"
+    )
+    assert by_value[None]["steps"] == untagged.distinct().count() == 3
+    assert Decimal(by_value[None]["cost_usd"]) == cost_of(untagged.distinct()) > 0
+    assert (by_value["tools"]["cost_usd"], by_value["free"]["cost_usd"]) == ("0.00", "0.00")
+    assert by_value["free"]["input_tokens"] == 7
+    rows = csv_rows(mixed, "tag:feature")
+    assert [row["tag:feature"] for row in rows] == ["'=HYPERLINK(1)", "free", "search", "tools", ""]
+    assert rows[-1]["cost_usd"] == by_value[None]["cost_usd"]
+
+
+def test_by_day_and_tag_each_day_has_its_untagged_row(mixed: str) -> None:
+    answer = get(mixed, "?group_by=day,tag:feature").json()
+    days = sorted({row["day"] for row in answer["rows"]})
+    for day in days:
+        of_day = [row for row in answer["rows"] if row["day"] == day]
+        assert of_day[-1]["tag:feature"] is None  # after the day's values
+        spent = cost_of(s for s in Step.objects.all() if s.timestamp.date().isoformat() == day)
+        assert sum(Decimal(row["cost_usd"]) for row in of_day) == spent
+
+
+def test_a_key_no_step_carries_is_one_untagged_row(mixed: str) -> None:
+    answer = get(mixed, "?group_by=tag:absent").json()
+    [row] = answer["rows"]
+    assert row["tag:absent"] is None
+    assert Decimal(row["cost_usd"]) == cost_of(Step.objects.all())
+    assert row["steps"] == 9
+
+
+def test_after_a_repricing_every_grouping_still_adds_up_to_the_steps(
+    mixed: str, agent: Agent
+) -> None:
+    add_price("no-price")  # the unknown model gets a price: its steps are repriced
+    steps_reprice(models=["no-price"])
+    whole = cost_of(Step.objects.all())
+    assert cost_of(Step.objects.filter(model="no-price")) > 0
+    for group_by in GROUPINGS:
+        answer = get(mixed, f"?group_by={group_by}").json()
+        assert Decimal(answer["total"]["cost_usd"]) == whole, group_by
+        assert sum(Decimal(row["cost_usd"]) for row in answer["rows"]) == whole, group_by
+        assert all(row["steps"] > 0 for row in answer["rows"]), group_by

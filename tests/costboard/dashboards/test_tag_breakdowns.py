@@ -6,12 +6,15 @@ from __future__ import annotations
 import csv
 import io
 import re
+from datetime import timedelta
 from decimal import Decimal
 from urllib.parse import urlencode
 
 import pytest
 from django.test import Client
+from django.utils import timezone
 
+from costboard.dashboards.selectors import spend_by_period, spend_by_tag
 from costboard.models import Step
 from costboard.templatetags.costboard_tags import usd
 from tests.conftest import Agent, add_price
@@ -128,3 +131,39 @@ def test_the_tag_filter_lists_and_exports_the_sessions_with_that_tag(
     assert listed(staff, tag) == sessions
     assert exported(staff, tag) == sessions
     assert listed(staff, "no tag") == ["eu", "odd", "untagged", "us"]  # positive control
+
+
+def untagged_cost(html: str) -> str:
+    found = re.search(
+        r"<tr data-tag-untagged><td[^>]*>untagged</td>.*?data-tag-cost>([^<]+)<", html
+    )
+    assert found is not None, "no untagged row"
+    return found.group(1)
+
+
+def test_the_untagged_spend_is_a_row_and_a_keys_rows_add_up_to_the_overview(
+    staff: Client, tagged: Agent
+) -> None:
+    tagged.events({"session_id": "t", "step_type": "tool", "model": "none"})  # a $0 step
+    today = timezone.now().date()
+    ids = [tagged.project.pk]
+    whole = sum((s.cost_usd for s in Step.objects.all()), Decimal(0))
+    [*_, thirty_days] = spend_by_period(project_ids=ids, today=today)
+    assert thirty_days.cost_usd == whole
+    for key in ("customer", "plan"):
+        rows = spend_by_tag(project_ids=ids, since=today - timedelta(days=29), until=today, key=key)
+        assert sum((row.cost_usd for row in rows), Decimal(0)) == whole
+        assert sum(row.calls for row in rows) == Step.objects.count() == 7
+        [untagged] = [row for row in rows if row.value is None]
+        assert untagged.cost_usd == cost_without(key) > 0
+        assert untagged.calls == sum(1 for s in Step.objects.all() if key not in (s.tags or {}))
+    assert untagged_cost(staff.get("/steps/?tag_key=plan").content.decode()) == usd(
+        cost_without("plan")
+    )
+    assert untagged_cost(staff.get("/?tag_key=customer").content.decode()) == usd(
+        cost_without("customer")
+    )
+
+
+def cost_without(key: str) -> Decimal:
+    return sum((s.cost_usd for s in Step.objects.all() if key not in (s.tags or {})), Decimal(0))

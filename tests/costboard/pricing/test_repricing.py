@@ -5,7 +5,16 @@ from decimal import Decimal
 import pytest
 from django.test import Client
 
-from costboard.models import DailyRollup, ModelPrice, Session, SessionModelUsage, Step, Turn
+from costboard.models import (
+    DailyRollup,
+    ModelPrice,
+    Session,
+    SessionModelUsage,
+    Step,
+    TagDailyRollup,
+    Turn,
+    UserDailyRollup,
+)
 from costboard.outbox import outbox_dispatch
 from costboard.pricing.repricing import PriceMatch, models_affected, steps_reprice
 from costboard.pricing.services import prices_reprice_later
@@ -15,6 +24,7 @@ from tests.waiting import wait_until
 
 def traffic(agent: Agent) -> None:
     agent.events(
+        {"type": "session", "session_id": "s1", "user_id": "ann", "tags": {"team": "core"}},
         {
             "session_id": "s1",
             "turn": 1,
@@ -31,6 +41,7 @@ def traffic(agent: Agent) -> None:
             "model": "house-llm",
             "input_tokens": 2000,
             "output_tokens": 200,
+            "tags": {"feature": "intent"},
         },
         {
             "session_id": "s2",
@@ -81,6 +92,23 @@ def assert_rollups_match_steps() -> None:
         assert usage.tokens_used == sum(s.input_tokens + s.output_tokens for s in steps)
         usage_keys.add((usage.session_id, usage.family, usage.model))
     assert usage_keys == {(s.session_id, s.family, s.model) for s in Step.objects.all()}
+    # the spend by user and by tag (the spend API's and the pages' breakdowns) too
+    for by_user in UserDailyRollup.objects.all():
+        steps = [
+            s
+            for s in Step.objects.filter(session__user_id=by_user.user_id)
+            if s.timestamp.date() == by_user.day
+        ]
+        assert by_user.calls == len(steps) > 0
+        assert by_user.cost_usd == sum((s.cost_usd for s in steps), Decimal(0)), by_user.user_id
+    for by_tag in TagDailyRollup.objects.all():
+        steps = [
+            s
+            for s in Step.objects.all()
+            if (s.tags or {}).get(by_tag.key) == by_tag.value and s.timestamp.date() == by_tag.day
+        ]
+        assert by_tag.calls == len(steps) > 0
+        assert by_tag.cost_usd == sum((s.cost_usd for s in steps), Decimal(0)), by_tag.value
 
 
 @pytest.mark.django_db
