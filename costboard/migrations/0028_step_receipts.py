@@ -55,11 +55,6 @@ class Migration(migrations.Migration):
                     ),
                 ),
             ],
-            options={
-                "indexes": [
-                    models.Index(fields=["project", "timestamp"], name="step_receipt_time")
-                ],
-            },
         ),
         migrations.RunPython(backfill, migrations.RunPython.noop, elidable=True),
     ]
