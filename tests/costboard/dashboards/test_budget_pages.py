@@ -53,15 +53,14 @@ def _priced(db: None) -> None:
     add_price("test-sonnet", input_mtok=RATE)
 
 
-@pytest.fixture
-def held(agent: Agent) -> PeriodBudget:
-    """Ann's monthly $1.00 stop-budget, exhausted by her session ann-1 ($1.20); bob-1 ($0.30)
-    is not hers."""
+def ann_over_bob_under(agent: Agent, *, name: str, user: str) -> tuple[PeriodBudget, Any]:
+    """A monthly $1.00 user stop-budget (`user`: one user, or "*" for each); ann's session
+    ann-1 spends $1.20 and bob's bob-1 $0.30. Returns the budget and the spending reply."""
     budget = PeriodBudget.objects.create(
         project=agent.project,
-        name="ann monthly",
+        name=name,
         scope="user",
-        scope_value="ann",
+        scope_value=user,
         period="month",
         cost_limit_usd=Decimal("1.00"),
         action="stop",
@@ -70,7 +69,14 @@ def held(agent: Agent) -> PeriodBudget:
         {"type": "session", "session_id": "ann-1", "user_id": "ann"},
         {"type": "session", "session_id": "bob-1", "user_id": "bob"},
     )
-    answer = agent.events(*steps("ann-1", 4), *steps("bob-1", 1))
+    return budget, agent.events(*steps("ann-1", 4), *steps("bob-1", 1))
+
+
+@pytest.fixture
+def held(agent: Agent) -> PeriodBudget:
+    """Ann's monthly $1.00 stop-budget, exhausted by her session ann-1 ($1.20); bob-1 ($0.30)
+    is not hers."""
+    budget, answer = ann_over_bob_under(agent, name="ann monthly", user="ann")
     assert answer["budgets"][str(budget.pk)]["state"] == "exhausted"
     return budget
 
@@ -364,20 +370,7 @@ def test_the_admin_shows_budget_money_in_dollars(staff: Client, agent: Agent) ->
 def test_a_per_member_budget_holds_only_its_exhausted_members(staff: Client, agent: Agent) -> None:
     """Every user, $1.00 a month: ann ($1.20) is held, bob ($0.30) is not; the budget's page
     lists its members nearest their limit and its period's spend is all of theirs."""
-    budget = PeriodBudget.objects.create(
-        project=agent.project,
-        name="each user",
-        scope="user",
-        scope_value="*",
-        period="month",
-        cost_limit_usd=Decimal("1.00"),
-        action="stop",
-    )
-    agent.events(
-        {"type": "session", "session_id": "ann-1", "user_id": "ann"},
-        {"type": "session", "session_id": "bob-1", "user_id": "bob"},
-    )
-    agent.events(*steps("ann-1", 4), *steps("bob-1", 1))
+    budget, _ = ann_over_bob_under(agent, name="each user", user="*")
 
     page = staff.get(f"/sessions/{session('ann-1').pk}/").content.decode()
     assert f'href="/budgets/{budget.pk}/' in page
