@@ -29,10 +29,14 @@ from costboard.pricing.rates import forget_rate_table
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """A test that drives a browser is slow whatever its file says."""
+    """A test that drives a browser is slow whatever its file says; and the slow tests run
+    first. pytest-xdist's worksteal hands out the collection in order, so a migration walk
+    collected last started last and set the end of the run while the other worker idled;
+    longest first, the fast tests fill in behind them."""
     for item in items:
         if item.get_closest_marker("e2e") or "e2e" in item.path.parts:
             item.add_marker(pytest.mark.slow)
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable
 
 
 # LiteLLM (tests/clients/test_litellm.py, the OTLP gateway tests) reads its bundled price map
