@@ -2,13 +2,13 @@
 AXES_CLIENT_IP_CALLABLE), and what anything else that tells clients apart should use.
 
 The peer's address (REMOTE_ADDR) is the client, unless the peer is a reverse proxy the
-operator names in DJANGO_TRUSTED_PROXIES (addresses or CIDRs, IPv4 and IPv6; empty by
-default). Then X-Forwarded-For is read from the right, the end each proxy appends to: the
-first entry that is not itself a trusted proxy is the client. What lies to its left was
-written by the client and is never read, so a forged header cannot choose the address a
-request is counted under, nor take someone else's. From any other peer the header is
-ignored. A header that is not addresses where it is read (before the client's entry) counts
-as absent: the peer's address it is.
+operator names in DJANGO_TRUSTED_PROXIES (addresses or CIDRs, IPv4 and IPv6, and `unix` for
+one that connects through a Unix socket; empty by default). Then X-Forwarded-For is read
+from the right, the end each proxy appends to: the first entry that is not itself a trusted
+proxy is the client. What lies to its left was written by the client and is never read, so a
+forged header can neither choose the address a request is counted under nor take someone
+else's. From any other peer the header is ignored. A header that is not addresses where it
+is read (up to the client's entry) counts as absent, and the peer's address is the client's.
 
 Behind a proxy and without DJANGO_TRUSTED_PROXIES, every client has the proxy's address
 (docs/operations.md, "Behind a reverse proxy").
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Iterable
+from dataclasses import dataclass
 from functools import lru_cache
 
 from django.conf import settings
@@ -31,6 +32,18 @@ SETTING = "DJANGO_TRUSTED_PROXIES"
 HEADER = "HTTP_X_FORWARDED_FOR"
 
 
+UNIX = "unix"  # the entry that trusts a peer on a Unix socket (gunicorn's REMOTE_ADDR is "")
+
+
+@dataclass(frozen=True, slots=True)
+class TrustedProxies:
+    networks: tuple[IPNetwork, ...] = ()
+    unix_socket: bool = False  # a proxy that reaches us through a Unix socket (no address)
+
+    def trust(self, peer: IPAddress) -> bool:
+        return any(peer in network for network in self.networks)
+
+
 def _proxy_entry(entry: str) -> IPNetwork:
     text = entry.strip()
     bare = text[1:-1] if text.startswith("[") and text.endswith("]") else text
@@ -41,23 +54,26 @@ def _proxy_entry(entry: str) -> IPNetwork:
     raise ImproperlyConfigured(
         f"{SETTING}: {entry!r} is not an address or CIDR ({why}); list the reverse proxies "
         "in front of Costboard, comma-separated, e.g. 10.0.0.5, 10.0.0.0/24, fd00::/8 "
-        "(a CIDR without host bits: 10.0.0.0/8, not 10.0.0.1/8)."
+        f"(a CIDR without host bits: 10.0.0.0/8, not 10.0.0.1/8), or {UNIX} for a proxy "
+        "that connects through a Unix socket."
     )
 
 
 @lru_cache(maxsize=8)
-def _proxy_networks(entries: tuple[str, ...]) -> tuple[IPNetwork, ...]:
-    return tuple(_proxy_entry(entry) for entry in entries)
+def _trusted(entries: tuple[str, ...]) -> TrustedProxies:
+    unix_socket = any(entry.lower() == UNIX for entry in entries)
+    networks = tuple(_proxy_entry(entry) for entry in entries if entry.lower() != UNIX)
+    return TrustedProxies(networks, unix_socket)
 
 
-def trusted_proxies(entries: Iterable[str] | str | None = None) -> tuple[IPNetwork, ...]:
-    """The trusted proxies' networks of these entries (a comma-separated string or a list),
-    by default of the setting; ImproperlyConfigured names a bad entry and the fix."""
+def trusted_proxies(entries: Iterable[str] | str | None = None) -> TrustedProxies:
+    """The trusted proxies of these entries (a comma-separated string or a list), by default
+    of the setting; ImproperlyConfigured names a bad entry and the fix."""
     if entries is None:
         entries = getattr(settings, "TRUSTED_PROXIES", ())
     if isinstance(entries, str):
         entries = entries.split(",")
-    return _proxy_networks(tuple(e.strip() for e in entries if e.strip()))
+    return _trusted(tuple(e.strip() for e in entries if e.strip()))
 
 
 def parse_address(text: str) -> IPAddress | None:
@@ -86,12 +102,8 @@ def parse_address(text: str) -> IPAddress | None:
     return address
 
 
-def _is_trusted(address: IPAddress, proxies: tuple[IPNetwork, ...]) -> bool:
-    return any(address in network for network in proxies)
-
-
-def forwarded_client(header: str, proxies: tuple[IPNetwork, ...]) -> IPAddress | None:
-    """The client X-Forwarded-For names behind this trusted peer: its right-most entry that is
+def forwarded_client(header: str, proxies: TrustedProxies) -> IPAddress | None:
+    """The client X-Forwarded-For names behind a trusted peer: its right-most entry that is
     not a trusted proxy (the left-most if all are); None when the header is empty or not
     addresses where it is read."""
     entries = [entry for entry in header.split(",") if entry.strip()]
@@ -100,21 +112,21 @@ def forwarded_client(header: str, proxies: tuple[IPNetwork, ...]) -> IPAddress |
         found = parse_address(entry)
         if found is None:
             return None
-        if not _is_trusted(found, proxies):
+        if not proxies.trust(found):
             return found
     return found
 
 
 def client_address(request: HttpRequest) -> str | None:
-    """The address this request comes from (see the module's docstring); None when the peer
-    has no IP address (a Unix socket, a request made up in code)."""
-    peer = parse_address(request.META.get("REMOTE_ADDR") or "")
-    if peer is None:
-        return None
+    """The address this request comes from (see the module's docstring); None when there is
+    none to tell: a peer on a Unix socket not trusted as a proxy, a request made up in code."""
+    remote = request.META.get("REMOTE_ADDR")
+    peer = parse_address(remote or "")
     proxies = trusted_proxies()
+    on_socket = remote == ""  # gunicorn's REMOTE_ADDR for a peer on a Unix socket
+    trusted = proxies.trust(peer) if peer is not None else on_socket and proxies.unix_socket
     header = request.META.get(HEADER, "")
-    if header and _is_trusted(peer, proxies):
-        client = forwarded_client(header, proxies)
-        if client is not None:
-            return str(client)
-    return str(peer)
+    client = forwarded_client(header, proxies) if trusted and header else None
+    if client is not None:
+        return str(client)
+    return str(peer) if peer is not None else None

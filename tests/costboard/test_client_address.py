@@ -14,7 +14,12 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.test import RequestFactory
 
-from costboard.client_address import client_address, parse_address, trusted_proxies
+from costboard.client_address import (
+    TrustedProxies,
+    client_address,
+    parse_address,
+    trusted_proxies,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -84,8 +89,19 @@ def test_addresses_are_read_as_proxies_write_them(behind_proxies: None) -> None:
 def test_a_peer_without_an_address_has_none() -> None:
     assert address_of(None) is None  # a request made up in code
     assert address_of("") is None  # a Unix socket
+    assert address_of("", "10.0.0.1") is None  # not trusted: its header is ignored
     assert parse_address("[2001:db8::7]x") is None
     assert parse_address("[2001:db8::7") is None
+
+
+def test_a_proxy_on_a_unix_socket_is_trusted_when_named(settings: Any) -> None:
+    settings.TRUSTED_PROXIES = ["unix"]
+    assert address_of("", "10.0.0.1") == "10.0.0.1"
+    assert address_of("", "10.0.0.2, 10.0.0.1") == "10.0.0.1"
+    assert address_of("", "garbage") is None
+    assert address_of("", "") is None
+    assert address_of("10.9.9.9", "10.0.0.1") == "10.9.9.9"  # an address peer: not named
+    assert address_of(None, "10.0.0.1") is None  # made up in code: no socket at all
 
 
 @pytest.mark.parametrize(
@@ -96,13 +112,20 @@ def test_a_bad_trusted_proxy_is_named_with_the_fix(entry: str) -> None:
         trusted_proxies(f"10.9.9.9, {entry}")
     assert "DJANGO_TRUSTED_PROXIES" in str(raised.value)
     assert repr(entry) in str(raised.value)
-    assert "10.0.0.0/24" in str(raised.value)  # what to write instead
+    assert "10.0.0.0/24" in str(raised.value) and "unix" in str(raised.value)  # what to write
 
 
 def test_trusted_proxies_take_addresses_and_cidrs_of_both_families() -> None:
-    networks = trusted_proxies(" 10.9.9.9 , 10.8.0.0/16,, fd00:9::/64, [::1] ")
-    assert [str(n) for n in networks] == ["10.9.9.9/32", "10.8.0.0/16", "fd00:9::/64", "::1/128"]
-    assert trusted_proxies("") == ()
+    proxies = trusted_proxies(" 10.9.9.9 , 10.8.0.0/16,, fd00:9::/64, [::1] ")
+    assert [str(n) for n in proxies.networks] == [
+        "10.9.9.9/32",
+        "10.8.0.0/16",
+        "fd00:9::/64",
+        "::1/128",
+    ]
+    assert not proxies.unix_socket
+    assert trusted_proxies("10.9.9.9,UNIX").unix_socket
+    assert trusted_proxies("") == TrustedProxies()
 
 
 @pytest.mark.slow
