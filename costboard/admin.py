@@ -27,6 +27,7 @@ from costboard.budgets.period_services import (
 )
 from costboard.budgets.services import PROJECT_CAP_FIELDS as CAP_FIELDS
 from costboard.ingest.schemas import MAX_TOKENS, bad_text
+from costboard.lockout_admin import LoginLockoutAdmin  # noqa: F401  (axes' list, replaced)
 from costboard.models import (
     ALERT_KINDS,
     AlertDelivery,

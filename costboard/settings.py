@@ -16,6 +16,7 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from costboard.client_address import trusted_proxies
 from costboard.egress import webhook_allow_list
 from costboard.env import (
     env_bool,
@@ -147,9 +148,12 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]
-# Login lockout (django-axes): 5 failed logins for one username from one IP lock that pair out
-# for 15 minutes (each further try restarts the wait), the right password included; a success
-# before that forgets the failures. `python manage.py axes_reset` lifts every lockout.
+# Login lockout (django-axes; docs/operations.md, "Logins"): 5 failed logins for one username
+# from one client address lock that pair out, and that pair only: the same username from
+# another address, and other usernames, log in as before. The lock ends 15 minutes after the
+# failure that set it; tries while locked (the right password too) are refused, not counted,
+# and do not restart the wait. A success before the lock forgets the failures. Staff lift a
+# lockout in the admin (Login lockouts), `python manage.py axes_reset` lifts every one.
 # AxesStandaloneBackend first: it refuses a locked-out pair before a password is checked.
 AUTHENTICATION_BACKENDS = [
     "axes.backends.AxesStandaloneBackend",
@@ -159,9 +163,16 @@ AXES_FAILURE_LIMIT = 5
 AXES_COOLOFF_TIME = timedelta(minutes=15)
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_RESET_ON_SUCCESS = True
+AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
 AXES_HANDLER = "axes.handlers.database.AxesDatabaseHandler"
 AXES_LOCKOUT_CALLABLE = "costboard.dashboards.lockout.lockout_response"  # 429, Retry-After
+AXES_CLIENT_IP_CALLABLE = "costboard.client_address.client_address"
 AXES_VERBOSE = False  # its start-up banner and per-attempt lines: our log says enough
+# The reverse proxies in front of Costboard, whose X-Forwarded-For names the client
+# (costboard/client_address.py): addresses or CIDRs, comma-separated; none by default, and
+# then X-Forwarded-For is ignored.
+TRUSTED_PROXIES = env_list("DJANGO_TRUSTED_PROXIES", "")
+trusted_proxies(TRUSTED_PROXIES)  # a bad entry stops start-up, named
 
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"
