@@ -4,7 +4,7 @@ A page that quietly dropped `?state=bogus` showed every session under a URL that
 otherwise. Each reader here returns the value to filter with and records what is wrong
 with a bad one in `Checks.errors` (parameter → message naming what it accepts); the page
 then answers 422 with those errors shown in its filter form, the bad parameter left out
-(the page as without it), as a wrong date already was (docs/pages.md, "Bad parameters").
+(the page as without it), as a wrong date already was (docs/pages.md, "Parameters").
 A `page` past the last one is refused the same way (the first page shown): a URL names
 one page, and a list that has no such page says so rather than showing another.
 """

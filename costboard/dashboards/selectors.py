@@ -663,7 +663,7 @@ def models_seen(*, project_ids: list[int]) -> list[str]:
 @dataclass(frozen=True)
 class StepNames:
     """The names the projects' steps have ever carried: what the model, exact-name and
-    step-type filters accept (docs/pages.md, "Bad parameters")."""
+    step-type filters accept (docs/pages.md, "Parameters")."""
 
     families: list[str]
     models: list[str]

@@ -1,4 +1,4 @@
-"""Every query parameter a page reads is checked (docs/pages.md, "Bad parameters"): a value it
+"""Every query parameter a page reads is checked (docs/pages.md, "Parameters"): a value it
 cannot use answers 422 with the page's filter errors naming the parameter and what it
 accepts, the parameter left out; htmx gets the fragment with the errors; every good value is
 a 200. And /steps/'s charts and tag breakdown show the steps its table shows."""
