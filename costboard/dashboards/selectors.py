@@ -7,6 +7,7 @@ and `gpt-4o` are one `gpt-4o`: costboard/pricing/families.py), each with its exa
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -23,10 +24,8 @@ from django.db.models import (
     IntegerField,
     Max,
     Min,
-    OuterRef,
     Q,
     QuerySet,
-    Subquery,
     Sum,
     Value,
     When,
@@ -1033,45 +1032,55 @@ def turn_cost_distribution(
     steps: StepFilter = StepFilter(),
 ) -> list[tuple[str, int]]:
     """How many turns cost how much (one pass over the period's turns, counted in SQL). With
-    a filter, the turns that have a step it keeps, each by what those steps cost: the spend
-    the table beside it shows, per turn."""
-    turns = Turn.objects.filter(
-        project_id__in=project_ids,
-        started_at__gte=_day_start(since),
-        started_at__lt=_day_start(until) + timedelta(days=1),
-    )
-    cost = "cost_usd"
+    a filter, the turns that have a step it keeps in the period, each by what those steps
+    cost: the spend the table beside it shows, per turn."""
     if steps.any:
-        # each turn's kept steps (by the steps' turn index), from its start on: on
-        # PostgreSQL only the months from the period's start are read
-        kept = (
-            Step.objects.filter(steps.q, turn_id=OuterRef("pk"), timestamp__gte=_day_start(since))
-            .order_by()
-            .values("turn_id")
-            .annotate(cost=Sum("cost_usd"))
-            .values("cost")
+        counts = _kept_turn_costs(project_ids, since, until, steps)
+    else:
+        turns = Turn.objects.filter(
+            project_id__in=project_ids,
+            started_at__gte=_day_start(since),
+            started_at__lt=_day_start(until) + timedelta(days=1),
         )
-        turns = turns.annotate(kept_cost=Subquery(kept)).filter(kept_cost__isnull=False)
-        cost = "kept_cost"
-    # One CASE per turn (a few comparisons) rather than a filtered count per bucket (two
-    # comparisons each, for every turn): a third of the time on 300k turns.
-    bucket = Case(
-        *(When(**{f"{cost}__lt": high}, then=Value(i)) for i, high in enumerate(TURN_COST_EDGES)),
-        default=Value(len(TURN_COST_EDGES)),
-        output_field=IntegerField(),
-    )
-    counts = dict(
-        turns.annotate(bucket=bucket)
-        .values("bucket")
-        .annotate(turns=Count("*"))
-        .order_by()
-        .values_list("bucket", "turns")
-    )
+        # One CASE per turn (a few comparisons) rather than a filtered count per bucket (two
+        # comparisons each, for every turn): a third of the time on 300k turns.
+        bucket = Case(
+            *(When(cost_usd__lt=high, then=Value(i)) for i, high in enumerate(TURN_COST_EDGES)),
+            default=Value(len(TURN_COST_EDGES)),
+            output_field=IntegerField(),
+        )
+        counts = dict(
+            turns.annotate(bucket=bucket)
+            .values("bucket")
+            .annotate(turns=Count("*"))
+            .order_by()
+            .values_list("bucket", "turns")
+        )
     edges = [usd_text(high).removesuffix(".00") for high in TURN_COST_EDGES]  # $0.001, $3
     labels = [f"< {edges[0]}"]
     labels += [f"{low}–{high}" for low, high in pairwise(edges)]
     labels.append(f"≥ {edges[-1]}")
     return [(label, counts.get(i, 0)) for i, label in enumerate(labels)]
+
+
+def _kept_turn_costs(
+    project_ids: list[int], since: date, until: date, steps: StepFilter
+) -> dict[int, int]:
+    """turn_cost_distribution's buckets → turns under a filter: the kept steps of the period
+    summed per turn in SQL, bucketed here (a CASE over a per-turn subquery ran the subquery
+    once per comparison: 2.7 s on 300,000 steps, where this reads them once)."""
+    per_turn = (
+        _period_steps(project_ids, since, until, steps)
+        .filter(turn_id__isnull=False)
+        .values("turn_id")
+        .annotate(cost=Sum("cost_usd"))
+        .order_by()
+        .values_list("cost", flat=True)
+    )
+    counts: dict[int, int] = defaultdict(int)
+    for cost in per_turn:  # one Decimal per turn: no server-side cursor (WITH HOLD copies it)
+        counts[bisect_right(TURN_COST_EDGES, cost or ZERO)] += 1  # the first edge above it
+    return counts
 
 
 # --- period budgets ---------------------------------------------------------------------------
