@@ -649,20 +649,11 @@ def model_mix(*, session_ids: Iterable[int]) -> dict[int, list[FamilyUsage]]:
     return {session_id: tally.ordered() for session_id, tally in tallies.items()}
 
 
-def models_seen(*, project_ids: list[int]) -> list[str]:
-    """The model families of the projects' steps: the model filter's choices."""
-    return list(
-        DailyRollup.objects.filter(project_id__in=project_ids)
-        .values_list("family", flat=True)
-        .distinct()
-        .order_by("family")
-    )
-
-
 @dataclass(frozen=True)
 class StepNames:
     """The names the projects' steps have ever carried: what the model, exact-name and
-    step-type filters accept (docs/pages.md, "Parameters")."""
+    step-type filters accept (docs/pages.md, "Parameters"); `families` are the model
+    filter's choices."""
 
     families: list[str]
     models: list[str]
