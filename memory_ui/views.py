@@ -13,12 +13,13 @@ from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser, PermissionsMixin
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect, QueryDict
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
 from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods, require_POST
 
+from costboard.dashboards.params import Checks
 from costboard.dashboards.row_ids import is_row_id
 from costboard.dashboards.scope import Scope, scope_for
 from costboard.dashboards.views import HtmxHttpRequest
@@ -40,14 +41,14 @@ def can_review_memory(user: AbstractBaseUser | AnonymousUser) -> bool:
     return isinstance(user, PermissionsMixin) and user.has_perm("memory_ui.review_memory")
 
 
-def _choice(params: QueryDict, name: str, choices: list[str]) -> str:
-    value = params.get(name, "")
-    return value if value in choices else ""
+def _type(checks: Checks) -> str:
+    return checks.choice("type", Memory.Type.values, what="a memory type", blank="every type")
 
 
-def _memory_scope(params: QueryDict) -> str:
-    value = params.get("scope", "").strip()
-    return value if services.SCOPE.fullmatch(value) else ""
+def _memory_scope(checks: Checks) -> str:
+    return checks.pattern(
+        "scope", services.SCOPE, what="a memory scope: project, or user:<id> (e.g. user:ann)"
+    )
 
 
 def _memory_in_scope(scope: Scope, pk: int) -> Memory:
@@ -98,12 +99,18 @@ def _rows(
 
 
 def _review_context(request: HttpRequest, scope: Scope, *, note: str = "") -> dict[str, Any]:
-    params = request.GET
-    type = _choice(params, "type", Memory.Type.values)
-    memory_scope = _memory_scope(params)
+    """The queue's context; `filter_errors` names its bad parameters (after a bulk decision
+    the page may have emptied: the list's nearest page is shown, unnamed)."""
+    checks = Checks(request.GET)
+    type = _type(checks)
+    memory_scope = _memory_scope(checks)
     ids = scope.project_ids
     pending = selectors.memories_pending(project_ids=ids, type=type, scope=memory_scope)
-    page = Paginator(pending, selectors.REVIEW_PAGE_SIZE).get_page(params.get("page"))
+    paginator = Paginator(pending, selectors.REVIEW_PAGE_SIZE)
+    if request.method == "GET":
+        page = checks.page(paginator)
+    else:
+        page = paginator.get_page(request.GET.get("page"))
     can_act = can_review_memory(request.user)
     counts = selectors.pending_counts(project_ids=ids, scope=memory_scope)
     return {
@@ -116,6 +123,7 @@ def _review_context(request: HttpRequest, scope: Scope, *, note: str = "") -> di
         "can_act": can_act,
         "note": note,
         "nav_pending": None if memory_scope else counts.total,
+        "filter_errors": checks.errors,
     }
 
 
@@ -131,14 +139,15 @@ def review_page(request: HtmxHttpRequest) -> HttpResponse:
     else:
         context["scopes"] = selectors.pending_scopes(project_ids=scope.project_ids)
         context["types"] = Memory.Type.values
-    return render(request, template, context)
+    return render(request, template, context, status=422 if context["filter_errors"] else 200)
 
 
 def _counts_context(request: HttpRequest, scope: Scope) -> dict[str, Any]:
-    memory_scope = _memory_scope(request.GET)
+    checks = Checks(request.GET)  # the page's own filters, checked when it was shown
+    memory_scope = _memory_scope(checks)
     return {
         "counts": selectors.pending_counts(project_ids=scope.project_ids, scope=memory_scope),
-        "type": _choice(request.GET, "type", Memory.Type.values),
+        "type": _type(checks),
         "oob": True,
     }
 
@@ -323,8 +332,9 @@ def browser_page(request: HtmxHttpRequest) -> HttpResponse:
     agent reads, and what the caps cut); a search box; edit and expire in place."""
     scope = scope_for(request)
     params = request.GET
-    type = _choice(params, "type", Memory.Type.values)
-    memory_scope = _memory_scope(params)
+    checks = Checks(params)
+    type = _type(checks)
+    memory_scope = _memory_scope(checks)
     q = params.get("q", "").strip()[:200]
     ids = scope.project_ids
     context: dict[str, Any] = {
@@ -349,22 +359,27 @@ def browser_page(request: HtmxHttpRequest) -> HttpResponse:
             context["ranked_scope"] = ranked_scope
         else:
             found = selectors.memories_search(project_ids=ids, q=q, type=type, scope=memory_scope)
-            context["results"] = Paginator(found, SEARCH_RESULTS).get_page(params.get("page"))
+            context["results"] = checks.page(Paginator(found, SEARCH_RESULTS))
     else:
-        context.update(_sections(scope, params, type=type, memory_scope=memory_scope))
+        context.update(_sections(scope, checks, type=type, memory_scope=memory_scope))
+    context["filter_errors"] = checks.errors
     template = "memory_ui/browser.html"
     if request.htmx:
         template += "#browser"
-    return render(request, template, context)
+    return render(request, template, context, status=checks.status)
 
 
-def _sections(scope: Scope, params: QueryDict, *, type: str, memory_scope: str) -> dict[str, Any]:
+def _sections(scope: Scope, checks: Checks, *, type: str, memory_scope: str) -> dict[str, Any]:
     sections = selectors.scope_sections(
         project_ids=scope.project_ids, type=type, scope=memory_scope
     )
     # one group asked for ("more"): all of it, 50 a page, instead of the first ten
     focused = bool(scope.current and type and memory_scope)
-    page = Paginator(sections, SECTIONS_PER_PAGE).get_page(None if focused else params.get("page"))
+    page = (
+        Paginator(sections, SECTIONS_PER_PAGE).page(1)
+        if focused
+        else checks.page(Paginator(sections, SECTIONS_PER_PAGE))
+    )
     pairs = [(row["project_id"], row["scope"]) for row in page]
     projects = {p.pk: p for p in scope.projects}
     groups = selectors.type_groups(sections=pairs, type=type, per_group=0 if focused else PER_GROUP)
@@ -374,7 +389,7 @@ def _sections(scope: Scope, params: QueryDict, *, type: str, memory_scope: str) 
         group = selectors.memories_approved(
             project_ids=[only[0]], type=type, scope=only[1]
         ).order_by(*selectors.GROUP_ORDER)
-        group_page = Paginator(group, selectors.REVIEW_PAGE_SIZE).get_page(params.get("page"))
+        group_page = checks.page(Paginator(group, selectors.REVIEW_PAGE_SIZE))
         for g in groups.get(only, []):
             g.memories = list(group_page)
     built = [

@@ -7,6 +7,7 @@ and `gpt-4o` are one `gpt-4o`: costboard/pricing/families.py), each with its exa
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -46,7 +47,7 @@ from costboard.budgets.periods import (
     state_of,
     zone,
 )
-from costboard.ingest.latency import percentile
+from costboard.ingest.latency import latency_bucket, percentile
 from costboard.models import (
     TOOL_MODEL,
     BudgetEvent,
@@ -648,14 +649,37 @@ def model_mix(*, session_ids: Iterable[int]) -> dict[int, list[FamilyUsage]]:
     return {session_id: tally.ordered() for session_id, tally in tallies.items()}
 
 
-def models_seen(*, project_ids: list[int]) -> list[str]:
-    """The model families of the projects' steps: the model filter's choices."""
-    return list(
+@dataclass(frozen=True)
+class StepNames:
+    """The names the projects' steps have ever carried: what the model, exact-name and
+    step-type filters accept (docs/pages.md, "Parameters"); `families` are the model
+    filter's choices."""
+
+    families: list[str]
+    models: list[str]
+    step_types: list[str]
+
+    @property
+    def model_filters(self) -> set[str]:
+        """`?model=` takes a family, or an exact name (as links from before families did)."""
+        return {*self.families, *self.models}
+
+
+def step_names(*, project_ids: list[int]) -> StepNames:
+    """The families, exact models and step types of the projects' steps, from their daily
+    rollups (one query over the rollups' distinct keys, not the steps)."""
+    rows = (
         DailyRollup.objects.filter(project_id__in=project_ids)
-        .values_list("family", flat=True)
+        .values_list("family", "model", "step_type")
         .distinct()
-        .order_by("family")
+        .order_by()
     )
+    families, models, step_types = set(), set(), set()
+    for family, model, step_type in rows:
+        families.add(family)
+        models.add(model)
+        step_types.add(step_type)
+    return StepNames(sorted(families), sorted(models), sorted(step_types))
 
 
 # --- one session ----------------------------------------------------------------------------
@@ -841,25 +865,63 @@ class StepTypeModelRow:
         return self.errors / self.calls if self.calls else 0.0
 
 
+@dataclass(frozen=True)
+class StepFilter:
+    """/steps/'s filters, which its table, charts and tag breakdown all apply: `model` keeps
+    one family (or one exact name, as links from before families did), `exact` one exact
+    name, `step_type` one step type. The same condition on DailyRollup and Step, whose
+    columns share their names."""
+
+    model: str = ""
+    exact: str = ""
+    step_type: str = ""
+
+    @property
+    def by_model(self) -> bool:
+        """A model filter: what the latency and tag rollups, kept without models, can't apply."""
+        return bool(self.model or self.exact)
+
+    @property
+    def any(self) -> bool:
+        return self.by_model or bool(self.step_type)
+
+    @property
+    def q(self) -> Q:
+        condition = Q()
+        if self.model:
+            condition &= Q(family=self.model) | Q(model=self.model)
+        if self.exact:
+            condition &= Q(model=self.exact)
+        if self.step_type:
+            condition &= Q(step_type=self.step_type)
+        return condition
+
+
+def _period_steps(
+    project_ids: list[int], since: date, until: date, steps: StepFilter
+) -> QuerySet[Step]:
+    """The steps of the period (UTC days, as the rollups count them) that `steps` keeps: what
+    /steps/ reads when its filter is one no rollup holds."""
+    return Step.objects.filter(
+        steps.q,
+        project_id__in=project_ids,
+        timestamp__gte=_day_start(since),
+        timestamp__lt=_day_start(until) + timedelta(days=1),
+    )
+
+
 def steps_by_type_and_model(
     *,
     project_ids: list[int],
     since: date,
     until: date,
-    model: str = "",
-    exact: str = "",
-    step_type: str = "",
+    steps: StepFilter = StepFilter(),
 ) -> list[StepTypeModelRow]:
-    """Calls, errors, tokens and cost per step type and model family (`model` keeps one
-    family, or one exact name as links from before families did; `exact` one exact name),
-    each row with its exact names."""
-    rows = DailyRollup.objects.filter(project_id__in=project_ids, day__gte=since, day__lte=until)
-    if model:
-        rows = rows.filter(Q(family=model) | Q(model=model))
-    if exact:
-        rows = rows.filter(model=exact)
-    if step_type:
-        rows = rows.filter(step_type=step_type)
+    """Calls, errors, tokens and cost per step type and model family (kept by `steps`), each
+    row with its exact names."""
+    rows = DailyRollup.objects.filter(
+        steps.q, project_id__in=project_ids, day__gte=since, day__lte=until
+    )
     grouped: dict[tuple[str, str], StepTypeModelRow] = {}
     for r in (
         rows.values("step_type", "family", "model")
@@ -904,14 +966,34 @@ class Latency:
 
 
 def latency_by_step_type(
-    *, project_ids: list[int], since: date, until: date, step_type: str = ""
+    *,
+    project_ids: list[int],
+    since: date,
+    until: date,
+    steps: StepFilter = StepFilter(),
 ) -> list[Latency]:
-    rows = LatencyRollup.objects.filter(project_id__in=project_ids, day__gte=since, day__lte=until)
-    if step_type:
-        rows = rows.filter(step_type=step_type)
+    """p50 and p95 per step type of the steps `steps` keeps, from the latency histograms; with
+    a model filter, which they are not kept by, from the period's steps of that model."""
     histograms: dict[str, dict[int, int]] = defaultdict(dict)
-    for row in rows.values("step_type", "bucket").annotate(calls=Sum("calls")).order_by():
-        histograms[row["step_type"]][row["bucket"]] = row["calls"]
+    if steps.by_model:
+        timed = _period_steps(project_ids, since, until, steps).filter(duration_ms__isnull=False)
+        for step_type, duration, calls in (
+            timed.values("step_type", "duration_ms")
+            .annotate(calls=Count("*"))
+            .order_by()
+            .values_list("step_type", "duration_ms", "calls")
+        ):
+            bucket = latency_bucket(duration or 0)  # never None: filtered out
+            histogram = histograms[step_type]
+            histogram[bucket] = histogram.get(bucket, 0) + calls
+    else:
+        rows = LatencyRollup.objects.filter(
+            project_id__in=project_ids, day__gte=since, day__lte=until
+        )
+        if steps.step_type:
+            rows = rows.filter(step_type=steps.step_type)
+        for row in rows.values("step_type", "bucket").annotate(calls=Sum("calls")).order_by():
+            histograms[row["step_type"]][row["bucket"]] = row["calls"]
     return sorted(
         (
             Latency(
@@ -934,33 +1016,62 @@ TURN_COST_EDGES = [
 
 
 def turn_cost_distribution(
-    *, project_ids: list[int], since: date, until: date
+    *,
+    project_ids: list[int],
+    since: date,
+    until: date,
+    steps: StepFilter = StepFilter(),
 ) -> list[tuple[str, int]]:
-    """How many turns cost how much (one pass over the period's turns, counted in SQL)."""
-    turns = Turn.objects.filter(
-        project_id__in=project_ids,
-        started_at__gte=_day_start(since),
-        started_at__lt=_day_start(until) + timedelta(days=1),
-    )
-    # One CASE per turn (a few comparisons) rather than a filtered count per bucket (two
-    # comparisons each, for every turn): a third of the time on 300k turns.
-    bucket = Case(
-        *(When(cost_usd__lt=high, then=Value(i)) for i, high in enumerate(TURN_COST_EDGES)),
-        default=Value(len(TURN_COST_EDGES)),
-        output_field=IntegerField(),
-    )
-    counts = dict(
-        turns.annotate(bucket=bucket)
-        .values("bucket")
-        .annotate(turns=Count("*"))
-        .order_by()
-        .values_list("bucket", "turns")
-    )
+    """How many turns cost how much (one pass over the period's turns, counted in SQL). With
+    a filter, the turns that have a step it keeps in the period, each by what those steps
+    cost: the spend the table beside it shows, per turn."""
+    if steps.any:
+        counts = _kept_turn_costs(project_ids, since, until, steps)
+    else:
+        turns = Turn.objects.filter(
+            project_id__in=project_ids,
+            started_at__gte=_day_start(since),
+            started_at__lt=_day_start(until) + timedelta(days=1),
+        )
+        # One CASE per turn (a few comparisons) rather than a filtered count per bucket (two
+        # comparisons each, for every turn): a third of the time on 300k turns.
+        bucket = Case(
+            *(When(cost_usd__lt=high, then=Value(i)) for i, high in enumerate(TURN_COST_EDGES)),
+            default=Value(len(TURN_COST_EDGES)),
+            output_field=IntegerField(),
+        )
+        counts = dict(
+            turns.annotate(bucket=bucket)
+            .values("bucket")
+            .annotate(turns=Count("*"))
+            .order_by()
+            .values_list("bucket", "turns")
+        )
     edges = [usd_text(high).removesuffix(".00") for high in TURN_COST_EDGES]  # $0.001, $3
     labels = [f"< {edges[0]}"]
     labels += [f"{low}–{high}" for low, high in pairwise(edges)]
     labels.append(f"≥ {edges[-1]}")
     return [(label, counts.get(i, 0)) for i, label in enumerate(labels)]
+
+
+def _kept_turn_costs(
+    project_ids: list[int], since: date, until: date, steps: StepFilter
+) -> dict[int, int]:
+    """turn_cost_distribution's buckets → turns under a filter: the kept steps of the period
+    summed per turn in SQL, bucketed here (a CASE over a per-turn subquery ran the subquery
+    once per comparison: 2.7 s on 300,000 steps, where this reads them once)."""
+    per_turn = (
+        _period_steps(project_ids, since, until, steps)
+        .filter(turn_id__isnull=False)
+        .values("turn_id")
+        .annotate(cost=Sum("cost_usd"))
+        .order_by()
+        .values_list("cost", flat=True)
+    )
+    counts: dict[int, int] = defaultdict(int)
+    for cost in per_turn:  # one Decimal per turn: no server-side cursor (WITH HOLD copies it)
+        counts[bisect_right(TURN_COST_EDGES, cost or ZERO)] += 1  # the first edge above it
+    return counts
 
 
 # --- period budgets ---------------------------------------------------------------------------
@@ -1318,10 +1429,20 @@ def tag_keys(*, project_ids: list[int], since: date, until: date) -> list[str]:
     return list(keys[:TAG_KEYS_SHOWN])
 
 
-def spend_by_tag(*, project_ids: list[int], since: date, until: date, key: str) -> list[TagSpend]:
+def spend_by_tag(
+    *,
+    project_ids: list[int],
+    since: date,
+    until: date,
+    key: str,
+    steps: StepFilter = StepFilter(),
+) -> list[TagSpend]:
     """Spend per value of one tag key between two UTC days, costliest first, and the steps
     without the key as one untagged row (value None): the rows add up to the period's whole
-    spend (two queries)."""
+    spend (two queries). With a filter of /steps/, which the tag rollups are not kept by,
+    from the period's steps it keeps (one query)."""
+    if steps.any:
+        return _spend_by_tag_of_steps(_period_steps(project_ids, since, until, steps), key)
     rows = (
         TagDailyRollup.objects.filter(
             project_id__in=project_ids, day__gte=since, day__lte=until, key=key
@@ -1360,3 +1481,28 @@ def spend_by_tag(*, project_ids: list[int], since: date, until: date, key: str) 
         return tagged
     # costliest first, the untagged row among the values
     return sorted([*tagged, untagged], key=lambda t: t.cost_usd, reverse=True)
+
+
+def _spend_by_tag_of_steps(steps: QuerySet[Step], key: str) -> list[TagSpend]:
+    """spend_by_tag over some steps: their value of the tag key (None: without it)."""
+    rows = (
+        steps.annotate(tag_value=KeyTextTransform(key, "tags"))
+        .values("tag_value")
+        .annotate(
+            calls=Count("*"),
+            inp=Sum("input_tokens"),
+            out=Sum("output_tokens"),
+            cost=Sum("cost_usd"),
+        )
+        .order_by()
+    )
+    found = [
+        TagSpend(
+            value=r["tag_value"],
+            calls=r["calls"],
+            tokens=(r["inp"] or 0) + (r["out"] or 0),
+            cost_usd=r["cost"] or ZERO,
+        )
+        for r in rows
+    ]
+    return sorted(found, key=lambda t: (-t.cost_usd, t.value is None, t.value or ""))

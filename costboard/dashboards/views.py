@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import csv
 import io
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import date, timedelta
@@ -27,6 +26,7 @@ from django.http import (
     QueryDict,
     StreamingHttpResponse,
 )
+from django.http.response import HttpResponseBase
 from django.shortcuts import render
 from django.templatetags.static import static
 from django.urls import reverse
@@ -40,6 +40,7 @@ from costboard.budgets.caps import Caps, caps_for, session_caps, stop_verdict
 from costboard.budgets.holds import session_held_by, stops_in_force
 from costboard.dashboards import charts, selectors
 from costboard.dashboards.pagination import KeyedPaginator
+from costboard.dashboards.params import Checks
 from costboard.dashboards.scope import Scope, scope_for
 from costboard.exports import csv_cell
 from costboard.ingest.schemas import FIRST_YEAR, LAST_YEAR
@@ -109,6 +110,7 @@ def _stops(project_ids: list[int]) -> list[PeriodBudget]:
 @login_required
 def overview(request: HttpRequest) -> HttpResponse:
     scope = scope_for(request)
+    checks = Checks(request.GET)
     ids = scope.project_ids
     today = timezone.now().date()
     since = _period_start(today)
@@ -124,36 +126,55 @@ def overview(request: HttpRequest) -> HttpResponse:
         "flagged": flagged,
         "flagged_total": flagged_total,
         "budgets": selectors.budgets_current(project_ids=ids, now=timezone.now()),
-        **_tag_breakdown(request, ids, since, today),
+        **_tag_breakdown(checks, ids, since, today),
         "unpriced": (selectors.models_unpriced(project_ids=ids) if request.user.is_staff else []),
         "figures": _figures(
             daily=charts.daily_cost_by_model(breakdown),
             step_types=charts.cost_by_step_type(breakdown),
             kinds=charts.tokens_by_kind(breakdown),
         ),
+        "filter_errors": checks.errors,
     }
-    return render(request, "costboard/overview.html", context)
-
-
-_TAG = re.compile(r"[a-z0-9_.-]{1,64}=.{1,128}")
-
-
-def _tag(params: QueryDict) -> str:
-    """`?tag=key=value`, or "" when it is not a tag (as `tags` allows them)."""
-    value = params.get("tag", "").strip()
-    return value if _TAG.fullmatch(value) else ""
+    return render(request, "costboard/overview.html", context, status=checks.status)
 
 
 def _tag_breakdown(
-    request: HttpRequest, ids: list[int], since: date, until: date
+    checks: Checks,
+    ids: list[int],
+    since: date,
+    until: date,
+    steps: selectors.StepFilter = selectors.StepFilter(),  # noqa: B008 (frozen)
 ) -> dict[str, Any]:
     """The tag keys of the period and the spend per value of the one asked for
-    (`?tag_key=`), else the first."""
+    (`?tag_key=`), else the first; of the steps `steps` keeps."""
     keys = selectors.tag_keys(project_ids=ids, since=since, until=until)
-    key = request.GET.get("tag_key", "")
-    key = key if key in keys else (keys[0] if keys else "")
-    rows = selectors.spend_by_tag(project_ids=ids, since=since, until=until, key=key) if key else []
+    key = checks.choice("tag_key", keys, what="a tag key of this period", blank="the first")
+    key = key or (keys[0] if keys else "")
+    rows = (
+        selectors.spend_by_tag(project_ids=ids, since=since, until=until, key=key, steps=steps)
+        if key
+        else []
+    )
     return {"tag_keys": keys, "tag_key": key, "tag_rows": rows}
+
+
+def _models(checks: Checks, names: selectors.StepNames) -> tuple[str, str]:
+    """`?model=` (a family, or an exact name) and `?exact=` (an exact name), checked against
+    the names the projects' steps carried."""
+    model = checks.choice(
+        "model",
+        names.model_filters,
+        what="a model of these projects' steps",
+        blank="any model",
+        shown=names.families,
+    )
+    exact = checks.choice(
+        "exact",
+        names.models,
+        what="an exact model name of these projects' steps",
+        blank="every name of the model",
+    )
+    return model, exact
 
 
 # Every page shows the last 30 days unless asked otherwise: its reads stay the size of a
@@ -167,22 +188,31 @@ def _period_start(until: date | None) -> date:
     return min(today, until or today) - timedelta(days=PERIOD_DAYS - 1)
 
 
-def _session_filters(params: QueryDict) -> selectors.SessionFilters:
+def _session_filters(
+    checks: Checks, project_ids: list[int], names: selectors.StepNames | None = None
+) -> selectors.SessionFilters:
+    """The sessions list's filters (its CSV's too), each checked; the model names are read
+    (`names`, unless given) only when a model filter is."""
+    params = checks.params
     period = _period(params)
+    checks.named(period.errors)
     since = period.since
     if "since" not in params:  # given empty (the date cleared, the "All time" link): all time
         since = _period_start(period.until)
-    sort = params.get("sort", "-last_active")
-    if sort.lstrip("-") not in selectors.SESSION_SORTS:
-        sort = "-last_active"
-    state = params.get("state", "")
+    sort = checks.sort("sort", selectors.SESSION_SORTS, default="-last_active")
+    state = checks.choice(
+        "state", selectors.STATE_FILTERS, what="a session state", blank="any state"
+    )
+    model = exact = ""
+    if checks.get("model").strip() or checks.get("exact").strip():
+        model, exact = _models(checks, names or selectors.step_names(project_ids=project_ids))
     return selectors.SessionFilters(
-        state=state if state in selectors.STATE_FILTERS else "",
-        model=params.get("model", "").strip(),
-        exact=params.get("exact", "").strip(),
-        user=params.get("user", "").strip(),
-        tag=_tag(params),
-        q=params.get("q", "").strip(),
+        state=state,
+        model=model,
+        exact=exact,
+        user=checks.get("user").strip(),
+        tag=checks.tag("tag"),
+        q=checks.get("q").strip(),
         since=since,
         until=period.until,
         sort=sort,
@@ -192,14 +222,18 @@ def _session_filters(params: QueryDict) -> selectors.SessionFilters:
 @login_required
 def sessions_list(request: HtmxHttpRequest) -> HttpResponse:
     scope = scope_for(request)
-    filters = _session_filters(request.GET)
+    checks = Checks(request.GET)
+    # the model filter's choices (the full page's), which also check a model asked for
+    names = None if request.htmx else selectors.step_names(project_ids=scope.project_ids)
+    filters = _session_filters(checks, scope.project_ids, names)
+    live = checks.switch("live", meaning="refresh the list every 10 seconds")
     stops = _stops(scope.project_ids)
     sessions = selectors.sessions_filtered(
         project_ids=scope.project_ids, filters=filters, stops=stops
     )
     # All of them (the "All time" link): counted from the projects' tallies, not row by row
     total = selectors.sessions_total(project_ids=scope.project_ids) if filters.everything else None
-    page = KeyedPaginator(sessions, PAGE_SIZE, count=total).get_page(request.GET.get("page"))
+    page = checks.page(KeyedPaginator(sessions, PAGE_SIZE, count=total))
     mix = selectors.model_mix(session_ids=[s.pk for s in page])
     by_id = {b.pk: b for b in stops}
     rows = []
@@ -207,7 +241,6 @@ def sessions_list(request: HtmxHttpRequest) -> HttpResponse:
         caps = session_caps(s)
         stop = selectors.session_stop(s, caps, by_id.get(s.held_by_budget))  # type: ignore[attr-defined]
         rows.append((s, caps, mix.get(s.pk, []), stop))
-    filter_errors = _period(request.GET).errors
     all_time = request.GET.copy()
     all_time.pop("page", None)
     all_time["since"] = ""
@@ -215,18 +248,18 @@ def sessions_list(request: HtmxHttpRequest) -> HttpResponse:
         "scope": scope,
         "filters": filters,
         "all_time_query": "?" + all_time.urlencode(),
-        "filter_errors": filter_errors,
+        "filter_errors": checks.errors,
         "page": page,
         "rows": rows,
         "states": list(selectors.STATE_FILTERS),
-        "live": request.GET.get("live") == "1",
+        "live": live,
     }
     template = "costboard/sessions.html"
     if request.htmx:
         template += "#table"
     else:
-        context["models"] = selectors.models_seen(project_ids=scope.project_ids)
-    return render(request, template, context, status=422 if filter_errors else 200)
+        context["models"] = names.families if names is not None else []
+    return render(request, template, context, status=checks.status)
 
 
 CSV_COLUMNS = [
@@ -357,12 +390,27 @@ def _csv_rows(
     yield buffer.getvalue()
 
 
+def _csv_refused(request: HttpRequest, checks: Checks, page: str) -> HttpResponse:
+    """A CSV asked for with a bad filter: no file, but the 422 page naming each bad parameter
+    and linking to the list with the same filters, where the form shows them."""
+    context = {
+        "filter_errors": checks.errors,
+        "without": reverse(page) + (f"?{request.GET.urlencode()}" if request.GET else ""),
+        "refused_download": True,
+    }
+    return render(request, "costboard/bad_query.html", context, status=422)
+
+
 @login_required
-def sessions_csv(request: HttpRequest) -> StreamingHttpResponse:
+def sessions_csv(request: HttpRequest) -> HttpResponseBase:
     scope = scope_for(request)
+    checks = Checks(request.GET)
+    filters = _session_filters(checks, scope.project_ids)
+    if checks.errors:
+        return _csv_refused(request, checks, "sessions")
     stops = _stops(scope.project_ids)
     sessions = selectors.sessions_filtered(
-        project_ids=scope.project_ids, filters=_session_filters(request.GET), stops=stops
+        project_ids=scope.project_ids, filters=filters, stops=stops
     )
     projects = {p.pk: p for p in scope.projects}
     by_id = {b.pk: b for b in stops}
@@ -437,22 +485,30 @@ def _session_render(
 
 @login_required
 def steps_page(request: HtmxHttpRequest) -> HttpResponse:
+    """The steps of a period by step type and model; the table, its charts and the tag
+    breakdown all of the steps the filters keep."""
     scope = scope_for(request)
+    checks = Checks(request.GET)
     today = timezone.now().date()
     period = _period(request.GET)
+    checks.named(period.errors)
     since = period.since or _period_start(period.until)
     until = period.until or today
-    model = request.GET.get("model", "").strip()  # a family
-    exact = request.GET.get("exact", "").strip()  # an exact model name
-    step_type = request.GET.get("step_type", "").strip()
     ids = scope.project_ids
-    rows = selectors.steps_by_type_and_model(
-        project_ids=ids, since=since, until=until, model=model, exact=exact, step_type=step_type
+    names = selectors.step_names(project_ids=ids)
+    model, exact = _models(checks, names)
+    step_type = checks.choice(
+        "step_type",
+        names.step_types,
+        what="a step type of these projects' steps",
+        blank="every step type",
     )
-    latency = selectors.latency_by_step_type(
-        project_ids=ids, since=since, until=until, step_type=step_type
+    steps = selectors.StepFilter(model=model, exact=exact, step_type=step_type)
+    rows = selectors.steps_by_type_and_model(project_ids=ids, since=since, until=until, steps=steps)
+    latency = selectors.latency_by_step_type(project_ids=ids, since=since, until=until, steps=steps)
+    turn_costs = selectors.turn_cost_distribution(
+        project_ids=ids, since=since, until=until, steps=steps
     )
-    turn_costs = selectors.turn_cost_distribution(project_ids=ids, since=since, until=until)
 
     by_type: dict[str, list[int]] = {}
     for row in rows:
@@ -469,21 +525,22 @@ def steps_page(request: HtmxHttpRequest) -> HttpResponse:
         ],
         "since": since,
         "until": until,
-        "filter_errors": period.errors,
         "given": request.GET,
         "model": model,
         "exact": exact,
         "step_type": step_type,
-        "models": selectors.models_seen(project_ids=ids),
-        **_tag_breakdown(request, ids, since, until),
+        "models": names.families,
+        "step_types": names.step_types,
+        **_tag_breakdown(checks, ids, since, until, steps),
         "figures": _figures(
             latency=charts.latency(latency), turn_costs=charts.turn_cost_histogram(turn_costs)
         ),
+        "filter_errors": checks.errors,
     }
     template = "costboard/steps.html"
     if request.htmx:
         template += "#results"
-    return render(request, template, context, status=422 if period.errors else 200)
+    return render(request, template, context, status=checks.status)
 
 
 # --- end users --------------------------------------------------------------------------------
@@ -496,7 +553,10 @@ USER_CSV_COLUMNS = ["user_id", "cost_usd", "input_tokens", "output_tokens", "ses
 def users_csv(request: HttpRequest) -> HttpResponse:
     """/users/'s rows as CSV, for the same period and order."""
     scope = scope_for(request)
-    since, until, sort = _users_period(request)
+    checks = Checks(request.GET)
+    since, until, sort = _users_period(checks)
+    if checks.errors:
+        return _csv_refused(request, checks, "users")
     rows = selectors.users_spend(project_ids=scope.project_ids, since=since, until=until, sort=sort)
     buffer = io.StringIO()
     writer = csv.writer(buffer)
@@ -517,14 +577,13 @@ def users_csv(request: HttpRequest) -> HttpResponse:
     return response
 
 
-def _users_period(request: HttpRequest) -> tuple[date, date, str]:
+def _users_period(checks: Checks) -> tuple[date, date, str]:
     today = timezone.now().date()
-    period = _period(request.GET)
+    period = _period(checks.params)
+    checks.named(period.errors)
     since = period.since or _period_start(period.until)
     until = period.until or today
-    sort = request.GET.get("sort", "-cost")
-    if sort.lstrip("-") not in selectors.USER_SORTS:
-        sort = "-cost"
+    sort = checks.sort("sort", selectors.USER_SORTS, default="-cost")
     return since, until, sort
 
 
@@ -533,9 +592,10 @@ def users_page(request: HttpRequest) -> HttpResponse:
     """Spend, tokens, sessions and steps per end user over a period, sortable; each user
     linked to their sessions."""
     scope = scope_for(request)
-    since, until, sort = _users_period(request)
+    checks = Checks(request.GET)
+    since, until, sort = _users_period(checks)
     rows = selectors.users_spend(project_ids=scope.project_ids, since=since, until=until, sort=sort)
-    filter_errors = _period(request.GET).errors
+    filter_errors = checks.errors
     context = {
         "scope": scope,
         "rows": rows,
@@ -740,13 +800,14 @@ def _flagged_render(
     status: int = 200,
 ) -> HttpResponse:
     stops = _stops(scope.project_ids)
-    counts_context = _flag_counts(request, scope, stops)
+    checks = Checks(request.GET)
+    counts_context = _flag_counts(request, scope, stops, checks)
     acknowledged, kind = counts_context["acknowledged"], counts_context["kind"]
     ids = scope.project_ids
     sessions = selectors.sessions_flagged_list(
         project_ids=ids, kind=kind, acknowledged=acknowledged, stops=stops
     )
-    page = Paginator(sessions, PAGE_SIZE).get_page(request.GET.get("page"))
+    page = checks.page(Paginator(sessions, PAGE_SIZE))
     can_act = can_act_on_sessions(request.user)
     by_id = {b.pk: b for b in stops}
     rows = [
@@ -766,21 +827,27 @@ def _flagged_render(
         "rows": rows,
         **counts_context,
         "can_act": can_act,
+        "filter_errors": checks.errors,
     }
     template = "costboard/flagged.html"
     if request.htmx and request.method == "GET":
         template += "#list"
-    return render(request, template, context, status=status)
+    return render(request, template, context, status=max(status, checks.status))
 
 
 def _flag_counts(
-    request: HttpRequest, scope: Scope, stops: list[PeriodBudget] | None = None
+    request: HttpRequest,
+    scope: Scope,
+    stops: list[PeriodBudget] | None = None,
+    checks: Checks | None = None,
 ) -> dict[str, Any]:
-    """/flagged/'s counts by kind, for the list's filters (kind, acknowledged) in the URL."""
-    acknowledged = request.GET.get("acknowledged") == "1"
-    kind = request.GET.get("kind", "")
-    if kind not in selectors.FLAG_KINDS:
-        kind = ""
+    """/flagged/'s counts by kind, for the list's filters (kind, acknowledged) in the URL,
+    checked (`checks` gets what is wrong with them)."""
+    checks = checks or Checks(request.GET)
+    acknowledged = checks.switch("acknowledged", meaning="show acknowledged sessions too")
+    kind = checks.choice(
+        "kind", selectors.FLAG_KINDS, what="a kind of flag", blank="every flagged session"
+    )
     counts = selectors.sessions_flagged_counts(
         project_ids=scope.project_ids,
         acknowledged=acknowledged,

@@ -153,9 +153,7 @@ def test_an_otlp_tool_call_and_an_events_tool_call_are_one_step_type(
     ]
     assert not steps.filter(step_type="execute_tool").exists()
     day = chat.timestamp.date()
-    rows = steps_by_type_and_model(
-        project_ids=[agent_priced.project.pk], since=day, until=day, step_type=""
-    )
+    rows = steps_by_type_and_model(project_ids=[agent_priced.project.pk], since=day, until=day)
     tool_rows = [r for r in rows if r.family == TOOL_MODEL]
     # the tool calls in one row; the root span (no operation) is its own type, by its name
     assert sorted((r.step_type, r.calls) for r in tool_rows) == [("invoke_agent", 1), ("tool", 2)]

@@ -460,7 +460,7 @@ def test_the_page_runs_a_bounded_number_of_queries(
         (staff, "/flagged/?acknowledged=1", {}),
         (staff, "/flagged/?project=acme&kind=exhausted", HTMX),
         (viewer, "/flagged/", {}),
-        (viewer, "/flagged/?page=2", {}),
+        (viewer, "/flagged/?page=1", {}),
     ]
     counts = {}
     for client, path, headers in pages:
