@@ -380,8 +380,7 @@ def test_while_redis_is_down_a_process_admits_the_limit_divided_among_the_worker
     settings.COSTBOARD_WEB_WORKERS = workers
     redis_server.stop()
     admitted = [
-        rate_limit_check(raw_key=agent.key, project=agent.project) is None
-        for _ in range(share + 1)
+        rate_limit_check(raw_key=agent.key, project=agent.project) is None for _ in range(share + 1)
     ]
     assert admitted == [True] * share + [False]
     clock.advance(1)
