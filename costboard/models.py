@@ -147,6 +147,7 @@ class Project(models.Model):
         "blank: COSTBOARD_API_RATE_LIMIT.",
     )
     api_max_in_flight = models.PositiveIntegerField(
+        "API requests in flight",
         null=True,
         blank=True,
         help_text="API requests per key being answered at once (beyond it: 429); 0 turns the "
