@@ -304,13 +304,20 @@ def database_url() -> str:
 
 
 @contextmanager
-def gunicorn(*, workers: int, threads: int, startup_timeout: float = 60.0) -> Iterator[Server]:
-    """gunicorn serving this project on a free port with this process's environment and its
-    database (the one it is connected to, e.g. a test database), DEBUG off; stopped on the
-    way out."""
+def gunicorn(
+    *,
+    workers: int,
+    threads: int,
+    startup_timeout: float = 60.0,
+    extra_env: dict[str, str] | None = None,
+) -> Iterator[Server]:
+    """gunicorn serving this project on a free port with this process's environment (and
+    `extra_env`) and its database (the one it is connected to, e.g. a test database), DEBUG
+    off; stopped on the way out."""
     port = free_port()
     env = {
         **os.environ,
+        **(extra_env or {}),
         "DATABASE_URL": database_url(),
         "DJANGO_DEBUG": "0",
         "DJANGO_ALLOWED_HOSTS": "127.0.0.1",
