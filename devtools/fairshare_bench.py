@@ -330,14 +330,14 @@ def _ms(seconds: float) -> str:
 def report_lines(result: FairshareResult) -> list[str]:
     o, a, b = result.options, result.a, result.b
     limits = f"Redis {o.redis}" if o.redis else "each process's own (no Redis)"
-    in_flight = str(o.max_in_flight) if o.max_in_flight else "no limit"
+    in_flight = f"at most {o.max_in_flight}" if o.max_in_flight else "no limit of requests"
     admitted = ", ".join(f"{s:.1f} s" for s in sorted(a.admitted)) or "none"
     lines = [
         f"run:        {result.run}",
         f"server:     gunicorn, {o.workers} workers × {o.threads} threads, PostgreSQL "
         f"{result.database}; the API's limits kept in {limits}",
-        f"key A:      {o.exports} OTLP exports of {o.spans:,} spans ({o.traces} traces) at once, "
-        f"at most {in_flight} in flight"
+        f"key A:      {o.exports} OTLP exports of {o.spans:,} spans ({o.traces:,} traces) at "
+        f"once, {in_flight} in flight"
         + ("; a refused export retried after Retry-After" if o.retry else ""),
         f"  answered: {a.count('200')} × 200, {a.count('429')} × 429, {a.other} other"
         + (f" ({dict(a.statuses)})" if a.other else ""),
