@@ -167,9 +167,19 @@ def _rate_limited(
     message = (
         f"more than {refused.limit} requests in one second with this API key: retry after "
         f"{refused.retry_after} s (Retry-After), or raise the limit (the project's API rate "
-        "limit in the admin, or COSTBOARD_API_RATE_LIMIT)"
+        "limit in the admin, or COSTBOARD_API_RATE_LIMIT)" + _held_here(refused.share)
     )
     return _too_many(request, operation, message, refused.retry_after)
+
+
+def _held_here(share: int | None) -> str:
+    """What a refusal adds while the limits are held per process (Redis away)."""
+    if share is None:
+        return ""
+    return (
+        f"; the server's shared count is unavailable, so each of its processes admits "
+        f"{share} until it is back"
+    )
 
 
 def _busy(request: HttpRequest, operation: Operation, busy: Busy) -> HttpResponse:
@@ -178,7 +188,7 @@ def _busy(request: HttpRequest, operation: Operation, busy: Busy) -> HttpRespons
         f"this API key already has {busy.limit} requests being answered, its most at once: "
         f"retry after {busy.retry_after} s (Retry-After) or when one of them is answered, send "
         "fewer at once (or smaller ones), or raise the limit (the project's API requests in "
-        "flight in the admin, or COSTBOARD_API_MAX_IN_FLIGHT)"
+        "flight in the admin, or COSTBOARD_API_MAX_IN_FLIGHT)" + _held_here(busy.share)
     )
     return _too_many(request, operation, message, busy.retry_after)
 

@@ -78,10 +78,12 @@ return 0
 
 @dataclass(frozen=True, slots=True)
 class Busy:
-    """A request over its key's requests in flight: the limit, and the seconds to wait."""
+    """A request over its key's requests in flight: the limit, and the seconds to wait; with
+    `share`, this process's part of the limit, held while Redis is away."""
 
     limit: int
     retry_after: int = RETRY_AFTER_SECONDS
+    share: int | None = None
 
 
 def max_in_flight_for(project: Project) -> int:
@@ -99,9 +101,9 @@ def in_flight(*, raw_key: str, project: Project) -> Iterator[Busy | None]:
     if limit <= 0:
         yield None
         return
-    lease = _acquire(key_id_of(raw_key), project.pk, limit)
+    lease, share = _acquire(key_id_of(raw_key), project.pk, limit)
     if lease is None:
-        yield Busy(limit=limit)
+        yield Busy(limit=limit, share=share)
         return
     try:
         yield None
@@ -125,16 +127,19 @@ class _Lease(Protocol):
     def release(self) -> None: ...
 
 
-def _acquire(key_id: str, project_id: int, limit: int) -> _Lease | None:
+def _acquire(key_id: str, project_id: int, limit: int) -> tuple[_Lease | None, int | None]:
+    """A lease (None: the key has `limit`), and this process's share if it was the one
+    applied (Redis away)."""
     url = settings.COSTBOARD_RATE_LIMIT_REDIS_URL
     if not url:
-        return _LOCAL.acquire(key_id, project_id, limit)
+        return _LOCAL.acquire(key_id, project_id, limit), None
     if redis_asking():
         try:
-            return _redis_acquire(url, key_id, project_id, limit)
+            return _redis_acquire(url, key_id, project_id, limit), None
         except Exception as exc:  # ConnectionError, TimeoutError, a Redis that refuses scripts…
             redis_failed(exc)
-    return _FALLBACK.acquire(key_id, project_id, worker_share(limit))
+    share = worker_share(limit)
+    return _FALLBACK.acquire(key_id, project_id, share), share
 
 
 @dataclass(frozen=True, slots=True)

@@ -71,10 +71,12 @@ return math.max(1, tonumber(oldest[2]) + window - now)
 
 @dataclass(frozen=True, slots=True)
 class Refusal:
-    """A request over its key's limit: the limit and the whole seconds to wait (≥ 1)."""
+    """A request over its key's limit: the limit and the whole seconds to wait (≥ 1); with
+    `share`, this process's part of it, held while Redis is away."""
 
     limit: int
     retry_after: int
+    share: int | None = None
 
 
 def limit_for(project: Project) -> int:
@@ -91,13 +93,14 @@ def rate_limit_check(*, raw_key: str, project: Project) -> Refusal | None:
         return None
     key_id = key_id_of(raw_key)
     url = settings.COSTBOARD_RATE_LIMIT_REDIS_URL
+    share = None
     if url:
-        wait = _shared_admit(url, key_id, project.pk, limit)
+        wait, share = _shared_admit(url, key_id, project.pk, limit)
     else:
         wait = _LOCAL.admit(key_id, project.pk, limit)
     if not wait:
         return None
-    return Refusal(limit=limit, retry_after=max(1, math.ceil(wait)))
+    return Refusal(limit=limit, retry_after=max(1, math.ceil(wait)), share=share)
 
 
 def key_id_of(raw_key: str) -> str:
@@ -250,14 +253,18 @@ def _redacted(url: str) -> str:
     return re.sub(r"://[^@/]*@", "://***@", url)
 
 
-def _shared_admit(url: str, key_id: str, project_id: int, limit: int) -> float | None:
-    """Through Redis; while it is away, this process's share of the limit in its own log."""
+def _shared_admit(
+    url: str, key_id: str, project_id: int, limit: int
+) -> tuple[float | None, int | None]:
+    """Through Redis; while it is away, this process's share of the limit in its own log:
+    the seconds to wait (None: admitted), and the share if it was the one applied."""
     if redis_asking():
         try:
-            return _redis_admit(url, key_id, project_id, limit)
+            return _redis_admit(url, key_id, project_id, limit), None
         except Exception as exc:  # ConnectionError, TimeoutError, a Redis that refuses scripts…
             redis_failed(exc)
-    return _FALLBACK.admit(key_id, project_id, worker_share(limit))
+    share = worker_share(limit)
+    return _FALLBACK.admit(key_id, project_id, share), share
 
 
 def _redis_admit(url: str, key_id: str, project_id: int, limit: int) -> float | None:

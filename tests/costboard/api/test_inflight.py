@@ -381,7 +381,9 @@ def test_while_redis_is_down_each_process_holds_its_share_of_the_slots(
     redis_server.stop()
     with caplog.at_level(logging.WARNING, logger="costboard.api.ratelimit"), ExitStack() as outage:
         holding(outage, agent, 2)
-        assert_busy(agent.budget("s1"), 4)
+        refused = agent.budget("s1")
+        assert_busy(refused, 4)
+        assert "each of its processes admits 2 until" in refused.json()["errors"][0]["message"]
         clock.advance(ratelimit.REDIS_PAUSE_SECONDS)  # Redis asked again: still down
         assert_busy(agent.budget("s1"), 4)
         redis_server.start()
@@ -411,7 +413,7 @@ def test_a_process_share_is_the_limit_divided_among_the_workers_at_least_one(
     with ExitStack() as stack:
         holding(stack, agent, share)
         with in_flight(raw_key=agent.key, project=agent.project) as busy:
-            assert busy == Busy(limit=limit)
+            assert busy == Busy(limit=limit, share=share)
 
 
 class FormFields(HTMLParser):

@@ -341,6 +341,10 @@ def test_while_redis_is_down_each_process_holds_the_limit_and_warns_once_per_out
         posts = [agent.post({"events": [step(event_id=f"e{i}")]}) for i in range(3)]
         assert [p.status_code for p in posts] == [200, 200, 429]
         assert_refused(posts[2], 2)
+        assert (
+            "each of its processes admits 2 until it is back"
+            in posts[2].json()["errors"][0]["message"]
+        )
         assert len(failures) == 1  # asked once, then left alone for the pause
         clock.advance(ratelimit.REDIS_PAUSE_SECONDS)  # Redis is asked again, and fails
         statuses = [agent.post({"events": [step(event_id=f"f{i}")]}).status_code for i in range(3)]
@@ -405,7 +409,7 @@ def test_gunicorns_count_of_workers_wins_over_the_setting(
     redis_server.stop()
     admitted = [rate_limit_check(raw_key=agent.key, project=agent.project) for _ in range(3)]
     assert [a is None for a in admitted] == [True, True, False]  # 8 ÷ 4
-    assert admitted[2] == Refusal(limit=8, retry_after=1)  # the message names the whole limit
+    assert admitted[2] == Refusal(limit=8, retry_after=1, share=2)
 
 
 def test_without_a_clock_of_its_own_the_window_runs_on_redis_time(
