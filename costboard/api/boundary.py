@@ -185,7 +185,8 @@ def _held_here(share: int | None) -> str:
 def _busy(request: HttpRequest, operation: Operation, busy: Busy) -> HttpResponse:
     """429 with Retry-After when this key already has its requests in flight (inflight.py)."""
     message = (
-        f"this API key already has {busy.limit} requests being answered, its most at once: "
+        f"this API key already has {busy.limit} request{'s' if busy.limit != 1 else ''} "
+        "being answered, its most at once: "
         f"retry after {busy.retry_after} s (Retry-After) or when one of them is answered, send "
         "fewer at once (or smaller ones), or raise the limit (the project's API requests in "
         "flight in the admin, or COSTBOARD_API_MAX_IN_FLIGHT)" + _held_here(busy.share)

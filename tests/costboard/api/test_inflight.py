@@ -197,7 +197,7 @@ def test_otlp_is_told_in_its_own_format(
         code, message = body["code"], body["message"]
         assert body["errors"] == [{"index": None, "field": "Authorization", "message": message}]
     assert code == 8  # google.rpc.Code RESOURCE_EXHAUSTED
-    assert "already has 1 requests being answered" in message
+    assert "already has 1 request being answered, its most at once" in message
     assert "COSTBOARD_API_MAX_IN_FLIGHT" in message
 
 
