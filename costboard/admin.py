@@ -408,7 +408,7 @@ class ProjectAdmin(admin.ModelAdmin):
             },
         ),
         ("Alerts and retention", {"fields": ("alert_emails", "retention_days")}),
-        ("API", {"fields": ("api_rate_limit",)}),
+        ("API", {"fields": ("api_rate_limit", "api_max_in_flight")}),
     ]
 
     def save_model(self, request: HttpRequest, obj: Project, form: Any, change: bool) -> None:

@@ -15,8 +15,12 @@ control_socket_disable = True
 
 
 def post_worker_init(worker: Any) -> None:
-    """Each worker runs ingest once, rolled back, before it accepts (costboard/warmup.py)."""
+    """Each worker learns how many there are (costboard/api/ratelimit.py) and runs ingest once,
+    rolled back, before it accepts (costboard/warmup.py)."""
+    from costboard.api.ratelimit import workers_set
     from costboard.warmup import worker_warm
+
+    workers_set(worker.cfg.workers)  # each one's share of the API limits while Redis is away
 
     seconds = worker_warm()
     log.info("worker %s warmed up in %.0f ms", worker.pid, seconds * 1000)

@@ -146,6 +146,13 @@ class Project(models.Model):
         help_text="API requests per second per key (beyond it: 429); 0 turns the limit off; "
         "blank: COSTBOARD_API_RATE_LIMIT.",
     )
+    api_max_in_flight = models.PositiveIntegerField(
+        "API requests in flight",
+        null=True,
+        blank=True,
+        help_text="API requests per key being answered at once (beyond it: 429); 0 turns the "
+        "limit off; blank: COSTBOARD_API_MAX_IN_FLIGHT.",
+    )
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:

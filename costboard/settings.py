@@ -243,11 +243,18 @@ COSTBOARD_SESSION_COST_CAP_USD = env_decimal("COSTBOARD_SESSION_COST_CAP_USD", "
 COSTBOARD_WARN_AT_PCT = env_fraction("COSTBOARD_WARN_AT_PCT", "0.8")
 COSTBOARD_METRICS_TOKEN = env_str("COSTBOARD_METRICS_TOKEN")
 
-# --- API rate limit (costboard/api/ratelimit.py) --------------------------------------------
+# --- API limits per key (costboard/api/ratelimit.py, costboard/api/inflight.py) ------------
 # Requests per second per API key (0: off); a project's own limit in the admin wins. Kept in
 # Redis when the broker is Redis, so every worker shares it; otherwise in each process.
 COSTBOARD_API_RATE_LIMIT = env_int("COSTBOARD_API_RATE_LIMIT", 50, minimum=0)
+# Requests per API key being answered at once (0: off); a project's own value wins. Beyond it
+# 429: a few long exports of one key cannot take every server thread from the others.
+COSTBOARD_API_MAX_IN_FLIGHT = env_int("COSTBOARD_API_MAX_IN_FLIGHT", 2, minimum=0)
 COSTBOARD_RATE_LIMIT_REDIS_URL = _broker if _broker.startswith(("redis://", "rediss://")) else ""
+# gunicorn workers per machine, where gunicorn does not say (costboard/gunicorn_conf.py tells
+# each worker its count): while Redis is away each process holds limit ÷ workers of both
+# limits. WEB_CONCURRENCY is what gunicorn itself reads for --workers; 2 is `make run`'s.
+COSTBOARD_WEB_WORKERS = env_int("WEB_CONCURRENCY", 2, minimum=1)
 
 # --- memory search (memory_ui/ranking.py) ---------------------------------------------------
 # score = Σ weight × component, each component in [0, 1]

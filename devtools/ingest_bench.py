@@ -304,13 +304,20 @@ def database_url() -> str:
 
 
 @contextmanager
-def gunicorn(*, workers: int, threads: int, startup_timeout: float = 60.0) -> Iterator[Server]:
-    """gunicorn serving this project on a free port with this process's environment and its
-    database (the one it is connected to, e.g. a test database), DEBUG off; stopped on the
-    way out."""
+def gunicorn(
+    *,
+    workers: int,
+    threads: int,
+    startup_timeout: float = 60.0,
+    extra_env: dict[str, str] | None = None,
+) -> Iterator[Server]:
+    """gunicorn serving this project on a free port with this process's environment (and
+    `extra_env`) and its database (the one it is connected to, e.g. a test database), DEBUG
+    off; stopped on the way out."""
     port = free_port()
     env = {
         **os.environ,
+        **(extra_env or {}),
         "DATABASE_URL": database_url(),
         "DJANGO_DEBUG": "0",
         "DJANGO_ALLOWED_HOSTS": "127.0.0.1",
@@ -586,12 +593,20 @@ def prices_ensure() -> bool:
 # Requests per second the bench key may make: far above what it sends, so the limiter's check
 # (a Redis round trip when the broker is Redis) is timed on every request but never refuses.
 BENCH_RATE_LIMIT = 1_000_000
+# Requests in flight the bench key may have: more than its clients, so the gate (two more
+# round trips with Redis) is timed on every request but never refuses.
+BENCH_MAX_IN_FLIGHT = 1_000
 
 
 def project_create(run: str, *, budgets: int = 0) -> tuple[Project, str]:
     """The bench's project and key, with `budgets` period budgets over it (BENCH_BUDGETS in
     turn), limits far above what the run spends: every batch decides them, none refuses."""
-    project = Project.objects.create(name=f"Bench {run}", slug=run, api_rate_limit=BENCH_RATE_LIMIT)
+    project = Project.objects.create(
+        name=f"Bench {run}",
+        slug=run,
+        api_rate_limit=BENCH_RATE_LIMIT,
+        api_max_in_flight=BENCH_MAX_IN_FLIGHT,
+    )
     api_key, key = ApiKey.issue(project=project, name="bench_ingest")
     for n in range(budgets):
         scope, period, action = BENCH_BUDGETS[n % len(BENCH_BUDGETS)]

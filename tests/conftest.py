@@ -75,9 +75,11 @@ def _eager_celery() -> Iterator[None]:
 
 @pytest.fixture(autouse=True)
 def _no_api_rate_limit(settings: Any) -> None:
-    """No test is held to a per-second limit by the speed of the machine it runs on; the
-    limit's own tests (tests/costboard/api/test_ratelimit.py) set the one they test."""
+    """No test is held to a per-second limit by the speed of the machine it runs on, nor to
+    two requests in flight when it posts from threads; the limits' own tests
+    (tests/costboard/api/test_ratelimit.py, test_inflight.py) set the ones they test."""
     settings.COSTBOARD_API_RATE_LIMIT = 0
+    settings.COSTBOARD_API_MAX_IN_FLIGHT = 0
 
 
 @pytest.fixture(autouse=True)

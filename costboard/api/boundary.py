@@ -4,7 +4,10 @@ The decorator answers wrong methods (405), overlong query strings (414) and quer
 holding NUL, control characters or bytes that are not UTF-8 (422, costboard/query_text.py),
 resolves the key
 (`Authorization: Bearer` or `X-Costboard-Key`) to `request.project` on a typed `ApiRequest`
-(401 otherwise), refuses a body it cannot read (411 chunked, 415 Content-Type), and turns
+(401 otherwise), holds the key to its requests per second (costboard/api/ratelimit.py) and
+its requests in flight (costboard/api/inflight.py: the slot is held while the view runs, and
+given back however it ends) with a 429, refuses a body it cannot read (411 chunked, 415
+Content-Type), and turns
 every refusal the view raises into the contract's body
 `{"errors": [{"index", "field", "message"}]}` with its status: an `ApiError`, which `parse`
 makes of the client's pydantic `ValidationError`, or ingest's `BatchError`. A ValidationError
@@ -26,7 +29,9 @@ from django.views.decorators.csrf import csrf_exempt
 from pydantic import AfterValidator, BaseModel, ValidationError
 from pydantic_core import PydanticCustomError
 
+from costboard.api.inflight import Busy, in_flight
 from costboard.api.ratelimit import rate_limit_check
+from costboard.ingest.otlp import PROTOBUF, otlp_status
 from costboard.ingest.schemas import (
     MAX_DEPTH,
     BatchError,
@@ -152,7 +157,9 @@ def _key_or_refusal(request: HttpRequest, operation: Operation) -> ApiKey | Json
     return key
 
 
-def _rate_limited(request: HttpRequest, project: Project) -> JsonResponse | None:
+def _rate_limited(
+    request: HttpRequest, operation: Operation, project: Project
+) -> HttpResponse | None:
     """429 with Retry-After when this key is over its requests per second (ratelimit.py)."""
     refused = rate_limit_check(raw_key=bearer_key(request), project=project)
     if refused is None:
@@ -160,13 +167,55 @@ def _rate_limited(request: HttpRequest, project: Project) -> JsonResponse | None
     message = (
         f"more than {refused.limit} requests in one second with this API key: retry after "
         f"{refused.retry_after} s (Retry-After), or raise the limit (the project's API rate "
-        "limit in the admin, or COSTBOARD_API_RATE_LIMIT)"
+        "limit in the admin, or COSTBOARD_API_RATE_LIMIT)" + _held_here(refused.share)
     )
-    return errors_response(
-        429,
-        [{"index": None, "field": "Authorization", "message": message}],
-        headers={"Retry-After": str(refused.retry_after)},
+    return _too_many(request, operation, message, refused.retry_after)
+
+
+def _held_here(share: int | None) -> str:
+    """What a refusal adds while the limits are held per process (Redis away)."""
+    if share is None:
+        return ""
+    return (
+        f"; the server's shared count is unavailable, so each of its processes admits "
+        f"{share} until it is back"
     )
+
+
+def _busy(request: HttpRequest, operation: Operation, busy: Busy) -> HttpResponse:
+    """429 with Retry-After when this key already has its requests in flight (inflight.py)."""
+    message = (
+        f"this API key already has {busy.limit} request{'s' if busy.limit != 1 else ''} "
+        "being answered, its most at once: "
+        f"retry after {busy.retry_after} s (Retry-After) or when one of them is answered, send "
+        "fewer at once (or smaller ones), or raise the limit (the project's API requests in "
+        "flight in the admin, or COSTBOARD_API_MAX_IN_FLIGHT)" + _held_here(busy.share)
+    )
+    return _too_many(request, operation, message, busy.retry_after)
+
+
+# google.rpc.Code RESOURCE_EXHAUSTED: what OTLP/HTTP's Status says with a 429
+RESOURCE_EXHAUSTED = 8
+
+
+def _too_many(
+    request: HttpRequest, operation: Operation, message: str, retry_after: int
+) -> HttpResponse:
+    """A 429 naming the key, in the contract's body; an OTLP endpoint's (one that reads
+    protobuf) as a google.rpc.Status in the request's format, as its other refusals are
+    (costboard/api/otlp.py), the `errors` beside it in JSON."""
+    headers = {"Retry-After": str(retry_after)}
+    if PROTOBUF not in operation.body_alternatives:
+        error = {"index": None, "field": "Authorization", "message": message}
+        return errors_response(429, [error], headers=headers)
+    content_type = PROTOBUF if request.content_type == PROTOBUF else JSON
+    response = HttpResponse(
+        otlp_status(RESOURCE_EXHAUSTED, message, content_type, "Authorization"),
+        status=429,
+        content_type=content_type,
+    )
+    response["Retry-After"] = headers["Retry-After"]
+    return response
 
 
 # --- what an endpoint is, for the views and the document --------------------------------------
@@ -254,23 +303,34 @@ def endpoint(operation: Operation) -> Callable[[View], View]:
                 project = key.project
                 cast(ApiRequest, request).project = project
                 cast(ApiRequest, request).api_key = key
-                limited = _rate_limited(request, project)
+                limited = _rate_limited(request, operation, project)
                 if limited is not None:
                     return limited
-            unreadable = body_refusal(request, operation)
-            if unreadable is not None:
-                return refusal(unreadable)
-            try:
-                return view(request, *args, **kwargs)
-            except (ApiError, BatchError) as exc:
-                # a ValidationError that escapes is the server's (an answer's model): a 500
-                return refusal(exc)
+                with in_flight(raw_key=bearer_key(request), project=project) as busy:
+                    if busy is not None:
+                        return _busy(request, operation, busy)
+                    return _answer(view, operation, request, *args, **kwargs)
+            return _answer(view, operation, request, *args, **kwargs)
 
         api_view = csrf_exempt(wrapper)  # a key, not a cookie, says who is asking
         _OPERATIONS[api_view] = operation
         return api_view
 
     return decorate
+
+
+def _answer(
+    view: View, operation: Operation, request: HttpRequest, *args: Any, **kwargs: Any
+) -> HttpResponse:
+    """The view's answer to a request let in, or the refusal of its body or of the view."""
+    unreadable = body_refusal(request, operation)
+    if unreadable is not None:
+        return refusal(unreadable)
+    try:
+        return view(request, *args, **kwargs)
+    except (ApiError, BatchError) as exc:
+        # a ValidationError that escapes is the server's (an answer's model): a 500
+        return refusal(exc)
 
 
 # view → its operation: what the OpenAPI document reads, walking the URLconf

@@ -32,6 +32,7 @@ from prometheus_client.metrics_core import (
 )
 from prometheus_client.registry import Collector
 
+from costboard.api.inflight import in_flight_refused_counts
 from costboard.api.ratelimit import rate_limited_counts
 from costboard.models import (
     BudgetEvent,
@@ -103,6 +104,7 @@ class CostboardCollector(Collector):
         yield self._cost(projects)
         yield self._outbox()
         yield from self._rate_limited(projects)
+        yield from self._in_flight_limited(projects)
 
     def _session_tokens(self, projects: list[_Project]) -> Metric:
         family = HistogramMetricFamily(
@@ -230,6 +232,21 @@ class CostboardCollector(Collector):
             "costboard_api_rate_limited",
             "API requests refused (429) for exceeding their key's requests per second; nothing "
             "of them stored. Kept in Redis (every worker's) or, without Redis, per process.",
+            labels=["project"],
+        )
+        for project in projects:
+            family.add_metric([project.slug], counts.get(project.id, 0))
+        yield family
+
+    def _in_flight_limited(self, projects: list[_Project]) -> Iterator[Metric]:
+        counts = in_flight_refused_counts()
+        if counts is None:  # Redis unreachable, as above
+            return
+        family = CounterMetricFamily(
+            "costboard_api_in_flight_limited",
+            "API requests refused (429) because their key already had its most requests "
+            "being answered at once; nothing of them stored. Kept in Redis (every worker's) "
+            "or, without Redis, per process.",
             labels=["project"],
         )
         for project in projects:

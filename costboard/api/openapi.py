@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator, Mapping
+from dataclasses import replace
 from functools import cache
 from typing import Any, Literal
 
@@ -19,6 +20,7 @@ from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
 from costboard.api.boundary import MAX_QUERY_STRING, Operation, Reply, operations_of
 from costboard.api.schemas import Errors
+from costboard.ingest.otlp import PROTOBUF
 from costboard.ingest.schemas import MAX_DEPTH
 
 REF = "#/components/schemas/{model}"
@@ -45,7 +47,8 @@ create one with `python manage.py create_api_key <project>`.
 
 Every refusal is JSON `{{"errors": [{{"index", "field", "message"}}]}}`, the message saying what
 to send instead. Each key may make at most its project's number of requests per second
-(`COSTBOARD_API_RATE_LIMIT`, default 50): beyond it 429 with `Retry-After`. Text must not
+(`COSTBOARD_API_RATE_LIMIT`, default 50) and have at most its number being answered at once
+(`COSTBOARD_API_MAX_IN_FLIGHT`, default 2): beyond either, 429 with `Retry-After`. Text must not
 hold NUL or unpaired surrogates, nor a query parameter control characters or bytes that are not
 UTF-8 (422 naming it); objects nest at most {MAX_DEPTH} deep; a query string is at most
 {MAX_QUERY_STRING} bytes; a JSON number with a zero fraction (100.0) is the integer it
@@ -70,7 +73,8 @@ STANDARD_ERRORS: dict[int, str] = {
     415: "a Content-Type this endpoint does not read (field Content-Type)",
     422: "invalid input (a body's field, or a query parameter holding NUL, a control "
     "character or bytes that are not UTF-8); the field is named",
-    429: "more requests per second with this key than its project allows; nothing stored",
+    429: "more requests per second, or more at once, with this key than its project "
+    "allows; nothing stored",
     503: "the database is unavailable: retry after Retry-After seconds",
 }
 
@@ -163,6 +167,16 @@ def _replies(operation: Operation) -> dict[int, Reply]:
         standard += [401, 403, 429, 503]
     if operation.body is not None:
         standard += [400, 411, 413, 415]
+    if operation.auth and PROTOBUF in operation.body_alternatives and 400 in replies:
+        # OTLP: the 429 is a google.rpc.Status in the request's format, as its 400 is
+        status_body = replies[400]
+        replies.setdefault(
+            429,
+            replace(
+                status_body,
+                description=STANDARD_ERRORS[429] + ": a google.rpc.Status in the request's format",
+            ),
+        )
     for status in standard:
         replies.setdefault(status, Reply(STANDARD_ERRORS[status]))
     for status, name, header in (
@@ -171,7 +185,7 @@ def _replies(operation: Operation) -> dict[int, Reply]:
         (503, "Retry-After", RETRY_AFTER_HEADER),
     ):
         if status in replies and not replies[status].headers:
-            replies[status] = Reply(replies[status].description, headers={name: header})
+            replies[status] = replace(replies[status], headers={name: header})
     return dict(sorted(replies.items()))
 
 

@@ -9,9 +9,12 @@ written by one Lua script — one round trip — so every gunicorn worker and ma
 limit; the script also counts refusals per project for /metrics. Without Redis, the same log
 lives in each process's memory (`make run`: per worker).
 
-If Redis cannot be reached the request is served (fail open: an outage of the limiter must
-not take ingest down), with a warning at most once a minute, and Redis is not asked again for
-a second, so a dead Redis costs at most one timeout per process per second.
+If Redis cannot be reached the limit still holds, in this process: its share of it (N ÷ the
+gunicorn workers, at least 1 a second; `worker_share`), so the workers of a machine together
+admit about N while the one they share is away. A warning is logged when an outage begins
+(once per outage, and a line when Redis answers again); Redis is not asked again for a second,
+so a dead Redis costs at most one timeout per process per second. The requests-in-flight gate
+(costboard/api/inflight.py) shares this module's Redis client and outage.
 """
 
 from __future__ import annotations
@@ -36,7 +39,6 @@ log = logging.getLogger(__name__)
 WINDOW_SECONDS = 1
 REDIS_TIMEOUT_SECONDS = 0.25  # connect and reply: a slow limiter must not stall ingest
 REDIS_PAUSE_SECONDS = 1.0  # after a failure, serve without asking Redis this long
-WARN_EVERY_SECONDS = 60.0
 LOG_PREFIX = "costboard:ratelimit:key:"  # + the first 32 hex of the key's SHA-256
 REFUSED_KEY = "costboard:ratelimit:refused"  # hash: project id → 429s answered
 
@@ -69,10 +71,12 @@ return math.max(1, tonumber(oldest[2]) + window - now)
 
 @dataclass(frozen=True, slots=True)
 class Refusal:
-    """A request over its key's limit: the limit and the whole seconds to wait (≥ 1)."""
+    """A request over its key's limit: the limit and the whole seconds to wait (≥ 1); with
+    `share`, this process's part of it, held while Redis is away."""
 
     limit: int
     retry_after: int
+    share: int | None = None
 
 
 def limit_for(project: Project) -> int:
@@ -87,15 +91,37 @@ def rate_limit_check(*, raw_key: str, project: Project) -> Refusal | None:
     limit = limit_for(project)
     if limit <= 0:
         return None
-    key_id = ApiKey.hash_of(raw_key)[:32]
+    key_id = key_id_of(raw_key)
     url = settings.COSTBOARD_RATE_LIMIT_REDIS_URL
+    share = None
     if url:
-        wait = _redis_admit(url, key_id, project.pk, limit)
+        wait, share = _shared_admit(url, key_id, project.pk, limit)
     else:
         wait = _LOCAL.admit(key_id, project.pk, limit)
-    if not wait:  # admitted, or Redis is down (served: fail open)
+    if not wait:
         return None
-    return Refusal(limit=limit, retry_after=max(1, math.ceil(wait)))
+    return Refusal(limit=limit, retry_after=max(1, math.ceil(wait)), share=share)
+
+
+def key_id_of(raw_key: str) -> str:
+    """What a limit keeps of a key: the first 32 hex of its SHA-256, never the key."""
+    return ApiKey.hash_of(raw_key)[:32]
+
+
+def web_workers() -> int:
+    """The gunicorn workers of this machine: gunicorn's own count when it serves us through
+    costboard/gunicorn_conf.py, else COSTBOARD_WEB_WORKERS (WEB_CONCURRENCY, default 2)."""
+    return _STATE.workers or int(settings.COSTBOARD_WEB_WORKERS)
+
+
+def workers_set(count: int) -> None:
+    """gunicorn's number of workers, told to each (costboard/gunicorn_conf.py)."""
+    _STATE.workers = max(1, int(count))
+
+
+def worker_share(limit: int) -> int:
+    """This process's part of a limit while Redis is away: limit ÷ workers, at least 1."""
+    return max(1, limit // web_workers())
 
 
 def rate_limited_counts() -> dict[int, int] | None:
@@ -104,12 +130,17 @@ def rate_limited_counts() -> dict[int, int] | None:
     url = settings.COSTBOARD_RATE_LIMIT_REDIS_URL
     if not url:
         return _LOCAL.refused_counts()
-    client = _STATE.client(url)
+    return redis_counts(url, REFUSED_KEY)
+
+
+def redis_counts(url: str, key: str) -> dict[int, int] | None:
+    """A hash of counts per project id in Redis; None when Redis cannot be read."""
     try:
-        raw: dict[bytes, bytes] = client.hgetall(REFUSED_KEY)
+        raw: dict[bytes, bytes] = redis_client(url).hgetall(key)
     except Exception as exc:  # redis' errors, and OSErrors under them
-        _STATE.failed(exc)
+        redis_failed(exc)
         return None
+    redis_answered()
     return {int(project_id): int(count) for project_id, count in raw.items()}
 
 
@@ -117,16 +148,17 @@ def rate_limited_counts() -> dict[int, int] | None:
 
 
 class _RedisState:
-    """One client (a connection pool) per URL per process, and the fail-open bookkeeping."""
+    """One client (a connection pool) per URL per process, its scripts, and the outage: when
+    Redis failed, until when it is left alone, and whether the outage was told in the log."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._clients: dict[str, Any] = {}
-        self._scripts: dict[str, Any] = {}
+        self._scripts: dict[tuple[str, str], Any] = {}
         self.paused_until = 0.0
-        self._warned_at = -math.inf
-        # Tests turn these by hand: the clock of the pause and of the warning's minute, and
-        # the window's (None: Redis' TIME).
+        self.down = False  # an outage is under way (and was logged)
+        self.workers = 0  # gunicorn's count, set by costboard/gunicorn_conf.py; 0: the setting
+        # Tests turn these by hand: the clock of the pause, and the window's (None: Redis' TIME).
         self.clock: Callable[[], float] = time.monotonic
         self.window_clock: Callable[[], float] | None = None
 
@@ -146,32 +178,74 @@ class _RedisState:
                         socket_connect_timeout=REDIS_TIMEOUT_SECONDS,
                         retry=Retry(NoBackoff(), 0),  # fail fast; the next request tries again
                     )
-                    self._scripts[url] = client.register_script(_ADMIT)
                     self._clients[url] = client
         return client
 
-    def script(self, url: str) -> Any:
-        self.client(url)
-        return self._scripts[url]
+    def script(self, url: str, source: str) -> Any:
+        script = self._scripts.get((url, source))
+        if script is None:
+            script = self._scripts[(url, source)] = self.client(url).register_script(source)
+        return script
 
     def failed(self, exc: BaseException) -> None:
-        now = self.clock()
-        self.paused_until = now + REDIS_PAUSE_SECONDS
+        self.paused_until = self.clock() + REDIS_PAUSE_SECONDS
         with self._lock:
-            warn = now - self._warned_at >= WARN_EVERY_SECONDS
-            if warn:
-                self._warned_at = now
-        if warn:
+            began, self.down = not self.down, True
+        if began:
             log.warning(
-                "API rate limit not applied: Redis (%s) cannot be reached (%s: %s); requests "
-                "are served unlimited until it answers (this warning: at most once a minute)",
+                "Redis (%s) cannot be reached (%s: %s): each process holds its share of the "
+                "API's limits per key (the limit ÷ %d workers, at least 1) until it answers; "
+                "asked again every %g s (this warning: once per outage)",
                 _redacted(settings.COSTBOARD_RATE_LIMIT_REDIS_URL),
                 type(exc).__name__,
                 exc,
+                web_workers(),
+                REDIS_PAUSE_SECONDS,
+            )
+
+    def answered(self) -> None:
+        if not self.down:
+            return
+        with self._lock:
+            ended, self.down = self.down, False
+        if ended:
+            log.warning(
+                "Redis (%s) answers again: the API's limits are shared by every process",
+                _redacted(settings.COSTBOARD_RATE_LIMIT_REDIS_URL),
             )
 
 
 _STATE = _RedisState()
+
+
+def redis_client(url: str) -> Any:
+    return _STATE.client(url)
+
+
+def redis_script(url: str, source: str) -> Any:
+    """`source` registered on the client of `url` (EVALSHA, loaded again if Redis lost it)."""
+    return _STATE.script(url, source)
+
+
+def redis_asking() -> bool:
+    """Whether to ask Redis now: not within a second of its last failure."""
+    return _STATE.clock() >= _STATE.paused_until
+
+
+def redis_failed(exc: BaseException) -> None:
+    """Redis failed a request: leave it alone a second; warn if an outage begins."""
+    _STATE.failed(exc)
+
+
+def redis_answered() -> None:
+    """Redis answered: an outage, if there was one, is over."""
+    _STATE.answered()
+
+
+def redis_now_us() -> int | None:
+    """The tests' own time for Redis scripts, in µs; None: the script reads Redis' TIME."""
+    clock = _STATE.window_clock
+    return None if clock is None else round(clock() * 1_000_000)
 
 
 def _redacted(url: str) -> str:
@@ -179,18 +253,28 @@ def _redacted(url: str) -> str:
     return re.sub(r"://[^@/]*@", "://***@", url)
 
 
+def _shared_admit(
+    url: str, key_id: str, project_id: int, limit: int
+) -> tuple[float | None, int | None]:
+    """Through Redis; while it is away, this process's share of the limit in its own log:
+    the seconds to wait (None: admitted), and the share if it was the one applied."""
+    if redis_asking():
+        try:
+            return _redis_admit(url, key_id, project_id, limit), None
+        except Exception as exc:  # ConnectionError, TimeoutError, a Redis that refuses scripts…
+            redis_failed(exc)
+    share = worker_share(limit)
+    return _FALLBACK.admit(key_id, project_id, share), share
+
+
 def _redis_admit(url: str, key_id: str, project_id: int, limit: int) -> float | None:
-    """Seconds to wait, or None (admitted, or Redis down: served)."""
-    if _STATE.clock() < _STATE.paused_until:
-        return None
+    """Seconds to wait, or None: admitted. Raises what the Redis client raises."""
     args: list[int | str] = [limit, WINDOW_SECONDS * 1_000_000, os.urandom(8).hex(), project_id]
-    if _STATE.window_clock is not None:
-        args.append(round(_STATE.window_clock() * 1_000_000))
-    try:
-        wait_us = _STATE.script(url)(keys=[LOG_PREFIX + key_id, REFUSED_KEY], args=args)
-    except Exception as exc:  # ConnectionError, TimeoutError, a Redis that refuses scripts…
-        _STATE.failed(exc)
-        return None
+    now = redis_now_us()
+    if now is not None:
+        args.append(now)
+    wait_us = redis_script(url, _ADMIT)(keys=[LOG_PREFIX + key_id, REFUSED_KEY], args=args)
+    redis_answered()
     return int(wait_us) / 1_000_000 or None
 
 
@@ -233,4 +317,5 @@ class _LocalLimiter:
             return dict(self._refused)
 
 
-_LOCAL = _LocalLimiter()
+_LOCAL = _LocalLimiter()  # no Redis configured: the whole limit, in each process
+_FALLBACK = _LocalLimiter()  # Redis configured but away: this process's share

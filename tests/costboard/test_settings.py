@@ -27,6 +27,8 @@ ROOT = Path(__file__).resolve().parents[2]
         ("COSTBOARD_WARN_AT_PCT", "80"),
         ("COSTBOARD_API_RATE_LIMIT", "fast"),
         ("COSTBOARD_API_RATE_LIMIT", "-1"),
+        ("COSTBOARD_API_MAX_IN_FLIGHT", "-1"),
+        ("WEB_CONCURRENCY", "0"),
         ("DJANGO_DEBUG", "maybe"),
         ("DATABASE_URL", "mysql://root@localhost/x"),
     ],

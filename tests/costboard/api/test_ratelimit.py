@@ -1,8 +1,9 @@
 """The per-key API rate limit (COSTBOARD_API_RATE_LIMIT, a project's api_rate_limit): 429 with
 Retry-After and nothing stored past it, counted in /metrics; shared through a real Redis
-(started here on a free port) by every process, or kept in process without one; and served
-unlimited (fail open) while Redis is down. The limiter's clocks are the tests' own, turned by
-hand: what is inside the one second does not depend on how fast the machine runs the test."""
+(started here on a free port) by every process, or kept in process without one; and held by
+each process at its share (limit ÷ workers) while Redis is down. The limiter's clocks are the
+tests' own, turned by hand: what is inside the one second does not depend on how fast the
+machine runs the test."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -89,14 +91,16 @@ class Clock:
 
 @pytest.fixture(autouse=True)
 def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
-    """One clock for the window (Redis' or in process), the pause after a Redis failure and
-    the warning's minute; a previous test's outage and warning are not this one's."""
+    """One clock for the window (Redis' or in process) and the pause after a Redis failure; a
+    previous test's outage, and gunicorn's count of workers, are not this one's."""
     clock = Clock()
     monkeypatch.setattr(ratelimit._STATE, "clock", clock)
     monkeypatch.setattr(ratelimit._STATE, "window_clock", clock)
     monkeypatch.setattr(ratelimit._STATE, "paused_until", 0.0)
-    monkeypatch.setattr(ratelimit._STATE, "_warned_at", float("-inf"))
+    monkeypatch.setattr(ratelimit._STATE, "down", False)
+    monkeypatch.setattr(ratelimit._STATE, "workers", 0)
     monkeypatch.setattr(ratelimit, "_LOCAL", ratelimit._LocalLimiter(clock=clock))
+    monkeypatch.setattr(ratelimit, "_FALLBACK", ratelimit._LocalLimiter(clock=clock))
     return clock
 
 
@@ -303,7 +307,11 @@ def test_without_redis_each_process_keeps_the_limit(
     assert budget_get(agent).status_code == 404
 
 
-def test_while_redis_is_down_requests_are_served_and_a_warning_logged_once(
+def outage_logs(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "costboard.api.ratelimit"]
+
+
+def test_while_redis_is_down_each_process_holds_the_limit_and_warns_once_per_outage(
     agent: Agent,
     settings: Any,
     redis_server: RedisServer,
@@ -311,7 +319,11 @@ def test_while_redis_is_down_requests_are_served_and_a_warning_logged_once(
     clock: Clock,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """Redis stopped: a 2/s limit still refuses the third request in a second, in this
+    process's own log (one worker: its share is the whole limit); Redis is asked again a
+    second after each failure, and the outage is logged once, its end once."""
     settings.COSTBOARD_API_RATE_LIMIT = 2
+    settings.COSTBOARD_WEB_WORKERS = 1
     settings.COSTBOARD_METRICS_TOKEN = TOKEN
     assert [budget_get(agent).status_code for _ in range(3)] == [404, 404, 429]
     failures: list[str] = []  # each time Redis was asked and could not answer
@@ -324,22 +336,80 @@ def test_while_redis_is_down_requests_are_served_and_a_warning_logged_once(
     monkeypatch.setattr(ratelimit._STATE, "failed", counted)
 
     redis_server.stop()
-    with caplog.at_level(logging.WARNING, logger="costboard.api.ratelimit"):
-        statuses = [agent.post({"events": [step(event_id=f"e{i}")]}).status_code for i in range(4)]
+    clock.advance(1)  # the second of the three above is over
+    with caplog.at_level(logging.INFO, logger="costboard.api.ratelimit"):
+        posts = [agent.post({"events": [step(event_id=f"e{i}")]}) for i in range(3)]
+        assert [p.status_code for p in posts] == [200, 200, 429]
+        assert_refused(posts[2], 2)
+        assert (
+            "each of its processes admits 2 until it is back"
+            in posts[2].json()["errors"][0]["message"]
+        )
         assert len(failures) == 1  # asked once, then left alone for the pause
         clock.advance(ratelimit.REDIS_PAUSE_SECONDS)  # Redis is asked again, and fails
-        statuses.append(agent.post({"events": [step(event_id="e4")]}).status_code)
+        statuses = [agent.post({"events": [step(event_id=f"f{i}")]}).status_code for i in range(3)]
+        assert statuses == [200, 200, 429]
         assert len(failures) == 2
-    assert statuses == [200] * 5  # fail open: the limiter's outage is not ingest's
-    assert Step.objects.count() == 5
-    warnings = [r for r in caplog.records if r.name == "costboard.api.ratelimit"]
-    assert len(warnings) == 1  # two failures inside the minute: one warning
-    assert "Redis" in warnings[0].getMessage() and "served unlimited" in warnings[0].getMessage()
-    assert metric("acme") is None  # the scrape works; the counter it cannot read is left out
+        assert Step.objects.count() == 4  # nothing of the refused ones
+        assert metric("acme") is None  # the scrape works; the counter it cannot read is left out
+        (warning,) = outage_logs(caplog)  # two failures, one outage: one warning
+        assert "cannot be reached" in warning and "÷ 1 workers" in warning
 
-    redis_server.start()  # back on the same port (empty): limiting resumes after the pause
-    clock.advance(ratelimit.REDIS_PAUSE_SECONDS)
-    assert [budget_get(agent).status_code for _ in range(3)] == [404, 404, 429]
+        redis_server.start()  # back on the same port (empty): shared again after the pause
+        clock.advance(ratelimit.REDIS_PAUSE_SECONDS)
+        assert [budget_get(agent).status_code for _ in range(3)] == [404, 404, 429]
+        assert "answers again" in outage_logs(caplog)[1]
+
+        redis_server.stop()  # another outage: another warning
+        clock.advance(1)
+        assert budget_get(agent).status_code == 404
+    logs = outage_logs(caplog)
+    assert len(logs) == 3 and "cannot be reached" in logs[2]
+
+
+@pytest.mark.parametrize(
+    ("limit", "workers", "share"), [(2, 2, 1), (5, 2, 2), (50, 4, 12), (1, 4, 1), (3, 1, 3)]
+)
+def test_while_redis_is_down_a_process_admits_the_limit_divided_among_the_workers(
+    agent: Agent,
+    settings: Any,
+    redis_server: RedisServer,
+    clock: Clock,
+    limit: int,
+    workers: int,
+    share: int,
+) -> None:
+    """The workers of a machine together admit about the limit, and each at least 1/s."""
+    settings.COSTBOARD_API_RATE_LIMIT = limit
+    settings.COSTBOARD_WEB_WORKERS = workers
+    redis_server.stop()
+    admitted = [
+        rate_limit_check(raw_key=agent.key, project=agent.project) is None for _ in range(share + 1)
+    ]
+    assert admitted == [True] * share + [False]
+    clock.advance(1)
+    assert rate_limit_check(raw_key=agent.key, project=agent.project) is None
+
+
+def test_gunicorns_count_of_workers_wins_over_the_setting(
+    agent: Agent,
+    settings: Any,
+    redis_server: RedisServer,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """costboard/gunicorn_conf.py tells each worker how many there are (--workers 4 on the
+    command line, whatever WEB_CONCURRENCY says)."""
+    from costboard import gunicorn_conf, warmup
+
+    settings.COSTBOARD_API_RATE_LIMIT = 8
+    settings.COSTBOARD_WEB_WORKERS = 2
+    monkeypatch.setattr(warmup, "worker_warm", lambda: 0.0)
+    gunicorn_conf.post_worker_init(SimpleNamespace(pid=1, cfg=SimpleNamespace(workers=4)))
+    assert ratelimit.web_workers() == 4
+    redis_server.stop()
+    admitted = [rate_limit_check(raw_key=agent.key, project=agent.project) for _ in range(3)]
+    assert [a is None for a in admitted] == [True, True, False]  # 8 ÷ 4
+    assert admitted[2] == Refusal(limit=8, retry_after=1, share=2)
 
 
 def test_without_a_clock_of_its_own_the_window_runs_on_redis_time(
