@@ -19,6 +19,8 @@ from costboard.api.boundary import (
     path_text,
 )
 from costboard.api.boundary import endpoint as api_endpoint
+from costboard.api.encoding import HEADER as ENCODING_HEADER
+from costboard.api.encoding import decoded_body
 from costboard.api.idempotency import (
     KEY_HEADER,
     REPLAYED_HEADER,
@@ -54,9 +56,17 @@ EVENTS = Operation(
     "are Anthropic's: input_tokens excludes cache reads and writes. At most "
     f"{MAX_BODY_BYTES} bytes (5 MB) and {MAX_EVENTS} events. An Idempotency-Key header "
     "makes the whole batch idempotent: sent again with the same key and body, it is not "
-    "ingested again and gets the first answer (kept at least 24 hours).",
+    "ingested again and gets the first answer (kept at least 24 hours). The body may be "
+    "sent compressed with Content-Encoding: gzip: at most 5 MB compressed and 5 MB "
+    "decompressed.",
     body=EventsBody,
     headers={
+        ENCODING_HEADER: {
+            "description": "gzip: the body is gzip-compressed (at most 5 MB, and at most 5 MB "
+            "once decompressed: 413 past either; 400 if it is not gzip). Limits and the "
+            "Idempotency-Key see the decompressed body. Another coding (br, deflate) is 415.",
+            "schema": {"type": "string", "examples": ["gzip"]},
+        },
         KEY_HEADER: {
             "description": "one key per batch, the same on each retry of it (a UUID is a good "
             "key): the same key and body get the stored answer with Idempotent-Replayed: true; "
@@ -100,12 +110,14 @@ EVENTS = Operation(
 def events(request: HttpRequest) -> HttpResponse:
     project = cast(ApiRequest, request).project
     key = _idempotency_key(request, project)
-    length = request.META.get("CONTENT_LENGTH") or "0"
-    if length.isdigit() and int(length) > MAX_BODY_BYTES:
-        ingest_tally(project.pk, refused=1)  # the body is not read: its events are unknown
-        raise ApiError(413, "body", f"body is {length} bytes; at most {MAX_BODY_BYTES}: split it")
     try:
-        batch = parse_events(request.body)
+        # gzip or not, what is validated, limited and keyed is the decompressed body
+        body = decoded_body(request, limit=MAX_BODY_BYTES, what="split the batch")
+    except ApiError:
+        ingest_tally(project.pk, refused=1)  # the body is not read: its events are unknown
+        raise
+    try:
+        batch = parse_events(body)
     except BatchError as exc:
         ingest_tally(project.pk, refused=exc.event_count or 1)
         raise
@@ -120,7 +132,7 @@ def events(request: HttpRequest) -> HttpResponse:
             response = idempotent_answer(
                 project=project,
                 key=key,
-                body=request.body,
+                body=body,
                 answer=lambda: _ingested(project, batch, prefix, minimal, now),
             )
         except ApiError:  # the key was used with another body
