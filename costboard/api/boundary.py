@@ -26,6 +26,7 @@ from django.views.decorators.csrf import csrf_exempt
 from pydantic import AfterValidator, BaseModel, ValidationError
 from pydantic_core import PydanticCustomError
 
+from costboard.api.encoding import BodyRefused, decoded_body
 from costboard.api.ratelimit import rate_limit_check
 from costboard.ingest.schemas import (
     MAX_DEPTH,
@@ -385,9 +386,10 @@ def read_body(request: HttpRequest, *, limit: int, what: str) -> bytes:
     """The body, decompressed if it came with Content-Encoding: gzip, or 413 past `limit`
     bytes, compressed or not (told by Content-Length before it is read); 400 for a gzip body
     that is not, 415 for another coding (costboard/api/encoding.py)."""
-    from costboard.api.encoding import decoded_body  # it raises this module's ApiError
-
-    return decoded_body(request, limit=limit, what=what)
+    try:
+        return decoded_body(request, limit=limit, what=what)
+    except BodyRefused as exc:
+        raise ApiError(exc.status, exc.field, exc.message, headers=exc.headers) from None
 
 
 def json_object(request: HttpRequest, *, limit: int, example: str) -> dict[str, Any]:

@@ -1,5 +1,5 @@
-"""Compressed request bodies (docs/api.md, "Compression"): `Content-Encoding: gzip` on the API's
-JSON bodies, as gateways and OpenTelemetry exporters send them.
+"""Compressed request bodies (docs/api.md, "Compressed bodies"): `Content-Encoding: gzip` on
+the API's JSON bodies, as gateways and OpenTelemetry exporters send them.
 
 A body is decompressed with a bound: never more than `limit` bytes (plus one, to tell that it
 is over) come out of the inflater, whatever the compressed body claims, so a few kilobytes
@@ -9,16 +9,16 @@ Idempotency-Key is the decompressed body: the same batch sent plain or gzip is t
 
 gzip (and its old alias x-gzip) is the one coding accepted, alone or beside `identity`; any
 other (br, deflate, zstd) is 415 with `Accept-Encoding: gzip` (RFC 7694). A body that is not
-the gzip it claims to be is 400 naming Content-Encoding.
+the gzip it claims to be is 400 naming Content-Encoding. Refusals are `BodyRefused`, which
+costboard/api/boundary.py's read_body answers as any API refusal (this module sits below it).
 """
 
 from __future__ import annotations
 
 import zlib
+from collections.abc import Mapping
 
 from django.http import HttpRequest
-
-from costboard.api.boundary import ApiError
 
 HEADER = "Content-Encoding"
 GZIP = "gzip"
@@ -26,6 +26,20 @@ GZIP = "gzip"
 _GZIP_NAMES = ("gzip", "x-gzip")
 _NO_CODING = ("", "identity")
 _GZIP_WINDOW = 16 + zlib.MAX_WBITS  # a gzip header and trailer around deflate data
+
+
+class BodyRefused(Exception):
+    """The body cannot be read as sent: an HTTP status, the field at fault, a message naming
+    the fix, and the headers to answer with."""
+
+    def __init__(
+        self, status: int, field: str, message: str, headers: Mapping[str, str] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.field = field
+        self.message = message
+        self.headers = dict(headers or {})
 
 
 def content_coding(request: HttpRequest) -> str | None:
@@ -39,7 +53,7 @@ def content_coding(request: HttpRequest) -> str | None:
         return None
     if len(named) == 1 and named[0] in _GZIP_NAMES:
         return GZIP
-    raise ApiError(
+    raise BodyRefused(
         415,
         HEADER,
         f"unsupported {', '.join(named)[:60]!r}: send the body as it is, or compressed with "
@@ -60,21 +74,21 @@ def gunzip(body: bytes, *, limit: int, what: str) -> bytes:
             # at most limit + 1 bytes out: the bound, and one more to know it was passed
             out += inflater.decompress(rest, limit - len(out) + 1)
         except zlib.error as exc:
-            raise ApiError(
+            raise BodyRefused(
                 400,
                 HEADER,
                 f"Content-Encoding is gzip but the body is not gzip ({exc}): "
                 "compress the body with gzip, or leave out the header",
             ) from None
         if len(out) > limit:
-            raise ApiError(
+            raise BodyRefused(
                 413,
                 "body",
                 f"the body decompresses to more than {limit} bytes; at most "
                 f"{limit} decompressed: {what}",
             )
         if not inflater.eof:
-            raise ApiError(
+            raise BodyRefused(
                 400,
                 HEADER,
                 "the gzip body ends before its gzip stream does: send the whole compressed body",
@@ -94,7 +108,7 @@ def decoded_body(request: HttpRequest, *, limit: int, what: str) -> bytes:
         size = len(request.body)
     if size > limit:
         sent = "compressed body" if coding else "body"
-        raise ApiError(413, "body", f"{sent} is {size} bytes; at most {limit}: {what}")
+        raise BodyRefused(413, "body", f"{sent} is {size} bytes; at most {limit}: {what}")
     if coding is None:
         return request.body
     return gunzip(request.body, limit=limit, what=what)

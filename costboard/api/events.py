@@ -19,10 +19,10 @@ from costboard.api.boundary import (
     Reply,
     model_response,
     path_text,
+    read_body,
 )
 from costboard.api.boundary import endpoint as api_endpoint
 from costboard.api.encoding import HEADER as ENCODING_HEADER
-from costboard.api.encoding import decoded_body
 from costboard.api.idempotency import (
     KEY_HEADER,
     REPLAYED_HEADER,
@@ -114,7 +114,7 @@ def events(request: HttpRequest) -> HttpResponse:
     key = _idempotency_key(request, project)
     try:
         # gzip or not, what is validated, limited and keyed is the decompressed body
-        body = decoded_body(request, limit=MAX_BODY_BYTES, what="split the batch")
+        body = read_body(request, limit=MAX_BODY_BYTES, what="split the batch")
     except ApiError:
         ingest_tally(project.pk, refused=1)  # the body is not read: its events are unknown
         raise
