@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from costboard.models import Project
+from costboard.models import PeriodBudget, Project
 from tests.e2e.test_dashboards_browser import log_in
 from tests.e2e.test_finish_browser import demo, every_page
 
@@ -52,7 +52,12 @@ def test_every_page_loads_under_its_policy_without_a_violation(
     log_in(page, base)
     paths = [path for path in every_page() if path != "/no-such-page/"]
     project = Project.objects.order_by("pk")[0]
-    paths += ["/budgets/", f"/admin/costboard/project/{project.pk}/change/"]
+    budget = PeriodBudget.objects.order_by("pk")[0]  # the demo's
+    paths += [
+        "/budgets/",
+        f"/budgets/{budget.pk}/",
+        f"/admin/costboard/project/{project.pk}/change/",
+    ]
     seen: dict[str, list[str]] = {}
     for path in paths:
         response = page.goto(base + path)
