@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import socket
 import zlib
 from typing import Any
 
@@ -17,7 +18,10 @@ from costboard.api.openapi import openapi_document
 from costboard.ingest.schemas import MAX_BODY_BYTES
 from costboard.models import IdempotentRequest, Step
 from memory_ui.models import Memory
-from tests.conftest import Agent
+from tests.conftest import Agent, make_agent
+from tests.costboard.api.test_bodies import gunicorn
+
+__all__ = ["gunicorn"]  # the fixture: `make run`'s server on the test database
 
 
 def step(n: int, **fields: Any) -> dict[str, Any]:
@@ -248,3 +252,44 @@ def test_the_openapi_document_names_content_encoding_on_every_body() -> None:
         assert header["schema"]["examples"] == ["gzip"]
         assert "gzip" in header["description"]
     assert "Content-Encoding: gzip" in document["info"]["description"]
+
+
+def raw_post(port: int, body: bytes, key: str, *headers: str) -> tuple[int, dict[str, Any]]:
+    """POST `body` to /api/v1/events over a socket, chunked, as a streaming gateway sends it."""
+    encoded = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+    head = "".join(
+        f"{line}\r\n"
+        for line in (
+            "POST /api/v1/events HTTP/1.1",
+            "Host: 127.0.0.1",
+            f"Authorization: Bearer {key}",
+            "Content-Type: application/json",
+            "Transfer-Encoding: chunked",
+            "Connection: close",
+            *headers,
+        )
+    )
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
+        sock.sendall(head.encode() + b"\r\n" + encoded)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    status_line, _, rest = answer.partition(b"\r\n")
+    return int(status_line.split()[1]), json.loads(rest.partition(b"\r\n\r\n")[2])
+
+
+@pytest.mark.slow
+def test_gunicorn_reads_a_chunked_gzip_batch_and_refuses_a_chunked_bomb(gunicorn: int) -> None:
+    agent = make_agent("zipped")
+    status, answer = raw_post(
+        gunicorn, gzip.compress(batch(3)), agent.key, "Content-Encoding: gzip"
+    )
+    assert status == 200, answer
+    assert answer["accepted"] == 3
+
+    status, answer = raw_post(
+        gunicorn, gzip_of_zeros(256 << 20), agent.key, "Content-Encoding: gzip"
+    )
+    assert status == 413, answer
+    assert f"at most {MAX_BODY_BYTES} decompressed" in answer["errors"][0]["message"]
+    assert Step.objects.count() == 3
