@@ -84,7 +84,8 @@ class PlainDecimalField(forms.DecimalField):
 DECIMAL_OVERRIDES: Mapping[type[models.Field[Any, Any]], Mapping[str, Any]] = {
     models.DecimalField: {
         "form_class": PlainDecimalField,
-        "widget": forms.NumberInput(attrs={"size": 8, "style": "width: 5.5em"}),
+        # its width in static/costboard/admin.css: the CSP allows no style attribute
+        "widget": forms.NumberInput(attrs={"size": 8, "class": "decimal-input"}),
     }
 }
 

@@ -14,6 +14,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
+from csp.constants import NONE, SELF
 from django.core.exceptions import ImproperlyConfigured
 
 from costboard.client_address import trusted_proxies
@@ -62,6 +63,7 @@ INSTALLED_APPS = [
     "template_partials",
     "drf_spectacular_sidecar",  # Swagger UI's files for /api/v1/docs, from the package
     "axes",  # login lockout after repeated failures (see AXES_* below)
+    "csp",  # django-csp: the Content-Security-Policy header (CONTENT_SECURITY_POLICY below)
     "costboard",
     "memory_ui",
 ]
@@ -72,6 +74,7 @@ if importlib.util.find_spec("devtools") is not None:
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "costboard.csp.PagePolicyMiddleware",  # Content-Security-Policy on pages (see below)
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -84,6 +87,24 @@ MIDDLEWARE = [
     # last, as django-axes asks: it answers a locked-out login with the lockout page
     "axes.middleware.AxesMiddleware",
 ]
+
+# Every page's Content-Security-Policy (costboard/csp.py; docs/operations.md says how to extend
+# it): scripts, styles, images, fonts and requests from this origin only, nothing inline, no
+# eval, no plugin, never framed, forms posted here only.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": [SELF],
+        "script-src": [SELF],
+        "style-src": [SELF],
+        "img-src": [SELF],
+        "font-src": [SELF],
+        "connect-src": [SELF],
+        "object-src": [NONE],
+        "base-uri": [SELF],
+        "form-action": [SELF],
+        "frame-ancestors": [NONE],
+    }
+}
 
 ROOT_URLCONF = "costboard.urls"
 WSGI_APPLICATION = "costboard.wsgi.application"

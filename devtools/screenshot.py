@@ -38,10 +38,9 @@ CHROMIUM_ARGS = [
 USERNAME = "docs-screenshot"  # a staff login with no password: it only ever logs in here
 PLAIN_STATIC = {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"}
 # every [data-chart] element holds Plotly's drawing once charts.js has run
-CHARTS_DRAWN = (
-    "() => [...document.querySelectorAll('[data-chart]')]"
-    ".every(el => el.querySelector('svg.main-svg'))"
-)
+# a chart not drawn yet: waited for with a selector, since a page's CSP forbids the eval that
+# waiting on a JavaScript expression (page.wait_for_function) needs
+UNDRAWN_CHART = "[data-chart]:not(:has(svg.main-svg))"
 
 
 @dataclass(frozen=True)
@@ -123,7 +122,7 @@ def page_shoot(
             page.goto(base + path, wait_until="load")
             if "/accounts/login/" in page.url:
                 raise ValueError(f"{path} asked for a login: the staff session was refused")
-            page.wait_for_function(CHARTS_DRAWN)
+            page.locator(UNDRAWN_CHART).first.wait_for(state="detached")
             charts = page.locator("[data-chart] svg.main-svg").count()
             page.screenshot(path=str(output), type="png")
             return Shot(title=page.title(), url=page.url.removeprefix(base), charts=charts)

@@ -29,6 +29,7 @@ from django.views.decorators.csrf import csrf_exempt
 from pydantic import AfterValidator, BaseModel, ValidationError
 from pydantic_core import PydanticCustomError
 
+from costboard.api.encoding import BodyRefused, decoded_body
 from costboard.api.inflight import Busy, in_flight
 from costboard.api.ratelimit import rate_limit_check
 from costboard.ingest.otlp import PROTOBUF, otlp_status
@@ -442,19 +443,19 @@ def path_text(name: str, value: str) -> str:
 
 
 def read_body(request: HttpRequest, *, limit: int, what: str) -> bytes:
-    """The body, or 413 past `limit` bytes (told by Content-Length before it is read)."""
-    length = request.META.get("CONTENT_LENGTH") or "0"
-    size = int(length) if length.isdigit() else 0
-    if size <= limit:
-        size = len(request.body)
-    if size > limit:
-        raise ApiError(413, "body", f"body is {size} bytes; at most {limit}: {what}")
-    return request.body
+    """The body, decompressed if it came with Content-Encoding: gzip, or 413 past `limit`
+    bytes, compressed or not (told by Content-Length before it is read); 400 for a gzip body
+    that is not, 415 for another coding (costboard/api/encoding.py)."""
+    try:
+        return decoded_body(request, limit=limit, what=what)
+    except BodyRefused as exc:
+        raise ApiError(exc.status, exc.field, exc.message, headers=exc.headers) from None
 
 
 def json_object(request: HttpRequest, *, limit: int, example: str) -> dict[str, Any]:
-    """A small JSON object body, checked whole: 413 past `limit`, 400 if malformed, 422 if
-    not an object, nested past 32 levels, or holding NUL or unpaired surrogates."""
+    """A small JSON object body (maybe gzip), checked whole: 413 past `limit`, 400 if
+    malformed, 422 if not an object, nested past 32 levels, or holding NUL or unpaired
+    surrogates."""
     body = read_body(request, limit=limit, what="send less")
     try:
         payload = json_loads(body)

@@ -6,6 +6,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, cast
 
+from csp.constants import SELF
+from csp.decorators import csp_update
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 from django.utils import timezone
@@ -17,8 +19,10 @@ from costboard.api.boundary import (
     Reply,
     model_response,
     path_text,
+    read_body,
 )
 from costboard.api.boundary import endpoint as api_endpoint
+from costboard.api.encoding import HEADER as ENCODING_HEADER
 from costboard.api.idempotency import (
     KEY_HEADER,
     REPLAYED_HEADER,
@@ -54,9 +58,17 @@ EVENTS = Operation(
     "are Anthropic's: input_tokens excludes cache reads and writes. At most "
     f"{MAX_BODY_BYTES} bytes (5 MB) and {MAX_EVENTS} events. An Idempotency-Key header "
     "makes the whole batch idempotent: sent again with the same key and body, it is not "
-    "ingested again and gets the first answer (kept at least 24 hours).",
+    "ingested again and gets the first answer (kept at least 24 hours). The body may be "
+    "sent compressed with Content-Encoding: gzip: at most 5 MB compressed and 5 MB "
+    "decompressed.",
     body=EventsBody,
     headers={
+        ENCODING_HEADER: {
+            "description": "gzip: the body is gzip-compressed (at most 5 MB, and at most 5 MB "
+            "once decompressed: 413 past either; 400 if it is not gzip). Limits and the "
+            "Idempotency-Key see the decompressed body. Another coding (br, deflate) is 415.",
+            "schema": {"type": "string", "examples": ["gzip"]},
+        },
         KEY_HEADER: {
             "description": "one key per batch, the same on each retry of it (a UUID is a good "
             "key): the same key and body get the stored answer with Idempotent-Replayed: true; "
@@ -100,12 +112,14 @@ EVENTS = Operation(
 def events(request: HttpRequest) -> HttpResponse:
     project = cast(ApiRequest, request).project
     key = _idempotency_key(request, project)
-    length = request.META.get("CONTENT_LENGTH") or "0"
-    if length.isdigit() and int(length) > MAX_BODY_BYTES:
-        ingest_tally(project.pk, refused=1)  # the body is not read: its events are unknown
-        raise ApiError(413, "body", f"body is {length} bytes; at most {MAX_BODY_BYTES}: split it")
     try:
-        batch = parse_events(request.body)
+        # gzip or not, what is validated, limited and keyed is the decompressed body
+        body = read_body(request, limit=MAX_BODY_BYTES, what="split the batch")
+    except ApiError:
+        ingest_tally(project.pk, refused=1)  # the body is not read: its events are unknown
+        raise
+    try:
+        batch = parse_events(body)
     except BatchError as exc:
         ingest_tally(project.pk, refused=exc.event_count or 1)
         raise
@@ -120,7 +134,7 @@ def events(request: HttpRequest) -> HttpResponse:
             response = idempotent_answer(
                 project=project,
                 key=key,
-                body=request.body,
+                body=body,
                 answer=lambda: _ingested(project, batch, prefix, minimal, now),
             )
         except ApiError:  # the key was used with another body
@@ -238,6 +252,10 @@ DOCS = Operation(
 )
 
 
-@api_endpoint(DOCS)
+# Swagger UI draws its icons as data: SVG images (no script runs in an image): this page's
+# CSP allows those beside our own files (costboard/csp.py). csp_update's view is typed as
+# answering any HttpResponseBase; this one answers a page.
+@api_endpoint(DOCS)  # type: ignore[arg-type]
+@csp_update({"img-src": [SELF, "data:"]})
 def docs(request: HttpRequest) -> HttpResponse:
     return render(request, "api/docs.html", {"title": openapi_document()["info"]["title"]})

@@ -19,6 +19,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
 from costboard.api.boundary import MAX_QUERY_STRING, Operation, Reply, operations_of
+from costboard.api.encoding import HEADER as ENCODING_HEADER
 from costboard.api.schemas import Errors
 from costboard.ingest.otlp import PROTOBUF
 from costboard.ingest.schemas import MAX_DEPTH
@@ -58,19 +59,23 @@ JSON bodies are sent as `Content-Type: application/json`; no Content-Type, or cu
 `application/x-www-form-urlencoded`, is read as JSON too; any other is 415. A chunked body
 (`Transfer-Encoding: chunked`, no Content-Length) is read when the server decodes it
 (gunicorn, as `make run` serves); a server that does not answers 411: send Content-Length.
+A body may come compressed, `Content-Encoding: gzip`: its limits are those of the body
+decompressed (413 past them, found without decompressing further), a body that is not gzip is
+400 and another coding (br, deflate) 415 with `Accept-Encoding: gzip`.
 Unknown paths under /api/ are a JSON 404; a database outage is a 503 with Retry-After. This
 document is generated from the models the server validates with."""
 
 STANDARD_ERRORS: dict[int, str] = {
-    400: "malformed JSON",
+    400: "malformed JSON, or Content-Encoding: gzip on a body that is not gzip",
     401: "missing, unknown or revoked key",
     403: "a key whose role may not do this (field Authorization names the role needed)",
     405: "another method: the Allow header names the one",
     411: "a chunked body (Transfer-Encoding: chunked) this server could not read: send "
     "Content-Length (under gunicorn, as `make run` serves, chunked bodies are read)",
-    413: "body too large",
+    413: "body too large (compressed, or once decompressed)",
     414: f"query string over {MAX_QUERY_STRING} bytes",
-    415: "a Content-Type this endpoint does not read (field Content-Type)",
+    415: "a Content-Type this endpoint does not read (field Content-Type), or a "
+    "Content-Encoding other than gzip (Accept-Encoding: gzip)",
     422: "invalid input (a body's field, or a query parameter holding NUL, a control "
     "character or bytes that are not UTF-8); the field is named",
     429: "more requests per second, or more at once, with this key than its project "
@@ -127,7 +132,19 @@ def _query_parameters(model: type[BaseModel], schemas: dict[str, Any]) -> list[d
     return parameters
 
 
+# every body may come gzip (costboard/api/encoding.py); an operation may say more of it
+CONTENT_ENCODING = {
+    "description": "gzip when the body is gzip-compressed; the body's limits apply to it "
+    "decompressed. Another coding is 415.",
+    # not an enum: no value, identity, x-gzip and "gzip, identity" are read too
+    "schema": {"type": "string", "examples": ["gzip"]},
+}
+
+
 def _header_parameters(operation: Operation) -> list[dict[str, Any]]:
+    headers = dict(operation.headers)
+    if operation.body is not None:
+        headers.setdefault(ENCODING_HEADER, CONTENT_ENCODING)
     return [
         {
             "name": name,
@@ -136,7 +153,7 @@ def _header_parameters(operation: Operation) -> list[dict[str, Any]]:
             "description": header.get("description", ""),
             "schema": dict(header["schema"]),
         }
-        for name, header in operation.headers.items()
+        for name, header in headers.items()
     ]
 
 

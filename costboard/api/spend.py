@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 from datetime import date, timedelta
 from decimal import Decimal
 from typing import Annotated, Any, cast
@@ -16,7 +17,8 @@ from typing import Annotated, Any, cast
 from django.db.models import Model, Sum
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, WithJsonSchema
+from pydantic_core import PydanticCustomError
 
 from costboard.api.boundary import (
     ApiError,
@@ -47,6 +49,41 @@ SUMS = (
 PLAIN = {"day": "day", "model": "family", "step_type": "step_type", "user": "user_id"}
 
 
+FIRST_DAY, LAST_DAY = date(FIRST_YEAR, 1, 1), date(LAST_YEAR, 12, 31)
+DAY_FORMS = (
+    f"a date written YYYY-MM-DD (a UTC day) from {FIRST_DAY} to {LAST_DAY}, the years the "
+    "data can have, e.g. 2026-11-01"
+)
+_ISO_DAY = re.compile(r"\d{4}-\d{2}-\d{2}")
+
+
+def _iso_day(value: Any) -> date:
+    """A day written YYYY-MM-DD within the data's years, nothing else: pydantic alone would
+    read `0` or `1700000000` as a Unix time (until=0 as 1970-01-01) and `2026-11-01T00:00`
+    as a day."""
+    if not isinstance(value, str) or not _ISO_DAY.fullmatch(value):
+        raise PydanticCustomError("iso_day", f"{str(value)[:40]!r} is not {DAY_FORMS}")
+    try:
+        day = date.fromisoformat(value)
+    except ValueError:  # the shape of a day, not a day of the calendar (2026-02-30)
+        raise PydanticCustomError(
+            "iso_day", f"{value!r} is no such date: send {DAY_FORMS}"
+        ) from None
+    if not FIRST_DAY <= day <= LAST_DAY:
+        # no step is outside them, and a default counted back from year 1 would overflow
+        raise PydanticCustomError(
+            "iso_day", f"{value} is outside the years {FIRST_YEAR}–{LAST_YEAR}: send {DAY_FORMS}"
+        )
+    return day
+
+
+IsoDay = Annotated[
+    date,
+    PlainValidator(_iso_day),
+    WithJsonSchema({"type": "string", "format": "date", "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}$"}),
+]
+
+
 class SpendQuery(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -55,8 +92,15 @@ class SpendQuery(BaseModel):
         description="comma-separated: day, model, step_type, user, tag:<key>. user and a "
         "tag each go with day alone",
     )
-    since: date | None = Field(default=None, description="the first UTC day (30 days ago)")
-    until: date | None = Field(default=None, description="the last UTC day, included (today)")
+    since: IsoDay | None = Field(
+        default=None,
+        description=f"the first UTC day (30 days before until): YYYY-MM-DD, {FIRST_DAY} to "
+        f"{LAST_DAY}",
+    )
+    until: IsoDay | None = Field(
+        default=None,
+        description=f"the last UTC day, included (today): YYYY-MM-DD, {FIRST_DAY} to {LAST_DAY}",
+    )
 
 
 class SpendTotals(Answer):
@@ -130,16 +174,10 @@ def _groups(text: str) -> list[str]:
 
 
 def _days(asked: SpendQuery) -> tuple[date, date]:
-    for name in ("since", "until"):
-        day = getattr(asked, name)
-        if day is not None and not FIRST_YEAR <= day.year <= LAST_YEAR:
-            # no step is outside them, and a default counted back from year 1 would overflow
-            raise ApiError(
-                422, name, f"{day} is outside the years {FIRST_YEAR}–{LAST_YEAR} of the data"
-            )
+    # each day given is within FIRST_DAY..LAST_DAY (IsoDay), and so is the default since
     today = timezone.now().date()
     until = asked.until or today
-    since = asked.since or until - timedelta(days=DEFAULT_DAYS - 1)
+    since = asked.since or max(FIRST_DAY, until - timedelta(days=DEFAULT_DAYS - 1))
     if since > until:
         raise ApiError(422, "since", f"{since} is after until ({until}): swap them")
     if (until - since).days >= MAX_DAYS:

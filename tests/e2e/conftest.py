@@ -16,8 +16,10 @@ import pytest
 
 from devtools.screenshot import CHROMIUM as DEBIAN_CHROMIUM
 from devtools.screenshot import CHROMIUM_ARGS
+from tests.waiting import wait_until
 
 CHROMIUM = os.environ.get("COSTBOARD_CHROMIUM", DEBIAN_CHROMIUM)
+TIMEOUT_MS = 15_000
 
 # Playwright's sync API runs its own event loop; Django must allow ORM use beside it.
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
@@ -52,11 +54,18 @@ class Page:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.page, name)
 
+    def wait_for_function(self, expression: str, timeout: float | None = None) -> Any:
+        """Playwright's, polled from here: its own evaluates `expression` with eval inside the
+        page, which the pages' Content-Security-Policy (rightly) forbids; `evaluate` goes
+        through the DevTools protocol, which the policy does not govern."""
+        seconds = (timeout or TIMEOUT_MS) / 1000
+        return wait_until(lambda: self.page.evaluate(expression), what=expression, timeout=seconds)
+
 
 @pytest.fixture
 def page(browser: Any) -> Iterator[Page]:
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
     page = Page(context.new_page())
-    page.set_default_timeout(15_000)
+    page.set_default_timeout(TIMEOUT_MS)
     yield page
     context.close()

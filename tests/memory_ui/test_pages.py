@@ -893,7 +893,7 @@ def test_the_memory_md_preview_shows_its_meters_and_what_the_caps_cut(
     assert 'data-md-lines="3"' in section and f'data-md-bytes="{md.bytes}"' in section
     assert '<strong>3</strong> <span class="muted">of 200</span>' in section
     assert f'<strong>{md.bytes}</strong> <span class="muted">of 25,000</span>' in section
-    assert 'style="--fill: 1%"' in section  # 3 of 200 lines
+    assert 'class="meter fill-1"' in section  # 3 of 200 lines
     lines = "".join(f"[project] {m.content}\n" for m in kept)
     assert f'<pre class="memory-md" data-md>{lines}</pre>' in section
     assert "Every live memory of this scope fits (3)" in section
@@ -903,7 +903,7 @@ def test_the_memory_md_preview_shows_its_meters_and_what_the_caps_cut(
     monkeypatch.setattr(services, "MEMORY_MD_LINES", 2)
     capped = staff.get("/memory/?project=acme").content.decode()
     assert 'data-md-lines="2"' in capped
-    assert 'style="--fill: 100%"' in capped
+    assert 'class="meter fill-100 full"' in capped
     assert 'data-md-cut="1"' in capped
     assert "The caps leave out 1 of 3 live memories" in capped
     cut = capped[capped.index("data-md-cut") : capped.index("</ul>", capped.index("data-md-cut"))]
@@ -922,7 +922,7 @@ def test_the_bytes_meter_counts_toward_its_cap(
     # "[project] " + 100 characters + a newline: 111 bytes; a second line would make 222
     assert 'data-md-bytes="111"' in html and 'data-md-lines="1"' in html
     assert '<strong>111</strong> <span class="muted">of 220</span>' in html
-    assert 'style="--fill: 50%"' in html
+    assert 'class="meter fill-50"' in html
     assert "The caps leave out 2 of 3 live memories" in html
 
 

@@ -144,7 +144,20 @@ def test_only_read_and_admin_keys(agent: Agent, reader: str) -> None:
         ("?until=2026-13-01", "until", "date"),
         ("?groupby=day", "groupby", "did you mean 'group_by'"),
         ("?until=0001-01-05", "until", "outside the years 1970–2999"),
-        ("?since=9999-01-01&until=9999-12-31", "since", "outside the years 1970–2999"),
+        ("?since=9999-01-01", "since", "outside the years 1970–2999"),
+        # a number is not a Unix time here: until=0 was once read as 1970-01-01
+        ("?until=0", "until", "'0' is not a date written YYYY-MM-DD"),
+        ("?since=0", "since", "'0' is not a date written YYYY-MM-DD"),
+        ("?until=1700000000", "until", "from 1970-01-01 to 2999-12-31"),
+        ("?since=-1", "since", "is not a date"),
+        ("?until=2026-11-01T00:00:00", "until", "is not a date written YYYY-MM-DD"),
+        ("?until=2026-11-01T00:00:00Z", "until", "is not a date"),
+        ("?until=20261101", "until", "is not a date"),
+        ("?until=2026-2-01", "until", "is not a date"),
+        ("?until=2026-02-30", "until", "'2026-02-30' is no such date"),
+        ("?until=1969-12-31", "until", "outside the years 1970–2999"),
+        ("?since=3000-01-01", "since", "outside the years 1970–2999"),
+        ("?until=", "until", "is not a date"),
     ],
 )
 def test_a_bad_parameter_is_a_422_naming_it(reader: str, query: str, field: str, says: str) -> None:
@@ -153,6 +166,41 @@ def test_a_bad_parameter_is_a_422_naming_it(reader: str, query: str, field: str,
     [error] = response.json()["errors"]
     assert error["field"] == field
     assert says in error["message"]
+
+
+def test_both_days_out_of_range_are_each_named(reader: str) -> None:
+    response = get(reader, "?since=9999-01-01&until=0")
+    assert response.status_code == 422
+    fields = [error["field"] for error in response.json()["errors"]]
+    assert fields == ["since", "until"]
+
+
+@pytest.mark.parametrize(
+    ("query", "since", "until"),
+    [
+        ("?since=1970-01-01&until=1970-01-31", "1970-01-01", "1970-01-31"),
+        # the default 30 days back from an early until stop at the first day
+        ("?until=1970-01-05", "1970-01-01", "1970-01-05"),
+        ("?since=2999-12-01&until=2999-12-31", "2999-12-01", "2999-12-31"),
+    ],
+)
+def test_the_first_and_last_days_of_the_range_are_answered(
+    reader: str, query: str, since: str, until: str
+) -> None:
+    response = get(reader, query)
+    assert response.status_code == 200, response.content
+    assert (response.json()["since"], response.json()["until"]) == (since, until)
+    assert response.json()["rows"] == []
+
+
+def test_the_document_gives_since_and_until_as_dates() -> None:
+    from costboard.api.openapi import openapi_document
+
+    parameters = openapi_document()["paths"]["/api/v1/spend"]["get"]["parameters"]
+    days = {p["name"]: p for p in parameters if p["name"] in ("since", "until")}
+    for parameter in days.values():
+        assert parameter["schema"]["anyOf"][0]["format"] == "date"
+        assert "1970-01-01 to 2999-12-31" in parameter["description"]
 
 
 @pytest.mark.parametrize(("group_by", "group"), [("model", "no-price"), ("step_type", "free")])
