@@ -29,14 +29,19 @@ from costboard.pricing.rates import forget_rate_table
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """A test that drives a browser is slow whatever its file says; and the slow tests run
-    first. pytest-xdist's worksteal hands out the collection in order, so a migration walk
-    collected last started last and set the end of the run while the other worker idled;
-    longest first, the fast tests fill in behind them."""
+    """A test that drives a browser is slow whatever its file says; and the files with slow
+    tests run first. pytest-xdist's worksteal hands out the collection in order, so a
+    migration walk collected last started last and set the end of the run while the other
+    worker idled; longest first, the fast files fill in behind them. A file moves whole: split,
+    its module-scoped fixtures (a LiteLLM callback that installs the global tracer provider
+    once) would be set up twice."""
+    slow_files = set()
     for item in items:
         if item.get_closest_marker("e2e") or "e2e" in item.path.parts:
             item.add_marker(pytest.mark.slow)
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable
+        if item.get_closest_marker("slow"):
+            slow_files.add(item.path)
+    items.sort(key=lambda item: item.path not in slow_files)  # stable: in-file order kept
 
 
 # LiteLLM (tests/clients/test_litellm.py, the OTLP gateway tests) reads its bundled price map
