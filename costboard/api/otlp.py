@@ -2,6 +2,9 @@
 
 Protobuf or OTLP JSON, optionally gzip; the answer is an ExportTraceServiceResponse in the
 request's format, spans that cannot be mapped reported as `partial_success.rejected_spans`.
+An export of up to 10,000 spans is stored in bounded chunks, each its own transaction, so one
+export never holds the locks of its sessions and rollups for all its spans (issue 31); a
+chunk the database cannot take is a 503 the exporter retries, its stored spans duplicates.
 """
 
 from __future__ import annotations
@@ -67,7 +70,11 @@ TRACES = Operation(
     "the LiteLLM proxy's team and key aliases become the tags team and key_alias. A span that "
     "only repeats "
     "its parent (LiteLLM's raw_gen_ai_request) is not stored. Spans that cannot be mapped are "
-    "counted in partialSuccess and the rest stored.",
+    "counted in partialSuccess and the rest stored. The spans are stored in chunks of at most "
+    "1,000 (COSTBOARD_OTLP_CHUNK_SPANS), each its own transaction; a chunk the database cannot "
+    "take (unreachable, or a statement past COSTBOARD_INGEST_STATEMENT_TIMEOUT_MS) is a 503 "
+    "with Retry-After and a google.rpc.Status UNAVAILABLE saying how many spans were stored: "
+    "send the export again (exporters do), its stored spans are duplicates.",
     tag="usage",
     body=ExportTraceServiceRequest,
     body_alternatives={PROTOBUF: BINARY},

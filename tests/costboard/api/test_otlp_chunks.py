@@ -1,8 +1,9 @@
-"""Large OTLP exports in bounded chunks, and ingest's statement timeout (docs/api.md, "OTLP
-traces" and "Limits"): each chunk of at most COSTBOARD_OTLP_CHUNK_SPANS spans is its own
-transaction; a chunk the database cannot take answers 503 with Retry-After, the chunks before
-it stay stored, and the exporter's retry stores every span exactly once, its turns numbered as
-the first attempt numbered them and every rollup and budget equal to the sum of its steps."""
+"""Large OTLP exports in bounded chunks, and ingest's statement timeout (docs/api.md,
+"OTLP traces" and "Limits"): each chunk of at most COSTBOARD_OTLP_CHUNK_SPANS spans is its
+own transaction; a chunk the database cannot take answers 503 with Retry-After, the chunks
+before it stay stored, and the exporter's retry stores every span exactly once, its turns
+numbered as the first attempt numbered them and every rollup and budget equal to the sum of
+its steps."""
 
 from __future__ import annotations
 
