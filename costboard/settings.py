@@ -264,6 +264,15 @@ COSTBOARD_SESSION_COST_CAP_USD = env_decimal("COSTBOARD_SESSION_COST_CAP_USD", "
 COSTBOARD_WARN_AT_PCT = env_fraction("COSTBOARD_WARN_AT_PCT", "0.8")
 COSTBOARD_METRICS_TOKEN = env_str("COSTBOARD_METRICS_TOKEN")
 
+# --- ingest's bounds (docs/api.md, "Limits") -------------------------------------------------
+# A statement of ingest running longer than this is cancelled (PostgreSQL; 0: no limit): its
+# transaction rolls back and the request answers 503 with Retry-After.
+COSTBOARD_INGEST_STATEMENT_TIMEOUT_MS = env_int(
+    "COSTBOARD_INGEST_STATEMENT_TIMEOUT_MS", 10_000, minimum=0
+)
+# An OTLP export is stored in chunks of at most this many spans, each its own transaction.
+COSTBOARD_OTLP_CHUNK_SPANS = env_int("COSTBOARD_OTLP_CHUNK_SPANS", 1000, minimum=1)
+
 # --- API limits per key (costboard/api/ratelimit.py, costboard/api/inflight.py) ------------
 # Requests per second per API key (0: off); a project's own limit in the admin wins. Kept in
 # Redis when the broker is Redis, so every worker shares it; otherwise in each process.

@@ -2,22 +2,29 @@
 
 Protobuf or OTLP JSON, optionally gzip; the answer is an ExportTraceServiceResponse in the
 request's format, spans that cannot be mapped reported as `partial_success.rejected_spans`.
+An export of up to 10,000 spans is stored in bounded chunks, each its own transaction, so one
+export never holds the locks of its sessions and rollups for all its spans (issue 31); a
+chunk the database cannot take is a 503 the exporter retries, its stored spans duplicates.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 from functools import reduce
-from operator import or_
+from operator import attrgetter, itemgetter, or_
 from typing import Any, cast
 
-from django.db import transaction
+import psycopg
+from django.conf import settings
+from django.db import OperationalError, connection, transaction
 from django.db.models import Max, Q
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from pydantic import ValidationError
 
 from costboard.api.boundary import ApiError, ApiRequest, Operation, Reply, endpoint
+from costboard.api.failures import RETRY_AFTER_SECONDS, database_outage
 from costboard.api.schemas import ExportTraceServiceRequest, ExportTraceServiceResponse, RpcStatus
 from costboard.ingest.otlp import (
     MAX_SPANS,
@@ -33,7 +40,6 @@ from costboard.ingest.otlp import (
 )
 from costboard.ingest.schemas import (
     MAX_BODY_BYTES,
-    MAX_EVENTS,
     MAX_TURN,
     Event,
     SessionEvent,
@@ -41,13 +47,14 @@ from costboard.ingest.schemas import (
     bad_text,
     validation_errors,
 )
-from costboard.ingest.service import events_ingest, step_months_ready
+from costboard.ingest.service import events_ingest, ingest_settings, step_months_ready
 from costboard.models import Project, Session, Step, Turn
 from costboard.projects import ingest_tally
 
 # google.rpc.Code values for the Status body of an error response.
 INVALID_ARGUMENT = 3
 RESOURCE_EXHAUSTED = 8
+UNAVAILABLE = 14
 BINARY = {"type": "string", "format": "binary", "contentMediaType": PROTOBUF}
 
 TRACES = Operation(
@@ -63,7 +70,11 @@ TRACES = Operation(
     "the LiteLLM proxy's team and key aliases become the tags team and key_alias. A span that "
     "only repeats "
     "its parent (LiteLLM's raw_gen_ai_request) is not stored. Spans that cannot be mapped are "
-    "counted in partialSuccess and the rest stored.",
+    "counted in partialSuccess and the rest stored. The spans are stored in chunks of at most "
+    "1,000 (COSTBOARD_OTLP_CHUNK_SPANS), each its own transaction; a chunk the database cannot "
+    "take (unreachable, or a statement past COSTBOARD_INGEST_STATEMENT_TIMEOUT_MS) is a 503 "
+    "with Retry-After and a google.rpc.Status UNAVAILABLE saying how many spans were stored: "
+    "send the export again (exporters do), its stored spans are duplicates.",
     tag="usage",
     body=ExportTraceServiceRequest,
     body_alternatives={PROTOBUF: BINARY},
@@ -93,7 +104,7 @@ TRACES = Operation(
 def _status_response(
     status: int, message: str, content_type: str, field: str = "body"
 ) -> HttpResponse:
-    code = INVALID_ARGUMENT if status == 400 else RESOURCE_EXHAUSTED
+    code = {400: INVALID_ARGUMENT, 503: UNAVAILABLE}.get(status, RESOURCE_EXHAUSTED)
     return HttpResponse(
         otlp_status(code, message, content_type, field), status=status, content_type=content_type
     )
@@ -124,38 +135,102 @@ def traces(request: HttpRequest) -> HttpResponse:
         return _status_response(400, "the body nests too deep to be OTLP", content_type)
 
     mapping = _without_bad_text(otlp_spans(export))
-    steps: list[Event] = list(_with_turns(project, mapping)) if mapping.spans else []
-    if steps:
-        steps = _session_users(mapping, steps) + steps
-    if steps:
-        # One request is stored all or nothing, in batches of the events API's size; their
-        # months' partitions made first, not inside that transaction (step_months_ready).
-        now = timezone.now()
-        step_months_ready(steps, now)
-        with transaction.atomic():
-            for start in range(0, len(steps), MAX_EVENTS):
-                events_ingest(
-                    project=project,
-                    events=steps[start : start + MAX_EVENTS],
-                    now=now,
-                    key_prefix=cast(ApiRequest, request).api_key.prefix,
-                )
+    response = HttpResponse(content_type=content_type)
+    if mapping.spans:
+        try:
+            _store(project, mapping, cast(ApiRequest, request).api_key.prefix)
+        except _Unavailable as exc:
+            # OTLP/HTTP's exporters retry a 503 after Retry-After: the whole export again
+            response = _status_response(503, str(exc), content_type, "database")
+            response["Retry-After"] = str(RETRY_AFTER_SECONDS)
     # The stored spans were counted by the ingest itself; the spans that could not be mapped:
     ingest_tally(project.pk, refused=mapping.rejected)
-    return HttpResponse(
-        otlp_response(mapping.rejected, mapping.error_message(), content_type),
-        content_type=content_type,
-    )
+    if response.status_code == 200:
+        response.content = otlp_response(mapping.rejected, mapping.error_message(), content_type)
+    return response
 
 
-def _session_users(mapping: OtlpMapping, steps: list[Event]) -> list[Event]:
+class _Unavailable(Exception):
+    """The database could not take a chunk (down, or a statement past the ingest timeout):
+    the export is to be retried, its stored chunks then duplicates."""
+
+
+def _store(project: Project, mapping: OtlpMapping, key_prefix: str) -> None:
+    """Number the spans' turns, then store them in chunks of at most
+    COSTBOARD_OTLP_CHUNK_SPANS spans, each its own transaction, so no export holds one
+    transaction (and its sessions' and rollups' locks) for all its spans.
+
+    A retried export stores nothing twice: a step's event_id is `otlp:<trace>:<span>`, so a
+    stored span is a duplicate (step receipts), and the turns of its traces are found by those
+    steps. The chunks go in the order the turns were numbered (each session's new traces by
+    their first span), so the traces a failed export left unstored are numbered on the retry
+    as they were the first time. Raises _Unavailable naming what was stored."""
+    with transaction.atomic(), connection.cursor() as cursor:
+        ingest_settings(cursor)  # the numbering's reads under the ingest's statement timeout
+        try:
+            steps = _with_turns(project, mapping)
+        except OperationalError as exc:
+            if not database_outage(exc):
+                raise
+            raise _Unavailable(f"{_unavailable(exc)}: nothing stored; retry the export") from exc
+    if not steps:
+        return
+    chunks = _chunks(mapping, steps, settings.COSTBOARD_OTLP_CHUNK_SPANS)
+    # their months' partitions made first, each in a transaction of its own (step_months_ready)
+    now = timezone.now()
+    step_months_ready(steps, now)
+    done = 0
+    for number, chunk in enumerate(chunks, start=1):
+        try:
+            events_ingest(project=project, events=chunk.events, now=now, key_prefix=key_prefix)
+        except OperationalError as exc:
+            if not database_outage(exc):
+                raise
+            raise _Unavailable(
+                f"{_unavailable(exc)} in chunk {number} of {len(chunks)}: {done} of "
+                f"{len(steps)} spans stored; retry the export (the stored spans are "
+                "recognised and not stored again)"
+            ) from exc
+        done += chunk.spans
+
+
+def _unavailable(exc: OperationalError) -> str:
+    cause = exc.__cause__
+    if isinstance(cause, psycopg.errors.QueryCanceled):
+        timeout = settings.COSTBOARD_INGEST_STATEMENT_TIMEOUT_MS
+        return f"a statement took longer than the ingest's statement timeout ({timeout} ms)"
+    return "the database is unavailable"
+
+
+@dataclass
+class _Chunk:
+    events: list[Event]
+    spans: int
+
+
+def _chunks(mapping: OtlpMapping, steps: list[StepEvent], size: int) -> list[_Chunk]:
+    """The steps (in _with_turns's order) in chunks of at most `size`, each starting with a
+    session event naming the end user (_session_users) of each session whose first step it
+    holds."""
+    users = _session_users(mapping, steps)
+    chunks = []
+    seen: set[str] = set()
+    for start in range(0, len(steps), size):
+        part = steps[start : start + size]
+        sessions = {step.session_id for step in part if step.session_id is not None} - seen
+        seen |= sessions
+        named: list[Event] = [user for user in users if user.session_id in sessions]
+        chunks.append(_Chunk(events=[*named, *part], spans=len(part)))
+    return chunks
+
+
+def _session_users(mapping: OtlpMapping, steps: list[StepEvent]) -> list[SessionEvent]:
     """A session event setting the end user of each session whose spans name one (`user.id`,
     `llm.user`, …; the latest span's wins). Spans in the `system` session keep their user in
     their step's metadata only: that session is the project's, not one user's."""
     user_of = {span.step.event_id: (span.start_ns, span.user_id) for span in mapping.spans}
     latest: dict[str, tuple[int, str]] = {}
     for step in steps:
-        assert isinstance(step, StepEvent)
         start, user = user_of.get(step.event_id, (0, None))
         if step.session_id is None or not user:
             continue
@@ -207,17 +282,9 @@ def _with_turns(project: Project, mapping: OtlpMapping) -> list[StepEvent]:
     spans = mapping.spans
     known: dict[tuple[str, str], int] = {}
     home: dict[str, str] = {}  # trace → session, for spans without one
-    orphans = {span.trace_id for span in spans if span.step.session_id is None}
-    if orphans:
-        earlier = (
-            Step.objects.filter(_traces_q(orphans), project=project, turn__isnull=False)
-            .values_list("event_id", "session__external_id", "turn__number")
-            .order_by("id")
-        )
-        for event_id, home_session, number in earlier:
-            trace = (event_id or "").split(":")[1]
-            home.setdefault(trace, home_session)
-            known.setdefault((home_session, trace), number)
+    for trace, home_session, number in earlier_turns(project, {span.trace_id for span in spans}):
+        home.setdefault(trace, home_session)
+        known.setdefault((home_session, trace), number)
 
     sessions = [span.step.session_id or home.get(span.trace_id) for span in spans]
     first_start: dict[tuple[str, str], int] = {}
@@ -226,28 +293,11 @@ def _with_turns(project: Project, mapping: OtlpMapping) -> list[StepEvent]:
             key = (span_session, span.trace_id)
             first_start[key] = min(first_start.get(key, span.start_ns), span.start_ns)
     if not first_start:
-        return [span.step for span in spans]
+        return [span.step for span in sorted(spans, key=attrgetter("start_ns"))]
 
     session_pks = Session.objects.filter(
-        project=project, external_id__in=sorted(home.values()) + sorted({s for s, _ in first_start})
+        project=project, external_id__in=sorted({s for s, _ in first_start})
     )
-    unknown = [key for key in first_start if key not in known]
-    if unknown:
-        seen = reduce(
-            or_,
-            (
-                Q(session__external_id=session, event_id__startswith=f"otlp:{trace}:")
-                for session, trace in unknown
-            ),
-        ) & Q(event_id__startswith="otlp:")
-        prior = (
-            Step.objects.filter(seen, session__in=session_pks, turn__isnull=False)
-            .values_list("session__external_id", "event_id", "turn__number")
-            .order_by("id")
-        )
-        for step_session, step_event_id, number in prior:
-            known.setdefault((step_session, (step_event_id or "").split(":")[1]), number)
-
     top: dict[str, int] = defaultdict(int)
     for row in (
         Turn.objects.filter(project=project, session__in=session_pks)
@@ -265,10 +315,12 @@ def _with_turns(project: Project, mapping: OtlpMapping) -> list[StepEvent]:
         top[session] += 1
         known[(session, trace)] = top[session]
 
-    steps: list[StepEvent] = []
-    for span, span_session in zip(spans, sessions, strict=True):
+    # in the order the turns were numbered, a trace's spans as the export has them; a span
+    # outside any turn (the system session) by its own start
+    steps: list[tuple[tuple[int, str, str, int], StepEvent]] = []
+    for n, (span, span_session) in enumerate(zip(spans, sessions, strict=True)):
         if span_session is None:
-            steps.append(span.step)
+            steps.append(((span.start_ns, "", span.trace_id, n), span.step))
         elif (span_session, span.trace_id) in full:
             span_id = (span.step.event_id or "?").rsplit(":", 1)[-1]
             mapping.rejected += 1
@@ -277,13 +329,58 @@ def _with_turns(project: Project, mapping: OtlpMapping) -> list[StepEvent]:
                 "last: start a new session (gen_ai.conversation.id)"
             )
         else:
-            turn = known[(span_session, span.trace_id)]
-            steps.append(span.step.model_copy(update={"session_id": span_session, "turn": turn}))
-    return steps
+            key = (span_session, span.trace_id)
+            step = span.step.model_copy(update={"session_id": span_session, "turn": known[key]})
+            steps.append(((first_start[key], span_session, span.trace_id, n), step))
+    return [step for _, step in sorted(steps, key=itemgetter(0))]
 
 
-def _traces_q(traces: set[str]) -> Q:
-    """Steps of these traces. The bare `otlp:` prefix repeats the partial index's predicate
-    (step_otlp_event, migration 0009), so PostgreSQL can prove the index applies."""
-    of_traces = reduce(or_, (Q(event_id__startswith=f"otlp:{t}:") for t in sorted(traces)))
-    return Q(event_id__startswith="otlp:") & of_traces
+# The steps of earlier exports of these traces that have a turn, with their session and turn.
+# One statement whatever the number of traces: per trace, a probe of step_otlp_event
+# (migration 0009: project_id, event_id varchar_pattern_ops, WHERE event_id LIKE 'otlp:%') for
+# the range of its event_ids `otlp:<trace>:…` (';' follows ':'), where one LIKE per trace OR-ed
+# together took seconds for 10,000 traces, growing with the table. The lateral subquery is
+# ordered as that index is (~<~), so it is run per trace and, with sorting off, by that index
+# even where the statistics do not know the project yet (they would take a scan of the
+# project's every step per trace: 10,000 traces × 10,000 steps past the statement timeout).
+EARLIER_TURNS = f"""
+SELECT st.id, t.trace,
+    (SELECT external_id FROM {Session._meta.db_table} WHERE id = st.session_id),
+    (SELECT number FROM {Turn._meta.db_table} WHERE id = st.turn_id)
+FROM unnest(%s::text[]) AS t(trace)
+CROSS JOIN LATERAL (
+    SELECT id, session_id, turn_id FROM {Step._meta.db_table}
+    WHERE project_id = %s AND event_id LIKE 'otlp:%%' AND turn_id IS NOT NULL
+      AND event_id ~>=~ ('otlp:' || t.trace || ':') AND event_id ~<~ ('otlp:' || t.trace || ';')
+    ORDER BY event_id USING ~<~
+) AS st
+"""
+TRACES_PER_QUERY = 200  # SQLite: the traces OR-ed in one statement
+
+
+def earlier_turns(project: Project, traces: set[str]) -> list[tuple[str, str, int]]:
+    """(trace, session, turn number) of each stored step of these traces that has a turn, in
+    the order the steps were stored: a trace's first row is its home session, a (trace,
+    session) pair's first row its turn. On PostgreSQL inside a transaction (the numbering's:
+    SET LOCAL)."""
+    if not traces:
+        return []
+    found: list[tuple[int, str, str, int]] = []
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT set_config('enable_sort', 'off', true)")
+            cursor.execute(EARLIER_TURNS, [sorted(traces), project.pk])
+            found = cursor.fetchall()
+            cursor.execute("SELECT set_config('enable_sort', 'on', true)")
+        return [(trace, session, number) for _, trace, session, number in sorted(found)]
+    ordered = sorted(traces)
+    for start in range(0, len(ordered), TRACES_PER_QUERY):
+        chunk = ordered[start : start + TRACES_PER_QUERY]
+        of_traces = reduce(or_, (Q(event_id__startswith=f"otlp:{t}:") for t in chunk))
+        found += [
+            (pk, (event_id or "").split(":")[1], session, number)
+            for pk, event_id, session, number in Step.objects.filter(
+                Q(event_id__startswith="otlp:") & of_traces, project=project, turn__isnull=False
+            ).values_list("id", "event_id", "session__external_id", "turn__number")
+        ]
+    return [(trace, session, number) for _, trace, session, number in sorted(found)]

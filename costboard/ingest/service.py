@@ -46,6 +46,7 @@ from operator import attrgetter
 from typing import Any
 
 import psycopg
+from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Field
 from django.utils import timezone
@@ -606,14 +607,7 @@ def events_ingest(
         step_partitions_cover(days={step.day for step in steps}, now=now)
 
     with transaction.atomic(), sql.cursor() as cursor:
-        if sql.postgres:
-            # Every row ingest reads or writes it finds by key, a few hundred at most, in
-            # pages a busy server holds in memory: each join is index probes for the batch's
-            # keys. Left to its estimates (stale where autovacuum lags, as it does on a
-            # growing table), the planner hash- or merge-joins a whole table instead: a
-            # sequential scan of every session, or every turn in key order, per batch,
-            # growing with the table (13 ms of a 500-session batch at 11k turns).
-            cursor.execute(_KEYED_JOINS)
+        ingest_settings(cursor)
         rows, sessions_made = _sessions_lock(cursor, sql, project, sessions)
         accepted_others, dup_others = _receipts_insert(cursor, sql, project, others, now)
         duplicates += dup_others
@@ -686,11 +680,31 @@ def events_ingest(
     )
 
 
-# Settings of the ingest transaction (SET LOCAL: they end with it), in one round trip.
-_KEYED_JOINS = (
+def ingest_settings(cursor: Any) -> None:
+    """Settings of an ingest transaction (SET LOCAL: they end with it), in one round trip
+    (PostgreSQL; nothing on SQLite).
+
+    Every row ingest reads or writes it finds by key, a few hundred at most, in pages a busy
+    server holds in memory: each join is index probes for the batch's keys. Left to its
+    estimates (stale where autovacuum lags, as it does on a growing table), the planner hash-
+    or merge-joins a whole table instead: a sequential scan of every session, or every turn
+    in key order, per batch, growing with the table (13 ms of a 500-session batch at 11k
+    turns).
+
+    A statement running past COSTBOARD_INGEST_STATEMENT_TIMEOUT_MS (a lock another
+    transaction holds too long, a plan gone wrong) is cancelled: the transaction rolls back,
+    nothing of it stored, and the API answers 503 with Retry-After (costboard/api/failures.py:
+    SQLSTATE 57014 is class 57)."""
+    if connection.vendor != "postgresql":
+        return
+    cursor.execute(_INGEST_SETTINGS, [str(settings.COSTBOARD_INGEST_STATEMENT_TIMEOUT_MS)])
+
+
+_INGEST_SETTINGS = (
     "SELECT set_config('enable_hashjoin', 'off', true),"
     " set_config('enable_mergejoin', 'off', true),"
-    " set_config('random_page_cost', '1.1', true)"
+    " set_config('random_page_cost', '1.1', true),"
+    " set_config('statement_timeout', %s, true)"
 )
 
 
