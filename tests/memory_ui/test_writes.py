@@ -75,6 +75,9 @@ NOT_MEMORY = {
     ("devtools/ingest_bench.py", "project.delete"): "the ingest bench's own project",
     # the bench's own project: its memories and their history go with it, all of them
     ("devtools/memory_bench.py", "project.delete"): "the memory bench's own project",
+    ("devtools/otlp_bench.py", "project.delete"): "the OTLP bench's own project (no memories)",
+    ("devtools/fairshare_bench.py", "a.delete"): "the fair-share bench's project A (no memories)",
+    ("devtools/fairshare_bench.py", "b.delete"): "the fair-share bench's project B (no memories)",
 }
 
 
