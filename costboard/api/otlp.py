@@ -9,6 +9,7 @@ chunk the database cannot take is a 503 the exporter retries, its stored spans d
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 from dataclasses import dataclass
 from functools import reduce
@@ -100,6 +101,8 @@ TRACES = Operation(
     },
 )
 
+log = logging.getLogger(__name__)
+
 
 def _status_response(
     status: int, message: str, content_type: str, field: str = "body"
@@ -140,6 +143,8 @@ def traces(request: HttpRequest) -> HttpResponse:
         try:
             _store(project, mapping, cast(ApiRequest, request).api_key.prefix)
         except _Unavailable as exc:
+            # the operator's side of the 503: which project, and what the database did
+            log.warning("OTLP export for project %s answered 503: %s", project.slug, exc)
             # OTLP/HTTP's exporters retry a 503 after Retry-After: the whole export again
             response = _status_response(503, str(exc), content_type, "database")
             response["Retry-After"] = str(RETRY_AFTER_SECONDS)

@@ -167,7 +167,7 @@ def test_a_large_export_is_stored_in_chunks_each_its_own_transaction(
 
 
 def test_a_retry_after_chunk_3_of_5_failed_stores_every_span_once(
-    chunked: Agent, monkeypatch: pytest.MonkeyPatch
+    chunked: Agent, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     # 150 tokens a span: warned at 560 (in chunk 2), exhausted at 700 (in chunk 3)
     budget = period_budget_create(
@@ -182,6 +182,9 @@ def test_a_retry_after_chunk_3_of_5_failed_stores_every_span_once(
         "the database is unavailable in chunk 3 of 5: 4 of 10 spans stored; retry the export "
         "(the stored spans are recognised and not stored again)"
     )
+    # the operator is told too: which project, what the database did
+    [warning] = [r.getMessage() for r in caplog.records if r.name == "costboard.api.otlp"]
+    assert warning == f"OTLP export for project {chunked.project.slug} answered 503: {message}"
     # the first two chunks stayed, whole: their steps, sessions and budget
     assert Step.objects.filter(project=chunked.project).count() == 4
     ledger = PeriodLedger.objects.get(budget=budget)
