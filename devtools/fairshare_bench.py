@@ -32,8 +32,8 @@ from devtools.ingest_bench import (
     gunicorn,
     percentile,
     prices_ensure,
+    projects_removed,
     require_postgres,
-    vacuum,
 )
 
 PROTOBUF = "application/x-protobuf"
@@ -251,16 +251,8 @@ def fairshare_run(options: FairshareOptions, say: Callable[[str], None]) -> Fair
         say("loaded the built-in prices (the rate table was empty)")
     run = datetime.now(UTC).strftime("fair-%Y%m%d-%H%M%S")
     a, key_a, b, key_b = projects_create(run, options)
-    try:
+    with projects_removed([a, b], keep=options.keep, say=say):
         return _measure(run, options, a, key_a, b, key_b, say)
-    finally:
-        if options.keep:
-            say(f"kept projects {run}-a and {run}-b (--keep): delete them in /admin/ when done")
-        else:
-            say(f"deleting projects {run}-a and {run}-b …")
-            a.delete()
-            b.delete()
-            vacuum()
 
 
 def _measure(

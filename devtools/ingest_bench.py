@@ -799,14 +799,26 @@ def bench_run(options: BenchOptions, say: Callable[[str], None]) -> BenchResult:
         say("loaded the built-in prices (the rate table was empty)")
     run = datetime.now(UTC).strftime("bench-%Y%m%d-%H%M%S")
     project, key = project_create(run, budgets=options.budgets)
-    try:
+    with projects_removed([project], keep=options.keep, say=say):
         return _measure(run, project, key, options, say)
+
+
+@contextmanager
+def projects_removed(
+    projects: list[Project], *, keep: bool, say: Callable[[str], None]
+) -> Iterator[None]:
+    """A bench's own projects deleted after its run, and what they left vacuumed, unless
+    `keep` (--keep): then named, to be looked at and deleted in the admin."""
+    names = ", ".join(project.slug for project in projects)
+    try:
+        yield
     finally:
-        if options.keep:
-            say(f"kept project {run} (--keep): delete it in /admin/ when done")
+        if keep:
+            say(f"kept {names} (--keep): delete them in /admin/ when done")
         else:
-            say(f"deleting project {run} and vacuuming what it left …")
-            project.delete()
+            say(f"deleting {names} and vacuuming what they left …")
+            for project in projects:
+                project.delete()
             vacuum()
 
 

@@ -35,6 +35,7 @@ from devtools.ingest_bench import (
     gunicorn,
     prices_ensure,
     project_create,
+    projects_removed,
     require_postgres,
     vacuum,
 )
@@ -193,15 +194,8 @@ def bench_run(options: BenchOptions, say: Callable[[str], None]) -> BenchResult:
         say("loaded the built-in prices (the rate table was empty)")
     run = datetime.now(UTC).strftime("otlp-%Y%m%d-%H%M%S")
     project, key = project_create(run)
-    try:
+    with projects_removed([project], keep=options.keep, say=say):
         return _measure(run, project, key, options, say)
-    finally:
-        if options.keep:
-            say(f"kept project {run} (--keep): delete it in /admin/ when done")
-        else:
-            say(f"deleting project {run} and vacuuming what it left …")
-            project.delete()
-            vacuum()
 
 
 def _measure(

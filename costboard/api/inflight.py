@@ -31,6 +31,7 @@ from typing import Protocol
 from django.conf import settings
 
 from costboard.api.ratelimit import (
+    LUA_NOW,
     key_id_of,
     redis_answered,
     redis_asking,
@@ -54,14 +55,9 @@ REFUSED_KEY = "costboard:inflight:refused"  # hash: project id → 429s answered
 # KEYS[2] refusals per project. ARGV: limit, lease in µs, the token, the project's id; and,
 # from tests only, the time in µs (without it: Redis' TIME, the clock every process shares).
 # Returns 1 when the lease is taken, 0 when the key already has `limit`.
-_ACQUIRE = """
-local now
-if ARGV[5] then
-    now = tonumber(ARGV[5])
-else
-    local t = redis.call('TIME')
-    now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
+_ACQUIRE = (
+    LUA_NOW
+    + """
 local lease = tonumber(ARGV[2])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 if redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[1]) then
@@ -74,6 +70,7 @@ end
 redis.call('HINCRBY', KEYS[2], ARGV[4], 1)
 return 0
 """
+)
 
 
 @dataclass(frozen=True, slots=True)

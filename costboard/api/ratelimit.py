@@ -46,7 +46,9 @@ REFUSED_KEY = "costboard:ratelimit:refused"  # hash: project id → 429s answere
 # ARGV: limit, window in µs, a unique member, the project's id; and, from tests only, the
 # time in µs (without it: Redis' TIME, the one clock every process shares).
 # Returns 0 when admitted, else the µs until the oldest kept request leaves the window.
-_ADMIT = """
+# Both Lua scripts (this one and costboard/api/inflight.py's) begin by reading the time:
+# ARGV[5] when a test gives it, else Redis' TIME.
+LUA_NOW = """
 local now
 if ARGV[5] then
     now = tonumber(ARGV[5])
@@ -54,6 +56,11 @@ else
     local t = redis.call('TIME')
     now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
+"""
+
+_ADMIT = (
+    LUA_NOW
+    + """
 local window = tonumber(ARGV[2])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - window)
 if redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[1]) then
@@ -67,6 +74,7 @@ redis.call('HINCRBY', KEYS[2], ARGV[4], 1)
 local oldest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 return math.max(1, tonumber(oldest[2]) + window - now)
 """
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -72,12 +72,9 @@ RAW_WRITE = re.compile(
 NOT_MEMORY = {
     ("devtools/page_bench.py", "user.save"): "the bench's staff login (auth User)",
     ("devtools/screenshot.py", "user.save"): "docs_screenshot's staff login (auth User)",
-    ("devtools/ingest_bench.py", "project.delete"): "the ingest bench's own project",
+    ("devtools/ingest_bench.py", "project.delete"): "a bench's own projects (projects_removed)",
     # the bench's own project: its memories and their history go with it, all of them
     ("devtools/memory_bench.py", "project.delete"): "the memory bench's own project",
-    ("devtools/otlp_bench.py", "project.delete"): "the OTLP bench's own project (no memories)",
-    ("devtools/fairshare_bench.py", "a.delete"): "the fair-share bench's project A (no memories)",
-    ("devtools/fairshare_bench.py", "b.delete"): "the fair-share bench's project B (no memories)",
 }
 
 
