@@ -83,6 +83,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from costboard.budgets.caps import session_budget
+from costboard.budgets.engine import reached
 from costboard.budgets.periods import member_days, period_budget_view
 from costboard.egress import (
     WebhookRefused,
@@ -507,22 +508,21 @@ def _webhook_send(delivery: AlertDelivery) -> Attempt:
 def _caps_reached(payload: dict[str, Any], fraction: Decimal) -> str:
     """ "token cap", "cost cap" or "token and cost caps": those reached at `fraction`."""
     hit = []
+    token_cap, cost, cost_cap = payload["token_cap"], payload["cost_usd"], payload["cost_cap_usd"]
     try:
-        if payload["token_cap"] is not None and payload["tokens_used"] >= fraction * Decimal(
-            payload["token_cap"]
-        ):
+        if reached(payload["tokens_used"], _decimal(token_cap), fraction):
             hit.append("token")
-        if (
-            payload["cost_cap_usd"] is not None
-            and payload["cost_usd"] is not None
-            and Decimal(payload["cost_usd"]) >= fraction * Decimal(payload["cost_cap_usd"])
-        ):
+        if cost is not None and reached(Decimal(cost), _decimal(cost_cap), fraction):
             hit.append("cost")
     except (InvalidOperation, TypeError):
         pass
     if not hit:
         return "budget"
     return f"{' and '.join(hit)} cap{'s' if len(hit) > 1 else ''}"
+
+
+def _decimal(value: Any) -> Decimal | None:
+    return None if value is None else Decimal(value)
 
 
 def alert_headline(payload: dict[str, Any]) -> str:

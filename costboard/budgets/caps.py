@@ -3,7 +3,7 @@ reads in the API.
 
 Caps come from the session, else its project (its `system` caps for the `system` session),
 else the environment (docs/budgets.md, "Caps"). What state they put a session in is decided
-by the budget engine (engine.py).
+by the budget engine (engine.py), by its one threshold rule (`limits_reached`).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any, Protocol, TypedDict
 
 from django.conf import settings
 
+from costboard.budgets.engine import limits_reached
 from costboard.models import SYSTEM_SESSION_ID, Project, Session, usd
 
 
@@ -25,21 +26,13 @@ class Caps:
     cost_cap_usd: Decimal
     warn_at_pct: Decimal
 
-    def state(self, tokens_used: int, cost_usd: Decimal) -> str:
-        if self.exhausted(tokens_used, cost_usd):
-            return Session.State.EXHAUSTED
-        if self.warned(tokens_used, cost_usd):
-            return Session.State.WARNING
-        return Session.State.OK
-
     def warned(self, tokens_used: int, cost_usd: Decimal) -> bool:
-        return (
-            tokens_used >= self.warn_at_pct * self.token_cap
-            or cost_usd >= self.warn_at_pct * self.cost_cap_usd
+        return limits_reached(
+            tokens_used, cost_usd, self.token_cap, self.cost_cap_usd, self.warn_at_pct
         )
 
     def exhausted(self, tokens_used: int, cost_usd: Decimal) -> bool:
-        return tokens_used >= self.token_cap or cost_usd >= self.cost_cap_usd
+        return limits_reached(tokens_used, cost_usd, self.token_cap, self.cost_cap_usd)
 
     def describe(self) -> dict[str, object]:
         """The caps as a budget event's detail records them."""
@@ -180,9 +173,7 @@ def stop_verdict(
     exhausted stop-budget above it ("budget:<id>", which makes it `exhausted`). The API's
     answers and the pages both read a session's state through this."""
     if state == Session.State.EXHAUSTED:
-        over = tokens_used >= caps.token_cap or (
-            caps.cost_cap_usd is not None and cost_usd >= caps.cost_cap_usd
-        )
+        over = caps.exhausted(tokens_used, cost_usd)
         return state, "session" if over or not runaway else "runaway"
     if stopped_by_budget is not None:
         return Session.State.EXHAUSTED, f"budget:{stopped_by_budget}"
