@@ -12,11 +12,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
-from typing import Any, Protocol, TypedDict
+from typing import Annotated, Any, Literal, Protocol, cast
 
 from django.conf import settings
+from pydantic import ConfigDict, Field, with_config
+from typing_extensions import TypedDict
 
 from costboard.budgets.engine import limits_reached
+from costboard.json_types import Count, IsoTime, Money
 from costboard.models import SYSTEM_SESSION_ID, Project, Session, usd
 
 
@@ -115,21 +118,40 @@ def _iso(value: datetime | None) -> str | None:
     return value.isoformat() if value is not None else None
 
 
+BudgetState = Literal["ok", "warning", "exhausted"]
+
+
+# `<budget>` (docs/api.md): the one type of what `session_budget` builds and of what the
+# OpenAPI document shows (costboard/api/schemas.py names it in the answers). Unknown keys
+# allowed, as in every answer: a field added reaches the client before the type names it.
+@with_config(ConfigDict(extra="allow"))
 class SessionBudget(TypedDict):
+    """A session's budget: `costboard.budgets.caps.session_budget`, field for field."""
+
     session_id: str
-    state: str
-    runaway: bool
-    tokens_used: int
-    token_cap: int
-    cost_usd: str | None
-    cost_cap_usd: str | None
-    turns: int
-    steps: int
-    warned_at: str | None
-    exhausted_at: str | None
-    # what stops it: its own caps ("session"), a runaway rule ("runaway"), an exhausted
-    # stop-budget above it ("budget:<id>"); None while it may go on
-    stopped_by: str | None
+    state: Annotated[
+        BudgetState,
+        Field(description="warning past warn_at_pct of a cap; exhausted at a cap: stop"),
+    ]
+    runaway: Annotated[
+        bool, Field(description="a runaway rule fired (burn rate, retry loop, overrun)")
+    ]
+    tokens_used: Annotated[Count, Field(description="input + output tokens")]
+    token_cap: Count
+    cost_usd: Money
+    cost_cap_usd: Money
+    turns: Count
+    steps: Count
+    warned_at: IsoTime | None
+    exhausted_at: IsoTime | None
+    stopped_by: Annotated[
+        str | None,
+        Field(
+            description='what stops it: "session" (its caps), "runaway", "budget:<id>" (an '
+            "exhausted stop-budget above it), or null",
+            json_schema_extra={"pattern": r"^(session|runaway|budget:[0-9]+)$"},
+        ),
+    ]
 
 
 class BudgetFields(Protocol):
@@ -203,12 +225,12 @@ def session_budget(
     )
     return {
         "session_id": session.external_id,
-        "state": state,
+        "state": cast(BudgetState, state),
         "runaway": session.runaway,
         "tokens_used": session.tokens_used,
         "token_cap": caps.token_cap,
-        "cost_usd": usd(session.cost_usd),
-        "cost_cap_usd": usd(caps.cost_cap_usd),
+        "cost_usd": cast(str, usd(session.cost_usd)),  # a Decimal's text: never None
+        "cost_cap_usd": cast(str, usd(caps.cost_cap_usd)),
         "turns": session.turn_count,
         "steps": session.step_count,
         "warned_at": _iso(session.warned_at),

@@ -95,8 +95,8 @@ class Ledger:
         """The ledger of a stored budget: a Session, a PeriodLedger (it has no runaway
         fields: theirs are the defaults) or ingest's row, a mapping of the same names."""
         if isinstance(row, Mapping):
-            return cls(*(row.get(f.name, f.default) for f in _LEDGER_FIELDS))
-        return cls(*(getattr(row, f.name, f.default) for f in _LEDGER_FIELDS))
+            return cls(*(row.get(name, default) for name, default in _LEDGER_FIELDS))
+        return cls(*(getattr(row, name, default) for name, default in _LEDGER_FIELDS))
 
     @property
     def acknowledged(self) -> bool:
@@ -104,7 +104,8 @@ class Ledger:
         return _acknowledged(self.runaway_at, self.acknowledged_at)
 
 
-_LEDGER_FIELDS = fields(Ledger)
+# each field's name and default: every one has a default
+_LEDGER_FIELDS: tuple[tuple[str, Any], ...] = tuple((f.name, f.default) for f in fields(Ledger))
 
 
 def _acknowledged(runaway_at: datetime | None, acknowledged_at: datetime | None) -> bool:
