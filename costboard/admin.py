@@ -48,7 +48,6 @@ from costboard.models import (
 from costboard.numbers import count_text, usd_text
 from costboard.outbox import outbox_retry
 from costboard.pricing import services as pricing_services
-from costboard.pricing.rates import micros_of_day, windows_overlap
 from costboard.projects import api_keys_revoke, sessions_delete
 
 RATE_FIELDS = (
@@ -187,47 +186,18 @@ class ModelPriceForm(forms.ModelForm):
 
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean() or {}
-        start, end = cleaned.get("window_start"), cleaned.get("window_end")
-        if start is None and end is None:
-            return cleaned
         if "window_start" in self.errors or "window_end" in self.errors:
             return cleaned
-        if start is None or end is None:
-            missing = "window_start" if start is None else "window_end"
-            self.add_error(
-                missing,
-                "set both window start and window end (UTC times of day), or neither for a "
-                "price that applies all day",
-            )
-            return cleaned
-        if start == end:
-            self.add_error(
-                "window_end", "must differ from window start (22:00–06:00 wraps midnight)"
-            )
-            return cleaned
-        effective_from = cleaned.get("effective_from")
-        if effective_from is None:
-            return cleaned  # that field's own error is shown
-        window = (micros_of_day(start), micros_of_day(end))
-        siblings = ModelPrice.objects.filter(
+        fault = pricing_services.price_window_fault(  # the rule price_save holds
             provider=cleaned.get("provider", ""),
             model=cleaned.get("model", ""),
-            effective_from=effective_from,
-            window_start__isnull=False,
-        ).exclude(pk=self.instance.pk)
-        for other in siblings:
-            if other.window_start is None or other.window_end is None:
-                continue  # the database refuses half a window; the filter leaves none
-            if windows_overlap(
-                window, (micros_of_day(other.window_start), micros_of_day(other.window_end))
-            ):
-                self.add_error(
-                    "window_start",
-                    f"overlaps the {other.window_start:%H:%M}–{other.window_end:%H:%M} UTC "
-                    "window of another price of this model from the same date; make the "
-                    "windows of one date disjoint",
-                )
-                break
+            effective_from=cleaned.get("effective_from"),
+            window_start=cleaned.get("window_start"),
+            window_end=cleaned.get("window_end"),
+            pk=self.instance.pk,
+        )
+        if fault is not None:
+            self.add_error(fault.field, fault.message)
         return cleaned
 
 

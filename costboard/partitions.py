@@ -7,7 +7,7 @@ by range of `timestamp`): native declarative partitioning, managed here, not by 
 - The sweep (guard_sweep, Celery beat) makes this month's and the next MONTHS_AHEAD ahead
   (`step_partitions_ahead`); ingest makes a batch's month only when this process does not
   know it (`step_partitions_cover`): the hot path does no catalog work.
-- Retention drops whole months (`step_partition_drop`, see costboard/budgets/retention.py).
+- Retention drops whole months (`step_partition_drop`, see costboard/retention.py).
 - The sweep analyzes the partitioned table once a day (`step_statistics_refresh`): autovacuum
   never does.
 

@@ -11,22 +11,89 @@ import os
 import secrets
 import warnings
 from datetime import timedelta
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
 import dj_database_url
 from csp.constants import NONE, SELF
 from django.core.exceptions import ImproperlyConfigured
 
-from costboard.client_address import trusted_proxies
-from costboard.egress import webhook_allow_list
-from costboard.env import (
-    env_bool,
-    env_decimal,
-    env_fraction,
-    env_int,
-    env_list,
-    env_str,
-)
+# Settings import no module of ours (tests/test_layout.py holds it): they are read before
+# Django is set up, and a module of ours imported here would run, with all it imports, before
+# any app is ready. A setting that needs our own parsing (TRUSTED_PROXIES,
+# COSTBOARD_WEBHOOK_ALLOW_HOSTS) is checked as the app starts (costboard/apps.py), which
+# stops start-up naming the variable as a bad value read here does.
+
+# --- typed readers for environment variables ------------------------------------------------
+# Each raises ImproperlyConfigured naming the variable and the fix, so a bad value stops
+# start-up instead of surfacing later as a wrong cap or a crash in a request.
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def env_str(name: str, default: str = "") -> str:
+    return os.environ.get(name, default)
+
+
+def env_bool(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ImproperlyConfigured(f"{name}={raw!r} is not a boolean; use 1/0, true/false, yes/no.")
+
+
+def env_int(name: str, default: int, *, minimum: int = 0) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise ImproperlyConfigured(
+            f"{name}={raw!r} is not an integer; use e.g. {default}."
+        ) from None
+    if value < minimum:
+        raise ImproperlyConfigured(f"{name}={raw!r} must be at least {minimum}.")
+    return value
+
+
+def env_decimal(name: str, default: str, *, minimum: Decimal = Decimal(0)) -> Decimal:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return Decimal(default)
+    try:
+        value = Decimal(raw.strip())
+    except InvalidOperation:
+        raise ImproperlyConfigured(
+            f"{name}={raw!r} is not a decimal number; use e.g. {default}."
+        ) from None
+    if not value.is_finite() or value < minimum:
+        raise ImproperlyConfigured(f"{name}={raw!r} must be a finite number >= {minimum}.")
+    return value
+
+
+def env_fraction(name: str, default: str) -> Decimal:
+    """A fraction in (0, 1], e.g. 0.8 for 80%."""
+    value = env_decimal(name, default)
+    if not (Decimal(0) < value <= Decimal(1)):
+        raise ImproperlyConfigured(
+            f"{name}={os.environ.get(name)!r} must be a fraction above 0 and at most 1 "
+            f"(0.8 means warn at 80%)."
+        )
+    return value
+
+
+def env_list(name: str, default: str) -> list[str]:
+    return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
+
+
+# --- the settings ---------------------------------------------------------------------------
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = BASE_DIR / "var"  # local state of a checkout: secret key, SQLite test database
@@ -192,8 +259,7 @@ AXES_VERBOSE = False  # its start-up banner and per-attempt lines: our log says 
 # The reverse proxies in front of Costboard, whose X-Forwarded-For names the client
 # (costboard/client_address.py): addresses or CIDRs, comma-separated; none by default, and
 # then X-Forwarded-For is ignored.
-TRUSTED_PROXIES = env_list("DJANGO_TRUSTED_PROXIES", "")
-trusted_proxies(TRUSTED_PROXIES)  # a bad entry stops start-up, named
+TRUSTED_PROXIES = env_list("DJANGO_TRUSTED_PROXIES", "")  # a bad entry stops start-up (apps.py)
 
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"
@@ -310,8 +376,8 @@ COSTBOARD_ALERT_RETRY_SECONDS = env_int("COSTBOARD_ALERT_RETRY_SECONDS", 30, min
 COSTBOARD_ALERT_MAX_ATTEMPTS = env_int("COSTBOARD_ALERT_MAX_ATTEMPTS", 6, minimum=1)
 # Intranet receivers webhooks may reach although loopback or private (costboard/egress.py):
 # host names (.domain for its subdomains) and addresses or CIDRs, comma-separated.
+# A bad entry stops start-up, named (costboard/apps.py).
 COSTBOARD_WEBHOOK_ALLOW_HOSTS = env_list("COSTBOARD_WEBHOOK_ALLOW_HOSTS", "")
-webhook_allow_list(COSTBOARD_WEBHOOK_ALLOW_HOSTS)  # a bad entry stops start-up, named
 
 # Email: SMTP when EMAIL_HOST is set; otherwise mail is printed to the console, so `make run`
 # never tries to reach a mail server. DJANGO_EMAIL_BACKEND overrides both.

@@ -7,8 +7,8 @@ import logging
 from celery import shared_task
 from django.utils import timezone
 
-from costboard import outbox, partitions
-from costboard.budgets import alerts, period_ledgers, retention  # noqa: F401  (alerts: its outbox handlers)
+from costboard import outbox, partitions, retention
+from costboard.budgets import alerts, period_ledgers  # noqa: F401  (alerts: its outbox handlers)
 from costboard.budgets import services as budget_services  # noqa: F401  (outbox handler)
 from costboard.budgets import sweep as guard
 from costboard.pricing import services as pricing_services  # noqa: F401  (outbox handler)

@@ -134,6 +134,20 @@ def test_runtime_modules_never_import_the_dev_tools() -> None:
     assert {name: found for name, found in offenders.items() if found} == {}
 
 
+def test_the_settings_import_no_module_of_ours() -> None:
+    """Settings are read before Django is set up: the settings our modules parse are checked
+    as the app starts (costboard/apps.py), not by importing those modules here."""
+    assert import_graph()["costboard.settings"] == set()
+
+
+def test_budgets_hold_budget_code_only() -> None:
+    """What every capability shares (egress, retention) lives beside projects and the outbox,
+    not inside budgets/, where it was once put because alerts or the sweep called it."""
+    found = {name.rpartition(".")[2] for name in import_graph() if ".budgets." in name}
+    assert not found & {"egress", "retention"}
+    assert "costboard.retention" in import_graph()
+
+
 def test_the_budget_engine_is_pure() -> None:
     """No database, no clock: it imports neither Django nor the models."""
     source = (ROOT / "costboard" / "budgets" / "engine.py").read_text()

@@ -26,7 +26,7 @@ from typing import Annotated, Any, Literal, TypeVar, cast
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
-from pydantic import AfterValidator, BaseModel, ValidationError
+from pydantic import AfterValidator, BaseModel, TypeAdapter, ValidationError
 from pydantic_core import PydanticCustomError
 
 from costboard.api.encoding import BodyRefused, decoded_body
@@ -111,6 +111,13 @@ def refusal(exc: ApiError | BatchError | ValidationError) -> JsonResponse:
 
 def model_response(body: BaseModel, *, status: int = 200) -> JsonResponse:
     return JsonResponse(body.model_dump(mode="json"), status=status)
+
+
+def typed_response(adapter: TypeAdapter[Any], body: Any, *, status: int = 200) -> JsonResponse:
+    """A TypedDict's answer, checked and written as `model_response` writes a model's."""
+    return JsonResponse(
+        adapter.dump_python(adapter.validate_python(body), mode="json"), status=status
+    )
 
 
 def no_content() -> HttpResponse:
@@ -224,11 +231,12 @@ def _too_many(
 
 @dataclass(frozen=True)
 class Reply:
-    """One documented response: a model (JSON), a raw schema for another media type, or no
-    body at all (`media_type` None, as a 204 answers: `no_content()`)."""
+    """One documented response: a model (JSON; a TypeAdapter of a TypedDict answer, as
+    `typed_response` writes it), a raw schema for another media type, or no body at all
+    (`media_type` None, as a 204 answers: `no_content()`)."""
 
     description: str
-    model: type[BaseModel] | None = None
+    model: type[BaseModel] | TypeAdapter[Any] | None = None
     media_type: str | None = "application/json"
     schema: Mapping[str, Any] | None = None
     headers: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # OpenAPI headers

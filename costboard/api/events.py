@@ -17,9 +17,9 @@ from costboard.api.boundary import (
     ApiRequest,
     Operation,
     Reply,
-    model_response,
     path_text,
     read_body,
+    typed_response,
 )
 from costboard.api.boundary import endpoint as api_endpoint
 from costboard.api.encoding import HEADER as ENCODING_HEADER
@@ -30,7 +30,7 @@ from costboard.api.idempotency import (
     idempotent_answer,
 )
 from costboard.api.openapi import openapi_document
-from costboard.api.schemas import EventsResponse, SessionBudgetDetail
+from costboard.api.schemas import SESSION_BUDGET_DETAIL, EventsResponse
 from costboard.budgets.caps import session_budget
 from costboard.budgets.period_ledgers import stopping_budget
 from costboard.ingest.schemas import (
@@ -187,7 +187,7 @@ SESSION_BUDGET = Operation(
     summary="A session's budget and its budget events, oldest first",
     path_parameters={"session_id": SESSION_ID},
     responses={
-        200: Reply("the budget", SessionBudgetDetail),
+        200: Reply("the budget", SESSION_BUDGET_DETAIL),
         404: Reply("no such session in this project"),
         422: Reply("session_id holds NUL or an unpaired surrogate"),
     },
@@ -203,7 +203,7 @@ def session_budget_view(request: HttpRequest, session_id: str) -> HttpResponse:
     )
     if detail is None:
         raise ApiError(404, "session_id", f"no session {session_id!r} in project {project.slug}")
-    return model_response(SessionBudgetDetail.model_validate(detail))
+    return typed_response(SESSION_BUDGET_DETAIL, detail)
 
 
 def session_budget_read(

@@ -16,7 +16,7 @@ must not happen twice; none of ours is).
 
 Replays answer the stored JSON with `Idempotent-Replayed: true` and are not counted in
 /metrics again. The same key with another body is 422 naming `Idempotency-Key`. Keys are
-kept 48 hours (at least 24, as docs/api.md promises): costboard/budgets/retention.py deletes
+kept 48 hours (at least 24, as docs/api.md promises): costboard/retention.py deletes
 older ones in the hourly sweep.
 """
 

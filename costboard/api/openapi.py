@@ -15,8 +15,8 @@ from functools import cache
 from typing import Any, Literal
 
 from django.urls import URLPattern, URLResolver, get_resolver
-from pydantic import BaseModel
-from pydantic.json_schema import JsonSchemaMode, models_json_schema
+from pydantic import BaseModel, TypeAdapter
+from pydantic.json_schema import JsonSchemaMode
 
 from costboard.api.boundary import MAX_QUERY_STRING, Operation, Reply, operations_of
 from costboard.api.encoding import HEADER as ENCODING_HEADER
@@ -32,7 +32,7 @@ CONVERTERS: dict[str, dict[str, Any]] = {
     "slug": {"type": "string", "pattern": "^[-a-zA-Z0-9_]+$"},
     "int": {"type": "integer", "minimum": 0},
 }
-# (model, mode) → its $ref, as models_json_schema gives them
+# (model, mode) → its $ref, as TypeAdapter.json_schemas gives them
 Refs = Mapping[Any, dict[str, Any]]
 ALLOW_HEADER = {"description": "the method this path answers", "schema": {"type": "string"}}
 RETRY_AFTER_HEADER = {
@@ -244,8 +244,11 @@ def _operation(
     return document
 
 
-def _models(operations: list[Operation]) -> list[tuple[type[BaseModel], JsonSchemaMode]]:
-    wanted: dict[tuple[type[BaseModel], JsonSchemaMode], None] = {(Errors, "serialization"): None}
+Documented = type[BaseModel] | TypeAdapter[Any]  # a model, or a TypedDict answer's adapter
+
+
+def _models(operations: list[Operation]) -> list[tuple[Documented, JsonSchemaMode]]:
+    wanted: dict[tuple[Documented, JsonSchemaMode], None] = {(Errors, "serialization"): None}
     for operation in operations:
         if operation.body is not None:
             wanted[(operation.body, "validation")] = None
@@ -253,6 +256,10 @@ def _models(operations: list[Operation]) -> list[tuple[type[BaseModel], JsonSche
             if reply.model is not None:
                 wanted[(reply.model, "serialization")] = None
     return list(wanted)
+
+
+def _adapter(model: Documented) -> TypeAdapter[Any]:
+    return model if isinstance(model, TypeAdapter) else TypeAdapter(model)
 
 
 def _name(route: str, method: Literal["GET", "POST", "PATCH", "DELETE"]) -> str:
@@ -272,7 +279,9 @@ def openapi_document() -> dict[str, Any]:
     routes = list(api_routes())
     operations = [operation for _, _, operation in routes]
     keyed_models = _models(operations)
-    refs, definitions = models_json_schema(keyed_models, ref_template=REF)
+    refs, definitions = TypeAdapter.json_schemas(
+        [(model, mode, _adapter(model)) for model, mode in keyed_models], ref_template=REF
+    )
     schemas: dict[str, Any] = dict(definitions.get("$defs", {}))
     paths: dict[str, dict[str, Any]] = {}
     named: dict[str, str] = {}

@@ -1,6 +1,9 @@
 """Pydantic models of the cost API's answers (docs/api.md, "Events"): what the OpenAPI document
 shows and the contract test checks real responses against.
 
+A session's budget is the one type the budgets build (`costboard.budgets.caps.SessionBudget`,
+a TypedDict): the document shows it as the code writes it.
+
 Answers keep unknown keys (`extra="allow"`): a field added on the server side reaches the
 client even before its model names it, and the document never forbids it.
 """
@@ -9,18 +12,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-# USD as the API writes it (costboard.models.usd): every significant digit, at least cents.
-Money = Annotated[
-    str,
-    WithJsonSchema(
-        {"type": "string", "pattern": r"^-?[0-9]+\.[0-9]{2,}$", "description": "USD, decimal"}
-    ),
-]
-# A time as the API writes it: `datetime.isoformat()`, kept as written.
-IsoTime = Annotated[str, WithJsonSchema({"type": "string", "format": "date-time"})]
-Count = Annotated[int, Field(ge=0)]
+from costboard.budgets.caps import SessionBudget
+from costboard.json_types import Count, IsoTime, Money
 
 
 class Answer(BaseModel):
@@ -43,29 +38,6 @@ class Errors(Answer):
     errors: list[ErrorItem] = Field(min_length=1)
 
 
-class SessionBudget(Answer):
-    """A session's budget: `costboard.budgets.caps.session_budget`, field for field."""
-
-    session_id: str
-    state: Literal["ok", "warning", "exhausted"] = Field(
-        description="warning past warn_at_pct of a cap; exhausted at a cap: stop"
-    )
-    runaway: bool = Field(description="a runaway rule fired (burn rate, retry loop, overrun)")
-    tokens_used: Count = Field(description="input + output tokens")
-    token_cap: Count
-    cost_usd: Money
-    cost_cap_usd: Money
-    turns: Count
-    steps: Count
-    warned_at: IsoTime | None
-    exhausted_at: IsoTime | None
-    stopped_by: str | None = Field(
-        description='what stops it: "session" (its caps), "runaway", "budget:<id>" (an '
-        "exhausted stop-budget above it), or null",
-        json_schema_extra={"pattern": r"^(session|runaway|budget:[0-9]+)$"},
-    )
-
-
 class BudgetEvent(Answer):
     kind: str = Field(description="soft_warned, exhausted, runaway, cap_changed, …")
     at: IsoTime
@@ -74,8 +46,12 @@ class BudgetEvent(Answer):
     detail: dict[str, Any] = Field(description="a runaway's rule and evidence; a cap change")
 
 
-class SessionBudgetDetail(SessionBudget):
-    events: list[BudgetEvent] = Field(description="oldest first")
+class SessionBudgetDetail(SessionBudget):  # GET /api/v1/sessions/<id>/budget
+    events: Annotated[list[BudgetEvent], Field(description="oldest first")]
+
+
+# The detail answer is a TypedDict: a pydantic model could not extend SessionBudget's fields.
+SESSION_BUDGET_DETAIL = TypeAdapter(SessionBudgetDetail)
 
 
 # --- period budgets (docs/api.md, "Period budgets") --------------------------------------------

@@ -16,27 +16,8 @@ Flow
    with no attempt in flight, so two dispatchers never send it at once), makes one attempt
    and records it in the delivery log; a retryable failure is tried again by the outbox.
 
-Webhook requests
-----------------
-`POST <url>`, body JSON (UTF-8)::
-
-    {"delivery_id": 17, "event_id": 42, "kind": "exhausted", "at": "2026-05-01T12:00:00+00:00",
-     "project": "acme", "session_id": "chat-42", "state": "exhausted", "runaway": false,
-     "tokens_used": 1000, "token_cap": 1000, "cost_usd": "0.0078", "cost_cap_usd": "5.00",
-     "detail": {...}, "session_url": "https://costboard.example/sessions/5/?project=acme"}
-
-`tokens_used` and `cost_usd` are the session's at the crossing; the caps are those crossed
-(the session's current caps for a runaway event); `state` and `runaway` are the session's when
-sent. USD amounts are decimal strings, as in the API's `<budget>`. `session_url` is absolute
-when COSTBOARD_BASE_URL is set, else a path.
-
-Headers: `Content-Type: application/json`, `User-Agent: Costboard`, `X-Costboard-Event: <kind>`,
-`X-Costboard-Delivery: <delivery id>` (the same on every attempt: a receiver dedupes on it),
-`X-Costboard-Timestamp: <unix seconds>` and
-`X-Costboard-Signature: sha256=<hex>`, where hex is HMAC-SHA256 with the endpoint's secret as
-key over the bytes `f"{timestamp}.{body}"` (Stripe's scheme). A receiver recomputes it over the
-raw body as received, compares in constant time, and refuses a timestamp more than a few
-minutes old, so a captured request cannot be replayed later: `verify_signature` does all three.
+What a webhook request and an email say (the payload, the signature, the email's text) is
+costboard/budgets/alert_messages.py's.
 
 Retry policy
 ------------
@@ -57,8 +38,6 @@ none), so the request that crossed the budget never waits for a receiver.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import http.client
 import json
 import logging
@@ -70,7 +49,6 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from django.conf import settings
@@ -79,11 +57,9 @@ from django.core.mail import send_mail
 from django.core.validators import validate_email
 from django.db import transaction
 from django.db.models import F, Q
-from django.urls import reverse
 from django.utils import timezone
 
-from costboard.budgets.caps import session_budget
-from costboard.budgets.periods import member_days, period_budget_view
+from costboard.budgets.alert_messages import alert_email, alert_payload, signature
 from costboard.egress import (
     WebhookRefused,
     short,
@@ -95,9 +71,7 @@ from costboard.models import (
     AlertDelivery,
     BudgetEvent,
     Project,
-    Session,
     WebhookEndpoint,
-    usd,
 )
 from costboard.outbox import Attempt as OutboxAttempt
 from costboard.outbox import Item, outbox_add, outbox_add_many, outbox_handler
@@ -112,7 +86,6 @@ ALERTED_KINDS = frozenset(
         BudgetEvent.Kind.FORECAST,
     }
 )
-SIGNATURE_TOLERANCE_SECONDS = 300
 # A claimed attempt with no outcome after this long is taken to have died with its worker.
 # Longer than the task's hard time limit, so a live attempt is never taken over.
 CLAIM_LEASE_SECONDS = 300
@@ -337,120 +310,7 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
-# --- the payload ------------------------------------------------------------------------------
-
-
-def session_url(session: Session, project: Project) -> str:
-    path = f"{reverse('session', args=[session.pk])}?project={project.slug}"
-    return f"{settings.COSTBOARD_BASE_URL.rstrip('/')}{path}"
-
-
-def _caps_crossed(
-    event: BudgetEvent, current_token_cap: int, current_cost_cap: str | None
-) -> tuple[int, str | None]:
-    """The caps recorded with a crossing (those it crossed), else the session's current ones."""
-    detail = event.detail if isinstance(event.detail, dict) else {}
-    token_cap, cost_cap = detail.get("token_cap"), detail.get("cost_cap_usd")
-    if isinstance(token_cap, int) and isinstance(cost_cap, str):
-        try:
-            return token_cap, usd(Decimal(cost_cap))
-        except InvalidOperation:
-            pass
-    return current_token_cap, current_cost_cap
-
-
-def _period_payload(delivery: AlertDelivery, event: BudgetEvent) -> dict[str, Any]:
-    """A period budget's crossing: `session_id` null, the budget in the period it crossed in
-    under `budget`, its limits as the caps; `member` the per-member budget's member it
-    crossed for (null for other budgets)."""
-    ledger = event.ledger
-    assert ledger is not None
-    budget = ledger.budget
-    now = timezone.now()
-    key = (budget.pk, ledger.member)
-    view = period_budget_view(budget, ledger, now=now, days=member_days([key], now)[key])
-    return {
-        "delivery_id": delivery.pk,
-        "event_id": event.pk,
-        "kind": event.kind,
-        "at": event.at.isoformat(),
-        "project": delivery.project.slug,
-        "session_id": None,
-        "member": ledger.member or None,
-        "budget": view,
-        "state": ledger.state,
-        "runaway": False,
-        "tokens_used": event.tokens_used,
-        "token_cap": budget.token_limit,
-        "cost_usd": usd(event.cost_usd),
-        "cost_cap_usd": usd(budget.cost_limit_usd),
-        "detail": event.detail,
-        "session_url": None,
-    }
-
-
-def alert_payload(delivery: AlertDelivery) -> dict[str, Any]:
-    """What a webhook receives and an email says (module docstring)."""
-    event = delivery.budget_event
-    session = event.session
-    if session is None:
-        return _period_payload(delivery, event)
-    project = delivery.project
-    budget = session_budget(session, project)
-    token_cap, cost_cap = _caps_crossed(event, budget["token_cap"], budget["cost_cap_usd"])
-    return {
-        "delivery_id": delivery.pk,
-        "event_id": event.pk,
-        "kind": event.kind,
-        "at": event.at.isoformat(),
-        "project": project.slug,
-        "session_id": session.external_id,
-        "state": budget["state"],
-        "runaway": budget["runaway"],
-        "tokens_used": event.tokens_used,
-        "token_cap": token_cap,
-        "cost_usd": usd(event.cost_usd),
-        "cost_cap_usd": cost_cap,
-        "detail": event.detail,
-        "session_url": session_url(session, project),
-    }
-
-
-# --- webhooks ---------------------------------------------------------------------------------
-
-
-def signature(secret: str, timestamp: int | str, body: bytes) -> str:
-    """The X-Costboard-Signature value: HMAC-SHA256(secret, f"{timestamp}.{body}")."""
-    digest = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256)
-    return f"sha256={digest.hexdigest()}"
-
-
-def verify_signature(
-    secret: str,
-    timestamp: int | str,
-    body: bytes | str,
-    header: str,
-    *,
-    tolerance_seconds: int | None = SIGNATURE_TOLERANCE_SECONDS,
-    now: float | None = None,
-) -> bool:
-    """For receivers: True if `header` (X-Costboard-Signature; several comma-separated values
-    are allowed, e.g. while rotating secrets) signs this timestamp and raw body with `secret`,
-    and the timestamp is within `tolerance_seconds` of now (None: any age)."""
-    try:
-        sent_at = int(str(timestamp))
-    except ValueError:
-        return False
-    if tolerance_seconds is not None:
-        current = time.time() if now is None else now
-        if abs(current - sent_at) > tolerance_seconds:
-            return False
-    raw = body.encode() if isinstance(body, str) else body
-    expected = signature(secret, sent_at, raw)
-    return any(
-        hmac.compare_digest(expected.encode(), candidate.strip().encode())
-        for candidate in header.split(",")
-    )
+# --- sending: a webhook request or an email ---------------------------------------------------
 
 
 def _webhook_send(delivery: AlertDelivery) -> Attempt:
@@ -499,87 +359,6 @@ def _webhook_send(delivery: AlertDelivery) -> Attempt:
     if 200 <= code < 300:
         return Attempt(ok=True, response_code=code)
     return Attempt(ok=False, response_code=code, error=status_reason(code))
-
-
-# --- email ------------------------------------------------------------------------------------
-
-
-def _caps_reached(payload: dict[str, Any], fraction: Decimal) -> str:
-    """ "token cap", "cost cap" or "token and cost caps": those reached at `fraction`."""
-    hit = []
-    try:
-        if payload["token_cap"] is not None and payload["tokens_used"] >= fraction * Decimal(
-            payload["token_cap"]
-        ):
-            hit.append("token")
-        if (
-            payload["cost_cap_usd"] is not None
-            and payload["cost_usd"] is not None
-            and Decimal(payload["cost_usd"]) >= fraction * Decimal(payload["cost_cap_usd"])
-        ):
-            hit.append("cost")
-    except (InvalidOperation, TypeError):
-        pass
-    if not hit:
-        return "budget"
-    return f"{' and '.join(hit)} cap{'s' if len(hit) > 1 else ''}"
-
-
-def alert_headline(payload: dict[str, Any]) -> str:
-    """What happened, after "session <id>": "exhausted its token cap", …"""
-    kind = payload["kind"]
-    detail = payload["detail"] if isinstance(payload["detail"], dict) else {}
-    if kind == BudgetEvent.Kind.EXHAUSTED:
-        if detail.get("reason") == "runaway":  # held at exhausted by a runaway, not a cap
-            why = detail.get("runaway")
-            return "was stopped as runaway" + (f" ({why})" if why else "")
-        return f"exhausted its {_caps_reached(payload, Decimal(1))}"
-    if kind == BudgetEvent.Kind.SOFT_WARNED:
-        try:
-            pct = Decimal(str(detail.get("warn_at_pct", settings.COSTBOARD_WARN_AT_PCT)))
-        except InvalidOperation:
-            pct = settings.COSTBOARD_WARN_AT_PCT
-        return f"passed {pct * 100:.0f}% of its {_caps_reached(payload, pct)}"
-    if kind == BudgetEvent.Kind.FORECAST:
-        return (
-            f"is projected to pass its cost cap on {detail.get('crossing_date')} "
-            f"(${detail.get('forecast_cost_usd')} by the period's end at "
-            f"${detail.get('forecast_daily_usd')}/day)"
-        )
-    why = detail.get("reason") or detail.get("rule")
-    return "looks runaway" + (f" ({why})" if why else "")
-
-
-def alert_email(payload: dict[str, Any]) -> tuple[str, str]:
-    """The subject and plain-text body of an alert email."""
-    headline = alert_headline(payload)
-    budget = payload.get("budget")
-    if budget is not None:  # a period budget's crossing
-        member = f" for {budget['member']!r}" if budget.get("member") else ""
-        who = (
-            f"budget {budget['name']!r}{member} ({budget['period']} from {budget['period_start']})"
-        )
-        where = f"Budget:      {budget['name']} (id {budget['id']}, {budget['scope']})"
-    else:
-        who = f"session {payload['session_id']}"
-        where = f"Session:     {payload['session_url']}"
-    subject = f"[Costboard] {payload['project']}: {who} {headline}"
-    cost_cap = f" of ${payload['cost_cap_usd']}" if payload["cost_cap_usd"] else ""
-    token_cap = f" of {payload['token_cap']:,}" if payload["token_cap"] is not None else ""
-    lines = [
-        f"{who[0].upper()}{who[1:]} of project {payload['project']} {headline}.",
-        "",
-        f"Event:       {payload['kind']} at {payload['at']}",
-        f"State:       {payload['state']}" + (", runaway" if payload["runaway"] else ""),
-        f"Tokens used: {payload['tokens_used']:,}{token_cap}",
-        f"Cost:        ${payload['cost_usd']}{cost_cap}",
-        f"Detail:      {json.dumps(payload['detail'], sort_keys=True)}",
-        where,
-        "",
-        f"Costboard alert delivery {payload['delivery_id']} (budget event {payload['event_id']}).",
-        "These emails go to the addresses in the project's alert emails (admin, Projects).",
-    ]
-    return subject, "\n".join(lines) + "\n"
 
 
 def _email_send(delivery: AlertDelivery) -> Attempt:

@@ -3,7 +3,7 @@ reads in the API.
 
 Caps come from the session, else its project (its `system` caps for the `system` session),
 else the environment (docs/budgets.md, "Caps"). What state they put a session in is decided
-by the budget engine (engine.py).
+by the budget engine (engine.py), by its one threshold rule (`limits_reached`).
 """
 
 from __future__ import annotations
@@ -12,10 +12,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
-from typing import Any, Protocol, TypedDict
+from typing import Annotated, Any, Literal, Protocol, cast
 
 from django.conf import settings
+from pydantic import ConfigDict, Field, with_config
+from typing_extensions import TypedDict
 
+from costboard.budgets.engine import limits_reached
+from costboard.json_types import Count, IsoTime, Money
 from costboard.models import SYSTEM_SESSION_ID, Project, Session, usd
 
 
@@ -25,21 +29,13 @@ class Caps:
     cost_cap_usd: Decimal
     warn_at_pct: Decimal
 
-    def state(self, tokens_used: int, cost_usd: Decimal) -> str:
-        if self.exhausted(tokens_used, cost_usd):
-            return Session.State.EXHAUSTED
-        if self.warned(tokens_used, cost_usd):
-            return Session.State.WARNING
-        return Session.State.OK
-
     def warned(self, tokens_used: int, cost_usd: Decimal) -> bool:
-        return (
-            tokens_used >= self.warn_at_pct * self.token_cap
-            or cost_usd >= self.warn_at_pct * self.cost_cap_usd
+        return limits_reached(
+            tokens_used, cost_usd, self.token_cap, self.cost_cap_usd, self.warn_at_pct
         )
 
     def exhausted(self, tokens_used: int, cost_usd: Decimal) -> bool:
-        return tokens_used >= self.token_cap or cost_usd >= self.cost_cap_usd
+        return limits_reached(tokens_used, cost_usd, self.token_cap, self.cost_cap_usd)
 
     def describe(self) -> dict[str, object]:
         """The caps as a budget event's detail records them."""
@@ -122,21 +118,40 @@ def _iso(value: datetime | None) -> str | None:
     return value.isoformat() if value is not None else None
 
 
+BudgetState = Literal["ok", "warning", "exhausted"]
+
+
+# `<budget>` (docs/api.md): the one type of what `session_budget` builds and of what the
+# OpenAPI document shows (costboard/api/schemas.py names it in the answers). Unknown keys
+# allowed, as in every answer: a field added reaches the client before the type names it.
+@with_config(ConfigDict(extra="allow"))
 class SessionBudget(TypedDict):
+    """A session's budget: `costboard.budgets.caps.session_budget`, field for field."""
+
     session_id: str
-    state: str
-    runaway: bool
-    tokens_used: int
-    token_cap: int
-    cost_usd: str | None
-    cost_cap_usd: str | None
-    turns: int
-    steps: int
-    warned_at: str | None
-    exhausted_at: str | None
-    # what stops it: its own caps ("session"), a runaway rule ("runaway"), an exhausted
-    # stop-budget above it ("budget:<id>"); None while it may go on
-    stopped_by: str | None
+    state: Annotated[
+        BudgetState,
+        Field(description="warning past warn_at_pct of a cap; exhausted at a cap: stop"),
+    ]
+    runaway: Annotated[
+        bool, Field(description="a runaway rule fired (burn rate, retry loop, overrun)")
+    ]
+    tokens_used: Annotated[Count, Field(description="input + output tokens")]
+    token_cap: Count
+    cost_usd: Money
+    cost_cap_usd: Money
+    turns: Count
+    steps: Count
+    warned_at: IsoTime | None
+    exhausted_at: IsoTime | None
+    stopped_by: Annotated[
+        str | None,
+        Field(
+            description='what stops it: "session" (its caps), "runaway", "budget:<id>" (an '
+            "exhausted stop-budget above it), or null",
+            json_schema_extra={"pattern": r"^(session|runaway|budget:[0-9]+)$"},
+        ),
+    ]
 
 
 class BudgetFields(Protocol):
@@ -180,9 +195,7 @@ def stop_verdict(
     exhausted stop-budget above it ("budget:<id>", which makes it `exhausted`). The API's
     answers and the pages both read a session's state through this."""
     if state == Session.State.EXHAUSTED:
-        over = tokens_used >= caps.token_cap or (
-            caps.cost_cap_usd is not None and cost_usd >= caps.cost_cap_usd
-        )
+        over = caps.exhausted(tokens_used, cost_usd)
         return state, "session" if over or not runaway else "runaway"
     if stopped_by_budget is not None:
         return Session.State.EXHAUSTED, f"budget:{stopped_by_budget}"
@@ -212,12 +225,12 @@ def session_budget(
     )
     return {
         "session_id": session.external_id,
-        "state": state,
+        "state": cast(BudgetState, state),
         "runaway": session.runaway,
         "tokens_used": session.tokens_used,
         "token_cap": caps.token_cap,
-        "cost_usd": usd(session.cost_usd),
-        "cost_cap_usd": usd(caps.cost_cap_usd),
+        "cost_usd": cast(str, usd(session.cost_usd)),  # a Decimal's text: never None
+        "cost_cap_usd": cast(str, usd(caps.cost_cap_usd)),
         "turns": session.turn_count,
         "steps": session.step_count,
         "warned_at": _iso(session.warned_at),

@@ -24,8 +24,8 @@ The rules (docs/budgets.md, "States and budget events"):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
 from datetime import datetime
 from decimal import Decimal
 from operator import attrgetter
@@ -39,6 +39,32 @@ SOFT_WARNED = "soft_warned"
 EXHAUSTED_KIND = "exhausted"
 RUNAWAY = "runaway"
 CAP_CHANGED = "cap_changed"
+
+
+def reached(used: int | Decimal, limit: int | Decimal | None, share: Decimal | int = 1) -> bool:
+    """The one threshold rule: has `used` reached `share` of `limit` (None: no such limit,
+    never reached)? A budget is warned once either total reaches warn × its limit, and
+    exhausted once either reaches the limit itself (`limits_reached`)."""
+    return limit is not None and used >= share * limit
+
+
+def limits_reached(
+    tokens_used: int,
+    cost_usd: Decimal,
+    token_limit: int | None,
+    cost_limit_usd: Decimal | None,
+    share: Decimal | int = 1,
+) -> bool:
+    """Either total at `share` of its limit: a session's caps and a period budget's limits
+    alike (share 1: exhausted; share warn_at: warned)."""
+    return reached(tokens_used, token_limit, share) or reached(cost_usd, cost_limit_usd, share)
+
+
+def threshold_state(limits: Limits, tokens_used: int, cost_usd: Decimal) -> str:
+    """The state these totals put a budget in by its limits alone (no runaway held)."""
+    if limits.exhausted(tokens_used, cost_usd):
+        return EXHAUSTED
+    return WARNING if limits.warned(tokens_used, cost_usd) else OK
 
 
 class Limits(Protocol):
@@ -64,10 +90,22 @@ class Ledger:
     runaway_reason: str = ""
     acknowledged_at: datetime | None = None
 
+    @classmethod
+    def of(cls, row: Any) -> Ledger:
+        """The ledger of a stored budget: a Session, a PeriodLedger (it has no runaway
+        fields: theirs are the defaults) or ingest's row, a mapping of the same names."""
+        if isinstance(row, Mapping):
+            return cls(*(row.get(name, default) for name, default in _LEDGER_FIELDS))
+        return cls(*(getattr(row, name, default) for name, default in _LEDGER_FIELDS))
+
     @property
     def acknowledged(self) -> bool:
         """A person has seen the runaway flag (acknowledged at or after it)."""
         return _acknowledged(self.runaway_at, self.acknowledged_at)
+
+
+# each field's name and default: every one has a default
+_LEDGER_FIELDS: tuple[tuple[str, Any], ...] = tuple((f.name, f.default) for f in fields(Ledger))
 
 
 def _acknowledged(runaway_at: datetime | None, acknowledged_at: datetime | None) -> bool:

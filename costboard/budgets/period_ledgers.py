@@ -195,7 +195,7 @@ def period_budgets_apply(
         cost = pico_usd(pico)
         # the row holds the totals with this batch: the engine decides from those before it
         before = replace(
-            _ledger_of(row), tokens_used=row.tokens_used - tokens, cost_usd=row.cost_usd - cost
+            Ledger.of(row), tokens_used=row.tokens_used - tokens, cost_usd=row.cost_usd - cost
         )
         decided = budget_decide(
             ledger=before,
@@ -308,17 +308,6 @@ def _days_add(
         )
 
 
-def _ledger_of(row: PeriodLedger) -> Ledger:
-    """A ledger row as the budget engine reads a budget."""
-    return Ledger(
-        tokens_used=row.tokens_used,
-        cost_usd=row.cost_usd,
-        state=row.state,
-        warned_at=row.warned_at,
-        exhausted_at=row.exhausted_at,
-    )
-
-
 def _crossings_recorded(
     project: Project,
     budget: PeriodBudget,
@@ -368,7 +357,7 @@ def period_budget_recheck(budget: PeriodBudget, *, now: datetime) -> list[Budget
     )
     recorded: list[BudgetEvent] = []
     for row in rows:
-        decided = budget_decide(ledger=_ledger_of(row), limits=PeriodLimits.of(budget), at=now)
+        decided = budget_decide(ledger=Ledger.of(row), limits=PeriodLimits.of(budget), at=now)
         after = decided.ledger
         row.state, row.warned_at = after.state, after.warned_at
         row.exhausted_at, row.updated_at = after.exhausted_at, now

@@ -17,7 +17,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from django.db.models import DecimalField, ExpressionWrapper, F, Value
 from django.db.models.functions import Greatest
 
-from costboard.budgets.engine import EXHAUSTED, OK, WARNING
+from costboard.budgets.engine import limits_reached, threshold_state
 from costboard.models import BudgetDay, PeriodBudget, PeriodLedger, usd
 
 # a total budget's one period begins here
@@ -120,24 +120,19 @@ class PeriodLimits:
         return cls(budget.token_limit, budget.cost_limit_usd, budget.warn_at_pct)
 
     def warned(self, tokens_used: int, cost_usd: Decimal) -> bool:
-        return (
-            self.token_limit is not None and tokens_used >= self.warn_at * self.token_limit
-        ) or (self.cost_limit_usd is not None and cost_usd >= self.warn_at * self.cost_limit_usd)
+        return limits_reached(
+            tokens_used, cost_usd, self.token_limit, self.cost_limit_usd, self.warn_at
+        )
 
     def exhausted(self, tokens_used: int, cost_usd: Decimal) -> bool:
-        return (self.token_limit is not None and tokens_used >= self.token_limit) or (
-            self.cost_limit_usd is not None and cost_usd >= self.cost_limit_usd
-        )
+        return limits_reached(tokens_used, cost_usd, self.token_limit, self.cost_limit_usd)
 
     def describe(self) -> dict[str, object]:
         return {"token_limit": self.token_limit, "cost_limit_usd": usd(self.cost_limit_usd)}
 
 
 def state_of(budget: PeriodBudget, tokens_used: int, cost_usd: Decimal) -> str:
-    limits = PeriodLimits.of(budget)
-    if limits.exhausted(tokens_used, cost_usd):
-        return EXHAUSTED
-    return WARNING if limits.warned(tokens_used, cost_usd) else OK
+    return threshold_state(PeriodLimits.of(budget), tokens_used, cost_usd)
 
 
 RATE_DAYS = 7  # the daily rate is the mean of at most this many recent days

@@ -64,19 +64,6 @@ class CapError(ValueError):
         self.message = message
 
 
-def session_ledger(session: Session) -> Ledger:
-    return Ledger(
-        tokens_used=session.tokens_used,
-        cost_usd=session.cost_usd,
-        state=session.state,
-        warned_at=session.warned_at,
-        exhausted_at=session.exhausted_at,
-        runaway_at=session.runaway_at,
-        runaway_reason=session.runaway_reason,
-        acknowledged_at=session.acknowledged_at,
-    )
-
-
 def budget_events_of(
     crossings: Iterable[Crossing], *, project: Project, session_id: int, caps: Caps
 ) -> list[BudgetEvent]:
@@ -127,7 +114,7 @@ def _decide(session: Session, **inputs: Any) -> tuple[Outcome, Caps]:
     `inputs` (at, old_limits, flag, acknowledged_at)."""
     caps = session_caps(session)
     outcome = budget_decide(
-        ledger=session_ledger(session),
+        ledger=Ledger.of(session),
         limits=caps,
         stops_runaways=session.project.runaway_stops,
         **inputs,

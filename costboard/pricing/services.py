@@ -2,19 +2,22 @@
 
 A price row saved or deleted in the admin reprices, after commit, every step its model
 patterns cover — its old pattern and its new one (through the outbox: a big table takes
-minutes, and the save never waits for it or for a broker).
+minutes, and the save never waits for it or for a broker). A row's daily window is checked
+here, whoever saves it: the admin's form shows the same fault on its field.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from datetime import datetime, time
 from typing import Any
 
 from django.db import transaction
 
 from costboard.models import ModelPrice
 from costboard.outbox import Attempt, outbox_add, outbox_handler
+from costboard.pricing.rates import micros_of_day, windows_overlap
 from costboard.pricing.repricing import PriceMatch, models_affected, steps_reprice
 
 log = logging.getLogger(__name__)
@@ -44,10 +47,78 @@ def _reprice_item(payload: dict[str, Any], attempt: Attempt) -> None:
     )
 
 
+class PriceError(ValueError):
+    """A refused price row: the field and what to send instead."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+        self.message = message
+
+
+def price_window_fault(
+    *,
+    provider: str,
+    model: str,
+    effective_from: datetime | None,
+    window_start: time | None,
+    window_end: time | None,
+    pk: int | None = None,
+) -> PriceError | None:
+    """What is wrong with a row's daily UTC window (docs/pricing.md), None if nothing: both
+    ends or neither, two different ends, and no time shared with the window of another
+    price of the same model from the same date (`pk`: the row itself, when edited). The
+    admin's form shows the fault on its field; `price_save` refuses it."""
+    if window_start is None and window_end is None:
+        return None
+    if window_start is None or window_end is None:
+        return PriceError(
+            "window_start" if window_start is None else "window_end",
+            "set both window start and window end (UTC times of day), or neither for a "
+            "price that applies all day",
+        )
+    if window_start == window_end:
+        return PriceError(
+            "window_end", "must differ from window start (22:00–06:00 wraps midnight)"
+        )
+    if effective_from is None:
+        return None  # that field's own error is shown
+    window = (micros_of_day(window_start), micros_of_day(window_end))
+    siblings = ModelPrice.objects.filter(
+        provider=provider, model=model, effective_from=effective_from, window_start__isnull=False
+    )
+    if pk is not None:
+        siblings = siblings.exclude(pk=pk)
+    for other in siblings:
+        if other.window_start is None or other.window_end is None:
+            continue  # the database refuses half a window; the filter leaves none
+        if windows_overlap(
+            window, (micros_of_day(other.window_start), micros_of_day(other.window_end))
+        ):
+            return PriceError(
+                "window_start",
+                f"overlaps the {other.window_start:%H:%M}–{other.window_end:%H:%M} UTC "
+                "window of another price of this model from the same date; make the "
+                "windows of one date disjoint",
+            )
+    return None
+
+
 def price_save(*, price: ModelPrice, by_admin: bool = True) -> None:
     """Save an added or edited price row (an edit is marked so sync_prices keeps it) and
-    reprice what its old and new model patterns cover."""
+    reprice what its old and new model patterns cover. PriceError, nothing saved, for a
+    window `price_window_fault` refuses."""
     with transaction.atomic():
+        fault = price_window_fault(
+            provider=price.provider,
+            model=price.model,
+            effective_from=price.effective_from,
+            window_start=price.window_start,
+            window_end=price.window_end,
+            pk=price.pk,
+        )
+        if fault is not None:
+            raise fault
         matches = [PriceMatch(model=price.model, regex=price.model_regex)]
         if price.pk is not None:
             old = (

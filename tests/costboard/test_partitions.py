@@ -23,7 +23,6 @@ from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.trace import Tracer
 
 from costboard import partitions, tasks
-from costboard.budgets.retention import retention_sweep
 from costboard.models import DailyRollup, Session, Step
 from costboard.partitions import (
     DEFAULT_PARTITION,
@@ -32,6 +31,7 @@ from costboard.partitions import (
     step_partitions_ahead,
     step_partitions_ensure,
 )
+from costboard.retention import retention_sweep
 from tests.conftest import Agent, make_agent, run_in_threads
 from tests.otlp_spans import CHAT, PROTOBUF, span, spans_of
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from costboard.env import env_bool, env_decimal, env_fraction, env_int
+from costboard.settings import env_bool, env_decimal, env_fraction, env_int
 
 pytestmark = pytest.mark.slow
 

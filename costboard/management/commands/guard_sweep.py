@@ -8,11 +8,11 @@ from django.db import close_old_connections
 from django.utils import timezone
 
 from costboard.budgets.period_ledgers import period_forecast_sweep
-from costboard.budgets.retention import retention_sweep
 from costboard.budgets.sweep import runaway_sweep
 from costboard.hooks import hourly_run
 from costboard.outbox import outbox_dispatch
 from costboard.partitions import step_partitions_ahead, step_statistics_refresh
+from costboard.retention import retention_sweep
 
 RETENTION_EVERY_S = 3600
 OUTBOX_EVERY_S = 1.0

@@ -33,16 +33,12 @@ from django.db import transaction
 from django.test import Client
 from django.utils import timezone
 
-from costboard.budgets.alerts import (
-    DISPATCH,
+from costboard.budgets.alert_messages import (
     SIGNATURE_TOLERANCE_SECONDS,
-    _claim,
-    alert_addresses,
     alert_headline,
-    alerts_dispatch,
-    announce,
     verify_signature,
 )
+from costboard.budgets.alerts import DISPATCH, _claim, alert_addresses, alerts_dispatch, announce
 from costboard.budgets.engine import Flag
 from costboard.budgets.services import session_flag_runaway, session_recheck
 from costboard.models import (

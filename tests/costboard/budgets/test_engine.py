@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -27,7 +28,11 @@ from costboard.budgets.engine import (
     Ledger,
     Spend,
     budget_decide,
+    limits_reached,
+    reached,
+    threshold_state,
 )
+from costboard.budgets.periods import PeriodLimits
 
 T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
 CAPS = Caps(token_cap=1000, cost_cap_usd=Decimal("1.00"), warn_at_pct=Decimal("0.8"))
@@ -160,6 +165,74 @@ def test_spends_summed_by_the_caller_decide_the_same(
     summed = (sum(s.tokens for s in spends), sum((s.cost_usd for s in spends), Decimal(0)))
     assert budget_decide(ledger=ledger, limits=CAPS, spends=spends, at=T0) == budget_decide(
         ledger=ledger, limits=CAPS, spends=list(reversed(spends)), added=summed, at=T0
+    )
+
+
+# --- the one threshold rule: a session's caps and a period budget's limits ---------------
+
+
+def test_a_total_reaches_a_limit_at_it_and_at_a_share_of_it() -> None:
+    assert not reached(999, 1000) and reached(1000, 1000) and reached(1001, 1000)
+    assert not reached(799, 1000, Decimal("0.8")) and reached(800, 1000, Decimal("0.8"))
+    assert reached(Decimal("1.00"), Decimal("1.00")) and not reached(Decimal("0.99"), Decimal(1))
+    assert not reached(10**12, None)  # no such limit: never reached
+    assert limits_reached(0, Decimal("1.00"), 1000, Decimal("1.00"))  # either total
+    assert not limits_reached(999, Decimal("0.99"), 1000, Decimal("1.00"))
+    assert not limits_reached(10**9, Decimal(10**9), None, None)
+
+
+@pytest.mark.parametrize(
+    ("tokens", "cost", "state"),
+    [
+        (0, "0", OK),
+        (799, "0.79", OK),
+        (800, "0", WARNING),  # warn × the token cap
+        (0, "0.80", WARNING),  # warn × the cost cap
+        (1000, "0", EXHAUSTED),
+        (0, "1.00", EXHAUSTED),
+        (5000, "9", EXHAUSTED),  # exhausted wins over warned
+    ],
+)
+def test_the_state_the_totals_put_a_budget_in(tokens: int, cost: str, state: str) -> None:
+    assert threshold_state(CAPS, tokens, Decimal(cost)) == state
+    limits = PeriodLimits(token_limit=1000, cost_limit_usd=Decimal("1.00"), warn_at=Decimal("0.8"))
+    assert threshold_state(limits, tokens, Decimal(cost)) == state
+
+
+@given(
+    tokens=st.integers(0, 3000),
+    cost=st.decimals(0, 3, places=2),
+    token_limit=st.integers(1, 2000),
+    cost_limit=st.decimals("0.01", 2, places=2),
+    warn=st.decimals("0.01", 1, places=2),
+)
+def test_session_caps_and_period_limits_answer_as_the_one_rule(
+    tokens: int, cost: Decimal, token_limit: int, cost_limit: Decimal, warn: Decimal
+) -> None:
+    caps = Caps(token_cap=token_limit, cost_cap_usd=cost_limit, warn_at_pct=warn)
+    limits = PeriodLimits(token_limit=token_limit, cost_limit_usd=cost_limit, warn_at=warn)
+    warned = tokens >= warn * token_limit or cost >= warn * cost_limit
+    exhausted = tokens >= token_limit or cost >= cost_limit
+    assert caps.warned(tokens, cost) == limits.warned(tokens, cost) == warned
+    assert caps.exhausted(tokens, cost) == limits.exhausted(tokens, cost) == exhausted
+    # a period budget may leave a limit out: the other one alone decides
+    tokens_only = PeriodLimits(token_limit=token_limit, cost_limit_usd=None, warn_at=warn)
+    assert tokens_only.exhausted(tokens, cost) == (tokens >= token_limit)
+
+
+def test_a_ledger_is_read_from_a_row_a_mapping_or_a_ledger_row_without_runaway_fields() -> None:
+    stored = Ledger(
+        tokens_used=5, cost_usd=Decimal("0.5"), state=WARNING, warned_at=T0, runaway_at=T0,
+        runaway_reason="burn", acknowledged_at=T0,
+    )  # fmt: skip
+    assert Ledger.of(stored) == stored  # a Session reads the same way: by these names
+    as_mapping = {f: getattr(stored, f) for f in stored.__slots__}
+    assert Ledger.of(as_mapping) == stored  # ingest's row
+    period = SimpleNamespace(
+        tokens_used=5, cost_usd=Decimal("0.5"), state=EXHAUSTED, warned_at=T0, exhausted_at=T0
+    )  # a PeriodLedger: no runaway
+    assert Ledger.of(period) == Ledger(
+        tokens_used=5, cost_usd=Decimal("0.5"), state=EXHAUSTED, warned_at=T0, exhausted_at=T0
     )
 
 

@@ -17,7 +17,7 @@ from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
-from costboard.budgets.alerts import alert_payload
+from costboard.budgets.alert_messages import alert_payload
 from costboard.budgets.period_ledgers import period_forecast_sweep
 from costboard.budgets.periods import members_nearest_limit, period_bounds
 from costboard.models import AlertDelivery, ApiKey, BudgetEvent, PeriodBudget, PeriodLedger, Step

@@ -13,9 +13,9 @@ from django.core.management import call_command
 from django.db.models import Sum
 
 from costboard import tasks
-from costboard.budgets.retention import retention_sweep
 from costboard.budgets.sweep import runaway_sweep
 from costboard.models import BudgetEvent, DailyRollup, IdempotentRequest, Session, Step, Turn
+from costboard.retention import retention_sweep
 from tests.conftest import Agent, make_agent, run_in_threads
 from tests.waiting import wait_until
 

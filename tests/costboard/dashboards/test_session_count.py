@@ -12,9 +12,9 @@ from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
-from costboard.budgets.retention import retention_sweep
 from costboard.models import Session
 from costboard.projects import sessions_tally_check
+from costboard.retention import retention_sweep
 from tests.conftest import Agent, make_agent
 
 pytestmark = pytest.mark.django_db

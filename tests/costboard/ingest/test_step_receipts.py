@@ -17,9 +17,9 @@ from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 from django.db.models import Sum
 
-from costboard.budgets.retention import retention_sweep
 from costboard.models import DailyRollup, Session, Step, StepReceipt
 from costboard.partitions import partitioned, step_partition_drop, step_partitions_ensure
+from costboard.retention import retention_sweep
 from tests.conftest import Agent, add_price, make_agent, run_in_threads, usd
 
 JAN_31 = datetime(2026, 1, 31, 23, 59, 30, tzinfo=UTC)

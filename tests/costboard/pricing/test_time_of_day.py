@@ -12,10 +12,10 @@ import pytest
 from django.core.management import call_command
 from django.test import Client
 
-from costboard.models import DailyRollup, ModelPrice, Session, Step
+from costboard.models import DailyRollup, ModelPrice, OutboxItem, Session, Step
 from costboard.outbox import outbox_dispatch
 from costboard.pricing.rates import forget_rate_table, rate_table, windows_overlap
-from costboard.pricing.services import price_save
+from costboard.pricing.services import PriceError, price_save
 from costboard.pricing.sync import prices_sync
 from tests.conftest import Agent, add_price, usd
 from tests.costboard.pricing.test_repricing import assert_rollups_match_steps
@@ -277,6 +277,44 @@ def test_the_admin_refuses_a_bad_window_naming_the_field(
     assert field in errors, errors
     assert any(message in e for e in errors[field]), errors
     assert ModelPrice.objects.filter(model="test-tod").count() == 2
+
+
+WINDOW_FAULTS = [
+    (time(1), None, "window_end", "set both window start and window end"),
+    (None, time(4), "window_start", "set both window start and window end"),
+    (time(1), time(1), "window_end", "must differ from window start"),
+    (time(21), time(23), "window_start", "overlaps the 22:00–06:00 UTC window"),
+    (time(5), time(7), "window_start", "overlaps the 22:00–06:00 UTC window"),
+]
+
+
+@pytest.mark.parametrize(("start", "end", "field", "message"), WINDOW_FAULTS)
+def test_the_price_service_refuses_a_bad_window_as_the_admin_does(
+    db: None, start: time | None, end: time | None, field: str, message: str
+) -> None:
+    """The rule is the service's: a caller that is not the admin's form meets it too."""
+    windowed_series()
+    price = ModelPrice(
+        provider="testco", model="test-tod", source=ModelPrice.Source.MANUAL,
+        input_mtok=Decimal(5), window_start=start, window_end=end,
+    )  # fmt: skip
+    with pytest.raises(PriceError) as raised:
+        price_save(price=price)
+    assert (raised.value.field, message in raised.value.message) == (field, True)
+    assert ModelPrice.objects.filter(model="test-tod").count() == 2  # nothing stored
+    assert not OutboxItem.objects.exists()  # nor a repricing queued
+
+
+def test_the_price_service_lets_a_window_move_past_its_own_old_place(db: None) -> None:
+    _, night = windowed_series()
+    night.window_start, night.window_end = time(23), time(5)  # inside its old self: no overlap
+    price_save(price=night)
+    beside = ModelPrice(
+        provider="testco", model="test-tod", source=ModelPrice.Source.MANUAL,
+        input_mtok=Decimal(5), window_start=time(6), window_end=time(9),
+    )  # fmt: skip
+    price_save(price=beside)  # 06:00 is where the night window ends: they share no time
+    assert ModelPrice.objects.filter(model="test-tod").count() == 3
 
 
 def test_a_window_added_in_the_admin_reprices_the_steps_inside_it(
