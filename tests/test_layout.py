@@ -231,6 +231,7 @@ INGEST_LAYERS = [
     ["costboard.ingest.plan"],
     [
         "costboard.ingest.sql",
+        "costboard.ingest.json_body",
         "costboard.ingest.schemas",
         "costboard.ingest.turn_rules",
         "costboard.ingest.normalize",
