@@ -1,13 +1,13 @@
 """The sums ingest adds to rows that many batches share: the daily rollups (by model, by
-user, by tag), the latency histograms, each session's per-model usage and the project's ingest
-tally. Each is one upsert that adds to what is stored, so concurrent batches lose no count;
-the hottest ones are built before the transaction and run last, back to back, to hold their
-locks briefly (costboard/ingest/service.py)."""
+user, by tag), the latency histograms and each session's per-model usage (the project's ingest
+tally, run with them, is costboard/projects.py's). Each is one upsert that adds to what is
+stored, so concurrent batches lose no count; the hottest ones are built before the transaction
+and run last, back to back, to hold their locks briefly (costboard/ingest/service.py)."""
 
 from __future__ import annotations
 
 from collections import defaultdict
-from datetime import UTC, date, datetime
+from datetime import date
 from functools import lru_cache
 from typing import Any
 
@@ -16,7 +16,6 @@ from costboard.ingest.plan import PricedStep, Totals, step_tags
 from costboard.ingest.sql import USAGE, USD_PICO, Column, Dialect, Statement
 from costboard.models import (
     DailyRollup,
-    IngestTally,
     LatencyRollup,
     Project,
     SessionModelUsage,
@@ -37,9 +36,6 @@ MODEL_USAGE_TABLE = SessionModelUsage._meta.db_table
 
 
 LATENCY_TABLE = LatencyRollup._meta.db_table
-
-
-TALLY_TABLE = IngestTally._meta.db_table
 
 
 _ROLLUP_COLUMNS: list[Column] = [
@@ -257,30 +253,4 @@ def _latency_statement(sql: Dialect, project: Project, steps: list[PricedStep]) 
             calls = {LATENCY_TABLE}.calls + excluded.calls
         """,
         [*params, project.pk],
-    )
-
-
-def tally_statement(
-    sql: Dialect,
-    project: Project,
-    now: datetime,
-    accepted: int,
-    duplicates: int,
-    sessions_made: int,
-) -> Statement:
-    """Add the batch's events (/metrics) and the sessions it made (the project's count of
-    sessions) to the project's tally of the day, in SQL so concurrent batches lose no count; in
-    ingest's transaction, so a batch rolled back (a whole OTLP request, an idempotent retry
-    racing its twin) is not counted. The row is one every batch of the project writes anyway,
-    last, held only to the commit: counting sessions here locks nothing more."""
-    return (
-        f"""
-        INSERT INTO {TALLY_TABLE} (project_id, day, accepted, duplicates, refused, sessions_made)
-        VALUES (%s, %s, %s, %s, 0, %s)
-        ON CONFLICT (project_id, day) DO UPDATE SET
-            accepted = {TALLY_TABLE}.accepted + excluded.accepted,
-            duplicates = {TALLY_TABLE}.duplicates + excluded.duplicates,
-            sessions_made = {TALLY_TABLE}.sessions_made + excluded.sessions_made
-        """,
-        [project.pk, sql.day(now.astimezone(UTC).date()), accepted, duplicates, sessions_made],
     )

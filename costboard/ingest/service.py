@@ -43,7 +43,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from django.db import connection, transaction
@@ -71,7 +71,6 @@ from costboard.ingest.rollups import (
     attribution_statements,
     hot_statements,
     model_usage_upsert,
-    tally_statement,
 )
 from costboard.ingest.schemas import Event, SessionEvent, StepEvent, TurnEvent
 from costboard.ingest.sql import Dialect, ingest_settings
@@ -81,6 +80,7 @@ from costboard.ingest.writes.steps import steps_insert
 from costboard.ingest.writes.turns import turns_ensure, turns_update
 from costboard.models import BudgetEvent, PeriodBudget, PeriodLedger, Project, Session
 from costboard.partitions import step_partitions_cover
+from costboard.projects import ingest_tally_statement
 
 
 @dataclass
@@ -157,7 +157,16 @@ def events_ingest(
         users = _users_of(rows, sessions)
         hot += attribution_statements(sql, project, inserted, users, session_tags)
         accepted = len(others) - dup_others + len(inserted)
-        hot.append(tally_statement(sql, project, now, accepted, duplicates, sessions_made))
+        day = now.astimezone(UTC).date()
+        hot.append(
+            ingest_tally_statement(
+                project.pk,
+                day,
+                accepted=accepted,
+                duplicates=duplicates,
+                sessions_made=sessions_made,
+            )
+        )
         for statement, params in hot:
             cursor.execute(statement, params)
         # last: the ledger rows a project's batches share are held only until the commit
