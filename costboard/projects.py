@@ -2,7 +2,8 @@
 revoked in the admin, a key's use noted when the API resolves it to its project (a key is
 issued by `ApiKey.issue`: shown once, only its hash stored); and sessions deleted in the
 admin, their projects' count of sessions kept; and the per-day tally of events each project
-had stored, replayed and refused (`ingest_tally`, read by /metrics)."""
+had stored, replayed and refused (`ingest_tally`, read by /metrics; ingest's own count runs in
+its transaction, as `ingest_tally_statement`): every write of that tally is here."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import logging
 from collections import Counter
 from datetime import UTC, date, datetime, timedelta
 from functools import lru_cache
+from typing import Any
 
 from django.db import connection, transaction
 from django.utils import timezone
@@ -61,6 +63,33 @@ def ingest_tally(
                 sessions_deleted,
             ],
         )
+
+
+def ingest_tally_statement(
+    project_id: int, day: date, *, accepted: int, duplicates: int, sessions_made: int
+) -> tuple[str, list[Any]]:
+    """Add the batch's events (/metrics) and the sessions it made (the project's count of
+    sessions) to the project's tally of the day, in SQL so concurrent batches lose no count; in
+    ingest's transaction, so a batch rolled back (a whole OTLP request, an idempotent retry
+    racing its twin) is not counted. The row is one every batch of the project writes anyway,
+    last, held only to the commit: counting sessions here locks nothing more."""
+    return (
+        f"""
+        INSERT INTO {_TALLY} (project_id, day, accepted, duplicates, refused, sessions_made)
+        VALUES (%s, %s, %s, %s, 0, %s)
+        ON CONFLICT (project_id, day) DO UPDATE SET
+            accepted = {_TALLY}.accepted + excluded.accepted,
+            duplicates = {_TALLY}.duplicates + excluded.duplicates,
+            sessions_made = {_TALLY}.sessions_made + excluded.sessions_made
+        """,
+        [
+            project_id,
+            connection.ops.adapt_datefield_value(day),
+            accepted,
+            duplicates,
+            sessions_made,
+        ],
+    )
 
 
 def api_keys_revoke(*, key_ids: list[int], at: datetime) -> int:

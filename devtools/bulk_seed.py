@@ -33,7 +33,7 @@ from django.utils import timezone
 
 from costboard.budgets.caps import CapsMemo
 from costboard.ingest.latency import latency_bucket
-from costboard.ingest.service import USAGE_COLUMNS
+from costboard.ingest.sql import USAGE_COLUMNS
 from costboard.ingest.turn_rules import TurnStreaks, step_signature
 from costboard.models import (
     SYSTEM_SESSION_ID,
@@ -249,7 +249,7 @@ class Priced:
 
 
 class Pricer:
-    """Ingest's pricing (service._step) of the templates, once per template and price row:
+    """Ingest's pricing (plan._step) of the templates, once per template and price row:
     the row is looked up per step (rate_at: a bisect), the arithmetic is not repeated."""
 
     def __init__(self, templates: list[Usage], table: RateTable) -> None:

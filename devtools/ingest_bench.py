@@ -686,7 +686,7 @@ def _verify_sessions(project: Project, sent: Sent) -> list[str]:
 
 def _step_columns() -> list[str]:
     """The step table's columns as the ingest INSERT writes them (project_id first)."""
-    from costboard.ingest.service import STEP_COLUMN_NAMES
+    from costboard.ingest.writes.steps import STEP_COLUMN_NAMES
 
     return ["project_id", *STEP_COLUMN_NAMES]
 

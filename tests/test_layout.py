@@ -235,3 +235,30 @@ def test_a_loop_between_packages_is_seen_though_no_module_loops() -> None:
     graph = {"app.a.x": {"app.b.y"}, "app.b.y": set(), "app.b.z": {"app.a.w"}, "app.a.w": set()}
     assert cycles(graph) == []
     assert cycles(package_graph(graph, names)) == [["app.a", "app.b"]]
+
+
+# The ingest path's own order (docs/architecture.md, "The path of one event"): the orchestrator
+# over the writes and the shared sums, over the plan, over the SQL dialect and the schemas.
+INGEST_LAYERS = [
+    ["costboard.ingest.service", "costboard.ingest.otlp"],
+    ["costboard.ingest.rollups", "costboard.ingest.writes"],
+    ["costboard.ingest.plan"],
+    [
+        "costboard.ingest.sql",
+        "costboard.ingest.json_body",
+        "costboard.ingest.schemas",
+        "costboard.ingest.turn_rules",
+        "costboard.ingest.normalize",
+        "costboard.ingest.latency",
+    ],
+]
+
+
+def test_the_ingest_path_keeps_its_order() -> None:
+    graph = {
+        name: {t for t in targets if t.startswith("costboard.ingest.")}
+        for name, targets in import_graph().items()
+        if name.startswith("costboard.ingest.")
+    }
+    assert "costboard.ingest.writes.sessions" in graph["costboard.ingest.service"]  # control
+    assert layer_breaches(graph, INGEST_LAYERS) == []

@@ -21,8 +21,8 @@ from pydantic.json_schema import JsonSchemaMode
 from costboard.api.boundary import MAX_QUERY_STRING, Operation, Reply, operations_of
 from costboard.api.encoding import HEADER as ENCODING_HEADER
 from costboard.api.schemas import Errors
+from costboard.ingest.json_body import MAX_DEPTH
 from costboard.ingest.otlp import PROTOBUF
-from costboard.ingest.schemas import MAX_DEPTH
 
 REF = "#/components/schemas/{model}"
 # Django's `str` converter: one path segment

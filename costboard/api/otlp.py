@@ -27,6 +27,7 @@ from pydantic import ValidationError
 from costboard.api.boundary import ApiError, ApiRequest, Operation, Reply, endpoint
 from costboard.api.failures import RETRY_AFTER_SECONDS, database_outage
 from costboard.api.schemas import ExportTraceServiceRequest, ExportTraceServiceResponse, RpcStatus
+from costboard.ingest.json_body import bad_text
 from costboard.ingest.otlp import (
     MAX_SPANS,
     PROTOBUF,
@@ -45,10 +46,10 @@ from costboard.ingest.schemas import (
     Event,
     SessionEvent,
     StepEvent,
-    bad_text,
     validation_errors,
 )
-from costboard.ingest.service import events_ingest, ingest_settings, step_months_ready
+from costboard.ingest.service import events_ingest, step_months_ready
+from costboard.ingest.sql import ingest_settings
 from costboard.models import Project, Session, Step, Turn
 from costboard.projects import ingest_tally
 

@@ -4,16 +4,14 @@
 event's index, the field and what to send instead. The same models make the OpenAPI
 document (costboard/api/openapi.py), so what it says is what this accepts.
 
-Also here, for every JSON body of the API: `json_loads` (UTF-8 only, no NaN, a whole JSON
-number such as 100.0 read as the integer JSON Schema says it is) and the limits PostgreSQL or
-Python would otherwise fail on (docs/api.md, "Limits"): no NUL or unpaired surrogate in text,
-objects nested at most 32 deep.
+Also here, for every JSON body of the API: its errors said as what to send instead
+(`friendly`, `validation_errors`, `BatchError`). How a body is read and what text it may hold
+is in costboard/ingest/json_body.py.
 """
 
 from __future__ import annotations
 
 import difflib
-import json
 import re
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -33,13 +31,16 @@ from pydantic import (
     field_validator,
 )
 
+from costboard.ingest.json_body import MAX_DEPTH, bad_text, json_loads, may_hold_bad_text, too_deep
+
+# memory_ui/schemas.py still imports text_fault from here (memory_ui is another room's to move)
+from costboard.ingest.json_body import text_fault as text_fault
 from costboard.ingest.normalize import Tokens, UsageError, normalize_usage
 
 MAX_EVENTS = 1000
 MAX_BODY_BYTES = 5 * 1024 * 1024
 MAX_TOKENS = 10**12
 MAX_TURN = 2**31 - 1  # the turn number's column is a 32-bit integer
-MAX_DEPTH = 32  # docs/api.md, "Limits": metadata, context and usage nest at most this deep
 MAX_MILLISECONDS = 2**31 - 1  # the step's duration column: about 24.8 days
 # Years outside these are typing mistakes, and near Python's year 1 and 9999 the conversion
 # to UTC (or a period's end) would overflow.
@@ -307,103 +308,6 @@ class EventsBody(RootModel[AnyEvent | Batch | EventList]):
             ]
         }
     )
-
-
-# --- JSON bodies ------------------------------------------------------------------------------
-
-
-def json_number(text: str) -> int | Decimal:
-    """A JSON number with a fraction or an exponent: exact, as Decimal, never a float; a whole
-    one (100.0, 1e3) as int, since JSON Schema's "integer" includes it."""
-    if text[-1] != "0" and "e" not in text and "E" not in text and len(text) < 300:
-        return Decimal(text)  # the common 2310.5: a last digit that is not 0 is a fraction
-    number = Decimal(text)
-    if number.adjusted() > 308:
-        raise ValueError(f"the number {text[:24]} is beyond ±1e308, the range JSON parsers share")
-    if number == number.to_integral_value():
-        return int(number)
-    return number
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON: send a number or null")
-
-
-def json_loads(body: bytes) -> Any:
-    """A JSON body as Python: UTF-8 only (RFC 8259; json.loads would also take CESU-8
-    surrogates and UTF-16), numbers as json_number. ValueError if malformed; RecursionError
-    if nested past what Python parses."""
-    return json.loads(body.decode("utf-8"), parse_float=json_number, parse_constant=_no_constant)
-
-
-# NUL (PostgreSQL text and jsonb refuse it) or a surrogate, escaped: cheap to look for in the
-# body, so the walk that finds which field has one runs only when the body has one.
-_SUSPECT_ESCAPE = re.compile(r"\\u(?:0000|[dD][89abAB][0-9a-fA-F]{2}|[dD][c-fC-F][0-9a-fA-F]{2})")
-# after json.loads, valid surrogate pairs are one code point: any surrogate left is unpaired
-_BAD_CHAR = re.compile("[\x00\ud800-\udfff]")
-
-
-def may_hold_bad_text(body: str | bytes) -> bool:
-    text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
-    return _SUSPECT_ESCAPE.search(text) is not None
-
-
-def bad_text(value: Any, path: str = "") -> tuple[str, str] | None:
-    """The first string (key or value) in `value` with a NUL or an unpaired surrogate: its
-    dotted path and what to fix; None if there is none."""
-    stack: list[tuple[Any, str]] = [(value, path)]
-    while stack:
-        item, where = stack.pop()
-        if isinstance(item, str):
-            found = _BAD_CHAR.search(item)
-            if found is not None:
-                return where or "body", _bad_char_message(found.group())
-        elif isinstance(item, dict):
-            for key, child in item.items():
-                in_key = _BAD_CHAR.search(key)
-                if in_key is not None:
-                    return where or "body", "a key " + _bad_char_message(in_key.group())
-                stack.append((child, f"{where}.{key}" if where else key))
-        elif isinstance(item, list):
-            stack.extend(
-                (child, f"{where}.{n}" if where else str(n)) for n, child in enumerate(item)
-            )
-    return None
-
-
-def text_fault(text: str) -> str | None:
-    """What is wrong with `text` for PostgreSQL (NUL, an unpaired surrogate), or None."""
-    found = _BAD_CHAR.search(text)
-    return None if found is None else _bad_char_message(found.group())
-
-
-def _bad_char_message(char: str) -> str:
-    if char == "\x00":
-        return "must not contain NUL (\\u0000): remove it"
-    return (
-        f"has an unpaired surrogate (\\u{ord(char):04x}): send valid UTF-8, or \\ud83d\\ude00 "
-        "pairs in JSON escapes"
-    )
-
-
-def too_deep(value: Any, limit: int = MAX_DEPTH) -> bool:
-    """Whether objects and arrays nest more than `limit` levels in `value` (itself level 1)."""
-    for child in value.values() if type(value) is dict else value:
-        if type(child) is dict or type(child) is list:
-            break
-    else:
-        return False  # the usual flat object, without building a level
-    level: list[Any] = [value]
-    for _ in range(limit):
-        level = [
-            child
-            for item in level
-            for child in (item.values() if type(item) is dict else item)
-            if type(child) is dict or type(child) is list
-        ]
-        if not level:
-            return False
-    return True
 
 
 # --- friendly errors --------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Ingest sends each column of a batch as one array (costboard/ingest/service.py, _Dialect.rows):
+"""Ingest sends each column of a batch as one array (costboard/ingest/sql.py, Dialect.rows):
 numbers and plain text as array literals, a column of NULLs as an empty array unnest pads,
 the rest in binary. Whatever way a column goes, what is stored is exactly what was sent."""
 

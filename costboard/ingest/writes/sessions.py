@@ -1,0 +1,394 @@
+"""A batch's sessions: made where missing and locked in key order (`sessions_lock`), then
+written once with the inserted steps' sums and the budget engine's decision
+(`sessions_update`), which returns them as the budget answer reads them (`SessionNow`)."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from decimal import Context, Decimal
+from typing import Any
+
+from django.db import connection
+from django.db.models import Field
+from django.utils import timezone
+
+from costboard.budgets.caps import CapsOf
+from costboard.budgets.engine import Flag, Ledger, budget_decide
+from costboard.budgets.services import budget_events_of
+from costboard.ingest.plan import PricedStep, SessionTouch, steps_sum
+from costboard.ingest.sql import USAGE, USAGE_COLUMNS, Column, Dialect, json_text
+from costboard.models import SYSTEM_SESSION_ID, BudgetEvent, Project, Session
+from costboard.money import pico_usd
+
+SESSION_TABLE = Session._meta.db_table
+
+
+def sessions_lock(
+    cursor: Any, sql: Dialect, project: Project, sessions: dict[str, SessionTouch]
+) -> tuple[dict[str, dict[str, Any]], int]:
+    """Create the missing sessions, lock all touched ones and return their current state (and
+    how many this batch made: another batch may have made some by now): an insert that skips
+    the existing ones, then a locking read. A session is written once a
+    batch, by sessions_update (an upsert here would write every row twice, with an entry in
+    each of its indexes each time). Deadlock-free: the insert locks nothing that exists, and
+    both go in key order (locking the existing first and inserting the missing after would
+    let two batches each hold what the other waits for). On PostgreSQL an unlocking read
+    first finds which are missing, so a batch of sessions that all exist (most batches) skips
+    the insert: it locks nothing, so the order above still holds."""
+    if not sessions:
+        return {}, 0
+    ordered = sorted(sessions.values(), key=lambda s: s.key)
+    keys = [touch.key for touch in ordered]
+    missing = ordered
+    if sql.postgres:
+        array, param = sql.text_array(keys)
+        cursor.execute(
+            f"SELECT external_id FROM {SESSION_TABLE}"
+            f" WHERE project_id = %s AND external_id = ANY({array})",
+            [project.pk, param],
+        )
+        found = {row[0] for row in cursor.fetchall()}
+        missing = [touch for touch in ordered if touch.key not in found]
+    made = _sessions_insert(cursor, sql, project, missing) if missing else 0
+    # a statement of its own: its snapshot sees the sessions another batch just made
+    return _sessions_locked(cursor, sql, project, keys), made
+
+
+def _sessions_insert(
+    cursor: Any, sql: Dialect, project: Project, ordered: list[SessionTouch]
+) -> int:
+    """Insert these sessions (in key order), skipping any that exist by now, empty; return
+    how many it inserted."""
+    with_v, params = sql.rows(
+        [("external_id", "text"), ("started_at", "timestamptz"), ("last_active_at", "timestamptz")],
+        [[touch.key, sql.dt(touch.first), sql.dt(touch.last)] for touch in ordered],
+    )
+    cursor.execute(
+        f"""
+        {with_v}
+        INSERT INTO {SESSION_TABLE} (project_id, external_id, started_at, last_active_at, metadata)
+        SELECT %s, v.external_id, v.started_at, v.last_active_at, '{{}}' FROM v WHERE true
+        ON CONFLICT (project_id, external_id) DO NOTHING
+        """,
+        [*params, project.pk],
+    )
+    if sql.postgres:
+        return int(cursor.rowcount)
+    cursor.execute("SELECT changes()")  # sqlite3 gives no rowcount for a statement led by WITH
+    return int(cursor.fetchone()[0])
+
+
+def _sessions_locked(
+    cursor: Any, sql: Dialect, project: Project, keys: list[str]
+) -> dict[str, dict[str, Any]]:
+    """These sessions, locked in key order, as sessions_lock returns them."""
+    columns = """s.id, s.external_id, s.token_cap, s.cost_cap_usd, s.input_tokens,
+        s.output_tokens, s.cost_usd, s.state, s.warned_at, s.exhausted_at, s.runaway_at,
+        s.runaway_reason, s.acknowledged_at, s.metadata, s.tags, s.user_id, s.families"""
+    if sql.postgres:
+        # The keys as an index condition on (project, external_id): no join for the planner
+        # to get wrong (with a project's size underestimated, it joined every one of its
+        # sessions to every key).
+        array, param = sql.text_array(keys)
+        cursor.execute(
+            f"""
+            SELECT {columns} FROM {SESSION_TABLE} s
+            WHERE s.project_id = %s AND s.external_id = ANY({array})
+            ORDER BY s.external_id {sql.for_update("s")}
+            """,
+            [project.pk, param],
+        )
+    else:
+        with_v, params = sql.rows([("external_id", "text")], [[key] for key in keys])
+        cursor.execute(
+            f"""
+            {with_v}
+            SELECT {columns} FROM {SESSION_TABLE} s JOIN v ON s.external_id = v.external_id
+            WHERE s.project_id = %s ORDER BY s.external_id
+            """,
+            [*params, project.pk],
+        )
+    rows = {}
+    for row in cursor.fetchall():
+        (id_, key, token_cap, cost_cap, inp, out, cost, state, warned, exhausted) = row[:10]
+        runaway, runaway_reason, acknowledged, meta, tags, user_id, families = row[10:]
+        rows[key] = {
+            "id": id_,
+            "token_cap": token_cap,
+            "cost_cap_usd": _as_decimal(cost_cap),
+            "tokens_used": inp + out,
+            "cost_usd": _as_decimal(cost),
+            "state": state,
+            "warned_at": _as_dt(warned),
+            "exhausted_at": _as_dt(exhausted),
+            "runaway_at": _as_dt(runaway),
+            "runaway_reason": runaway_reason,
+            "acknowledged_at": _as_dt(acknowledged),
+            "metadata": _json_object(meta),
+            "tags": _json_object(tags),
+            "user_id": user_id or "",
+            "families": _json_object(families),
+        }
+    return rows
+
+
+def _json_object(value: Any) -> dict[str, Any]:
+    """A jsonb object column read by a raw cursor (text: Django reads jsonb unparsed); most
+    sessions' metadata and tags are empty."""
+    if not value or value == "{}":
+        return {}
+    return json.loads(value) if isinstance(value, str) else dict(value)
+
+
+_SQLITE_DIGITS = Context(prec=15)
+
+
+def _as_decimal(value: Any) -> Decimal | None:
+    """A numeric column read by a raw cursor: Decimal from PostgreSQL; from SQLite a float
+    (15 significant digits, as Django's own converter reads it) or an int."""
+    if value is None or isinstance(value, Decimal):
+        return value
+    if isinstance(value, float):
+        return _SQLITE_DIGITS.create_decimal_from_float(value)
+    return Decimal(value)
+
+
+def _as_dt(value: Any) -> datetime | None:
+    if value is None or isinstance(value, datetime):
+        return value
+    parsed = datetime.fromisoformat(str(value))
+    return parsed if parsed.tzinfo else timezone.make_aware(parsed, UTC)
+
+
+_SESSION_UPDATE_COLUMNS: list[Column] = [
+    ("id", "bigint"),
+    ("started_at", "timestamptz"),
+    ("last_active_at", "timestamptz"),
+    *USAGE,
+    ("d_steps", "integer"),
+    ("d_errors", "integer"),
+    ("d_turns", "integer"),
+    ("token_cap", "bigint"),
+    ("cost_cap_usd", "numeric"),
+    ("parent_id", "bigint"),
+    ("user_id", "text"),
+    ("ended_at", "timestamptz"),
+    ("metadata", "text"),
+    ("tags", "text"),
+    ("families", "text"),
+    ("state", "text"),
+    ("warned_at", "timestamptz"),
+    ("exhausted_at", "timestamptz"),
+    ("runaway_at", "timestamptz"),
+    ("runaway_reason", "text"),
+]
+
+
+def sessions_update(
+    cursor: Any,
+    sql: Dialect,
+    project: Project,
+    rows: dict[str, dict[str, Any]],
+    sessions: dict[str, SessionTouch],
+    inserted: list[PricedStep],
+    now: datetime,
+    runaways: dict[str, Flag],
+    caps_of: CapsOf,
+    new_turns: dict[str, int],
+) -> tuple[list[BudgetEvent], list[SessionNow]]:
+    """Add the steps' sums (and `new_turns`, the turns the batch made, by session) to each
+    touched session, and apply what the budget engine decides of its budget (its state,
+    crossings and runaway flag): the session's one write of the batch. Return the crossings
+    to record and the sessions as they now are (for their budgets).
+
+    The rows were locked by sessions_lock, so the ledger read there is current: the engine's
+    outcome is written as it is, and each crossing is decided exactly once.
+    """
+    if not sessions:
+        return [], []
+    by_session: dict[str, list[PricedStep]] = defaultdict(list)
+    for step in inserted:
+        by_session[step.session_key].append(step)
+
+    values: list[list[Any]] = []
+    crossings: list[BudgetEvent] = []
+
+    for key in sorted(sessions):
+        touch = sessions[key]
+        row = rows[key]
+        new_steps = by_session.get(key, [])
+        counted = steps_sum(new_steps)
+        token_cap = touch.token_cap if touch.token_cap is not None else row["token_cap"]
+        cost_cap = touch.cost_cap_usd if touch.cost_cap_usd is not None else row["cost_cap_usd"]
+        system = key == SYSTEM_SESSION_ID
+        caps = caps_of(token_cap, cost_cap, system)
+        old_caps = None
+        if row["tokens_used"] or row["cost_usd"]:  # caps given before any usage: no change
+            old_caps = caps_of(row["token_cap"], row["cost_cap_usd"], system)
+        outcome = budget_decide(
+            ledger=Ledger(
+                tokens_used=row["tokens_used"],
+                cost_usd=row["cost_usd"],
+                state=row["state"],
+                warned_at=row["warned_at"],
+                exhausted_at=row["exhausted_at"],
+                runaway_at=row["runaway_at"],
+                runaway_reason=row["runaway_reason"],
+                acknowledged_at=row["acknowledged_at"],
+            ),
+            limits=caps,
+            old_limits=old_caps,
+            spends=new_steps,
+            added=(counted[0] + counted[1], pico_usd(counted[9])),
+            flag=runaways.get(key),
+            # a crossing no step caused (a cap given in this batch): the session event's time
+            at=touch.event_at or now,
+            stops_runaways=project.runaway_stops,
+        )
+        crossings += budget_events_of(
+            outcome.crossings, project=project, session_id=row["id"], caps=caps
+        )
+        after = outcome.ledger
+
+        metadata = tags = None
+        if touch.metadata is not None:
+            metadata = json_text({**row["metadata"], **touch.metadata})
+        if touch.tags is not None:
+            tags = json_text({**row["tags"], **touch.tags})
+        families = None
+        known = row["families"]
+        if any(step.family not in known for step in new_steps):
+            met = {step.family: True for step in new_steps}
+            families = json_text(dict(sorted({**known, **met}.items())))
+        parent_id = None
+        if touch.parent_key is not None and touch.parent_key != key:
+            parent_id = rows[touch.parent_key]["id"]
+
+        values.append(
+            [
+                row["id"],
+                sql.dt(touch.first),
+                sql.dt(touch.last),
+                *sql.usage(counted),
+                len(new_steps),
+                counted[10],
+                new_turns.get(key, 0),
+                token_cap,
+                cost_cap,
+                parent_id,
+                touch.user_id,
+                sql.dt(touch.ended_at),
+                metadata,
+                tags,
+                families,
+                after.state,
+                sql.dt(after.warned_at),
+                sql.dt(after.exhausted_at),
+                sql.dt(after.runaway_at),
+                after.runaway_reason[:200],
+            ]
+        )
+
+    with_v, params = sql.rows(_SESSION_UPDATE_COLUMNS, values)
+    sums = ",\n".join(f"{c} = {SESSION_TABLE}.{c} + v.{c}" for c in USAGE_COLUMNS)
+    cursor.execute(
+        f"""
+        {with_v}
+        UPDATE {SESSION_TABLE} SET
+            started_at = {sql.least}({SESSION_TABLE}.started_at, v.started_at),
+            last_active_at = {sql.greatest}({SESSION_TABLE}.last_active_at, v.last_active_at),
+            {sums},
+            step_count = {SESSION_TABLE}.step_count + v.d_steps,
+            error_count = {SESSION_TABLE}.error_count + v.d_errors,
+            turn_count = {SESSION_TABLE}.turn_count + v.d_turns,
+            token_cap = v.token_cap,
+            cost_cap_usd = v.cost_cap_usd,
+            parent_id = COALESCE(v.parent_id, {SESSION_TABLE}.parent_id),
+            user_id = COALESCE(v.user_id, {SESSION_TABLE}.user_id),
+            ended_at = COALESCE(v.ended_at, {SESSION_TABLE}.ended_at),
+            metadata = COALESCE({sql.jsonb("v.metadata")}, {SESSION_TABLE}.metadata),
+            tags = COALESCE({sql.jsonb("v.tags")}, {SESSION_TABLE}.tags),
+            families = COALESCE({sql.jsonb("v.families")}, {SESSION_TABLE}.families),
+            state = v.state,
+            warned_at = v.warned_at,
+            exhausted_at = v.exhausted_at,
+            runaway_at = v.runaway_at,
+            runaway_reason = v.runaway_reason
+        FROM v
+        WHERE {SESSION_TABLE}.id = v.id
+        RETURNING {", ".join(f"{SESSION_TABLE}.{name}" for name in _BUDGET_FIELDS)}
+        """,
+        params,
+    )
+    return crossings, _sessions_read(cursor.fetchall())
+
+
+# What `session_budget` reads of a session.
+_BUDGET_FIELDS = [
+    "external_id",
+    "state",
+    "runaway_at",
+    "input_tokens",
+    "output_tokens",
+    "token_cap",
+    "cost_usd",
+    "cost_cap_usd",
+    "turn_count",
+    "step_count",
+    "warned_at",
+    "exhausted_at",
+]
+
+
+@dataclass(slots=True)
+class SessionNow:
+    """A session's budget fields as the update left them (what `session_budget` reads; a
+    Django instance per session would cost more than the statement)."""
+
+    external_id: str
+    state: str
+    runaway_at: datetime | None
+    input_tokens: int
+    output_tokens: int
+    token_cap: int | None
+    cost_usd: Decimal
+    cost_cap_usd: Decimal | None
+    turn_count: int
+    step_count: int
+    warned_at: datetime | None
+    exhausted_at: datetime | None
+
+    @property
+    def runaway(self) -> bool:
+        return self.runaway_at is not None
+
+    @property
+    def tokens_used(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+
+def _sessions_read(rows: list[tuple[Any, ...]]) -> list[SessionNow]:
+    """Raw rows of _BUDGET_FIELDS as SessionNow: PostgreSQL's come typed; SQLite's are
+    converted as the ORM would (it returns text times and float amounts)."""
+    if connection.vendor == "postgresql":
+        return [SessionNow(*row) for row in rows]
+    readers = []
+    for name in _BUDGET_FIELDS:
+        model_field = Session._meta.get_field(name)
+        assert isinstance(model_field, Field)
+        column = model_field.get_col(SESSION_TABLE)
+        converters = connection.ops.get_db_converters(column)
+        converters += model_field.get_db_converters(connection)
+        readers.append((name, column, converters))
+    sessions = []
+    for row in rows:
+        values = {}
+        for (name, column, converters), value in zip(readers, row, strict=True):
+            for convert in converters:
+                value = convert(value, column, connection)
+            values[name] = value
+        sessions.append(SessionNow(**values))
+    return sessions
