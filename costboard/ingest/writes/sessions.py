@@ -229,16 +229,7 @@ def sessions_update(
         if row["tokens_used"] or row["cost_usd"]:  # caps given before any usage: no change
             old_caps = caps_of(row["token_cap"], row["cost_cap_usd"], system)
         outcome = budget_decide(
-            ledger=Ledger(
-                tokens_used=row["tokens_used"],
-                cost_usd=row["cost_usd"],
-                state=row["state"],
-                warned_at=row["warned_at"],
-                exhausted_at=row["exhausted_at"],
-                runaway_at=row["runaway_at"],
-                runaway_reason=row["runaway_reason"],
-                acknowledged_at=row["acknowledged_at"],
-            ),
+            ledger=Ledger.of(row),
             limits=caps,
             old_limits=old_caps,
             spends=new_steps,
