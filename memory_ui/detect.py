@@ -18,7 +18,7 @@ The write policy:
 - importance (0–1) from explicitness ("remember", "always", "never", "from now on",
   "important", "note that", "make sure"), signal strength (numbers, names, hosts, dates, code)
   and first person for preferences, lowered by hedges ("maybe", "I think"). Repetition is
-  the lead's hook, not modelled here: `services.candidate_propose` merges a re-proposed
+  the lead's hook, not modelled here: `proposals.candidate_propose` merges a re-proposed
   sentence into its memory and raises its importance by `REPETITION_BONUS` each time.
 
 Everything is precompiled; cheap string tests run before the heavier regexes, which use
