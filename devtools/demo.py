@@ -54,9 +54,9 @@ from costboard.models import (
 from costboard.pricing.rates import RateTable, rate_table
 from costboard.pricing.sync import prices_sync
 from devtools.themes import Llm, Shape, Theme, demo_data
-from memory_ui import services
 from memory_ui.models import Memory
 from memory_ui.tasks import DETECTOR
+from memory_ui.writes import decisions, proposals
 
 DEFAULT_SESSIONS = 300
 DEFAULT_DAYS = 30
@@ -1207,7 +1207,7 @@ def _memories_seed(
         turn = turns.get(where[position]) if position in where else None
         proposed_at = turn.started_at + timedelta(seconds=5) if turn else unsourced_at
         user_id = turn.session.user_id if turn else ""
-        memory = services.candidate_propose(
+        memory = proposals.candidate_propose(
             project=project,
             type=idea.type,
             content=idea.content,
@@ -1226,7 +1226,7 @@ def _memories_seed(
             continue  # rejected before, or a repeat of a memory there already: nothing new
         created += 1
         if idea.approved:
-            services.memory_approve(
+            decisions.memory_approve(
                 memory,
                 by=None,
                 actor_name=DEMO_REVIEWER,

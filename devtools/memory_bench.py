@@ -4,14 +4,14 @@
   requests, preferences, corrections, rules, deadlines, pointers, secrets to redact, long
   replies), in this process on one core: turns per second, a turn being one user message with
   the assistant's reply, as the memory_detect task calls it. Target ≥ 5,000/s.
-- MEMORY.md: `services.memory_md` of a scope of N approved memories (10,000 by default),
+- MEMORY.md: `memory_file.memory_md` of a scope of N approved memories (10,000 by default),
   p50/p95 over repeated runs. Target < 50 ms.
 - search: `ranking.memories_search` (k=5) over the same scope with varied queries — one to
   three words of a stored memory, web-search phrases, misspellings (the trigram path) and
   words stored nowhere — p50/p95. PostgreSQL only: its figure is what the full-text and
   trigram indexes give; on SQLite it is not measured (the portable path scans in Python).
   Target < 30 ms.
-- lookup: `services.near_memories`, what proposing a candidate runs to find the memory it
+- lookup: `selectors.near_memories`, what proposing a candidate runs to find the memory it
   repeats and the ones it contradicts, for sentences like stored ones (a number changed, a
   word added, a word swapped) and new ones, p50/p95. Target < 5 ms on PostgreSQL (the
   trigram index's `%` narrows the rows; elsewhere the portable path compares in Python).
@@ -21,7 +21,7 @@
   comes into view (the GiST trigram index's nearest rows): timed per candidate, p50/p95.
 
 The memories belong to a project of the benchmark's own (`bench-memory-…`), written by
-services.memories_import (in bulk, each with its history) and deleted afterwards.
+writes.imports.memories_import (in bulk, each with its history) and deleted afterwards.
 """
 
 from __future__ import annotations
@@ -41,8 +41,11 @@ from django.utils import timezone
 
 from costboard.models import Project
 from devtools.page_bench import bench_client
-from memory_ui import ranking, services
+from memory_ui import ranking, selectors
+from memory_ui.memory_file import memory_md
 from memory_ui.models import MAX_CONTENT, Memory
+from memory_ui.writes import proposals
+from memory_ui.writes.imports import MemoryImport, memories_import
 
 DETECT_TARGET_PER_S = 5_000.0
 MEMORY_MD_TARGET_MS = 50.0
@@ -191,9 +194,9 @@ def _fill(template: str, rng: random.Random, n: int) -> str:
     )
 
 
-def memory_rows(project: Project, count: int, rng: random.Random) -> list[services.MemoryImport]:
+def memory_rows(project: Project, count: int, rng: random.Random) -> list[MemoryImport]:
     """`count` approved memories for `project`'s bench scope, decided over the last year (for
-    freshness to vary); services.memories_import writes them with their history."""
+    freshness to vary); memories_import writes them with their history."""
     now = timezone.now()
     sources = [s.value for s in Memory.Source]
     rows = []
@@ -202,7 +205,7 @@ def memory_rows(project: Project, count: int, rng: random.Random) -> list[servic
         content = f"{_fill(template, rng, n)} (#{n})"[:MAX_CONTENT]
         decided = now - timedelta(days=rng.uniform(0, 365))
         rows.append(
-            services.MemoryImport(
+            MemoryImport(
                 type=type_,
                 content=content,
                 scope=SCOPE,
@@ -327,12 +330,12 @@ def lookup_bench(
 ) -> tuple[Timing, int]:
     sentences = lookup_sentences(contents, runs, rng)
     for sentence in sentences[:5]:
-        services.near_memories(project, SCOPE, sentence)
+        selectors.near_memories(project, SCOPE, sentence)
     times = []
     conflicting = 0
     for sentence in sentences:
         start = time.perf_counter()
-        near = services.near_memories(project, SCOPE, sentence)
+        near = selectors.near_memories(project, SCOPE, sentence)
         times.append((time.perf_counter() - start) * 1000)
         conflicting += bool(near.conflicts)
     return Timing(times), conflicting
@@ -344,7 +347,7 @@ def review_bench(
     """The review page of REVIEW_CANDIDATES pending candidates near the stored memories."""
     proposed: set[int] = set()
     for sentence in lookup_sentences(contents, REVIEW_CANDIDATES * 3, rng):
-        memory = services.candidate_propose(
+        memory = proposals.candidate_propose(
             project=project, type="project", content=sentence, proposed_by=PROPOSED_BY
         )
         if memory is not None and memory.status == Memory.Status.PENDING:
@@ -400,7 +403,7 @@ def bench_run(
     try:
         say(f"inserting {options.memories:,} approved memories …")
         rows = memory_rows(project, options.memories, rng)
-        services.memories_import(project=project, memories=rows, actor_name=PROPOSED_BY)
+        memories_import(project=project, memories=rows, actor_name=PROPOSED_BY)
         if connection.vendor == "postgresql":
             # as autovacuum would soon: fresh statistics, and the GIN indexes' pending lists
             # (where bulk inserts wait, scanned by every query) merged into the indexes
@@ -412,9 +415,9 @@ def bench_run(
                     [["memory_content_fts", "memory_content_trgm"]],
                 )
         say(f"MEMORY.md × {options.runs} …")
-        md = services.memory_md(project, SCOPE)
+        md = memory_md(project, SCOPE)
         result.md_lines, result.md_bytes, result.md_cut = md.lines, md.bytes, md.cut_count
-        result.memory_md = _timed(lambda: services.memory_md(project, SCOPE), options.runs)
+        result.memory_md = _timed(lambda: memory_md(project, SCOPE), options.runs)
         if connection.vendor != "postgresql":
             result.search_skipped = (
                 f"not measured on {connection.vendor}: the figure is PostgreSQL's full-text and "

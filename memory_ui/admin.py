@@ -8,8 +8,8 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from memory_ui import services
 from memory_ui.models import Memory
+from memory_ui.writes import decisions
 
 
 @admin.register(Memory)
@@ -42,7 +42,7 @@ class MemoryAdmin(admin.ModelAdmin):
         self._decide(request, queryset, "reject")
 
     def _decide(self, request: HttpRequest, queryset: QuerySet[Memory], decision: str) -> None:
-        result = services.candidates_decide(
+        result = decisions.candidates_decide(
             ids=list(queryset.values_list("pk", flat=True)), decision=decision, by=request.user
         )
         past = "approved" if decision == "approve" else "rejected"

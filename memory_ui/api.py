@@ -22,7 +22,9 @@ from costboard.api.boundary import (
     parse_query,
 )
 from costboard.models import Project, Session
-from memory_ui import ranking, schemas, services
+from memory_ui import cleaners, ranking, schemas
+from memory_ui.cleaners import MemoryInputError
+from memory_ui.memory_file import memory_md as scope_memory_md
 from memory_ui.models import Memory
 from memory_ui.schemas import (
     FeedbackStored,
@@ -33,7 +35,7 @@ from memory_ui.schemas import (
     SearchQuery,
     SearchResult,
 )
-from memory_ui.services import MemoryInputError
+from memory_ui.writes import proposals, retrievals
 
 PROPOSED_BY = "api"
 MAX_BODY_BYTES = 64 * 1024  # one candidate: a sentence and a few fields
@@ -86,7 +88,7 @@ def candidates(request: HttpRequest) -> HttpResponse:
     body = json_object(request, limit=MAX_BODY_BYTES, example=MemoryCandidate.example())
     candidate = parse(MemoryCandidate, body)
     try:
-        memory = services.candidate_propose(
+        memory = proposals.candidate_propose(
             project=project,
             type=candidate.type,
             content=candidate.content,
@@ -148,7 +150,7 @@ def memory_md(request: HttpRequest) -> HttpResponse:
     """GET /api/v1/memory/MEMORY.md?scope=project: the scope's approved, live entries."""
     project = cast(ApiRequest, request).project
     scope = parse_query(request, MemoryMdQuery).scope
-    md = services.memory_md(project, scope)
+    md = scope_memory_md(project, scope)
     response = HttpResponse(md.text, content_type="text/markdown; charset=utf-8")
     response["X-Memory-Lines"] = str(md.lines)
     response["X-Memory-Bytes"] = str(md.bytes)
@@ -182,7 +184,7 @@ def search(request: HttpRequest) -> HttpResponse:
         )
     except MemoryInputError as exc:
         raise ApiError(422, exc.field, exc.message) from None
-    log = services.retrieval_log_record(
+    log = retrievals.retrieval_log_record(
         project=project, query=asked.q, scope=asked.scope, k=asked.k, ranked=ranked
     )
     return model_response(
@@ -216,7 +218,7 @@ def feedback(request: HttpRequest) -> HttpResponse:
     body = json_object(request, limit=MAX_BODY_BYTES, example=MemoryFeedback.example())
     given = parse(MemoryFeedback, body)
     try:
-        stored = services.memory_feedback_add(
+        stored = retrievals.memory_feedback_add(
             project=project,
             memory_id=given.memory_id,
             useful=given.useful,
@@ -224,7 +226,7 @@ def feedback(request: HttpRequest) -> HttpResponse:
         )
     except MemoryInputError as exc:
         raise ApiError(422, exc.field, exc.message) from None
-    except services.NotFound as exc:
+    except cleaners.NotFound as exc:
         raise ApiError(404, exc.field, exc.message) from None
     return model_response(
         FeedbackStored(

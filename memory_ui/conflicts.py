@@ -17,7 +17,7 @@ Because both need the same frame, its hash (frame_key, stored on every memory an
 with the project and scope) finds a proposal's duplicates and contradictions with one btree
 lookup, however many memories the scope holds.
 
-Pure functions: no database. services.near_memories asks them about the memories of the same
+Pure functions: no database. selectors.near_memories asks them about the memories of the same
 frame_key.
 """
 

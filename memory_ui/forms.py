@@ -9,7 +9,7 @@ from typing import Any
 
 from django import forms
 
-from memory_ui import services
+from memory_ui import cleaners
 from memory_ui.models import MAX_CONTENT, Memory
 
 LABELS = {
@@ -24,18 +24,18 @@ LABELS = {
 
 def _ttl(value: str) -> int | None:
     text = value.strip()
-    return services.clean_ttl_days(int(text) if text.isdigit() else text or None)
+    return cleaners.clean_ttl_days(int(text) if text.isdigit() else text or None)
 
 
 def _tags(value: str) -> list[str]:
-    return services.clean_tags([t for t in (part.strip() for part in value.split(",")) if t])
+    return cleaners.clean_tags([t for t in (part.strip() for part in value.split(",")) if t])
 
 
 CLEANERS: dict[str, Callable[[str], Any]] = {
-    "content": services.clean_content,
-    "type": services.clean_type,
-    "scope": lambda value: services.clean_scope(value.strip()),
-    "importance": lambda value: services.clean_importance(value.strip()),
+    "content": cleaners.clean_content,
+    "type": cleaners.clean_type,
+    "scope": lambda value: cleaners.clean_scope(value.strip()),
+    "importance": lambda value: cleaners.clean_importance(value.strip()),
     "tags": _tags,
     "ttl_days": _ttl,
 }
@@ -43,7 +43,7 @@ CLEANERS: dict[str, Callable[[str], Any]] = {
 
 class MemoryEditForm(forms.Form):
     """Content, type, scope, importance, tags (comma-separated) and TTL days; `cleaned_data`
-    holds what `services.memory_edit` takes."""
+    holds what `decisions.memory_edit` takes."""
 
     content = forms.CharField(required=False, strip=False, widget=forms.Textarea)
     type = forms.CharField(required=False)
@@ -74,12 +74,12 @@ class MemoryEditForm(forms.Form):
         for name, cleaner in CLEANERS.items():
             try:
                 cleaned[name] = cleaner(self.data.get(name, "") or "")
-            except services.MemoryInputError as error:
+            except cleaners.MemoryInputError as error:
                 self.add_error(name, f"{LABELS[name]}: {error.message}.")
         self.cleaned_data = cleaned
         return cleaned
 
-    def refuse(self, error: services.MemoryInputError) -> None:
+    def refuse(self, error: cleaners.MemoryInputError) -> None:
         """A refusal from the service itself, shown on its field."""
         name = error.field if error.field in self.fields else None
         label = LABELS.get(error.field, error.field)

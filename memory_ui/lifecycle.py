@@ -3,18 +3,18 @@
 
 Only TTL expiry changes a memory by itself (its TTL was approved with it). Everything else is a
 proposal in the review queue — a pending Memory whose `proposal` says what approving it does
-(services.memory_approve applies it) and whose `targets` are the memories it acts on:
+(decisions.memory_approve applies it) and whose `targets` are the memories it acts on:
 
-- evict: when a scope's MEMORY.md is over its cap (services.memory_md(...).cut_count > 0), the
+- evict: when a scope's MEMORY.md is over its cap (memory_md(...).cut_count > 0), the
   entries the cap leaves out — the lowest value by MEMORY.md's own order (importance, then the
   newest) — so approving it brings MEMORY.md back within the cap. One pending eviction per
   scope: while it waits, a later run brings its targets up to date rather than adding another.
-- merge: two live memories of a scope with trigram similarity ≥ services.DUPLICATE_SIMILARITY
+- merge: two live memories of a scope with trigram similarity ≥ DUPLICATE_SIMILARITY
   (of any type) that do not contradict each other (memory_ui.conflicts); the proposal
   carries the better one's text (higher importance, then the more credible source, then
   proposed more often, then the newer) and type.
 - compress: at least 3 live memories of one scope and type, each pair similar ≥
-  services.RELATED_SIMILARITY (grown greedily from the entry with the most similar
+  selectors.RELATED_SIMILARITY (grown greedily from the entry with the most similar
   neighbours, at most MAX_GROUP); the proposal carries the shortest member that has every
   word shared by at least half of the group (else the one with the most of them).
   Groups are found before duplicate pairs, so three copies of a sentence make one proposal.
@@ -29,8 +29,9 @@ Safe to run twice, and by two workers at once: a memory already targeted by a pe
 or compress proposal is left out of new ones, an eviction with the same targets is not
 proposed again, and the proposals of a project are written under a lock on its row.
 
-This module decides what to propose; the writes are services (services.memories_expire_due,
-proposal_create, eviction_update), each writing the memory and its history together.
+This module decides what to propose; the writes are services (decisions.memories_expire_due,
+proposals.proposal_create, proposals.eviction_update), each writing the memory and its history
+together.
 """
 
 from __future__ import annotations
@@ -49,18 +50,23 @@ from django.db import transaction
 from django.utils import timezone
 
 from costboard.models import Project
-from memory_ui import services
+from memory_ui.cleaners import DEFAULT_IMPORTANCE, MAX_TAGS
 from memory_ui.conflicts import conflict
+from memory_ui.memory_file import live_memories, memory_md
 from memory_ui.models import MAX_CONTENT, Memory
 from memory_ui.ranking import CREDIBILITY, terms
-from memory_ui.services import memories_expire_due
+from memory_ui.selectors import RELATED_SIMILARITY
 from memory_ui.text import trigrams
+from memory_ui.writes import proposals
+from memory_ui.writes.decisions import memories_expire_due
 
 log = logging.getLogger(__name__)
 
 PROPOSED_BY = "lifecycle"
 MAX_GROUP = 20  # at most this many entries compressed into one
-MAX_TAGS = services.MAX_TAGS
+# the lifecycle proposes merging two live memories at least this similar (trigrams); a
+# proposal itself is merged only into one that means the same (conflicts.same_meaning)
+DUPLICATE_SIMILARITY = 0.6
 PAIR_SCAN = 10_000  # a scope's newest live entries compared for merges and compressions
 # merge or compress proposals waiting in a scope at most: a queue a person can get through;
 # the next run after their decisions proposes more
@@ -107,7 +113,7 @@ class Entry:
 
 
 def scope_entries(project: Project, scope: str, *, now: datetime) -> dict[int, Entry]:
-    rows = services.live_memories(project, scope, now).values_list(
+    rows = live_memories(project, scope, now).values_list(
         "pk",
         "type",
         "content",
@@ -276,7 +282,7 @@ def _propose(
     type: str,
     content: str,
     targets: Sequence[Entry | Memory],
-    importance: Decimal = services.DEFAULT_IMPORTANCE,
+    importance: Decimal = DEFAULT_IMPORTANCE,
     source: str = Memory.Source.AGENT_INFERRED,
     tags: Sequence[str] = (),
     ttl_days: int | None = None,
@@ -284,7 +290,7 @@ def _propose(
     note: str,
     now: datetime,
 ) -> Memory:
-    return services.proposal_create(
+    return proposals.proposal_create(
         project=project,
         scope=scope,
         kind=kind,
@@ -327,7 +333,7 @@ def scope_merges_propose(
     now: datetime,
 ) -> list[Memory]:
     made: list[Memory] = []
-    for a, b, score in merge_pairs(pairs, threshold=services.DUPLICATE_SIMILARITY, taken=taken):
+    for a, b, score in merge_pairs(pairs, threshold=DUPLICATE_SIMILARITY, taken=taken):
         if len(made) >= room:
             break
         if conflict(entries[a].content, entries[b].content):
@@ -397,10 +403,10 @@ def scope_eviction_propose(
 ) -> Memory | None:
     """Propose evicting what MEMORY.md's cap leaves out; None when nothing is cut or the
     pending eviction already says so."""
-    md = services.memory_md(project, scope, now=now)
+    md = memory_md(project, scope, now=now)
     if md.cut_count == 0:
         return None
-    cut = services.memory_md(project, scope, now=now, show_cut=md.cut_count).cut
+    cut = memory_md(project, scope, now=now, show_cut=md.cut_count).cut
     wanted = frozenset(m.pk for m in cut)
     evictions = sorted(pk for pk, (kind, _) in pending.items() if kind == Memory.Proposal.EVICT)
     if any(pending[pk][1] == wanted for pk in evictions):
@@ -410,7 +416,7 @@ def scope_eviction_propose(
     majority = kind_counts.most_common(1)[0][0]
     evidence = f"MEMORY.md keeps {md.lines} of {md.total} entries; left out:\n{_listing(cut)}"
     if evictions:  # bring the waiting one up to date
-        updated = services.eviction_update(
+        updated = proposals.eviction_update(
             proposal_id=evictions[-1],
             type=majority,
             content=content,
@@ -442,9 +448,9 @@ def scope_proposals(
     now = now or timezone.now()
     result = LifecycleResult()
     entries = scope_entries(project, scope, now=now)
-    pairs = similar_pairs(entries, threshold=services.RELATED_SIMILARITY)
+    pairs = similar_pairs(entries, threshold=RELATED_SIMILARITY)
     with transaction.atomic():
-        # one lifecycle run (and one proposer: services.candidate_propose) per project at a time
+        # one lifecycle run (and one proposer: proposals.candidate_propose) per project at a time
         Project.objects.select_for_update(no_key=True).filter(pk=project.pk).first()
         pending = _pending_targets(project, scope)
         taken: set[int] = set()

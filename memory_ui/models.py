@@ -79,7 +79,7 @@ class Memory(models.Model):
         related_name="+",
         db_constraint=False,
     )
-    # normalized content's SHA-256 (services.fingerprint): exact duplicates and rejected
+    # normalized content's SHA-256 (text.fingerprint): exact duplicates and rejected
     # sentences are recognised by it
     fingerprint = models.CharField(max_length=64, blank=True, db_default="")
     # the hash of its frame, the words but for numbers, negations and opposites

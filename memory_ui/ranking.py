@@ -2,7 +2,7 @@
 
 score = w_r·relevance + w_i·importance + w_f·freshness + w_c·credibility, each component in
 [0, 1] and returned beside the score, the weights from `COSTBOARD_MEMORY_WEIGHTS`. Only the
-scope's live memories (services.live_memories) are searched. Candidates are picked in SQL
+scope's live memories (memory_file.live_memories) are searched. Candidates are picked in SQL
 (relevance > 0); their components and score are computed here. On PostgreSQL the database
 also orders the matches by the same score and returns only the best k + TOP_MARGIN, so a
 common word matching thousands of memories does not ship them all to Python.
@@ -23,13 +23,13 @@ relevance, elsewhere (SQLite) — the same three tries, portable: the share of t
   the memory has, |Q ∩ M| / |Q| (terms: text.normalize's words without English stop words, a
   plural "s" dropped; candidates picked in SQL by `content LIKE %term%`), first needing every
   term, then any; then the share of the query's trigrams found in the memory (≥ 0.6, like
-  word_similarity) over the scope's newest services.PORTABLE_SCAN memories.
+  word_similarity) over the scope's newest PORTABLE_SCAN memories.
 importance = the stored importance. freshness = 0.5^(age in days / half-life), the half-life
   COSTBOARD_MEMORY_HALF_LIFE_DAYS, the age from decided_at (else created_at), never above 1.
   credibility by source: stated by the user 1.0, inferred by the agent 0.6, tool output 0.3.
 
-Reads only: a search is logged, and feedback on it stored, by services.retrieval_log_record and
-services.memory_feedback_add.
+Reads only: a search is logged, and feedback on it stored, by the write services
+(memory_ui/writes/retrievals.py).
 """
 
 from __future__ import annotations
@@ -51,12 +51,12 @@ from django.db.models.functions import Lower
 from django.utils import timezone
 
 from costboard.models import Project
-from memory_ui import services
-from memory_ui.models import Memory
-from memory_ui.services import MAX_QUERY, MemoryInputError
+from memory_ui.cleaners import MAX_QUERY, MemoryInputError, clean_scope
 
 # memory_ui.api catches ranking.NotFound: the feedback service's refusal, named here too
-from memory_ui.services import NotFound as NotFound
+from memory_ui.cleaners import NotFound as NotFound
+from memory_ui.memory_file import live_memories
+from memory_ui.models import Memory
 from memory_ui.text import normalize, trigrams
 
 COMPONENTS = ("relevance", "importance", "freshness", "credibility")
@@ -68,6 +68,7 @@ CREDIBILITY: dict[str, float] = {
     Memory.Source.TOOL_OUTPUT.value: 0.3,
 }
 MAX_K = 50
+PORTABLE_SCAN = 2000  # without pg_trgm: how many of a scope's memories are compared
 TRIGRAM_MATCH = 0.6  # the portable path's word similarity threshold, pg_trgm's default
 SECONDS_PER_DAY = 86_400.0
 
@@ -213,13 +214,13 @@ def memories_search(
     """The k best live memories of the scope for the query, best first (ties: older id
     first); an empty list when nothing is relevant."""
     query = clean_query(query)
-    scope = services.clean_scope(scope)
+    scope = clean_scope(scope)
     if isinstance(k, bool) or not 1 <= k <= MAX_K:
         raise MemoryInputError("k", f"must be a whole number from 1 to {MAX_K}")
     now = now or timezone.now()
     chosen = dict(weights) if weights is not None else ranking_weights()
     half_life = half_life_days()
-    live = services.live_memories(project, scope, now)
+    live = live_memories(project, scope, now)
     if connection.vendor == "postgresql":
         scoring = _SqlScoring(now=now, weights=chosen, half_life=half_life, limit=k + TOP_MARGIN)
         candidates = _candidates_postgresql(live, query, scoring)
@@ -429,7 +430,7 @@ def _candidates_portable(live: QuerySet[Memory], query: str) -> list[_Candidate]
     query_grams = trigrams(query)
     if not query_grams:
         return []
-    newest = live.order_by("-updated_at", "-pk").values_list(*_FIELDS)[: services.PORTABLE_SCAN]
+    newest = live.order_by("-updated_at", "-pk").values_list(*_FIELDS)[:PORTABLE_SCAN]
     result = []
     for row in newest:
         share = len(query_grams & trigrams(row[2])) / len(query_grams)

@@ -1,6 +1,6 @@
 """Pydantic models of the memory API (docs/api.md, "Memory"): the API's parsing of every body and
-query, and the shape of every answer, with the limits of memory_ui.services (whose `clean_*` checks
-stay behind them, as a second line).
+query, and the shape of every answer, with the limits of memory_ui.cleaners (whose `clean_*`
+checks stay behind them, as a second line).
 
 Messages say what to send instead; the error mapper (costboard/api/boundary.py) names the
 field. Text is refused with NUL or unpaired surrogates (docs/api.md, "Limits").
@@ -25,9 +25,9 @@ from pydantic_core import PydanticCustomError
 from costboard.api.schemas import Answer, IsoTime
 from costboard.ingest.schemas import text_fault
 from memory_ui import models
+from memory_ui.cleaners import MAX_TAGS, MAX_TTL_DAYS, SCOPE
 from memory_ui.models import MAX_CONTENT
 from memory_ui.ranking import MAX_K, MAX_QUERY
-from memory_ui.services import MAX_TAGS, MAX_TTL_DAYS, SCOPE
 
 DEFAULT_K = 5
 MAX_ID = 2**63 - 1

@@ -1,6 +1,7 @@
 """Reads for the memory pages: the review queue (with similar approved memories for a whole
 page in one query), the memory browser's scopes and groups, a memory's history, and the
-metrics. Writes live in services.py."""
+metrics; and a scope's memories near a sentence (the one a proposal repeats, the ones it
+contradicts, the similar ones beside a candidate). Writes live in memory_ui/writes/."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from functools import reduce
 from operator import or_
 from typing import Any
 
+from django.db import connection, transaction
 from django.db.models import (
     Case,
     Count,
@@ -32,12 +34,22 @@ from django.utils import timezone
 
 from costboard.models import Project
 from memory_ui import ranking
+from memory_ui.conflicts import frame_key, judge
 from memory_ui.models import Memory, MemoryEvent, MemoryFeedback, RetrievalLog
+from memory_ui.ranking import PORTABLE_SCAN
+from memory_ui.text import similarity
 
 REVIEW_PAGE_SIZE = 50
 SIMILAR_SHOWN = 3  # a candidate's "Similar approved" aside (views.memory_similar)
 SCOPE_CHOICES_SHOWN = 100  # the queue's scope filter lists at most this many scopes
 METRICS_DAYS = 30
+NEAR_SHOWN = 5  # the contradicted memories a proposal lists at most
+# memories of one frame a proposal is compared with at most, newest first: the bound on a
+# lookup's work however many memories a scope holds
+NEAR_POOL = 50
+# "similar existing memories" shown beside a candidate in the review queue
+RELATED_SIMILARITY = 0.3
+LIVE = (Memory.Status.PENDING, Memory.Status.APPROVED)
 
 # --- the review queue -----------------------------------------------------------------------
 
@@ -358,3 +370,102 @@ def memory_metrics(*, project_ids: Sequence[int], now: datetime | None = None) -
         searches=Ratio(searches["results"] or 0, searches["n"]),
         false_retrieval=Ratio(feedback["all"] - feedback["useful"], feedback["all"]),
     )
+
+
+# --- a scope's memories near a sentence: what a proposal and the review queue compare ------
+
+
+def similar_memories(
+    project: Project,
+    scope: str,
+    content: str,
+    *,
+    threshold: float = RELATED_SIMILARITY,
+    statuses: Sequence[str] = LIVE,
+    exclude: int | None = None,
+    limit: int = 3,
+) -> list[tuple[Memory, float]]:
+    """A scope's memories most like `content`, with their similarity (pg_trgm's on
+    PostgreSQL, the same measure in Python elsewhere), most similar first.
+
+    On PostgreSQL the GiST trigram index over lower(content) (migration 0004) answers it,
+    nearest first (`<->`), only rows at least `threshold` similar (`%`, with
+    pg_trgm.similarity_threshold set for this transaction): it reads the few nearest rows,
+    not the scope."""
+    if connection.vendor == "postgresql":
+        with transaction.atomic():
+            trigram_threshold(threshold)
+            rows = Memory.objects.raw(
+                """
+                SELECT *, similarity(lower(content), lower(%s)) AS sim
+                FROM memory_ui_memory
+                WHERE lower(content) %% lower(%s)
+                  AND project_id = %s AND scope = %s AND status = ANY(%s) AND id <> %s
+                ORDER BY lower(content) <-> lower(%s), id
+                LIMIT %s
+                """,
+                [
+                    content,
+                    content,
+                    project.pk,
+                    scope,
+                    list(statuses),
+                    exclude or 0,
+                    content,
+                    limit,
+                ],
+            )
+            return [(m, float(m.sim)) for m in rows]  # type: ignore[attr-defined]
+    pool = (
+        Memory.objects.filter(project=project, scope=scope, status__in=statuses)
+        .exclude(pk=exclude or 0)
+        .order_by("-updated_at")[:PORTABLE_SCAN]
+    )
+    scored = [(m, similarity(content, m.content)) for m in pool]
+    scored = [(m, s) for m, s in scored if s >= threshold]
+    scored.sort(key=lambda pair: (-pair[1], pair[0].pk))
+    return scored[:limit]
+
+
+def trigram_threshold(threshold: float) -> None:
+    """pg_trgm's `%` threshold for the rest of this transaction (PostgreSQL only)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT set_config('pg_trgm.similarity_threshold', %s, true)", [str(threshold)]
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Near:
+    """What a proposal is to the memories nearest it: the one it repeats (same meaning),
+    and the ones it contradicts, each with why."""
+
+    duplicate: tuple[Memory, float] | None
+    conflicts: list[tuple[Memory, str]]
+
+
+def near_memories(
+    project: Project, scope: str, content: str, *, exclude: int | None = None
+) -> Near:
+    """The scope's live memories of the same frame as `content` (conflicts.frame_key, one
+    btree lookup), read as the one it repeats (same claims) or ones it contradicts."""
+    key = frame_key(content)
+    if not key:
+        return Near(duplicate=None, conflicts=[])
+    same_frame = (
+        Memory.objects.filter(project=project, scope=scope, frame_key=key, status__in=LIVE)
+        .filter(proposal=Memory.Proposal.NEW)
+        .exclude(pk=exclude or 0)
+        .only("id", "content", "status")
+        .order_by("-updated_at", "-pk")[:NEAR_POOL]
+    )
+    duplicate: tuple[Memory, float] | None = None
+    found: list[tuple[Memory, str]] = []
+    for memory in same_frame:
+        verdict = judge(content, memory.content)
+        if verdict:
+            if len(found) < NEAR_SHOWN:
+                found.append((memory, verdict))
+        elif verdict == "" and duplicate is None:
+            duplicate = (memory, similarity(content, memory.content))
+    return Near(duplicate=duplicate, conflicts=found)

@@ -7,8 +7,9 @@ import logging
 from celery import shared_task
 
 from costboard.models import Turn
+from memory_ui.cleaners import MemoryInputError
 from memory_ui.detect import detect
-from memory_ui.services import MemoryInputError, candidate_propose
+from memory_ui.writes.proposals import candidate_propose
 
 log = logging.getLogger(__name__)
 

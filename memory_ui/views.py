@@ -24,9 +24,10 @@ from costboard.dashboards.row_ids import is_row_id
 from costboard.dashboards.scope import Scope, scope_for
 from costboard.dashboards.views import HtmxHttpRequest
 from costboard.models import Project
-from memory_ui import selectors, services
+from memory_ui import cleaners, memory_file, selectors
 from memory_ui.forms import MemoryEditForm
 from memory_ui.models import Memory, MemoryEvent
+from memory_ui.writes import decisions
 
 SECTIONS_PER_PAGE = 5  # the browser's scopes per page: each has its MEMORY.md preview
 PER_GROUP = 10  # memories shown per type in a scope before "more"
@@ -47,7 +48,7 @@ def _type(checks: Checks) -> str:
 
 def _memory_scope(checks: Checks) -> str:
     return checks.pattern(
-        "scope", services.SCOPE, what="a memory scope: project, or user:<id> (e.g. user:ann)"
+        "scope", cleaners.SCOPE, what="a memory scope: project, or user:<id> (e.g. user:ann)"
     )
 
 
@@ -169,8 +170,8 @@ def memory_approve_view(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     try:
         # a candidate that contradicts live memories supersedes them, unless "Keep both"
         keep_both = request.POST.get("keep") == "both"
-        memory = services.memory_approve(memory, by=request.user, keep_both=keep_both)
-    except services.DecisionError:
+        memory = decisions.memory_approve(memory, by=request.user, keep_both=keep_both)
+    except decisions.DecisionError:
         memory.refresh_from_db()
         return _decided(request, scope, memory, error=f"already {memory.status}")
     return _decided(request, scope, memory)
@@ -181,8 +182,8 @@ def memory_approve_view(request: HtmxHttpRequest, pk: int) -> HttpResponse:
 def memory_reject_view(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     scope, memory = _acting_on(request, pk)
     try:
-        memory = services.memory_reject(memory, by=request.user)
-    except services.DecisionError:
+        memory = decisions.memory_reject(memory, by=request.user)
+    except decisions.DecisionError:
         memory.refresh_from_db()
         return _decided(request, scope, memory, error=f"already {memory.status}")
     return _decided(request, scope, memory)
@@ -200,10 +201,10 @@ def review_bulk(request: HtmxHttpRequest) -> HttpResponse:
         raise PermissionDenied("Deciding on memories needs staff or the Reviewers group.")
     scope = scope_for(request)
     action = request.POST.get("action", "")
-    if action not in services.DECISIONS:
+    if action not in decisions.DECISIONS:
         return HttpResponse('action: "approve" or "reject"', status=400)
     ids = [int(v) for v in request.POST.getlist("ids") if is_row_id(v)]
-    result = services.candidates_decide(
+    result = decisions.candidates_decide(
         ids=ids,
         decision=action,
         by=request.user,
@@ -248,12 +249,12 @@ def memory_edit_view(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     approve = memory.status == Memory.Status.PENDING and "save_only" not in request.POST
     if form.is_valid():
         try:
-            memory = services.memory_edit(
+            memory = decisions.memory_edit(
                 memory, by=request.user, approve=approve, **form.cleaned_data
             )
-        except services.MemoryInputError as error:
+        except cleaners.MemoryInputError as error:
             form.refuse(error)
-        except services.DecisionError:
+        except decisions.DecisionError:
             memory.refresh_from_db()
             form.add_error(None, f"This memory is {memory.status} now: it was decided meanwhile.")
     if form.errors:
@@ -282,7 +283,7 @@ def memory_similar(request: HttpRequest, pk: int) -> HttpResponse:
     view: the page of 50 renders without 50 trigram lookups, each card's when it is seen."""
     scope = scope_for(request)
     memory = _memory_in_scope(scope, pk)
-    similar = services.similar_memories(
+    similar = selectors.similar_memories(
         memory.project,
         memory.scope,
         memory.content,
@@ -315,15 +316,15 @@ class Section:
     scope: str
     count: int
     groups: list[selectors.TypeGroup]
-    md: services.MemoryMd
+    md: memory_file.MemoryMd
 
     @property
     def md_lines_pct(self) -> int:
-        return min(100, self.md.lines * 100 // services.MEMORY_MD_LINES)
+        return min(100, self.md.lines * 100 // memory_file.MEMORY_MD_LINES)
 
     @property
     def md_bytes_pct(self) -> int:
-        return min(100, self.md.bytes * 100 // services.MEMORY_MD_BYTES)
+        return min(100, self.md.bytes * 100 // memory_file.MEMORY_MD_BYTES)
 
 
 @login_required
@@ -344,8 +345,8 @@ def browser_page(request: HtmxHttpRequest) -> HttpResponse:
         "memory_scope": memory_scope,
         "q": q,
         "can_act": can_review_memory(request.user),
-        "md_lines_cap": services.MEMORY_MD_LINES,
-        "md_bytes_cap": services.MEMORY_MD_BYTES,
+        "md_lines_cap": memory_file.MEMORY_MD_LINES,
+        "md_bytes_cap": memory_file.MEMORY_MD_BYTES,
     }
     if q:
         # one project: ranked as the agent's search ranks (one scope, "project" unless chosen);
@@ -398,7 +399,7 @@ def _sections(scope: Scope, checks: Checks, *, type: str, memory_scope: str) -> 
             scope=row["scope"],
             count=row["n"],
             groups=groups.get((row["project_id"], row["scope"]), []),
-            md=services.memory_md(projects[row["project_id"]], row["scope"]),
+            md=memory_file.memory_md(projects[row["project_id"]], row["scope"]),
         )
         for row in page
     ]
@@ -410,8 +411,8 @@ def _sections(scope: Scope, checks: Checks, *, type: str, memory_scope: str) -> 
 def memory_expire_view(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     scope, memory = _acting_on(request, pk)
     try:
-        memory = services.memory_expire(memory, by=request.user, note="expired on /memory/")
-    except services.DecisionError:
+        memory = decisions.memory_expire(memory, by=request.user, note="expired on /memory/")
+    except decisions.DecisionError:
         memory.refresh_from_db()
     if not request.htmx:
         return _back(request, "memory-browser")

@@ -11,6 +11,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
+MEMORY = ROOT / "docs" / "memory.md"  # memory_ui's own modules, in its "Layers"
 PACKAGES = ("costboard", "memory_ui", "devtools")
 # The Django project's own modules name every app: they may import memory_ui.
 PROJECT_MODULES = {"costboard.urls", "costboard.settings", "costboard.wsgi", "costboard.celery"}
@@ -207,6 +208,19 @@ def test_the_packages_keep_the_order_the_architecture_states() -> None:
     stated = [name for line in layers for name in line]
     assert len(stated) == len(set(stated)), "a package is named on two lines"
     graph = import_graph()
+    assert [n for n in stated if not any(owner(m, [n]) for m in graph)] == []  # none stale
+    assert layer_breaches(graph, layers) == []
+
+
+def test_the_memory_app_keeps_the_order_its_doc_states() -> None:
+    """Inside memory_ui, docs/memory.md's `layers`: the pages and the API over the writes, the
+    writes over the reads, so a read (selectors, ranking, MEMORY.md) never imports a write;
+    every module of the app is on a line."""
+    layers = stated_layers(MEMORY.read_text())
+    stated = [name for line in layers for name in line]
+    assert len(stated) == len(set(stated)), "a module is named on two lines"
+    assert all(name.startswith("memory_ui.") for name in stated)
+    graph = {name: t for name, t in import_graph().items() if name.startswith("memory_ui.")}
     assert [n for n in stated if not any(owner(m, [n]) for m in graph)] == []  # none stale
     assert layer_breaches(graph, layers) == []
 

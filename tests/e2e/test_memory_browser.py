@@ -17,8 +17,8 @@ from django.utils import timezone
 from playwright.sync_api import expect
 
 from costboard.models import Membership
-from memory_ui import services
 from memory_ui.models import Memory, MemoryEvent
+from memory_ui.writes import decisions, proposals
 from tests.conftest import make_agent
 from tests.e2e.test_dashboards_browser import log_in
 
@@ -56,7 +56,7 @@ def test_review_memories_in_chromium(live_server: Any, page: Any) -> None:
     now = timezone.now()
     ids = []
     for i, sentence in enumerate(SENTENCES):  # the first is the newest
-        memory = services.candidate_propose(
+        memory = proposals.candidate_propose(
             project=agent.project,
             type="user" if i == 1 else "project",
             scope="user:ann" if i == 1 else "project",
@@ -229,17 +229,17 @@ def test_a_contradiction_side_by_side_and_superseded_in_chromium(
     from MEMORY.md, kept in its history."""
     agent = make_agent("acme")
     reviewer(agent.project)
-    old = services.candidate_propose(
+    old = proposals.candidate_propose(
         project=agent.project, type="project", content="The staging database runs on port 5432"
     )
     assert old is not None
-    services.memory_approve(old, by=None)
-    kin = services.candidate_propose(
+    decisions.memory_approve(old, by=None)
+    kin = proposals.candidate_propose(
         project=agent.project, type="project", content="The staging database is backed up nightly"
     )
     assert kin is not None
-    services.memory_approve(kin, by=None)
-    new = services.candidate_propose(
+    decisions.memory_approve(kin, by=None)
+    new = proposals.candidate_propose(
         project=agent.project, type="project", content="The staging database runs on port 5433"
     )
     assert new is not None and list(new.conflicts_with.all()) == [old]

@@ -10,8 +10,8 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from django.test import Client
 
-from memory_ui import services
 from memory_ui.models import Memory
+from memory_ui.writes import decisions, proposals
 from tests.conftest import Agent
 
 pytestmark = pytest.mark.django_db
@@ -20,7 +20,7 @@ CHANGELIST = "/admin/memory_ui/memory/"
 
 
 def propose(agent: Agent, content: str) -> Memory:
-    memory = services.candidate_propose(project=agent.project, type="project", content=content)
+    memory = proposals.candidate_propose(project=agent.project, type="project", content=content)
     assert memory is not None
     return memory
 
@@ -50,7 +50,7 @@ def test_memories_are_listed_and_viewed_but_not_edited_by_a_form(
 def test_the_actions_decide_through_the_services(staff: Client, agent: Agent) -> None:
     a, b, c = (propose(agent, text) for text in ("Invoices go out monthly", "Logs are in UTC",
                                                  "Keep pull requests small"))  # fmt: skip
-    services.memory_reject(c, by=None)
+    decisions.memory_reject(c, by=None)
     response = staff.post(
         CHANGELIST,
         {"action": "approve_selected", "_selected_action": [a.pk, b.pk, c.pk]},

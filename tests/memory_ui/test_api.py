@@ -13,8 +13,10 @@ from django.contrib.auth import get_user_model
 from django.utils import timezone
 
 from costboard.models import Session
-from memory_ui import services
+from memory_ui import memory_file
 from memory_ui.models import Memory, MemoryFeedback, RetrievalLog
+from memory_ui.text import fingerprint
+from memory_ui.writes import decisions
 from tests.conftest import Agent, make_agent
 
 pytestmark = pytest.mark.django_db
@@ -47,7 +49,7 @@ def approved(agent: Agent, content: str, **fields: Any) -> Memory:
         content=content,
         status="approved",
         decided_at=fields.pop("decided_at", timezone.now()),
-        fingerprint=services.fingerprint(content),
+        fingerprint=fingerprint(content),
         **fields,
     )
 
@@ -172,7 +174,7 @@ def test_merging_into_an_approved_memory_keeps_it_approved_and_approves_nothing_
 def test_a_rejected_sentence_is_409_on_content(agent: Agent) -> None:
     created = post(agent, "candidates", {"content": "Use tabs for indentation", "type": "feedback"})
     reviewer = get_user_model().objects.create_user("rita")
-    services.memory_reject(Memory.objects.get(pk=created.json()["id"]), by=reviewer)
+    decisions.memory_reject(Memory.objects.get(pk=created.json()["id"]), by=reviewer)
     status, field, message = error(
         post(agent, "candidates", {"content": "use tabs for indentation", "type": "feedback"})
     )
@@ -224,7 +226,7 @@ def test_memory_md_is_markdown_with_its_counts_in_headers(agent: Agent) -> None:
 
 
 def test_memory_md_reports_what_the_cap_cut(agent: Agent, monkeypatch: Any) -> None:
-    monkeypatch.setattr(services, "MEMORY_MD_LINES", 2)
+    monkeypatch.setattr(memory_file, "MEMORY_MD_LINES", 2)
     for n in range(5):
         approved(agent, f"fact {n}", importance=Decimal(n) / 10)
     response = get(agent, "MEMORY.md")

@@ -11,10 +11,12 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from memory_ui import lifecycle, services
+from memory_ui import lifecycle
 from memory_ui.conflicts import conflict, read, same_meaning
+from memory_ui.memory_file import memory_md
 from memory_ui.models import Memory
 from memory_ui.ranking import memories_search
+from memory_ui.writes import decisions, proposals
 from tests.conftest import Agent
 
 pytestmark = pytest.mark.django_db
@@ -103,9 +105,9 @@ def post_candidate(agent: Agent, content: str, **fields: Any) -> Any:
 
 
 def approved(agent: Agent, content: str) -> Memory:
-    memory = services.candidate_propose(project=agent.project, type="project", content=content)
+    memory = proposals.candidate_propose(project=agent.project, type="project", content=content)
     assert memory is not None and memory.times_proposed == 1
-    return services.memory_approve(memory, by=None)
+    return decisions.memory_approve(memory, by=None)
 
 
 @pytest.mark.parametrize(("old", "new"), CONTRADICTING[:3])
@@ -150,11 +152,11 @@ def test_a_near_duplicate_that_means_the_same_still_merges(agent: Agent) -> None
 
 def test_approving_supersedes_the_old_memory(agent: Agent) -> None:
     old = approved(agent, "the staging database runs on port 5432")
-    new = services.candidate_propose(
+    new = proposals.candidate_propose(
         project=agent.project, type="project", content="the staging database runs on port 5433"
     )
     assert new is not None
-    new = services.memory_approve(new, by=None, actor_name="rita")
+    new = decisions.memory_approve(new, by=None, actor_name="rita")
     old.refresh_from_db()
     assert (old.status, old.superseded_by_id) == ("superseded", new.pk)
     assert list(old.events.values_list("action", "actor_name")) == [
@@ -163,7 +165,7 @@ def test_approving_supersedes_the_old_memory(agent: Agent) -> None:
         ("superseded", "rita"),
     ]
     assert new.events.get(action="approved").note == f"supersedes #{old.pk}"
-    md = services.memory_md(agent.project, "project").text
+    md = memory_md(agent.project, "project").text
     assert "port 5433" in md and "port 5432" not in md
     found = memories_search(project=agent.project, query="staging database port")
     assert [r.memory_id for r in found] == [new.pk]
@@ -175,27 +177,27 @@ def test_approving_supersedes_the_old_memory(agent: Agent) -> None:
 
 def test_keeping_both_leaves_the_old_memory_approved(agent: Agent) -> None:
     old = approved(agent, "never deploy on Fridays")
-    new = services.candidate_propose(
+    new = proposals.candidate_propose(
         project=agent.project, type="project", content="always deploy on Fridays"
     )
     assert new is not None
-    services.memory_approve(new, by=None, keep_both=True)
+    decisions.memory_approve(new, by=None, keep_both=True)
     old.refresh_from_db()
     assert (old.status, old.superseded_by_id) == ("approved", None)
     assert new.events.get(action="approved").note == (
         f"kept beside #{old.pk}, which it contradicts"
     )
-    md = services.memory_md(agent.project, "project").text
+    md = memory_md(agent.project, "project").text
     assert "never deploy on Fridays" in md and "always deploy on Fridays" in md
 
 
 def test_approving_in_bulk_supersedes_too(agent: Agent) -> None:
     old = approved(agent, "only keep results published after 2023")
-    new = services.candidate_propose(
+    new = proposals.candidate_propose(
         project=agent.project, type="project", content="only keep results published after 2024"
     )
     assert new is not None
-    done = services.candidates_decide(ids=[new.pk], decision="approve", by=None)
+    done = decisions.candidates_decide(ids=[new.pk], decision="approve", by=None)
     assert done.decided == [new.pk]
     old.refresh_from_db()
     assert (old.status, old.superseded_by_id) == ("superseded", new.pk)
@@ -203,25 +205,25 @@ def test_approving_in_bulk_supersedes_too(agent: Agent) -> None:
 
 def test_rejecting_a_contradiction_leaves_the_old_memory(agent: Agent) -> None:
     old = approved(agent, "the staging database runs on port 5432")
-    new = services.candidate_propose(
+    new = proposals.candidate_propose(
         project=agent.project, type="project", content="the staging database runs on port 5433"
     )
     assert new is not None
-    services.memory_reject(new, by=None)
+    decisions.memory_reject(new, by=None)
     old.refresh_from_db()
     assert old.status == "approved"
 
 
 def test_the_lifecycle_does_not_propose_merging_a_contradiction(agent: Agent) -> None:
     old = approved(agent, "never deploy on Fridays")
-    new = services.candidate_propose(
+    new = proposals.candidate_propose(
         project=agent.project, type="project", content="always deploy on Fridays"
     )
     assert new is not None
-    services.memory_approve(new, by=None, keep_both=True)
+    decisions.memory_approve(new, by=None, keep_both=True)
     # positive control: a real pair of duplicates in the same run is proposed
     a = approved(agent, "Invoices go out on the first working day")
-    b = services.candidate_propose(
+    b = proposals.candidate_propose(
         project=agent.project, type="project", content="Invoices go out on the first working day!!"
     )
     assert b is not None and b.pk == a.pk  # the same sentence: merged at once
@@ -252,10 +254,10 @@ def card(html: str, pk: int) -> str:
 
 def test_the_review_card_shows_the_two_side_by_side(staff: Client, agent: Agent) -> None:
     old = approved(agent, "the staging database runs on port 5432")
-    new = services.candidate_propose(
+    new = proposals.candidate_propose(
         project=agent.project, type="project", content="the staging database runs on port 5433"
     )
-    plain = services.candidate_propose(
+    plain = proposals.candidate_propose(
         project=agent.project, type="project", content="Invoices are sent on the 1st"
     )
     assert new is not None and plain is not None
@@ -273,7 +275,7 @@ def test_the_review_card_shows_the_two_side_by_side(staff: Client, agent: Agent)
 
 def test_keep_both_and_approve_from_the_page(staff: Client, agent: Agent) -> None:
     old = approved(agent, "never deploy on Fridays")
-    kept = services.candidate_propose(
+    kept = proposals.candidate_propose(
         project=agent.project, type="project", content="always deploy on Fridays"
     )
     assert kept is not None
@@ -283,7 +285,7 @@ def test_keep_both_and_approve_from_the_page(staff: Client, agent: Agent) -> Non
     kept.refresh_from_db()
     assert (old.status, kept.status) == ("approved", "approved")
     other = approved(agent, "the staging database runs on port 5432")
-    newer = services.candidate_propose(
+    newer = proposals.candidate_propose(
         project=agent.project, type="project", content="the staging database runs on port 5433"
     )
     assert newer is not None

@@ -16,11 +16,13 @@ from django.contrib.auth import get_user_model
 
 from costboard.celery import app as celery_app
 from costboard.models import Project
-from memory_ui import lifecycle, services
+from memory_ui import lifecycle, memory_file
 from memory_ui.lifecycle import lifecycle_run, memories_expire_due, scope_proposals
+from memory_ui.memory_file import memory_md
 from memory_ui.models import Memory, MemoryEvent
-from memory_ui.services import candidate_propose, memory_approve, memory_md, memory_reject
-from memory_ui.text import similarity
+from memory_ui.text import fingerprint, similarity
+from memory_ui.writes.decisions import memory_approve, memory_reject
+from memory_ui.writes.proposals import candidate_propose
 
 pytestmark = pytest.mark.django_db
 
@@ -55,7 +57,7 @@ def remember(project: Project, content: str, **fields: Any) -> Memory:
         content=content,
         status="approved",
         decided_at=fields.pop("decided_at", NOW - timedelta(days=1)),
-        fingerprint=services.fingerprint(content),
+        fingerprint=fingerprint(content),
         **fields,
     )
 
@@ -107,7 +109,7 @@ def test_ttl_expiry_expires_what_is_due_once(project: Project, reviewer: Any) ->
 def test_over_the_cap_the_cut_entries_are_proposed_for_eviction(
     project: Project, reviewer: Any, monkeypatch: Any
 ) -> None:
-    monkeypatch.setattr(services, "MEMORY_MD_LINES", 3)
+    monkeypatch.setattr(memory_file, "MEMORY_MD_LINES", 3)
     kept = [remember(project, text, importance=Decimal("0.9")) for text in DISTINCT[:3]]
     low = [
         remember(project, "Rarely useful", importance=Decimal("0.2"), type="reference"),
@@ -145,7 +147,7 @@ def test_over_the_cap_the_cut_entries_are_proposed_for_eviction(
 def test_a_waiting_eviction_is_brought_up_to_date_not_repeated(
     project: Project, monkeypatch: Any
 ) -> None:
-    monkeypatch.setattr(services, "MEMORY_MD_LINES", 2)
+    monkeypatch.setattr(memory_file, "MEMORY_MD_LINES", 2)
     first = [remember(project, DISTINCT[n], importance=Decimal(n + 1) / 10) for n in range(3)]
     scope_proposals(project, "project", now=NOW)
     (proposal,) = pending_proposals(project)
@@ -164,7 +166,7 @@ def test_a_waiting_eviction_is_brought_up_to_date_not_repeated(
 def test_a_long_eviction_is_described_in_at_most_150_characters(
     project: Project, monkeypatch: Any
 ) -> None:
-    monkeypatch.setattr(services, "MEMORY_MD_LINES", 1)
+    monkeypatch.setattr(memory_file, "MEMORY_MD_LINES", 1)
     for n in range(30):
         remember(project, f"a rather long entry about topic number {n} that nobody reads")
     scope_proposals(project, "project", now=NOW)
@@ -255,7 +257,7 @@ def test_scopes_are_kept_apart(project: Project) -> None:
 
 
 def test_the_whole_run_twice_proposes_once(project: Project, monkeypatch: Any) -> None:
-    monkeypatch.setattr(services, "MEMORY_MD_LINES", 5)
+    monkeypatch.setattr(memory_file, "MEMORY_MD_LINES", 5)
     for text in COMPRESSIBLE:
         remember(project, text)
     remember(project, "The staging database is on port 5433")

@@ -17,9 +17,11 @@ from django.test import Client
 from django.utils import timezone
 
 from costboard.models import Membership, Session, Turn
-from memory_ui import selectors, services
+from memory_ui import memory_file, selectors
+from memory_ui.memory_file import memory_md
 from memory_ui.models import Memory, MemoryEvent, MemoryFeedback, RetrievalLog
 from memory_ui.text import fingerprint
+from memory_ui.writes import decisions, proposals
 from tests.conftest import Agent, make_agent
 
 pytestmark = pytest.mark.django_db
@@ -32,7 +34,7 @@ HTMX = {"HX-Request": "true"}
 
 def propose(agent: Agent, content: str, **fields: Any) -> Memory:
     fields.setdefault("type", "project")
-    memory = services.candidate_propose(project=agent.project, content=content, **fields)
+    memory = proposals.candidate_propose(project=agent.project, content=content, **fields)
     assert memory is not None
     return memory
 
@@ -41,7 +43,7 @@ def approved(agent: Agent, content: str, **fields: Any) -> Memory:
     """A new memory, proposed and approved through the services (with their history)."""
     memory = propose(agent, content, **fields)
     assert memory.status == "pending" and memory.times_proposed == 1, f"not new: {content}"
-    return services.memory_approve(memory, by=None, now=fields.get("now"))
+    return decisions.memory_approve(memory, by=None, now=fields.get("now"))
 
 
 def stored(agent: Agent, content: str, status: str = "approved", **fields: Any) -> Memory:
@@ -209,7 +211,7 @@ def test_the_queue_lists_pending_candidates_newest_first_with_their_details(
     )
     existing = stored(agent, "Staging deploys run on Fridays around noon")
     decided = propose(agent, "Use tabs, not spaces", type="feedback")
-    services.memory_reject(decided, by=None)
+    decisions.memory_reject(decided, by=None)
 
     html = staff.get("/memory/review/").content.decode()
     assert queued(html) == [user_pref.pk, old.pk]  # newest first; decided ones are gone
@@ -225,7 +227,7 @@ def test_the_queue_lists_pending_candidates_newest_first_with_their_details(
     assert f'href="/sessions/{session.pk}/#turn-2" data-session-link>session chat-1, turn 2' in row
     # the similar approved memory beside it, with its similarity, loaded as the card shows
     assert f'hx-get="/memory/{old.pk}/similar/" hx-trigger="revealed"' in row
-    similar = services.similar_memories(
+    similar = selectors.similar_memories(
         agent.project, "project", old.content, exclude=old.pk, statuses=("approved",)
     )
     assert [m.pk for m, _ in similar] == [existing.pk]
@@ -292,7 +294,7 @@ def test_a_candidates_similar_aside_is_the_services_own(staff: Client, agent: Ag
         response = staff.get(f"/memory/{memory.pk}/similar/", headers=HTMX)
         assert response.status_code == 200
         html = response.content.decode()
-        expected = services.similar_memories(
+        expected = selectors.similar_memories(
             agent.project, memory.scope, memory.content, exclude=memory.pk, statuses=("approved",)
         )
         shown[memory.pk] = [int(pk) for pk in re.findall(r'data-similar-to="(\d+)"', html)]
@@ -391,7 +393,7 @@ def test_reject_with_htmx(staff: Client, agent: Agent) -> None:
     assert events(memory)[-1] == ("rejected", "root")
     # the sentence stays out
     assert (
-        services.candidate_propose(
+        proposals.candidate_propose(
             project=agent.project, type="user", content="the office cat is named pixel"
         )
         is None
@@ -484,7 +486,7 @@ def test_saving_and_approving_what_was_decided_meanwhile_changes_nothing(
     def read_then_someone_rejects(**kwargs: Any) -> Memory | None:
         found = read(**kwargs)
         if found is not None and found.status == "pending":
-            services.memory_reject(Memory.objects.get(pk=found.pk), by=None)
+            decisions.memory_reject(Memory.objects.get(pk=found.pk), by=None)
         return found
 
     monkeypatch.setattr(selectors, "memory_in_projects", read_then_someone_rejects)
@@ -729,7 +731,7 @@ def test_the_browser_groups_approved_memories_by_scope_and_type(
     d = approved(agent, "Ann likes terse replies", type="user", scope="user:ann")
     propose(agent, "Still pending, not shown")
     gone = approved(agent, "An expired memory about fax machines")
-    services.memory_expire(gone, by=None)
+    decisions.memory_expire(gone, by=None)
     html = staff.get("/memory/?project=acme").content.decode()
     sections = re.findall(r'<section class="card scope-section" data-scope="([^"]+)"', html)
     assert sections == ["project", "user:ann"]
@@ -849,7 +851,7 @@ def test_the_history_shows_who_did_what_with_before_and_after(staff: Client, age
         proposal="merge",
     )
     merge.targets.add(merged)
-    services.memory_approve(merge, by=root())
+    decisions.memory_approve(merge, by=root())
 
     html = staff.get(f"/memory/{memory.pk}/?project=acme").content.decode()
     rows = re.findall(r'<tr data-event="(\w+)">', html)
@@ -887,7 +889,7 @@ def test_the_memory_md_preview_shows_its_meters_and_what_the_caps_cut(
     kept = [approved(agent, f"Fact {words(i)}", importance=f"0.{9 - i}") for i in range(3)]
     approved(agent, "Ann likes terse replies", type="user", scope="user:ann")
     html = staff.get("/memory/?project=acme").content.decode()
-    md = services.memory_md(agent.project, "project")
+    md = memory_md(agent.project, "project")
     assert (md.lines, md.cut_count) == (3, 0)
     section = html[html.index('data-scope="project"') : html.index('data-scope="user:ann"')]
     assert 'data-md-lines="3"' in section and f'data-md-bytes="{md.bytes}"' in section
@@ -900,7 +902,7 @@ def test_the_memory_md_preview_shows_its_meters_and_what_the_caps_cut(
     user = html[html.index('data-scope="user:ann"') :]
     assert '<pre class="memory-md" data-md>[user] Ann likes terse replies\n</pre>' in user
 
-    monkeypatch.setattr(services, "MEMORY_MD_LINES", 2)
+    monkeypatch.setattr(memory_file, "MEMORY_MD_LINES", 2)
     capped = staff.get("/memory/?project=acme").content.decode()
     assert 'data-md-lines="2"' in capped
     assert 'class="meter fill-100 full"' in capped
@@ -917,7 +919,7 @@ def test_the_bytes_meter_counts_toward_its_cap(
 ) -> None:
     for letter, importance in (("a", "0.9"), ("b", "0.5"), ("c", "0.3")):
         stored(agent, letter * 100, importance=Decimal(importance))
-    monkeypatch.setattr(services, "MEMORY_MD_BYTES", 220)
+    monkeypatch.setattr(memory_file, "MEMORY_MD_BYTES", 220)
     html = staff.get("/memory/?project=acme").content.decode()
     # "[project] " + 100 characters + a newline: 111 bytes; a second line would make 222
     assert 'data-md-bytes="111"' in html and 'data-md-lines="1"' in html
@@ -951,10 +953,10 @@ def test_the_metrics_are_exact_on_known_data(staff: Client, agent: Agent) -> Non
     propose(agent, f"Pending {words(2)}", now=now - timedelta(days=1))
     kept = [approved(agent, f"Approved {words(i)}") for i in range(4)]  # 4 approvals
     for i in range(2):
-        services.memory_reject(propose(agent, f"Rejected {words(-i)}"), by=None)  # 2 rejections
+        decisions.memory_reject(propose(agent, f"Rejected {words(-i)}"), by=None)  # 2 rejections
     stale = propose(agent, "Approved long ago", now=now - timedelta(days=60))
-    services.memory_approve(stale, by=None, now=now - timedelta(days=59))  # outside the window
-    services.memory_expire(kept[0], by=None)  # 1 expired in the window
+    decisions.memory_approve(stale, by=None, now=now - timedelta(days=59))  # outside the window
+    decisions.memory_expire(kept[0], by=None)  # 1 expired in the window
     for useful in (True, True, True, False):
         MemoryFeedback.objects.create(project=agent.project, memory=kept[1], useful=useful)
     MemoryFeedback.objects.create(
@@ -963,7 +965,7 @@ def test_the_metrics_are_exact_on_known_data(staff: Client, agent: Agent) -> Non
     for results in (3, 0, 5):
         RetrievalLog.objects.create(project=agent.project, query="q", k=5, results=results)
     other = make_agent("other")
-    services.memory_reject(propose(other, "Another project's"), by=None)
+    decisions.memory_reject(propose(other, "Another project's"), by=None)
 
     html = staff.get("/memory/metrics/?project=acme").content.decode()
     assert metric(html, "pending")[0] == "2"

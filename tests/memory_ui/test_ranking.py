@@ -13,10 +13,10 @@ from django.db import connection
 from django.test import override_settings
 
 from costboard.models import Project
-from memory_ui import services
+from memory_ui.cleaners import MemoryInputError
 from memory_ui.models import Memory
 from memory_ui.ranking import Ranked, freshness, memories_search, ranking_weights, terms
-from memory_ui.services import MemoryInputError
+from memory_ui.text import fingerprint
 
 pytestmark = pytest.mark.django_db
 
@@ -38,7 +38,7 @@ def remember(project: Project, content: str, **fields: Any) -> Memory:
         content=content,
         status=fields.pop("status", "approved"),
         decided_at=fields.pop("decided_at", NOW),
-        fingerprint=services.fingerprint(content),
+        fingerprint=fingerprint(content),
         **fields,
     )
 

@@ -11,17 +11,15 @@ import pytest
 from django.contrib.auth import get_user_model
 
 from costboard.models import Project
-from memory_ui import services
+from memory_ui import cleaners
+from memory_ui.cleaners import MemoryInputError
+from memory_ui.memory_file import memory_md
 from memory_ui.models import Memory, MemoryEvent
-from memory_ui.services import (
-    MemoryInputError,
-    candidate_propose,
-    memory_approve,
-    memory_edit,
-    memory_expire,
-    memory_md,
-    memory_reject,
-)
+from memory_ui.text import fingerprint
+from memory_ui.writes import decisions, proposals, retrievals
+from memory_ui.writes.decisions import memory_approve, memory_edit, memory_expire, memory_reject
+from memory_ui.writes.imports import MemoryImport, memories_import
+from memory_ui.writes.proposals import candidate_propose
 from tests.conftest import make_agent, run_in_threads
 
 pytestmark = pytest.mark.django_db
@@ -57,7 +55,7 @@ def test_a_candidate_is_pending_with_its_fingerprint_and_history(project: Projec
         "Always use ruff, never black.",
         Decimal("0.700"),
     )
-    assert memory.fingerprint == services.fingerprint("always use RUFF never black")
+    assert memory.fingerprint == fingerprint("always use RUFF never black")
     assert actions(memory) == ["proposed"]
 
 
@@ -109,7 +107,7 @@ def test_approval_sets_the_expiry_and_edits_keep_before_and_after(
     edit = memory.events.get(action="edited")
     assert edit.before == {"content": "Release freeze starts March 3", "importance": "0.500"}
     assert edit.after == {"content": "Release freeze starts March 4", "importance": "0.900"}
-    assert memory.fingerprint == services.fingerprint("Release freeze starts March 4")
+    assert memory.fingerprint == fingerprint("Release freeze starts March 4")
     memory_expire(memory, by=reviewer, now=NOW)
     memory.refresh_from_db()
     assert memory.status == "expired"
@@ -143,9 +141,9 @@ def test_only_pending_candidates_are_decided(project: Project, reviewer: Any) ->
     memory = propose(project, "Answer in British English")
     assert memory is not None
     memory_approve(memory, by=reviewer)
-    with pytest.raises(services.DecisionError):
+    with pytest.raises(decisions.DecisionError):
         memory_reject(memory, by=reviewer)
-    with pytest.raises(services.DecisionError):
+    with pytest.raises(decisions.DecisionError):
         memory_approve(memory, by=reviewer)
 
 
@@ -159,7 +157,7 @@ def approved(project: Project, n: int, content: str, **fields: Any) -> list[Memo
             status="approved",
             importance=fields.get("importance", Decimal("0.5")),
             decided_at=NOW - timedelta(minutes=i),
-            fingerprint=services.fingerprint(content.format(i=i)),
+            fingerprint=fingerprint(content.format(i=i)),
         )
         for i in range(n)
     ]
@@ -293,7 +291,7 @@ def test_edit_with_approve_of_a_decided_memory_changes_nothing(
     memory = propose(project, "Deploys need a green build")
     assert memory is not None
     memory_reject(memory, by=reviewer)
-    with pytest.raises(services.DecisionError):
+    with pytest.raises(decisions.DecisionError):
         memory_edit(memory, by=reviewer, approve=True, content="Something else entirely")
     memory.refresh_from_db()
     assert (memory.status, memory.content) == ("rejected", "Deploys need a green build")
@@ -321,7 +319,7 @@ def test_candidates_decide_decides_the_pending_and_counts_the_rest(
     theirs = propose(other, "Their fact")
     assert a and b and c and theirs
     memory_reject(c, by=reviewer)
-    result = services.candidates_decide(
+    result = decisions.candidates_decide(
         ids=[c.pk, a.pk, theirs.pk, b.pk, a.pk, 10**9],
         decision="approve",
         by=reviewer,
@@ -340,7 +338,7 @@ def test_candidates_decide_stops_at_at_most(project: Project, reviewer: Any) -> 
     memories = [propose(project, text) for text in texts]
     ids = [m.pk for m in memories if m is not None]
     assert len(set(ids)) == 3
-    result = services.candidates_decide(ids=ids, decision="reject", by=reviewer, at_most=2)
+    result = decisions.candidates_decide(ids=ids, decision="reject", by=reviewer, at_most=2)
     assert (result.decided, result.skipped) == (ids[:2], ids[2:])
     assert Memory.objects.filter(status="rejected").count() == 2
 
@@ -349,7 +347,7 @@ def test_candidates_decide_refuses_an_unknown_decision(project: Project, reviewe
     memory = propose(project, "Fact alpha")
     assert memory is not None
     with pytest.raises(MemoryInputError) as error:
-        services.candidates_decide(ids=[memory.pk], decision="delete", by=reviewer)
+        decisions.candidates_decide(ids=[memory.pk], decision="delete", by=reviewer)
     assert error.value.field == "action"
     assert Memory.objects.get().status == "pending"
 
@@ -363,13 +361,13 @@ def test_two_bulk_decisions_at_once_decide_each_candidate_once() -> None:
         memory = candidate_propose(project=agent.project, type="user", content=f"Fact {word}")
         assert memory is not None
         ids.append(memory.pk)
-    results: list[services.Decided] = []
+    results: list[decisions.Decided] = []
 
     def decide(i: int) -> None:
         # overlapping halves, in opposite orders: any two threads share some ids
         chosen = ids[: 4 + i % 3] if i % 2 else ids[-(4 + i % 3) :][::-1]
         results.append(
-            services.candidates_decide(
+            decisions.candidates_decide(
                 ids=chosen, decision="approve" if i % 2 else "reject", by=None
             )
         )
@@ -397,7 +395,9 @@ def test_two_ttl_sweeps_at_once_expire_each_memory_once() -> None:
         memory_approve(memory, by=None, now=NOW)
     counts: list[int] = []
     later = NOW + timedelta(days=2)
-    assert run_in_threads(4, lambda i: counts.append(services.memories_expire_due(now=later))) == []
+    assert (
+        run_in_threads(4, lambda i: counts.append(decisions.memories_expire_due(now=later))) == []
+    )
     assert sum(counts) == 5
     assert set(Memory.objects.values_list("status", flat=True)) == {"expired"}
     assert MemoryEvent.objects.filter(action="expired").count() == 5
@@ -405,7 +405,7 @@ def test_two_ttl_sweeps_at_once_expire_each_memory_once() -> None:
 
 def test_a_proposal_is_never_merged_into_a_memory_with_its_text(project: Project) -> None:
     kept = approved(project, 1, "Deploys happen on Tuesdays")[0]
-    proposal = services.proposal_create(
+    proposal = proposals.proposal_create(
         project=project,
         scope="project",
         kind="merge",
@@ -433,15 +433,15 @@ def test_a_proposal_needs_a_kind_and_targets(project: Project) -> None:
         "proposed_by": "lifecycle",
     }
     with pytest.raises(MemoryInputError, match="proposal"):
-        services.proposal_create(kind="new", target_ids=[1], **fields)
+        proposals.proposal_create(kind="new", target_ids=[1], **fields)
     with pytest.raises(MemoryInputError, match="targets"):
-        services.proposal_create(kind="evict", target_ids=[], **fields)
+        proposals.proposal_create(kind="evict", target_ids=[], **fields)
     assert not Memory.objects.exists()
 
 
 def test_a_decided_eviction_is_not_brought_up_to_date(project: Project, reviewer: Any) -> None:
     a, b = approved(project, 2, "fact {i}")
-    eviction = services.proposal_create(
+    eviction = proposals.proposal_create(
         project=project,
         scope="project",
         kind="evict",
@@ -459,13 +459,13 @@ def test_a_decided_eviction_is_not_brought_up_to_date(project: Project, reviewer
         "note": "now two",
         "proposed_by": "lifecycle",
     }
-    updated = services.eviction_update(proposal_id=eviction.pk, **update)
+    updated = proposals.eviction_update(proposal_id=eviction.pk, **update)
     assert updated is not None and updated.times_proposed == 2
     assert set(updated.targets.values_list("pk", flat=True)) == {a.pk, b.pk}
     event = updated.events.get(action="reproposed")
     assert event.before["targets"] == [b.pk] and event.after["targets"] == sorted([a.pk, b.pk])
     memory_reject(updated, by=reviewer)
-    assert services.eviction_update(proposal_id=eviction.pk, **update) is None
+    assert proposals.eviction_update(proposal_id=eviction.pk, **update) is None
     assert actions(updated) == ["proposed", "reproposed", "rejected"]
 
 
@@ -476,19 +476,19 @@ def test_feedback_needs_the_projects_memory_and_search(project: Project) -> None
     other = Project.objects.create(name="Other", slug="other")
     (mine,) = approved(project, 1, "Deploys happen on Tuesdays")
     (theirs,) = approved(other, 1, "Their fact")
-    log = services.retrieval_log_record(
+    log = retrievals.retrieval_log_record(
         project=project, query="deploys " * 100, scope="project", k=5, ranked=[]
     )
-    assert (len(log.query), log.results, log.memory_ids) == (services.MAX_QUERY, 0, [])
-    stored = services.memory_feedback_add(
+    assert (len(log.query), log.results, log.memory_ids) == (cleaners.MAX_QUERY, 0, [])
+    stored = retrievals.memory_feedback_add(
         project=project, memory_id=mine.pk, useful=True, retrieval_id=log.pk, now=NOW
     )
     assert (stored.memory_id, stored.retrieval_id, stored.useful) == (mine.pk, log.pk, True)
-    with pytest.raises(services.NotFound) as missing:
-        services.memory_feedback_add(project=project, memory_id=theirs.pk, useful=False)
+    with pytest.raises(cleaners.NotFound) as missing:
+        retrievals.memory_feedback_add(project=project, memory_id=theirs.pk, useful=False)
     assert missing.value.field == "memory_id"
-    with pytest.raises(services.NotFound) as missing:
-        services.memory_feedback_add(
+    with pytest.raises(cleaners.NotFound) as missing:
+        retrievals.memory_feedback_add(
             project=other, memory_id=theirs.pk, useful=False, retrieval_id=log.pk
         )
     assert missing.value.field == "retrieval_id"
@@ -498,7 +498,7 @@ def test_feedback_needs_the_projects_memory_and_search(project: Project) -> None
         ("retrieval_id", {"memory_id": mine.pk, "useful": True, "retrieval_id": True}),
     ]:
         with pytest.raises(MemoryInputError) as error:
-            services.memory_feedback_add(project=project, **kwargs)
+            retrievals.memory_feedback_add(project=project, **kwargs)
         assert error.value.field == field
     assert stored.__class__.objects.count() == 1
 
@@ -507,11 +507,11 @@ def test_feedback_needs_the_projects_memory_and_search(project: Project) -> None
 
 
 def test_an_import_writes_approved_memories_with_their_history(project: Project) -> None:
-    rows = services.memories_import(
+    rows = memories_import(
         project=project,
         memories=[
-            services.MemoryImport(type="reference", content="Runbook is in the wiki", ttl_days=30),
-            services.MemoryImport(
+            MemoryImport(type="reference", content="Runbook is in the wiki", ttl_days=30),
+            MemoryImport(
                 type="user",
                 content="  Prefers   short answers ",
                 scope="user:ann",
@@ -534,7 +534,7 @@ def test_an_import_writes_approved_memories_with_their_history(project: Project)
         "user:ann",
         Decimal("0.800"),
     )
-    assert short.fingerprint == services.fingerprint("prefers short answers")
+    assert short.fingerprint == fingerprint("prefers short answers")
     history = [(e.action, e.actor_name, e.at) for e in short.events.order_by("at", "id")]
     assert history == [
         ("proposed", "bench", NOW - timedelta(days=2)),
@@ -545,11 +545,11 @@ def test_an_import_writes_approved_memories_with_their_history(project: Project)
 
 def test_an_import_with_a_bad_entry_stores_none(project: Project) -> None:
     with pytest.raises(MemoryInputError) as error:
-        services.memories_import(
+        memories_import(
             project=project,
             memories=[
-                services.MemoryImport(type="user", content="Fine"),
-                services.MemoryImport(type="user", content="y" * 151),
+                MemoryImport(type="user", content="Fine"),
+                MemoryImport(type="user", content="y" * 151),
             ],
         )
     assert error.value.field == "content"

@@ -1,11 +1,11 @@
 """Every memory write is a service, and every change a MemoryEvent.
 
-1. A scan of the source of memory_ui/ and devtools/ (their migrations and memory_ui/services.py
-   apart) finds no write of Memory, MemoryEvent, RetrievalLog or MemoryFeedback: no manager or
-   queryset write rooted at those models, no write through their related managers, no row of
-   theirs built by hand, no raw SQL writing their tables, and no `.save()` / `.delete()` /
-   queryset `.update()` on anything but the few non-memory rows listed below. Planted writes
-   show the scan catches each kind.
+1. A scan of the source of memory_ui/ and devtools/ (their migrations and the write modules,
+   WRITERS, apart) finds no write of Memory, MemoryEvent, RetrievalLog or MemoryFeedback: no
+   manager or queryset write rooted at those models, no write through their related managers,
+   no row of theirs built by hand, no raw SQL writing their tables, and no `.save()` /
+   `.delete()` / queryset `.update()` on anything but the few non-memory rows listed below.
+   Planted writes show the scan catches each kind.
 2. A whole life — detected, proposed again, edited, approved, rejected, searched and rated,
    merged, compressed, evicted, expired by a person and by its TTL — and the demo's seeding
    leave every memory equal to what its history says: folding its events' `after` in order
@@ -30,13 +30,20 @@ from django.test import Client
 from django.utils import timezone
 
 from costboard.outbox import outbox_dispatch
-from memory_ui import lifecycle, services
+from memory_ui import lifecycle
 from memory_ui.models import Memory
+from memory_ui.writes import decisions, proposals
+from memory_ui.writes.imports import MemoryImport, memories_import
 from tests.conftest import Agent
 
 ROOT = Path(__file__).resolve().parents[2]
 SCANNED = ("memory_ui", "devtools")
-WRITER = Path("memory_ui/services.py")
+# the write services, each by name: a module added to memory_ui/writes/ is scanned until it is
+# listed here
+WRITERS = frozenset(
+    Path(f"memory_ui/writes/{name}.py")
+    for name in ("history", "proposals", "decisions", "retrievals", "imports")
+)
 MODELS = frozenset({"Memory", "MemoryEvent", "RetrievalLog", "MemoryFeedback"})
 # related managers that reach those tables: project.memories, memory.events, memory.feedback,
 # memory.merged_from, memory.targets (and retrieval.feedback)
@@ -180,7 +187,7 @@ def scanned_files(root: Path, packages: tuple[str, ...] = SCANNED) -> list[Path]
     for package in packages:
         for path in sorted((root / package).rglob("*.py")):
             relative = path.relative_to(root)
-            if "migrations" in relative.parts or relative == WRITER:
+            if "migrations" in relative.parts or relative in WRITERS:
                 continue
             files.append(path)
     return files
@@ -208,7 +215,9 @@ def test_no_module_but_services_writes_the_memory_tables() -> None:
         "devtools/demo.py",
         "devtools/memory_bench.py",
     } <= files
-    assert "memory_ui/services.py" not in files
+    assert all((ROOT / writer).is_file() for writer in WRITERS)  # the list is not stale
+    assert not {w.as_posix() for w in WRITERS} & files
+    assert "memory_ui/writes/__init__.py" in files
     for path, code in NOT_MEMORY:  # the exceptions are still there, or drop them from the list
         assert f"{code}(" in (ROOT / path).read_text(), (path, code)
     findings = scan(ROOT)
@@ -249,7 +258,7 @@ INNOCENT = [
     "taken.update((a, b))",
     "counts.update(terms(text))",
     "Project.objects.filter(pk=1).update(name='x')",
-    "services.memory_approve(memory, by=user)",
+    "decisions.memory_approve(memory, by=user)",
     "Memory.Type('user')",
     "cursor.execute('ANALYZE memory_ui_memory')",
     "self.events.append((at, event))",
@@ -263,18 +272,22 @@ def test_reads_and_other_tables_are_not_flagged(source: str) -> None:
 
 def test_the_scan_reads_every_module_of_the_packages_it_is_given(tmp_path: Path) -> None:
     """A positive control on the files: a planted module in a nested folder is read and its
-    write found; services.py and migrations are the only ones skipped."""
-    for folder in ("memory_ui/deep", "memory_ui/migrations", "devtools"):
+    write found; the listed write modules and migrations are the only ones skipped, and a
+    module beside them in memory_ui/writes/ is read."""
+    for folder in ("memory_ui/deep", "memory_ui/migrations", "memory_ui/writes", "devtools"):
         (tmp_path / folder).mkdir(parents=True)
     write = "def f(m):\n    m.save()\n"
     (tmp_path / "memory_ui/deep/sneaky.py").write_text(write)
     (tmp_path / "memory_ui/migrations/0009_data.py").write_text(write)
-    (tmp_path / "memory_ui/services.py").write_text(write)
+    for writer in WRITERS:
+        (tmp_path / writer).write_text(write)
+    (tmp_path / "memory_ui/writes/unlisted.py").write_text(write)
     (tmp_path / "devtools/seed.py").write_text("Memory.objects.bulk_create([])\n")
     found = scan(tmp_path)
     assert [(f.path, f.line) for f in found] == [
         ("devtools/seed.py", 1),
         ("memory_ui/deep/sneaky.py", 2),
+        ("memory_ui/writes/unlisted.py", 2),
     ]
 
 
@@ -403,8 +416,8 @@ def test_a_whole_life_leaves_every_memory_as_its_history_says(agent: Agent) -> N
     web.post("/memory/review/bulk/", {"action": "reject", "ids": [dropped]}, headers=HTMX)
     # an approved duplicate of the reference, written as an import (no duplicate check)
     twin_text = "Invoices are sent on the first of each month"
-    (twin,) = services.memories_import(
-        project=project, memories=[services.MemoryImport(type="reference", content=twin_text)]
+    (twin,) = memories_import(
+        project=project, memories=[MemoryImport(type="reference", content=twin_text)]
     )
 
     # the lifecycle proposes: compress the three deploy notes, merge the invoice twins
@@ -422,14 +435,14 @@ def test_a_whole_life_leaves_every_memory_as_its_history_says(agent: Agent) -> N
     # expired by a person, and by its TTL
     web.post(f"/memory/{kept}/expire/", headers=HTMX)
     later = timezone.now() + timedelta(days=4)
-    assert services.memories_expire_due(now=later) == 1
+    assert decisions.memories_expire_due(now=later) == 1
     assert Memory.objects.get(pk=short).status == "expired"
 
     # MEMORY.md over its cap: an eviction proposal, brought up to date, then approved
-    services.memories_import(
+    memories_import(
         project=project,
         memories=[
-            services.MemoryImport(
+            MemoryImport(
                 type="project",
                 content=f"Fact {i:03} " + "x" * 120,
                 importance=Decimal("0.9"),
@@ -439,16 +452,14 @@ def test_a_whole_life_leaves_every_memory_as_its_history_says(agent: Agent) -> N
     )
     lifecycle.project_proposals(project)
     one_more = "One more fact " + "y" * 120
-    services.memories_import(
+    memories_import(
         project=project,
-        memories=[
-            services.MemoryImport(type="project", content=one_more, importance=Decimal("0.95"))
-        ],
+        memories=[MemoryImport(type="project", content=one_more, importance=Decimal("0.95"))],
     )
     lifecycle.project_proposals(project)
     (eviction,) = Memory.objects.filter(status="pending", proposal="evict")
     assert eviction.times_proposed == 2
-    services.memory_approve(eviction, by=staff)
+    decisions.memory_approve(eviction, by=staff)
     assert Memory.objects.filter(status="expired").exists()
 
     statuses = set(Memory.objects.values_list("status", flat=True))
@@ -475,7 +486,7 @@ def test_the_demo_memories_are_as_their_history_says() -> None:
 @pytest.mark.django_db
 def test_a_history_that_disagrees_with_its_row_is_caught(agent: Agent) -> None:
     """A negative control for the check above: a status written around the services."""
-    memory = services.candidate_propose(project=agent.project, type="user", content="Likes tea")
+    memory = proposals.candidate_propose(project=agent.project, type="user", content="Likes tea")
     assert memory is not None
     assert assert_history_matches([memory]) == 1
     Memory.objects.filter(pk=memory.pk).update(status="approved")  # what a view once could do

@@ -1,0 +1,115 @@
+"""Approved memories imported in bulk (a benchmark's scope, an existing MEMORY.md), each with
+its history, in a few statements."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+
+from django.db import connection, transaction
+from django.utils import timezone
+
+from costboard.models import Project
+from memory_ui.cleaners import (
+    DEFAULT_IMPORTANCE,
+    clean_content,
+    clean_importance,
+    clean_scope,
+    clean_tags,
+    clean_ttl_days,
+    clean_type,
+)
+from memory_ui.conflicts import frame_key
+from memory_ui.models import Memory, MemoryEvent
+from memory_ui.text import fingerprint
+from memory_ui.writes.decisions import expiry
+from memory_ui.writes.history import User, event_fields, snapshot
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryImport:
+    """One approved memory to import, with when it was proposed and decided."""
+
+    type: str
+    content: str
+    scope: str = "project"
+    importance: Decimal = DEFAULT_IMPORTANCE
+    source: str = Memory.Source.AGENT_INFERRED
+    tags: tuple[str, ...] = ()
+    ttl_days: int | None = None
+    proposed_at: datetime | None = None  # default: decided_at
+    decided_at: datetime | None = None  # default: now
+
+
+@transaction.atomic
+def memories_import(
+    *,
+    project: Project,
+    memories: Sequence[MemoryImport],
+    by: User = None,
+    actor_name: str = "import",
+    now: datetime | None = None,
+    batch_size: int = 2000,
+) -> list[Memory]:
+    """Approved memories in bulk (a benchmark's scope of 10,000, an existing MEMORY.md), each
+    with its history — proposed, then approved — in one transaction and a few statements. No
+    duplicate check: for a set known to be new and distinct."""
+    if not connection.features.can_return_rows_from_bulk_insert:
+        raise RuntimeError(f"{connection.vendor} cannot return ids from a bulk insert")
+    now = now or timezone.now()
+    rows = []
+    for entry in memories:
+        content = clean_content(entry.content)
+        decided = entry.decided_at or now
+        memory = Memory(
+            project=project,
+            type=clean_type(entry.type),
+            content=content,
+            scope=clean_scope(entry.scope),
+            status=Memory.Status.APPROVED,
+            importance=clean_importance(entry.importance),
+            source=entry.source,
+            tags=clean_tags(entry.tags),
+            ttl_days=clean_ttl_days(entry.ttl_days),
+            fingerprint=fingerprint(content),
+            frame_key=frame_key(content),
+            proposed_by=actor_name[:150],
+            created_at=entry.proposed_at or decided,
+            updated_at=decided,
+            decided_at=decided,
+            decided_by=by if by is not None and by.is_authenticated else None,
+        )
+        memory.expires_at = expiry(memory, decided)
+        rows.append(memory)
+    Memory.objects.bulk_create(rows, batch_size=batch_size)
+    history = []
+    for memory in rows:
+        proposed = {**snapshot(memory), "status": Memory.Status.PENDING.value}
+        history.append(
+            MemoryEvent(
+                **event_fields(
+                    memory,
+                    MemoryEvent.Action.PROPOSED,
+                    name=actor_name,
+                    after=proposed,
+                    note="imported",
+                    at=memory.created_at,
+                )
+            )
+        )
+        history.append(
+            MemoryEvent(
+                **event_fields(
+                    memory,
+                    MemoryEvent.Action.APPROVED,
+                    user=by,
+                    name=actor_name,
+                    after={"status": memory.status},
+                    at=memory.decided_at or now,
+                )
+            )
+        )
+    MemoryEvent.objects.bulk_create(history, batch_size=batch_size)
+    return rows

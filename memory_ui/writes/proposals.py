@@ -1,0 +1,243 @@
+"""What becomes a pending memory: a candidate proposed (with duplicates merged and rejected
+sentences kept out, contradictions listed), and the lifecycle's evict/merge/compress
+proposals (memory_ui.lifecycle decides what to propose; memory_approve applies them)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from decimal import Decimal
+
+from django.db import transaction
+from django.utils import timezone
+
+from costboard.models import Project, Session, Turn
+from memory_ui.cleaners import (
+    DEFAULT_IMPORTANCE,
+    MemoryInputError,
+    clean_content,
+    clean_importance,
+    clean_scope,
+    clean_tags,
+    clean_ttl_days,
+    clean_type,
+)
+from memory_ui.conflicts import frame_key
+from memory_ui.models import Memory, MemoryEvent
+from memory_ui.selectors import LIVE, near_memories
+from memory_ui.text import fingerprint
+from memory_ui.writes.history import event_record, snapshot
+
+REPETITION_BONUS = Decimal("0.05")  # importance added each time a memory is proposed again
+
+
+@transaction.atomic
+def candidate_propose(
+    *,
+    project: Project,
+    type: str,
+    content: str,
+    scope: str = "project",
+    importance: Decimal | float | str | None = None,
+    source: str = Memory.Source.AGENT_INFERRED,
+    session: Session | None = None,
+    turn: Turn | None = None,
+    evidence: str = "",
+    redactions: Iterable[str] = (),
+    proposed_by: str = "",
+    tags: list[str] | None = None,
+    ttl_days: int | None = None,
+    now: datetime | None = None,
+) -> Memory | None:
+    """A pending candidate; or, when the scope already has the same sentence (or a near
+    duplicate that means the same) pending or approved, that memory proposed once more (its
+    importance raised for the repetition); or None when the same sentence was rejected before.
+
+    A sentence near-identical to a live memory but for a number, a date, a version, a
+    negation or an opposite (memory_ui.conflicts) is never merged: it is a new candidate whose
+    `conflicts_with` lists the memories it contradicts, for a person to decide between."""
+    now = now or timezone.now()
+    content = clean_content(content)
+    type = clean_type(type)
+    scope = clean_scope(scope)
+    weight = clean_importance(importance)
+    tags = clean_tags(tags)
+    ttl_days = clean_ttl_days(ttl_days)
+    fp = fingerprint(content)
+    # one proposer at a time per project (a row lock that doesn't block ingest's inserts)
+    Project.objects.select_for_update(no_key=True).filter(pk=project.pk).first()
+    same = (
+        Memory.objects.filter(project=project, scope=scope, fingerprint=fp)
+        # a lifecycle proposal (evict/merge/compress) rejected is not its sentence rejected
+        .filter(proposal=Memory.Proposal.NEW)
+        .exclude(status__in=[Memory.Status.EXPIRED, Memory.Status.MERGED, Memory.Status.SUPERSEDED])
+        .order_by("status", "pk")
+        .first()
+    )
+    if same is not None and same.status == Memory.Status.REJECTED:
+        return None
+    note = ""
+    contradicts: list[tuple[Memory, str]] = []
+    if same is None:
+        near = near_memories(project, scope, content)
+        contradicts = near.conflicts
+        if near.duplicate is not None:
+            same, score = near.duplicate
+            note = f"near-duplicate ({score:.2f}) of a proposal: {content}"
+    if same is not None:
+        # a reviewer may be deciding on it or editing it now: wait for its row, read it again
+        same = Memory.objects.select_for_update().filter(pk=same.pk).first()
+        if same is not None and same.status == Memory.Status.REJECTED and same.fingerprint == fp:
+            return None
+        if same is not None and same.status not in LIVE:
+            same = None  # decided meanwhile: this sentence is new again
+    if same is not None:
+        same.times_proposed += 1
+        same.importance = min(Decimal(1), max(same.importance, weight) + REPETITION_BONUS)
+        same.updated_at = now
+        same.save(update_fields=["times_proposed", "importance", "updated_at"])
+        event_record(
+            same,
+            MemoryEvent.Action.REPROPOSED,
+            name=proposed_by,
+            after={"times_proposed": same.times_proposed, "importance": str(same.importance)},
+            note=note,
+            at=now,
+        )
+        return same
+    memory = Memory.objects.create(
+        project=project,
+        type=type,
+        content=content,
+        scope=scope,
+        importance=weight,
+        source=source,
+        tags=tags,
+        ttl_days=ttl_days,
+        session=session,
+        turn=turn,
+        fingerprint=fp,
+        frame_key=frame_key(content),
+        evidence=evidence[:2000],
+        redactions=sorted(set(redactions)),
+        proposed_by=proposed_by[:150],
+        created_at=now,
+        updated_at=now,
+    )
+    notes = [f"redacted: {', '.join(memory.redactions)}"] if memory.redactions else []
+    if contradicts:
+        memory.conflicts_with.set([other for other, _ in contradicts])
+        notes += [f"contradicts #{other.pk} ({why})" for other, why in contradicts]
+    event_record(
+        memory,
+        MemoryEvent.Action.PROPOSED,
+        name=proposed_by,
+        after=snapshot(memory),
+        note="; ".join(notes),
+        at=now,
+    )
+    return memory
+
+
+# --- lifecycle proposals (memory_ui.lifecycle decides what to propose) -------------------------
+
+
+@transaction.atomic
+def proposal_create(
+    *,
+    project: Project,
+    scope: str,
+    kind: str,
+    type: str,
+    content: str,
+    target_ids: Sequence[int],
+    importance: Decimal = DEFAULT_IMPORTANCE,
+    source: str = Memory.Source.AGENT_INFERRED,
+    tags: Sequence[str] = (),
+    ttl_days: int | None = None,
+    evidence: str = "",
+    note: str,
+    proposed_by: str,
+    now: datetime | None = None,
+) -> Memory:
+    """A pending evict, merge or compress proposal acting on `target_ids`, for a person to
+    decide (memory_approve applies it). Unlike candidate_propose it is never merged into a
+    memory with the same text: a merge proposal carries one of its targets' text."""
+    if kind not in (Memory.Proposal.EVICT, Memory.Proposal.MERGE, Memory.Proposal.COMPRESS):
+        raise MemoryInputError("proposal", "must be evict, merge or compress")
+    if not target_ids:
+        raise MemoryInputError("targets", "a proposal acts on at least one memory")
+    now = now or timezone.now()
+    content = clean_content(content)
+    # one proposer at a time per project, as candidate_propose (re-entrant for the lifecycle)
+    Project.objects.select_for_update(no_key=True).filter(pk=project.pk).first()
+    memory = Memory.objects.create(
+        project=project,
+        type=clean_type(type),
+        content=content,
+        scope=clean_scope(scope),
+        importance=clean_importance(importance),
+        source=source,
+        tags=clean_tags(tags),
+        ttl_days=clean_ttl_days(ttl_days),
+        # an eviction is not a sentence to remember; a merge or compression becomes one
+        fingerprint="" if kind == Memory.Proposal.EVICT else fingerprint(content),
+        frame_key="" if kind == Memory.Proposal.EVICT else frame_key(content),
+        evidence=evidence[:2000],
+        proposal=kind,
+        proposed_by=proposed_by[:150],
+        created_at=now,
+        updated_at=now,
+    )
+    memory.targets.set(target_ids)
+    event_record(
+        memory,
+        MemoryEvent.Action.PROPOSED,
+        name=proposed_by,
+        after={**snapshot(memory), "targets": sorted(target_ids)},
+        note=note,
+        at=now,
+    )
+    return memory
+
+
+@transaction.atomic
+def eviction_update(
+    *,
+    proposal_id: int,
+    type: str,
+    content: str,
+    target_ids: Sequence[int],
+    evidence: str,
+    note: str,
+    proposed_by: str,
+    now: datetime | None = None,
+) -> Memory | None:
+    """Bring a waiting eviction proposal up to date (what MEMORY.md's cap cuts now), its
+    history keeping the before and after; None if it is no longer a pending eviction (decided
+    meanwhile: the caller proposes a new one)."""
+    now = now or timezone.now()
+    memory = (
+        Memory.objects.select_for_update()
+        .filter(pk=proposal_id, status=Memory.Status.PENDING, proposal=Memory.Proposal.EVICT)
+        .first()
+    )
+    if memory is None:
+        return None
+    before = {**snapshot(memory), "targets": sorted(memory.targets.values_list("pk", flat=True))}
+    memory.content, memory.type = clean_content(content), clean_type(type)
+    memory.evidence = evidence[:2000]
+    memory.times_proposed += 1
+    memory.updated_at = now
+    memory.save(update_fields=["content", "type", "evidence", "times_proposed", "updated_at"])
+    memory.targets.set(target_ids)
+    event_record(
+        memory,
+        MemoryEvent.Action.REPROPOSED,
+        name=proposed_by,
+        before=before,
+        after={**snapshot(memory), "targets": sorted(target_ids)},
+        note=note,
+        at=now,
+    )
+    return memory
