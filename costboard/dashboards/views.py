@@ -38,10 +38,53 @@ from django_htmx.middleware import HtmxDetails
 from costboard.budgets import services
 from costboard.budgets.caps import Caps, caps_for, session_caps, stop_verdict
 from costboard.budgets.holds import session_held_by, stops_in_force
-from costboard.dashboards import charts, selectors
+from costboard.dashboards import charts
 from costboard.dashboards.pagination import KeyedPaginator
 from costboard.dashboards.params import Checks
 from costboard.dashboards.scope import Scope, scope_for
+from costboard.dashboards.selectors.budgets import (
+    budget_detail,
+    budget_in_scope,
+    budgets_current,
+    budgets_stopped_counts,
+)
+from costboard.dashboards.selectors.flagged import (
+    FLAG_KINDS,
+    CapUse,
+    session_cap_reasons,
+    session_cap_uses,
+    sessions_flagged,
+    sessions_flagged_counts,
+    sessions_flagged_list,
+)
+from costboard.dashboards.selectors.overview import (
+    models_unpriced,
+    sessions_costliest,
+    spend_by_period,
+    usage_breakdown,
+)
+from costboard.dashboards.selectors.session import session_budget_events, session_detail
+from costboard.dashboards.selectors.sessions import (
+    SESSION_SORTS,
+    STATE_FILTERS,
+    SessionFilters,
+    SessionStop,
+    model_mix,
+    session_stop,
+    sessions_filtered,
+    sessions_total,
+)
+from costboard.dashboards.selectors.shared import ZERO
+from costboard.dashboards.selectors.steps import (
+    StepFilter,
+    StepNames,
+    latency_by_step_type,
+    step_names,
+    steps_by_type_and_model,
+    turn_cost_distribution,
+)
+from costboard.dashboards.selectors.tags import spend_by_tag, tag_keys
+from costboard.dashboards.selectors.users import USER_SORTS, users_spend
 from costboard.exports import csv_cell
 from costboard.ingest.schemas import FIRST_YEAR, LAST_YEAR
 from costboard.models import SYSTEM_SESSION_ID, PeriodBudget, Project, Session, usd
@@ -114,20 +157,18 @@ def overview(request: HttpRequest) -> HttpResponse:
     ids = scope.project_ids
     today = timezone.now().date()
     since = _period_start(today)
-    breakdown = selectors.usage_breakdown(project_ids=ids, since=since, until=today)
-    flagged, flagged_total = selectors.sessions_flagged(project_ids=ids, stops=_stops(ids))
+    breakdown = usage_breakdown(project_ids=ids, since=since, until=today)
+    flagged, flagged_total = sessions_flagged(project_ids=ids, stops=_stops(ids))
     context = {
         "scope": scope,
-        "spend": selectors.spend_by_period(project_ids=ids, today=today),
+        "spend": spend_by_period(project_ids=ids, today=today),
         "breakdown": breakdown,
-        "costliest": selectors.sessions_costliest(
-            project_ids=ids, since=timezone.now() - timedelta(days=30)
-        ),
+        "costliest": sessions_costliest(project_ids=ids, since=timezone.now() - timedelta(days=30)),
         "flagged": flagged,
         "flagged_total": flagged_total,
-        "budgets": selectors.budgets_current(project_ids=ids, now=timezone.now()),
+        "budgets": budgets_current(project_ids=ids, now=timezone.now()),
         **_tag_breakdown(checks, ids, since, today),
-        "unpriced": (selectors.models_unpriced(project_ids=ids) if request.user.is_staff else []),
+        "unpriced": (models_unpriced(project_ids=ids) if request.user.is_staff else []),
         "figures": _figures(
             daily=charts.daily_cost_by_model(breakdown),
             step_types=charts.cost_by_step_type(breakdown),
@@ -143,22 +184,20 @@ def _tag_breakdown(
     ids: list[int],
     since: date,
     until: date,
-    steps: selectors.StepFilter = selectors.StepFilter(),  # noqa: B008 (frozen)
+    steps: StepFilter = StepFilter(),  # noqa: B008 (frozen)
 ) -> dict[str, Any]:
     """The tag keys of the period and the spend per value of the one asked for
     (`?tag_key=`), else the first; of the steps `steps` keeps."""
-    keys = selectors.tag_keys(project_ids=ids, since=since, until=until)
+    keys = tag_keys(project_ids=ids, since=since, until=until)
     key = checks.choice("tag_key", keys, what="a tag key of this period", blank="the first")
     key = key or (keys[0] if keys else "")
     rows = (
-        selectors.spend_by_tag(project_ids=ids, since=since, until=until, key=key, steps=steps)
-        if key
-        else []
+        spend_by_tag(project_ids=ids, since=since, until=until, key=key, steps=steps) if key else []
     )
     return {"tag_keys": keys, "tag_key": key, "tag_rows": rows}
 
 
-def _models(checks: Checks, names: selectors.StepNames) -> tuple[str, str]:
+def _models(checks: Checks, names: StepNames) -> tuple[str, str]:
     """`?model=` (a family, or an exact name) and `?exact=` (an exact name), checked against
     the names the projects' steps carried."""
     model = checks.choice(
@@ -189,8 +228,8 @@ def _period_start(until: date | None) -> date:
 
 
 def _session_filters(
-    checks: Checks, project_ids: list[int], names: selectors.StepNames | None = None
-) -> selectors.SessionFilters:
+    checks: Checks, project_ids: list[int], names: StepNames | None = None
+) -> SessionFilters:
     """The sessions list's filters (its CSV's too), each checked; the model names are read
     (`names`, unless given) only when a model filter is."""
     params = checks.params
@@ -199,14 +238,12 @@ def _session_filters(
     since = period.since
     if "since" not in params:  # given empty (the date cleared, the "All time" link): all time
         since = _period_start(period.until)
-    sort = checks.sort("sort", selectors.SESSION_SORTS, default="-last_active")
-    state = checks.choice(
-        "state", selectors.STATE_FILTERS, what="a session state", blank="any state"
-    )
+    sort = checks.sort("sort", SESSION_SORTS, default="-last_active")
+    state = checks.choice("state", STATE_FILTERS, what="a session state", blank="any state")
     model = exact = ""
     if checks.get("model").strip() or checks.get("exact").strip():
-        model, exact = _models(checks, names or selectors.step_names(project_ids=project_ids))
-    return selectors.SessionFilters(
+        model, exact = _models(checks, names or step_names(project_ids=project_ids))
+    return SessionFilters(
         state=state,
         model=model,
         exact=exact,
@@ -224,22 +261,20 @@ def sessions_list(request: HtmxHttpRequest) -> HttpResponse:
     scope = scope_for(request)
     checks = Checks(request.GET)
     # the model filter's choices (the full page's), which also check a model asked for
-    names = None if request.htmx else selectors.step_names(project_ids=scope.project_ids)
+    names = None if request.htmx else step_names(project_ids=scope.project_ids)
     filters = _session_filters(checks, scope.project_ids, names)
     live = checks.switch("live", meaning="refresh the list every 10 seconds")
     stops = _stops(scope.project_ids)
-    sessions = selectors.sessions_filtered(
-        project_ids=scope.project_ids, filters=filters, stops=stops
-    )
+    sessions = sessions_filtered(project_ids=scope.project_ids, filters=filters, stops=stops)
     # All of them (the "All time" link): counted from the projects' tallies, not row by row
-    total = selectors.sessions_total(project_ids=scope.project_ids) if filters.everything else None
+    total = sessions_total(project_ids=scope.project_ids) if filters.everything else None
     page = checks.page(KeyedPaginator(sessions, PAGE_SIZE, count=total))
-    mix = selectors.model_mix(session_ids=[s.pk for s in page])
+    mix = model_mix(session_ids=[s.pk for s in page])
     by_id = {b.pk: b for b in stops}
     rows = []
     for s in page:
         caps = session_caps(s)
-        stop = selectors.session_stop(s, caps, by_id.get(s.held_by_budget))  # type: ignore[attr-defined]
+        stop = session_stop(s, caps, by_id.get(s.held_by_budget))  # type: ignore[attr-defined]
         rows.append((s, caps, mix.get(s.pk, []), stop))
     all_time = request.GET.copy()
     all_time.pop("page", None)
@@ -251,7 +286,7 @@ def sessions_list(request: HtmxHttpRequest) -> HttpResponse:
         "filter_errors": checks.errors,
         "page": page,
         "rows": rows,
-        "states": list(selectors.STATE_FILTERS),
+        "states": list(STATE_FILTERS),
         "live": live,
     }
     template = "costboard/sessions.html"
@@ -409,9 +444,7 @@ def sessions_csv(request: HttpRequest) -> HttpResponseBase:
     if checks.errors:
         return _csv_refused(request, checks, "sessions")
     stops = _stops(scope.project_ids)
-    sessions = selectors.sessions_filtered(
-        project_ids=scope.project_ids, filters=filters, stops=stops
-    )
+    sessions = sessions_filtered(project_ids=scope.project_ids, filters=filters, stops=stops)
     projects = {p.pk: p for p in scope.projects}
     by_id = {b.pk: b for b in stops}
     response = StreamingHttpResponse(_csv_rows(sessions, projects, by_id), content_type="text/csv")
@@ -451,7 +484,7 @@ def _session_render(
     status: int = 200,
 ) -> HttpResponse:
     caps = session_caps(session)
-    detail = selectors.session_detail(session=session)
+    detail = session_detail(session=session)
     context = {
         "scope": scope,
         "session": session,
@@ -495,7 +528,7 @@ def steps_page(request: HtmxHttpRequest) -> HttpResponse:
     since = period.since or _period_start(period.until)
     until = period.until or today
     ids = scope.project_ids
-    names = selectors.step_names(project_ids=ids)
+    names = step_names(project_ids=ids)
     model, exact = _models(checks, names)
     step_type = checks.choice(
         "step_type",
@@ -503,12 +536,10 @@ def steps_page(request: HtmxHttpRequest) -> HttpResponse:
         what="a step type of these projects' steps",
         blank="every step type",
     )
-    steps = selectors.StepFilter(model=model, exact=exact, step_type=step_type)
-    rows = selectors.steps_by_type_and_model(project_ids=ids, since=since, until=until, steps=steps)
-    latency = selectors.latency_by_step_type(project_ids=ids, since=since, until=until, steps=steps)
-    turn_costs = selectors.turn_cost_distribution(
-        project_ids=ids, since=since, until=until, steps=steps
-    )
+    steps = StepFilter(model=model, exact=exact, step_type=step_type)
+    rows = steps_by_type_and_model(project_ids=ids, since=since, until=until, steps=steps)
+    latency = latency_by_step_type(project_ids=ids, since=since, until=until, steps=steps)
+    turn_costs = turn_cost_distribution(project_ids=ids, since=since, until=until, steps=steps)
 
     by_type: dict[str, list[int]] = {}
     for row in rows:
@@ -557,7 +588,7 @@ def users_csv(request: HttpRequest) -> HttpResponse:
     since, until, sort = _users_period(checks)
     if checks.errors:
         return _csv_refused(request, checks, "users")
-    rows = selectors.users_spend(project_ids=scope.project_ids, since=since, until=until, sort=sort)
+    rows = users_spend(project_ids=scope.project_ids, since=since, until=until, sort=sort)
     buffer = io.StringIO()
     writer = csv.writer(buffer)
     writer.writerow(USER_CSV_COLUMNS)
@@ -583,7 +614,7 @@ def _users_period(checks: Checks) -> tuple[date, date, str]:
     checks.named(period.errors)
     since = period.since or _period_start(period.until)
     until = period.until or today
-    sort = checks.sort("sort", selectors.USER_SORTS, default="-cost")
+    sort = checks.sort("sort", USER_SORTS, default="-cost")
     return since, until, sort
 
 
@@ -594,7 +625,7 @@ def users_page(request: HttpRequest) -> HttpResponse:
     scope = scope_for(request)
     checks = Checks(request.GET)
     since, until, sort = _users_period(checks)
-    rows = selectors.users_spend(project_ids=scope.project_ids, since=since, until=until, sort=sort)
+    rows = users_spend(project_ids=scope.project_ids, since=since, until=until, sort=sort)
     filter_errors = checks.errors
     context = {
         "scope": scope,
@@ -603,7 +634,7 @@ def users_page(request: HttpRequest) -> HttpResponse:
         "until": until,
         "sort": sort,
         "filter_errors": filter_errors,
-        "total": sum((r.cost_usd for r in rows), selectors.ZERO),
+        "total": sum((r.cost_usd for r in rows), ZERO),
     }
     return render(request, "costboard/users.html", context, status=422 if filter_errors else 200)
 
@@ -617,9 +648,9 @@ def budgets_page(request: HttpRequest) -> HttpResponse:
     against its limits, its forecast, and how many sessions it stops."""
     scope = scope_for(request)
     now = timezone.now()
-    rows = selectors.budgets_current(project_ids=scope.project_ids, now=now)
+    rows = budgets_current(project_ids=scope.project_ids, now=now)
     # each with how many sessions it stops now (None: it stops none now)
-    stopped = selectors.budgets_stopped_counts(rows=rows, stops=_stops(scope.project_ids))
+    stopped = budgets_stopped_counts(rows=rows, stops=_stops(scope.project_ids))
     context = {"scope": scope, "rows": [(row, stopped.get(row.budget.pk)) for row in rows]}
     return render(request, "costboard/budgets.html", context)
 
@@ -629,12 +660,10 @@ def budget_page(request: HttpRequest, pk: int) -> HttpResponse:
     """One period budget: its current period and forecast, its past periods, its crossings
     and the sessions it stops (404 outside the projects in scope)."""
     scope = scope_for(request)
-    budget = selectors.budget_in_scope(project_ids=scope.project_ids, budget_id=pk)
+    budget = budget_in_scope(project_ids=scope.project_ids, budget_id=pk)
     if budget is None:
         raise Http404("no such budget")
-    detail = selectors.budget_detail(
-        budget=budget, stops=_stops([budget.project_id]), now=timezone.now()
-    )
+    detail = budget_detail(budget=budget, stops=_stops([budget.project_id]), now=timezone.now())
     context = {"scope": scope, "budget": budget, "detail": detail, "row": detail.row}
     return render(request, "costboard/budget.html", context)
 
@@ -728,9 +757,7 @@ def _round_up(value: Decimal) -> Decimal:
 def suggested_caps(session: Session, caps: Caps) -> dict[str, object]:
     """The raise form's prefill: for each cap behind the flag (both when it is a runaway's),
     double the cap, or double the use when that is more, rounded up; the other left blank."""
-    behind = selectors.session_cap_reasons(session, caps) or selectors.session_cap_uses(
-        session, caps
-    )
+    behind = session_cap_reasons(session, caps) or session_cap_uses(session, caps)
     names = {use.name for use in behind}
     initial: dict[str, object] = {}
     if "tokens" in names:
@@ -750,11 +777,11 @@ class FlagRow:
 
     session: Session
     caps: Caps
-    reasons: list[selectors.CapUse]
-    uses: list[selectors.CapUse]
+    reasons: list[CapUse]
+    uses: list[CapUse]
     form: RaiseCapForm
     can_act: bool
-    stop: selectors.SessionStop  # its state as its agent is told it, and a budget that stops it
+    stop: SessionStop  # its state as its agent is told it, and a budget that stops it
 
     @property
     def resolved(self) -> bool:
@@ -778,11 +805,11 @@ def _flag_row(
     return FlagRow(
         session=session,
         caps=caps,
-        reasons=selectors.session_cap_reasons(session, caps),
-        uses=selectors.session_cap_uses(session, caps),
+        reasons=session_cap_reasons(session, caps),
+        uses=session_cap_uses(session, caps),
         form=form or RaiseCapForm(caps=caps, initial=suggested_caps(session, caps)),
         can_act=can_act_on_sessions(user) if can_act is None else can_act,
-        stop=selectors.session_stop(session, caps, held),
+        stop=session_stop(session, caps, held),
     )
 
 
@@ -804,7 +831,7 @@ def _flagged_render(
     counts_context = _flag_counts(request, scope, stops, checks)
     acknowledged, kind = counts_context["acknowledged"], counts_context["kind"]
     ids = scope.project_ids
-    sessions = selectors.sessions_flagged_list(
+    sessions = sessions_flagged_list(
         project_ids=ids, kind=kind, acknowledged=acknowledged, stops=stops
     )
     page = checks.page(Paginator(sessions, PAGE_SIZE))
@@ -845,10 +872,8 @@ def _flag_counts(
     checked (`checks` gets what is wrong with them)."""
     checks = checks or Checks(request.GET)
     acknowledged = checks.switch("acknowledged", meaning="show acknowledged sessions too")
-    kind = checks.choice(
-        "kind", selectors.FLAG_KINDS, what="a kind of flag", blank="every flagged session"
-    )
-    counts = selectors.sessions_flagged_counts(
+    kind = checks.choice("kind", FLAG_KINDS, what="a kind of flag", blank="every flagged session")
+    counts = sessions_flagged_counts(
         project_ids=scope.project_ids,
         acknowledged=acknowledged,
         stops=_stops(scope.project_ids) if stops is None else stops,
@@ -894,7 +919,7 @@ def _acted(
                 "session": session,
                 "caps": caps,
                 "flag": row,
-                "events": selectors.session_budget_events(session=session),
+                "events": session_budget_events(session=session),
             }
             return render(request, "costboard/_session_flag.html", context, status=status)
         # the row, and the list's counts out of band: an acknowledged session leaves "All"
