@@ -3,20 +3,14 @@ see, filters in the URL, htmx swapping only the part that changes."""
 
 from __future__ import annotations
 
-import csv
-import io
-from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import date, timedelta
-from decimal import ROUND_CEILING, Decimal
 from typing import Any
 
-from django import forms
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser, PermissionsMixin
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
-from django.db.models import QuerySet
 from django.http import (
     Http404,
     HttpRequest,
@@ -36,9 +30,11 @@ from django.views.decorators.http import require_POST
 from django_htmx.middleware import HtmxDetails
 
 from costboard.budgets import services
-from costboard.budgets.caps import Caps, caps_for, session_caps, stop_verdict
+from costboard.budgets.caps import Caps, session_caps
 from costboard.budgets.holds import session_held_by, stops_in_force
 from costboard.dashboards import charts
+from costboard.dashboards.csv import sessions_csv_chunks, users_csv_text
+from costboard.dashboards.forms import RaiseCapForm, suggested_caps
 from costboard.dashboards.pagination import KeyedPaginator
 from costboard.dashboards.params import Checks
 from costboard.dashboards.scope import Scope, scope_for
@@ -85,9 +81,8 @@ from costboard.dashboards.selectors.steps import (
 )
 from costboard.dashboards.selectors.tags import spend_by_tag, tag_keys
 from costboard.dashboards.selectors.users import USER_SORTS, users_spend
-from costboard.exports import csv_cell
 from costboard.ingest.schemas import FIRST_YEAR, LAST_YEAR
-from costboard.models import SYSTEM_SESSION_ID, PeriodBudget, Project, Session, usd
+from costboard.models import PeriodBudget, Session
 
 PAGE_SIZE = 50
 
@@ -297,134 +292,6 @@ def sessions_list(request: HtmxHttpRequest) -> HttpResponse:
     return render(request, template, context, status=checks.status)
 
 
-CSV_COLUMNS = [
-    "project",
-    "session_id",
-    "user_id",
-    "state",
-    "runaway",
-    "tokens_used",
-    "token_cap",
-    "cost_usd",
-    "cost_cap_usd",
-    "input_tokens",
-    "output_tokens",
-    "cache_read_input_tokens",
-    "cache_creation_input_tokens",
-    "turns",
-    "steps",
-    "errors",
-    "started_at",
-    "last_active_at",
-    "ended_at",
-    "stopped_by",
-    "stopped_by_budget",
-]
-
-
-# Read as tuples, not Session instances: building models (and decoding their JSON metadata)
-# was half the time of a large export.
-CSV_FIELDS = (
-    "project_id",
-    "external_id",
-    "user_id",
-    "state",
-    "runaway_at",
-    "input_tokens",
-    "output_tokens",
-    "token_cap",
-    "cost_usd",
-    "cost_cap_usd",
-    "cache_read_input_tokens",
-    "cache_creation_input_tokens",
-    "turn_count",
-    "step_count",
-    "error_count",
-    "started_at",
-    "last_active_at",
-    "ended_at",
-    "held_by_budget",
-)
-CSV_CHUNK_ROWS = 500  # rows per chunk sent: one chunk per row costs more than the rows
-
-
-def _csv_rows(
-    sessions: QuerySet[Session], projects: dict[int, Project], stops: dict[int, PeriodBudget]
-) -> Iterator[str]:
-    buffer = io.StringIO()
-    writer = csv.writer(buffer)
-    writer.writerow(CSV_COLUMNS)
-    rows = sessions.values_list(*CSV_FIELDS).iterator(chunk_size=2000)
-    for count, row in enumerate(rows, start=1):
-        (
-            project_id,
-            external_id,
-            user_id,
-            state,
-            runaway_at,
-            input_tokens,
-            output_tokens,
-            token_cap,
-            cost_usd,
-            cost_cap_usd,
-            cache_read,
-            cache_write,
-            turns,
-            steps,
-            errors,
-            started_at,
-            last_active_at,
-            ended_at,
-            held_by_budget,
-        ) = row
-        project = projects[project_id]
-        caps = caps_for(
-            project=project,
-            token_cap=token_cap,
-            cost_cap_usd=cost_cap_usd,
-            system=external_id == SYSTEM_SESSION_ID,
-        )
-        state, stopped_by = stop_verdict(
-            state=state,
-            runaway=runaway_at is not None,
-            tokens_used=input_tokens + output_tokens,
-            cost_usd=cost_usd,
-            caps=caps,
-            stopped_by_budget=held_by_budget,
-        )
-        holding = stops.get(held_by_budget) if stopped_by == f"budget:{held_by_budget}" else None
-        writer.writerow(
-            [
-                project.slug,
-                csv_cell(external_id),
-                csv_cell(user_id),
-                state,
-                runaway_at is not None,
-                input_tokens + output_tokens,
-                caps.token_cap,
-                usd(cost_usd),
-                usd(caps.cost_cap_usd),
-                input_tokens,
-                output_tokens,
-                cache_read,
-                cache_write,
-                turns,
-                steps,
-                errors,
-                started_at.isoformat(),
-                last_active_at.isoformat(),
-                ended_at.isoformat() if ended_at else "",
-                stopped_by or "",
-                csv_cell(holding.name) if holding is not None else "",
-            ]
-        )
-        if count % CSV_CHUNK_ROWS == 0:
-            yield buffer.getvalue()
-            buffer.seek(0)
-            buffer.truncate()
-    yield buffer.getvalue()
-
-
 def _csv_refused(request: HttpRequest, checks: Checks, page: str) -> HttpResponse:
     """A CSV asked for with a bad filter: no file, but the 422 page naming each bad parameter
     and linking to the list with the same filters, where the form shows them."""
@@ -447,7 +314,9 @@ def sessions_csv(request: HttpRequest) -> HttpResponseBase:
     sessions = sessions_filtered(project_ids=scope.project_ids, filters=filters, stops=stops)
     projects = {p.pk: p for p in scope.projects}
     by_id = {b.pk: b for b in stops}
-    response = StreamingHttpResponse(_csv_rows(sessions, projects, by_id), content_type="text/csv")
+    response = StreamingHttpResponse(
+        sessions_csv_chunks(sessions, projects, by_id), content_type="text/csv"
+    )
     stamp = timezone.now().strftime("%Y%m%d-%H%M")
     response["Content-Disposition"] = f'attachment; filename="sessions-{stamp}.csv"'
     return response
@@ -577,9 +446,6 @@ def steps_page(request: HtmxHttpRequest) -> HttpResponse:
 # --- end users --------------------------------------------------------------------------------
 
 
-USER_CSV_COLUMNS = ["user_id", "cost_usd", "input_tokens", "output_tokens", "sessions", "steps"]
-
-
 @login_required
 def users_csv(request: HttpRequest) -> HttpResponse:
     """/users/'s rows as CSV, for the same period and order."""
@@ -589,21 +455,7 @@ def users_csv(request: HttpRequest) -> HttpResponse:
     if checks.errors:
         return _csv_refused(request, checks, "users")
     rows = users_spend(project_ids=scope.project_ids, since=since, until=until, sort=sort)
-    buffer = io.StringIO()
-    writer = csv.writer(buffer)
-    writer.writerow(USER_CSV_COLUMNS)
-    for r in rows:
-        writer.writerow(
-            [
-                csv_cell(r.user_id),
-                usd(r.cost_usd),
-                r.input_tokens,
-                r.output_tokens,
-                r.sessions,
-                r.steps,
-            ]
-        )
-    response = HttpResponse(buffer.getvalue(), content_type="text/csv")
+    response = HttpResponse(users_csv_text(rows), content_type="text/csv")
     response["Content-Disposition"] = f'attachment; filename="users-{since}-{until}.csv"'
     return response
 
@@ -676,99 +528,6 @@ def can_act_on_sessions(user: AbstractBaseUser | AnonymousUser) -> bool:
     if getattr(user, "is_staff", False):
         return True
     return isinstance(user, PermissionsMixin) and user.has_perm("costboard.change_session")
-
-
-MAX_TOKEN_CAP = 2**63 - 1  # a bigint
-
-
-class RaiseCapForm(forms.Form):
-    """New caps for one session: each optional (blank keeps it), each above the current one."""
-
-    token_cap = forms.IntegerField(
-        required=False,
-        min_value=1,
-        max_value=MAX_TOKEN_CAP,
-        error_messages={
-            "invalid": "Token cap: enter a whole number of tokens, e.g. 200000.",
-            "min_value": "Token cap: must be a positive whole number of tokens.",
-            "max_value": "Token cap: too large.",
-        },
-    )
-    cost_cap_usd = forms.DecimalField(
-        required=False,
-        max_digits=14,
-        decimal_places=4,
-        error_messages={
-            "invalid": "USD cap: enter an amount in dollars, e.g. 10.00.",
-            "max_decimal_places": "USD cap: at most 4 decimal places.",
-            "max_digits": "USD cap: too large.",
-            "max_whole_digits": "USD cap: too large.",
-        },
-    )
-
-    def __init__(self, *args: Any, caps: Caps, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.caps = caps
-        if self.is_bound:  # "200,000" and "$10" mean what they say
-            data = {key: self.data.get(key) for key in self.data}
-            for name, junk in (("token_cap", ",_ "), ("cost_cap_usd", ",_ $")):
-                value = str(data.get(name) or "")
-                data[name] = value.translate(str.maketrans("", "", junk))
-            self.data = data
-
-    def clean_token_cap(self) -> int | None:
-        value: int | None = self.cleaned_data["token_cap"]
-        if value is not None and value <= self.caps.token_cap:
-            raise forms.ValidationError(
-                f"Token cap: must be higher than the current cap of {self.caps.token_cap:,} "
-                "(this raises it; lower caps in the admin)."
-            )
-        return value
-
-    def clean_cost_cap_usd(self) -> Decimal | None:
-        value: Decimal | None = self.cleaned_data["cost_cap_usd"]
-        if value is None:
-            return None
-        if value <= 0:
-            raise forms.ValidationError("USD cap: must be more than $0.")
-        if value <= self.caps.cost_cap_usd:
-            raise forms.ValidationError(
-                f"USD cap: must be higher than the current cap of ${self.caps.cost_cap_usd:,.2f} "
-                "(this raises it; lower caps in the admin)."
-            )
-        return value
-
-    def clean(self) -> dict[str, Any]:
-        cleaned = super().clean() or {}
-        fields_ok = not self.errors
-        if fields_ok and cleaned.get("token_cap") is None and cleaned.get("cost_cap_usd") is None:
-            raise forms.ValidationError("Give a new token cap, a new USD cap, or both.")
-        return cleaned
-
-
-def _round_up(value: Decimal) -> Decimal:
-    """Up to two significant digits: 182,400 → 190,000; 10.04 → 11."""
-    if value <= 0:
-        return value
-    step = Decimal(1).scaleb(value.adjusted() - 1)
-    return (value / step).to_integral_value(rounding=ROUND_CEILING) * step
-
-
-def suggested_caps(session: Session, caps: Caps) -> dict[str, object]:
-    """The raise form's prefill: for each cap behind the flag (both when it is a runaway's),
-    double the cap, or double the use when that is more, rounded up; the other left blank."""
-    behind = session_cap_reasons(session, caps) or session_cap_uses(session, caps)
-    names = {use.name for use in behind}
-    initial: dict[str, object] = {}
-    if "tokens" in names:
-        tokens = max(2 * caps.token_cap, 2 * session.tokens_used, 1)
-        initial["token_cap"] = int(_round_up(Decimal(tokens)))
-    if "USD" in names:
-        dollars = max(2 * caps.cost_cap_usd, 2 * session.cost_usd, Decimal("0.01"))
-        initial["cost_cap_usd"] = _round_up(dollars).quantize(
-            Decimal("0.01"), rounding=ROUND_CEILING
-        )
-    return initial
 
 
 @dataclass(frozen=True)
