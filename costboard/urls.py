@@ -7,27 +7,36 @@ from costboard.api import context, metrics, period_budgets, spend
 from costboard.api import events as api
 from costboard.api import otlp as otlp_api
 from costboard.api.boundary import methods
-from costboard.dashboards import views
+from costboard.dashboards.views import (
+    actions,
+    budgets,
+    flagged,
+    overview,
+    session,
+    sessions,
+    steps,
+    users,
+)
 from memory_ui import api as memory_api
 
 urlpatterns = [
-    path("", views.overview, name="overview"),
-    path("sessions/", views.sessions_list, name="sessions"),
-    path("sessions/export.csv", views.sessions_csv, name="sessions-csv"),
-    path("sessions/<int:pk>/", views.session_page, name="session"),
-    path("steps/", views.steps_page, name="steps"),
-    path("users/", views.users_page, name="users"),
-    path("users/export.csv", views.users_csv, name="users-csv"),
-    path("budgets/", views.budgets_page, name="budgets"),
-    path("budgets/<int:pk>/", views.budget_page, name="budget"),
-    path("flagged/", views.flagged_page, name="flagged"),
-    path("flagged/<int:pk>/raise-cap/", views.flagged_raise_cap, name="flagged-raise-cap"),
-    path("flagged/<int:pk>/acknowledge/", views.flagged_acknowledge, name="flagged-acknowledge"),
+    path("", overview.overview, name="overview"),
+    path("sessions/", sessions.sessions_list, name="sessions"),
+    path("sessions/export.csv", sessions.sessions_csv, name="sessions-csv"),
+    path("sessions/<int:pk>/", session.session_page, name="session"),
+    path("steps/", steps.steps_page, name="steps"),
+    path("users/", users.users_page, name="users"),
+    path("users/export.csv", users.users_csv, name="users-csv"),
+    path("budgets/", budgets.budgets_page, name="budgets"),
+    path("budgets/<int:pk>/", budgets.budget_page, name="budget"),
+    path("flagged/", flagged.flagged_page, name="flagged"),
+    path("flagged/<int:pk>/raise-cap/", actions.flagged_raise_cap, name="flagged-raise-cap"),
+    path("flagged/<int:pk>/acknowledge/", actions.flagged_acknowledge, name="flagged-acknowledge"),
     path("memory/", include("memory_ui.urls")),
     path("accounts/", include("django.contrib.auth.urls")),
     path("admin/", admin.site.urls),
     # what a browser asks for on a page without an icon link (and what tools fetch): ours
-    path("favicon.ico", views.favicon, name="favicon"),
+    path("favicon.ico", overview.favicon, name="favicon"),
     path("api/v1/events", api.events, name="api-events"),
     path(
         "api/v1/sessions/<str:session_id>/budget",

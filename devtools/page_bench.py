@@ -24,7 +24,7 @@ from django.test import Client, override_settings
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from costboard.dashboards.views import PAGE_SIZE, PERIOD_DAYS
+from costboard.dashboards.views.shared import PAGE_SIZE, PERIOD_DAYS
 from costboard.models import (
     SYSTEM_SESSION_ID,
     Project,

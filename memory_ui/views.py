@@ -22,7 +22,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 from costboard.dashboards.params import Checks
 from costboard.dashboards.row_ids import is_row_id
 from costboard.dashboards.scope import Scope, scope_for
-from costboard.dashboards.views import HtmxHttpRequest
+from costboard.dashboards.views.shared import HtmxHttpRequest
 from costboard.models import Project
 from memory_ui import cleaners, memory_file, selectors
 from memory_ui.forms import MemoryEditForm

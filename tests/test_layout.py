@@ -276,3 +276,30 @@ def test_the_ingest_path_keeps_its_order() -> None:
     }
     assert "costboard.ingest.writes.sessions" in graph["costboard.ingest.service"]  # control
     assert layer_breaches(graph, INGEST_LAYERS) == []
+
+
+PAGES = "costboard.dashboards"
+PAGE_MODULE_LINES = 600  # issue 32: a room a reader can take in
+
+
+def test_the_page_reads_import_no_view_form_or_csv_writer() -> None:
+    """Inside dashboards the reads are below what uses them: a selector module imports no
+    view, form or CSV writer (the views call them, not the other way round)."""
+    graph = import_graph()
+    above = [f"{PAGES}.views", f"{PAGES}.forms", f"{PAGES}.csv"]
+    reads = {
+        name: targets for name, targets in graph.items() if owner(name, [f"{PAGES}.selectors"])
+    }
+    assert f"{PAGES}.selectors.shared" in reads[f"{PAGES}.selectors.overview"]  # sees them
+    offenders = {
+        name: sorted(t for t in targets if owner(t, above)) for name, targets in reads.items()
+    }
+    assert {name: found for name, found in offenders.items() if found} == {}
+
+
+def test_the_page_modules_are_page_sized() -> None:
+    """Each page's views and reads have a module of their own, none over 600 lines."""
+    found = {name: path for name, path in modules().items() if owner(name, [PAGES])}
+    assert f"{PAGES}.views.flagged" in found and f"{PAGES}.selectors.steps" in found
+    sizes = {name: len(path.read_text().splitlines()) for name, path in found.items()}
+    assert {name: n for name, n in sizes.items() if n > PAGE_MODULE_LINES} == {}

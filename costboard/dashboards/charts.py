@@ -13,7 +13,8 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
-from costboard.dashboards.selectors import Latency, UsageBreakdown
+from costboard.dashboards.selectors.overview import UsageBreakdown
+from costboard.dashboards.selectors.steps import Latency
 from costboard.models import TOOL_MODEL
 from costboard.numbers import (
     count_axis,

@@ -10,7 +10,7 @@ from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.safestring import mark_safe
 
-from costboard.dashboards.selectors import CapUse
+from costboard.dashboards.selectors.flagged import CapUse
 from costboard.models import TOOL_MODEL, BudgetEvent
 from costboard.numbers import count_text, tokens_short, usd_text
 

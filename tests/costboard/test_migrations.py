@@ -232,7 +232,7 @@ def test_sessions_get_the_families_of_their_model_mix() -> None:
 def test_sessions_stored_are_counted_in_their_projects_tallies() -> None:
     """0026 counts each project's stored sessions into its tally (on the day each started),
     beside the events already counted there."""
-    from costboard.dashboards.selectors import sessions_total
+    from costboard.dashboards.selectors.sessions import sessions_total
 
     before = ("costboard", "0025_session_cost_index")
     latest = [leaf("costboard"), leaf("memory_ui")]

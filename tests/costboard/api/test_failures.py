@@ -154,7 +154,7 @@ def test_a_statement_the_database_refuses_is_an_operational_error_but_no_outage(
 def test_a_statement_the_database_refuses_on_a_page_is_a_500_not_an_outage(
     staff: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("costboard.dashboards.selectors.sessions_filtered", refused_statement)
+    monkeypatch.setattr("costboard.dashboards.views.sessions.sessions_filtered", refused_statement)
     staff.raise_request_exception = False
     response = staff.get("/sessions/")
     assert response.status_code == 500

@@ -130,7 +130,7 @@ def test_an_otlp_tool_call_and_an_events_tool_call_are_one_step_type(
 ) -> None:
     """OTel's `execute_tool` is stored as `tool`, the type the events API and the client send:
     the steps page and its rollups show one row for tool calls, not two."""
-    from costboard.dashboards.selectors import latency_by_step_type, steps_by_type_and_model
+    from costboard.dashboards.selectors.steps import latency_by_step_type, steps_by_type_and_model
 
     post_spans(agent_priced, spans_of(chat_trace))
     agent_priced.events(

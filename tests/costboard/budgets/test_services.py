@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from costboard.budgets import services
 from costboard.budgets.engine import Flag
-from costboard.dashboards import selectors
+from costboard.dashboards.selectors import flagged as selectors
 from costboard.models import BudgetEvent, Project, Session
 from costboard.outbox import outbox_dispatch
 from tests.conftest import Agent, run_in_threads

@@ -378,7 +378,7 @@ def test_query_counts_do_not_grow_with_the_data(
 def test_a_huge_session_page_shows_its_latest_steps_and_bucketed_tokens(
     staff: Client, agent: Agent, priced: None, monkeypatch: Any
 ) -> None:
-    from costboard.dashboards import selectors
+    from costboard.dashboards.selectors import session as selectors
 
     monkeypatch.setattr(selectors, "MAX_LOOSE_STEPS_SHOWN", 3)
     monkeypatch.setattr(selectors, "MAX_POINTS", 5)
@@ -457,7 +457,7 @@ def test_every_benchmarked_page_runs_a_bounded_number_of_queries(
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from costboard.dashboards import selectors
+    from costboard.dashboards.selectors import session as selectors
     from devtools.page_bench import page_cases
 
     monkeypatch.setattr(selectors, "MAX_POINTS", 5)  # the system session's chart: per hour

@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from costboard.budgets.engine import Flag
 from costboard.budgets.services import session_flag_runaway
-from costboard.dashboards import selectors
+from costboard.dashboards.selectors import flagged as selectors
 from costboard.models import BudgetEvent, Membership, Session, Turn
 from tests.conftest import Agent, make_agent
 from tests.costboard.dashboards import test_dashboards as dashboards

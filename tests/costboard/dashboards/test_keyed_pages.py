@@ -14,7 +14,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from costboard.dashboards.pagination import KeyedPaginator
-from costboard.dashboards.selectors import SESSION_SORTS, SessionFilters, sessions_filtered
+from costboard.dashboards.selectors.sessions import SESSION_SORTS, SessionFilters, sessions_filtered
 from costboard.models import Session
 from tests.conftest import Agent
 

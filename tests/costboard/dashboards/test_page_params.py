@@ -208,7 +208,7 @@ def test_a_bad_parameter_is_left_out(staff: Client, data: Agent) -> None:
 def test_a_page_past_the_last_names_the_pages_there_are(
     staff: Client, data: Agent, monkeypatch: Any
 ) -> None:
-    from costboard.dashboards import views
+    from costboard.dashboards.views import sessions as views
 
     monkeypatch.setattr(views, "PAGE_SIZE", 2)
     assert sessions_shown(staff.get("/sessions/", {"page": "2"}))  # 4 sessions: two pages

@@ -72,7 +72,7 @@ def test_overview_hides_unpriced_models_from_non_staff(agent: Agent) -> None:
 
 def test_unpriced_models_leave_out_calls_without_tokens(agent: Agent, staff: Client) -> None:
     """A tool span (OTLP: no model, no usage) is an unpriced call of nothing: not listed."""
-    from costboard.dashboards.selectors import models_unpriced
+    from costboard.dashboards.selectors.overview import models_unpriced
 
     agent.events(
         {"session_id": "s", "step_type": "tool", "model": "none", "duration_ms": 250},

@@ -13,7 +13,7 @@ import pytest
 from django.test import Client
 
 from costboard.dashboards import charts
-from costboard.dashboards.selectors import UsageBreakdown
+from costboard.dashboards.selectors.overview import UsageBreakdown
 from costboard.models import Session
 from tests.conftest import Agent
 from tests.costboard.dashboards.test_dashboards import figures

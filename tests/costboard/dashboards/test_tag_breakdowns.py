@@ -14,7 +14,8 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from costboard.dashboards.selectors import spend_by_period, spend_by_tag
+from costboard.dashboards.selectors.overview import spend_by_period
+from costboard.dashboards.selectors.tags import spend_by_tag
 from costboard.models import Step
 from costboard.templatetags.costboard_tags import usd
 from tests.conftest import Agent, add_price

@@ -10,7 +10,7 @@ from decimal import Decimal
 
 import pytest
 
-from costboard.dashboards.selectors import sessions_total
+from costboard.dashboards.selectors.sessions import sessions_total
 from costboard.models import BudgetEvent, DailyRollup, Session, Step
 from costboard.projects import sessions_tally_check
 from tests.conftest import Agent, add_price, make_agent, run_in_threads, usd

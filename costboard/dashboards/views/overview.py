@@ -1,0 +1,62 @@
+"""The overview (/): spend by period, the month's charts, the costliest and flagged sessions,
+the budgets, the tag breakdown and, for staff, the unpriced models; and /favicon.ico."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.contrib.auth.decorators import login_required
+from django.http import HttpRequest, HttpResponse, HttpResponsePermanentRedirect
+from django.shortcuts import render
+from django.templatetags.static import static
+from django.utils import timezone
+
+from costboard.dashboards import charts
+from costboard.dashboards.params import Checks
+from costboard.dashboards.scope import scope_for
+from costboard.dashboards.selectors.budgets import budgets_current
+from costboard.dashboards.selectors.flagged import sessions_flagged
+from costboard.dashboards.selectors.overview import (
+    models_unpriced,
+    sessions_costliest,
+    spend_by_period,
+    usage_breakdown,
+)
+from costboard.dashboards.views.shared import figures, period_start, stops_now, tag_breakdown
+
+
+@login_required
+def overview(request: HttpRequest) -> HttpResponse:
+    scope = scope_for(request)
+    checks = Checks(request.GET)
+    ids = scope.project_ids
+    today = timezone.now().date()
+    since = period_start(today)
+    breakdown = usage_breakdown(project_ids=ids, since=since, until=today)
+    flagged, flagged_total = sessions_flagged(project_ids=ids, stops=stops_now(ids))
+    context = {
+        "scope": scope,
+        "spend": spend_by_period(project_ids=ids, today=today),
+        "breakdown": breakdown,
+        "costliest": sessions_costliest(project_ids=ids, since=timezone.now() - timedelta(days=30)),
+        "flagged": flagged,
+        "flagged_total": flagged_total,
+        "budgets": budgets_current(project_ids=ids, now=timezone.now()),
+        **tag_breakdown(checks, ids, since, today),
+        "unpriced": (models_unpriced(project_ids=ids) if request.user.is_staff else []),
+        "figures": figures(
+            daily=charts.daily_cost_by_model(breakdown),
+            step_types=charts.cost_by_step_type(breakdown),
+            kinds=charts.tokens_by_kind(breakdown),
+        ),
+        "filter_errors": checks.errors,
+    }
+    return render(request, "costboard/overview.html", context, status=checks.status)
+
+
+def favicon(request: HttpRequest) -> HttpResponse:
+    """/favicon.ico: what a browser asks for on a page without an icon link; ours (its hashed
+    name is known only once the static files are, so it is looked up per request)."""
+    response = HttpResponsePermanentRedirect(static("costboard/favicon.svg"))
+    response["Cache-Control"] = "public, max-age=86400"
+    return response
