@@ -221,3 +221,30 @@ def test_a_loop_between_packages_is_seen_though_no_module_loops() -> None:
     graph = {"app.a.x": {"app.b.y"}, "app.b.y": set(), "app.b.z": {"app.a.w"}, "app.a.w": set()}
     assert cycles(graph) == []
     assert cycles(package_graph(graph, names)) == [["app.a", "app.b"]]
+
+
+# costboard/models/: its modules by domain, top to bottom (the package's docstring says why).
+# The face hands every name on; below it each module imports only from the lines below it.
+MODELS_LAYERS = [
+    ["costboard.models"],
+    ["costboard.models.alerts"],
+    ["costboard.models.budgets", "costboard.models.receipts", "costboard.models.rollups"],
+    ["costboard.models.usage"],
+    ["costboard.models.pricing"],
+    ["costboard.models.projects"],
+    ["costboard.models.fields"],
+]
+
+
+def test_the_models_modules_import_downwards() -> None:
+    graph = import_graph()
+    inside = {
+        n: t
+        for n, t in graph.items()
+        if n == "costboard.models" or n.startswith("costboard.models.")
+    }
+    stated = {name for line in MODELS_LAYERS for name in line}
+    assert set(inside) == stated  # a new module of the package is given its line here
+    # positive control: the face imports every module (so `from costboard.models import X` works)
+    assert graph["costboard.models"] == stated - {"costboard.models"}
+    assert layer_breaches(inside, MODELS_LAYERS) == []
