@@ -243,6 +243,7 @@ INSIDE_LAYERS = {
         [
             "costboard.admin.alerts",
             "costboard.admin.budgets",
+            "costboard.admin.lockout",
             "costboard.admin.pricing",
             "costboard.admin.usage",
         ],
