@@ -233,8 +233,7 @@ INSIDE_LAYERS = {
         ["costboard.models.alerts"],
         ["costboard.models.budgets", "costboard.models.receipts", "costboard.models.rollups"],
         ["costboard.models.usage"],
-        ["costboard.models.pricing"],
-        ["costboard.models.projects"],
+        ["costboard.models.pricing", "costboard.models.projects"],
         ["costboard.models.fields"],
     ],
     "costboard.admin": [
