@@ -9,6 +9,8 @@ import re
 from functools import cache
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
 MEMORY = ROOT / "docs" / "memory.md"  # memory_ui's own modules, in its "Layers"
@@ -303,3 +305,47 @@ def test_the_page_modules_are_page_sized() -> None:
     assert f"{PAGES}.views.flagged" in found and f"{PAGES}.selectors.steps" in found
     sizes = {name: len(path.read_text().splitlines()) for name, path in found.items()}
     assert {name: n for name, n in sizes.items() if n > PAGE_MODULE_LINES} == {}
+
+
+# The packages split by domain, each module on a line, top to bottom (each package's docstring
+# says why). The face hands every module on; below it a module imports only from lower lines.
+INSIDE_LAYERS = {
+    "costboard.models": [
+        ["costboard.models"],
+        ["costboard.models.alerts"],
+        ["costboard.models.budgets", "costboard.models.receipts", "costboard.models.rollups"],
+        ["costboard.models.usage"],
+        ["costboard.models.pricing", "costboard.models.projects"],
+        ["costboard.models.fields"],
+    ],
+    "costboard.admin": [
+        ["costboard.admin"],
+        ["costboard.admin.projects"],
+        [
+            "costboard.admin.alerts",
+            "costboard.admin.budgets",
+            "costboard.admin.lockout",
+            "costboard.admin.pricing",
+            "costboard.admin.usage",
+        ],
+        ["costboard.admin.forms", "costboard.admin.site"],
+    ],
+}
+
+
+@pytest.mark.parametrize("package", sorted(INSIDE_LAYERS))
+def test_the_modules_of_a_split_package_import_downwards(package: str) -> None:
+    layers = INSIDE_LAYERS[package]
+    graph = import_graph()
+    inside = {n: t for n, t in graph.items() if n == package or n.startswith(package + ".")}
+    stated = {name for line in layers for name in line}
+    assert set(inside) == stated  # a new module of the package is given its line here
+    # positive control: importing the face loads every module (`from costboard.models import
+    # X` works; every admin list is registered)
+    reached, todo = set(), [package]
+    while todo:
+        module = todo.pop()
+        reached.add(module)
+        todo.extend(set(inside.get(module, ())) - reached)
+    assert reached >= stated
+    assert layer_breaches(inside, layers) == []

@@ -3,7 +3,7 @@ failed logins, how many, and until when that pair is locked out; staff lift a lo
 once. Lifting forgets the pair's failures, so its next login counts from zero; every lift is
 in the admin's history, under the staff user who did it.
 
-django-axes registers its own list; this one replaces it (costboard/admin.py imports this
+django-axes registers its own list; this one replaces it (the admin package imports this
 module, after axes' admin has loaded): its "locked out" column and filter counted failures
 without the cool-off, and only users with axes' model permissions could see it, where every
 staff user may lift a lockout (docs/operations.md, "Logins")."""

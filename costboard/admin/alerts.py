@@ -1,0 +1,165 @@
+"""What goes out in the admin: webhook endpoints (secrets masked, the URL check's note
+shown), the delivery log and the outbox, their failed rows retried from the list."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest
+
+from costboard.admin.forms import WebhookEndpointForm
+from costboard.admin.site import ReadOnlyAdmin
+from costboard.budgets.alerts import alert_deliveries_retry
+from costboard.models import AlertDelivery, OutboxItem, WebhookEndpoint
+from costboard.outbox import outbox_retry
+
+
+def url_note_show(request: HttpRequest, endpoint: WebhookEndpoint) -> None:
+    """What the URL check at save found worth telling (WebhookEndpoint.clean_fields)."""
+    if endpoint.url_note:
+        messages.warning(request, f"Webhook {endpoint}: {endpoint.url_note}.")
+
+
+def _masked_secret(endpoint: WebhookEndpoint) -> str:
+    return f"••••{endpoint.secret[-4:]}" if len(endpoint.secret) >= 12 else "••••"
+
+
+class WebhookEndpointInline(admin.StackedInline):
+    model = WebhookEndpoint
+    form = WebhookEndpointForm
+    extra = 0
+    fields = ("name", "url", "secret", "secret_hint", "kinds", "active")
+    readonly_fields = ("secret_hint",)
+
+    @admin.display(description="current secret")
+    def secret_hint(self, obj: WebhookEndpoint | None) -> str:
+        return _masked_secret(obj) if obj is not None and obj.pk else "-"
+
+
+@admin.register(WebhookEndpoint)
+class WebhookEndpointAdmin(admin.ModelAdmin):
+    form = WebhookEndpointForm
+    list_display = ("project", "name", "url", "kinds", "active", "secret_hint", "created_at")
+    list_filter = ("active", "project")
+    search_fields = ("name", "url", "project__slug")
+    list_select_related = ("project",)
+    readonly_fields = ("secret_hint", "created_at")
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        fields = ["project", "name", "url", "secret", "kinds", "active"]
+        return [*fields, "secret_hint", "created_at"] if obj is not None else fields
+
+    @admin.display(description="secret")
+    def secret_hint(self, obj: WebhookEndpoint) -> str:
+        return _masked_secret(obj)
+
+    def save_model(
+        self, request: HttpRequest, obj: WebhookEndpoint, form: Any, change: bool
+    ) -> None:
+        super().save_model(request, obj, form, change)
+        url_note_show(request, obj)
+
+
+@admin.register(AlertDelivery)
+class AlertDeliveryAdmin(ReadOnlyAdmin):
+    """The delivery log: one row per budget event, channel and target, with its last attempt."""
+
+    list_display = (
+        "created_at",
+        "project",
+        "channel",
+        "target",
+        "event_kind",
+        "event_session",
+        "status",
+        "attempts",
+        "response_code",
+        "delivered_at",
+    )
+    list_filter = ("status", "channel", "project")
+    search_fields = ("target",)
+    list_select_related = ("project", "budget_event__session")
+    date_hierarchy = "created_at"
+    fields = (
+        "project",
+        "budget_event",
+        "channel",
+        "endpoint",
+        "target",
+        "status",
+        "attempts",
+        "response_code",
+        "error",
+        "created_at",
+        "last_attempt_at",
+        "delivered_at",
+    )
+    readonly_fields = fields
+    actions = ["retry_deliveries"]
+
+    @admin.display(description="event", ordering="budget_event__kind")
+    def event_kind(self, obj: AlertDelivery) -> str:
+        return obj.budget_event.kind
+
+    @admin.display(description="session", ordering="budget_event__session__external_id")
+    def event_session(self, obj: AlertDelivery) -> str:
+        session = obj.budget_event.session
+        return session.external_id if session is not None else "—"
+
+    def has_retry_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("costboard.change_alertdelivery")
+
+    @admin.action(description="Retry selected deliveries", permissions=["retry"])
+    def retry_deliveries(self, request: HttpRequest, queryset: QuerySet[AlertDelivery]) -> None:
+        chosen = list(queryset.values_list("pk", flat=True))
+        queued = alert_deliveries_retry(delivery_ids=chosen)
+        skipped = len(chosen) - queued
+        note = f"; {skipped} not failed, left as they are" if skipped else ""
+        messages.success(request, f"Queued {queued} delivery(ies) again{note}.")
+
+
+@admin.register(OutboxItem)
+class OutboxItemAdmin(ReadOnlyAdmin):
+    """The outbox: side effects waiting to go out (the backlog) and those given up on, with
+    their last error. Done items are deleted, so an empty list means all went out."""
+
+    list_display = (
+        "created_at",
+        "kind",
+        "project",
+        "status",
+        "attempts",
+        "next_attempt_at",
+        "claimed_until",
+        "last_error",
+    )
+    list_filter = ("status", "kind", "project")
+    list_select_related = ("project",)
+    date_hierarchy = "created_at"
+    ordering = ("-created_at",)
+    fields = (
+        "kind",
+        "project",
+        "payload",
+        "status",
+        "attempts",
+        "next_attempt_at",
+        "claimed_until",
+        "last_error",
+        "created_at",
+    )
+    readonly_fields = fields
+    actions = ["retry_items"]
+
+    def has_retry_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("costboard.change_outboxitem")
+
+    @admin.action(description="Retry selected failed items", permissions=["retry"])
+    def retry_items(self, request: HttpRequest, queryset: QuerySet[OutboxItem]) -> None:
+        chosen = list(queryset.values_list("pk", flat=True))
+        queued = outbox_retry(item_ids=chosen)
+        skipped = len(chosen) - queued
+        note = f"; {skipped} not failed, left as they are" if skipped else ""
+        messages.success(request, f"Queued {queued} item(s) again{note}.")

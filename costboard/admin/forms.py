@@ -1,0 +1,228 @@
+"""The admin's forms: decimals shown as written, a price's tiers and daily window checked
+with the API's rules, a webhook's write-only secret, a new key's few fields, and a period
+budget checked as POST /api/v1/budgets checks it."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from decimal import Decimal
+from typing import Any
+
+from django import forms
+from django.db import models
+from django.forms.fields import InvalidJSONInput
+
+from costboard.budgets.period_services import FIELDS as BUDGET_FIELDS
+from costboard.budgets.period_services import BudgetInputError, budget_check
+from costboard.ingest.schemas import MAX_TOKENS, bad_text
+from costboard.models import ALERT_KINDS, ApiKey, ModelPrice, PeriodBudget, WebhookEndpoint
+from costboard.pricing import services as pricing_services
+
+RATE_FIELDS = (
+    "input_mtok",
+    "output_mtok",
+    "cache_read_mtok",
+    "cache_write_mtok",
+    "cache_write_1h_mtok",
+)
+
+MAX_RATE = Decimal(10**10)  # the rate columns' 20 digits, 10 after the point
+
+
+class PlainDecimalField(forms.DecimalField):
+    """A decimal as written, not as stored: 5, 0.3, 0 (the columns' 10 places read
+    "5.0000000000" and "0E-10")."""
+
+    def prepare_value(self, value: Any) -> Any:
+        if isinstance(value, Decimal):
+            text = f"{value.normalize():f}"
+            return "0" if text in ("-0", "") else text
+        return value
+
+
+# every decimal in the admin, in its forms and its list's editable cells, reads as written
+DECIMAL_OVERRIDES: Mapping[type[models.Field[Any, Any]], Mapping[str, Any]] = {
+    models.DecimalField: {
+        "form_class": PlainDecimalField,
+        # its width in static/costboard/admin.css: the CSP allows no style attribute
+        "widget": forms.NumberInput(attrs={"size": 8, "class": "decimal-input"}),
+    }
+}
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON: write a number or a decimal string")
+
+
+class TiersField(forms.JSONField):
+    """The tiers as JSON read with the API's rules: NaN and Infinity are not JSON (PostgreSQL's
+    jsonb refuses them), and JSON nested past what Python parses is refused, not a 500."""
+
+    def to_python(self, value: Any) -> Any:
+        if isinstance(value, str) and value.strip():
+            try:
+                json.loads(value, parse_constant=_no_constant)
+            except RecursionError:
+                raise forms.ValidationError("nests too deep: a list of flat objects") from None
+            except ValueError as exc:
+                raise forms.ValidationError(f"not valid JSON: {exc}") from None
+        return super().to_python(value)
+
+    def bound_data(self, data: Any, initial: Any) -> Any:
+        # A refused value is shown back as typed: Django would parse it again (and fail on
+        # depth) or print what it holds (a lone surrogate cannot be written as UTF-8).
+        try:
+            value = super().bound_data(data, initial)
+        except (ValueError, RecursionError):
+            return InvalidJSONInput(data)
+        return InvalidJSONInput(data) if bad_text(value) is not None else value
+
+
+def _tier_rate_fault(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        return 'must be a rate in USD per million tokens, e.g. "6"'
+    try:
+        rate = Decimal(str(value).strip())
+    except ArithmeticError:
+        return 'must be a rate in USD per million tokens, e.g. "6"'
+    if not rate.is_finite() or not 0 <= rate < MAX_RATE:
+        return f"must be a rate from 0 to {MAX_RATE:,} USD per million tokens"
+    return None
+
+
+class ModelPriceForm(forms.ModelForm):
+    class Meta:
+        model = ModelPrice
+        field_classes = {"tiers": TiersField}
+        fields = (
+            "provider",
+            "model",
+            "model_regex",
+            *RATE_FIELDS,
+            "tiers",
+            "context_window",
+            "effective_from",
+            "window_start",
+            "window_end",
+            "source",
+            "edited_by_admin",
+            "external_id",
+        )
+
+    def clean_model_regex(self) -> str:
+        pattern = self.cleaned_data["model_regex"]
+        if pattern:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise forms.ValidationError(f"not a valid regular expression: {exc}") from None
+        return pattern
+
+    def clean_tiers(self) -> list[dict[str, Any]]:
+        tiers = self.cleaned_data["tiers"] or []
+        if not isinstance(tiers, list):
+            raise forms.ValidationError('a list like [{"start": 200000, "input_mtok": "6"}]')
+        for tier in tiers:
+            if not isinstance(tier, dict):
+                raise forms.ValidationError('each tier is an object like {"start": 200000, …}')
+            # NUL or a lone surrogate ("\u0000", "\ud800" in the JSON): PostgreSQL refuses them
+            found = bad_text(tier)
+            if found is not None:
+                raise forms.ValidationError(f"tier {found[0]}: {found[1]}")
+            unknown = set(tier) - {"start", *RATE_FIELDS}
+            if unknown:
+                raise forms.ValidationError(f"unknown tier keys: {', '.join(sorted(unknown))}")
+            start = tier.get("start")
+            if isinstance(start, bool) or not isinstance(start, int):
+                raise forms.ValidationError('each tier needs an integer "start"')
+            if not 0 <= start <= MAX_TOKENS:
+                raise forms.ValidationError(f'a tier\'s "start" is from 0 to {MAX_TOKENS:,} tokens')
+            for name in RATE_FIELDS:
+                fault = _tier_rate_fault(tier.get(name))
+                if fault is not None:
+                    raise forms.ValidationError(f"tier {name}: {fault}")
+        return tiers
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
+        if "window_start" in self.errors or "window_end" in self.errors:
+            return cleaned
+        fault = pricing_services.price_window_fault(  # the rule price_save holds
+            provider=cleaned.get("provider", ""),
+            model=cleaned.get("model", ""),
+            effective_from=cleaned.get("effective_from"),
+            window_start=cleaned.get("window_start"),
+            window_end=cleaned.get("window_end"),
+            pk=self.instance.pk,
+        )
+        if fault is not None:
+            self.add_error(fault.field, fault.message)
+        return cleaned
+
+
+class WebhookEndpointForm(forms.ModelForm):
+    """The secret is write-only: never rendered back; left blank on an edit, it is kept."""
+
+    # a URL typed without a scheme is https (Django 6's default; 5.2 warns without it)
+    url = forms.URLField(
+        max_length=500,
+        assume_scheme="https",
+        help_text="A public http(s) receiver: loopback, private, link-local and metadata "
+        "addresses are refused here and at every send unless the host is in "
+        "COSTBOARD_WEBHOOK_ALLOW_HOSTS.",
+    )
+    secret = forms.CharField(
+        required=False,
+        max_length=200,
+        strip=True,
+        widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "new-password"}),
+        help_text="Shared secret of the X-Costboard-Signature (HMAC-SHA256), e.g. from "
+        "`python -c 'import secrets; print(secrets.token_hex(32))'`. Not shown again; leave "
+        "blank to keep the current one.",
+    )
+    kinds = forms.MultipleChoiceField(
+        choices=[(kind, kind) for kind in ALERT_KINDS],
+        widget=forms.CheckboxSelectMultiple,
+        help_text="The budget events sent to this URL.",
+    )
+
+    class Meta:
+        model = WebhookEndpoint
+        fields = ("project", "name", "url", "secret", "kinds", "active")
+
+    def clean_secret(self) -> str:
+        secret: str = self.cleaned_data["secret"]
+        if secret:
+            return secret
+        if self.instance.pk and self.instance.secret:
+            return self.instance.secret
+        raise forms.ValidationError(
+            "Enter a shared secret; the receiver checks signatures with it."
+        )
+
+
+class ApiKeyForm(forms.ModelForm):
+    class Meta:
+        model = ApiKey
+        fields = ("project", "name", "role")
+
+
+class PeriodBudgetForm(forms.ModelForm):
+    class Meta:
+        model = PeriodBudget
+        fields = ("project", *BUDGET_FIELDS)
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
+        # a stored budget's project is read-only in its form: checked against it all the same
+        project = cleaned.get("project") or (self.instance.project if self.instance.pk else None)
+        if project is not None and not self.errors:
+            try:
+                cleaned.update(budget_check(project, cleaned, stored=self.instance))
+            except BudgetInputError as exc:
+                self.add_error(exc.field if exc.field in self.fields else None, exc.message)
+        return cleaned

@@ -1,0 +1,152 @@
+"""Projects in the admin, with their members, keys and webhooks inline: caps saved through
+the budget service (sessions rechecked), keys issued once and revoked, never edited."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.utils import timezone
+
+from costboard.admin.alerts import WebhookEndpointInline, url_note_show
+from costboard.admin.forms import DECIMAL_OVERRIDES, ApiKeyForm
+from costboard.budgets import services as budget_services
+from costboard.budgets.services import PROJECT_CAP_FIELDS as CAP_FIELDS
+from costboard.models import ApiKey, Membership, Project, WebhookEndpoint
+from costboard.projects import api_keys_revoke
+
+
+class ApiKeyInline(admin.TabularInline):
+    model = ApiKey
+    extra = 0
+    fields = ("prefix", "name", "role", "created_at", "last_used_at", "revoked_at")
+    readonly_fields = ("prefix", "created_at", "last_used_at")
+    can_delete = False
+    show_change_link = True
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # keys are made on the API key page, where the key is shown once
+
+
+class MembershipInline(admin.TabularInline):
+    model = Membership
+    extra = 1
+    autocomplete_fields = ("user",)
+
+
+@admin.register(Membership)
+class MembershipAdmin(admin.ModelAdmin):
+    list_display = ("user", "project", "created_at")
+    list_filter = ("project",)
+    search_fields = ("user__username", "project__slug")
+    autocomplete_fields = ("user",)
+
+
+@admin.register(Project)
+class ProjectAdmin(admin.ModelAdmin):
+    formfield_overrides = DECIMAL_OVERRIDES
+    list_display = ("name", "slug", "token_cap", "cost_cap_usd", "warn_at_pct", "created_at")
+    search_fields = ("name", "slug")
+    prepopulated_fields = {"slug": ("name",)}
+    inlines = [MembershipInline, ApiKeyInline, WebhookEndpointInline]
+    fieldsets = [
+        (None, {"fields": ("name", "slug")}),
+        (
+            "Session caps",
+            {
+                "description": "Per session; a session's own caps (sent at its start or set "
+                "on its page here) come first, the environment's defaults last.",
+                "fields": (
+                    "token_cap",
+                    "cost_cap_usd",
+                    "warn_at_pct",
+                    "system_token_cap",
+                    "system_cost_cap_usd",
+                ),
+            },
+        ),
+        (
+            "Runaway rules",
+            {
+                "description": "0 turns a rule off.",
+                "fields": (
+                    "runaway_failed_steps",
+                    "runaway_repeated_steps",
+                    "runaway_turn_steps",
+                    "runaway_burn_window_minutes",
+                    "runaway_burn_factor",
+                    "runaway_burn_floor",
+                    "runaway_overrun_minutes",
+                    "runaway_max_hours",
+                ),
+            },
+        ),
+        ("Alerts and retention", {"fields": ("alert_emails", "retention_days")}),
+        ("API", {"fields": ("api_rate_limit", "api_max_in_flight")}),
+    ]
+
+    def save_model(self, request: HttpRequest, obj: Project, form: Any, change: bool) -> None:
+        caps = {name: getattr(obj, name) for name in CAP_FIELDS if name in form.changed_data}
+        if not change:
+            super().save_model(request, obj, form, change)
+            return
+        # the caps through their service (old ones read under the project's lock, sessions
+        # rechecked after commit); the other fields as the admin saves them
+        budget_services.project_caps_set(project=obj, changes=caps)
+        super().save_model(request, obj, form, change)
+        if caps:
+            messages.info(request, "Session budgets of this project are being rechecked.")
+
+    def save_formset(self, request: HttpRequest, form: Any, formset: Any, change: bool) -> None:
+        super().save_formset(request, form, formset, change)
+        if formset.model is WebhookEndpoint:
+            for inline_form in formset.forms:
+                if inline_form.has_changed():  # not every endpoint on every save of the page
+                    url_note_show(request, inline_form.instance)
+
+
+@admin.register(ApiKey)
+class ApiKeyAdmin(admin.ModelAdmin):
+    list_display = (
+        "prefix",
+        "name",
+        "role",
+        "project",
+        "created_at",
+        "last_used_at",
+        "revoked_at",
+    )
+    list_filter = ("project", "role", ("revoked_at", admin.EmptyFieldListFilter))
+    readonly_fields = ("prefix", "created_at", "last_used_at", "revoked_at")
+    actions = ["revoke"]
+
+    def get_form(
+        self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any
+    ) -> Any:
+        if obj is None:
+            kwargs["form"] = ApiKeyForm
+        return super().get_form(request, obj, change=change, **kwargs)
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        if obj is None:
+            return ("project", "name", "role")
+        return ("project", "name", "role", "prefix", "created_at", "last_used_at", "revoked_at")
+
+    def save_model(self, request: HttpRequest, obj: ApiKey, form: Any, change: bool) -> None:
+        if change:
+            super().save_model(request, obj, form, change)
+            return
+        key, raw_key = ApiKey.issue(project=obj.project, name=obj.name, role=obj.role)
+        obj.pk = key.pk
+        obj.prefix, obj.key_hash, obj.created_at = key.prefix, key.key_hash, key.created_at
+        messages.warning(
+            request,
+            f"New key for {obj.project.slug}: {raw_key} — copy it now, it is not shown again.",
+        )
+
+    @admin.action(description="Revoke selected keys")
+    def revoke(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
+        n = api_keys_revoke(key_ids=list(queryset.values_list("pk", flat=True)), at=timezone.now())
+        messages.success(request, f"Revoked {n} key(s).")

@@ -1,0 +1,97 @@
+"""Costboard's data, one module per domain; every name is imported from here
+(`from costboard.models import Session`), whichever module defines it.
+
+- fields: the columns the models share (USD amounts, rates, caps) and `usd`, money's JSON text
+- projects: who reports and who sees (Project, ApiKey, Membership)
+- pricing: what a token costs (ModelPrice)
+- usage: the three levels of usage, Session → Turn → Step
+- rollups: what ingest keeps current beside the steps (the daily rollups, the model mix,
+  latency histograms, the per-day tally of events)
+- receipts: what makes a replay change nothing (EventReceipt, StepReceipt, IdempotentRequest)
+- budgets: the default caps, period budgets and their ledgers, the budget events
+- alerts: the outbox, and the webhooks and deliveries of budget alerts
+
+The modules import downwards in that order (fields first); none imports this package.
+"""
+
+from costboard.models.alerts import (
+    ALERT_KINDS,
+    AlertDelivery,
+    OutboxItem,
+    WebhookEndpoint,
+    _alert_kinds,  # migrations 0007 and 0017 name it here as WebhookEndpoint.kinds' default
+)
+from costboard.models.budgets import (
+    BudgetDay,
+    BudgetEvent,
+    EnvironmentCaps,
+    PeriodBudget,
+    PeriodLedger,
+)
+from costboard.models.fields import cap_field, money_field, rate_field, usd
+from costboard.models.pricing import PRICE_EPOCH, ModelPrice
+from costboard.models.projects import ApiKey, Membership, Project
+from costboard.models.receipts import EventReceipt, IdempotentRequest, StepReceipt
+from costboard.models.rollups import (
+    LATENCY_BUCKETS_PER_DECADE,
+    DailyRollup,
+    IngestTally,
+    LatencyRollup,
+    SessionModelUsage,
+    TagDailyRollup,
+    UserDailyRollup,
+)
+from costboard.models.usage import (
+    CONTEXT_PRESSURE_AT,
+    COST_FIELDS,
+    SYSTEM_SESSION_ID,
+    TOKEN_FIELDS,
+    TOOL_MODEL,
+    TOOL_STEP_TYPE,
+    Session,
+    Step,
+    Turn,
+    UsageTotals,
+)
+
+__all__ = [
+    "ALERT_KINDS",
+    "CONTEXT_PRESSURE_AT",
+    "COST_FIELDS",
+    "LATENCY_BUCKETS_PER_DECADE",
+    "PRICE_EPOCH",
+    "SYSTEM_SESSION_ID",
+    "TOKEN_FIELDS",
+    "TOOL_MODEL",
+    "TOOL_STEP_TYPE",
+    "AlertDelivery",
+    "ApiKey",
+    "BudgetDay",
+    "BudgetEvent",
+    "DailyRollup",
+    "EnvironmentCaps",
+    "EventReceipt",
+    "IdempotentRequest",
+    "IngestTally",
+    "LatencyRollup",
+    "Membership",
+    "ModelPrice",
+    "OutboxItem",
+    "PeriodBudget",
+    "PeriodLedger",
+    "Project",
+    "Session",
+    "SessionModelUsage",
+    "Step",
+    "StepReceipt",
+    "TagDailyRollup",
+    "Turn",
+    "UsageTotals",
+    "UserDailyRollup",
+    "WebhookEndpoint",
+    "_alert_kinds",
+    "cap_field",
+    "money_field",
+    "rate_field",
+    "usd",
+]

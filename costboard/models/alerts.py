@@ -1,0 +1,153 @@
+"""What goes out after a commit: the outbox of side effects (alerts, memory reads,
+repricing, …), and the budget alerts it delivers: webhook endpoints and the delivery log."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+from django.core.exceptions import ValidationError
+from django.db import models
+from django.utils import timezone
+
+from costboard.egress import webhook_url_check
+from costboard.models.budgets import BudgetEvent
+from costboard.models.projects import Project
+
+# forecast: a period budget projected to pass its USD limit this period (once per period)
+ALERT_KINDS = ["soft_warned", "exhausted", "runaway", "forecast"]
+
+
+def _alert_kinds() -> list[str]:
+    return list(ALERT_KINDS)
+
+
+class WebhookEndpoint(models.Model):
+    """Where a project's budget alerts are POSTed, signed with HMAC-SHA256 of the secret."""
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="webhooks")
+    name = models.CharField(max_length=100, blank=True)
+    url = models.URLField(max_length=500)
+    secret = models.CharField(
+        max_length=200, help_text="Shared secret: the X-Costboard-Signature is HMAC-SHA256."
+    )
+    kinds = models.JSONField(
+        default=_alert_kinds,
+        blank=True,
+        help_text='Which budget events to send: any of "soft_warned", "exhausted", "runaway", '
+        '"forecast".',
+    )
+    active = models.BooleanField(default=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    # Not stored: what validation found worth telling whoever saves (a host that does not
+    # resolve from here), for the admin to show.
+    url_note = ""
+
+    def __str__(self) -> str:
+        return self.name or self.url
+
+    def clean_fields(self, exclude: Collection[str] | None = None) -> None:
+        """Also refuse a URL webhooks may not go to (costboard/egress.py), once the
+        URL is a valid one: every ModelForm, the admin's too, shows it on the url field."""
+        errors: dict[str, list[ValidationError]] = {}
+        try:
+            super().clean_fields(exclude)
+        except ValidationError as exc:
+            errors = exc.update_error_dict(errors)
+        if "url" not in errors and "url" not in (exclude or ()):
+            check = webhook_url_check(self.url)
+            self.url_note = check.note
+            if check.refusal:
+                errors["url"] = [
+                    ValidationError(
+                        "This URL is refused: %(reason)s.",
+                        code="egress",
+                        params={"reason": check.refusal},
+                    )
+                ]
+        if errors:
+            raise ValidationError(errors)
+
+
+class AlertDelivery(models.Model):
+    """One budget event sent (or being sent) through one channel to one target: the
+    delivery log. Unique per event and target, so an event never goes out twice."""
+
+    class Channel(models.TextChoices):
+        WEBHOOK = "webhook"
+        EMAIL = "email"
+
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        DELIVERED = "delivered"
+        FAILED = "failed"
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="+")
+    # no database constraint: budget events are keyed by (id, project_id) (docs/operations.md,
+    # "Scaling out")
+    budget_event = models.ForeignKey(
+        BudgetEvent, on_delete=models.CASCADE, related_name="deliveries", db_constraint=False
+    )
+    channel = models.CharField(max_length=10, choices=Channel.choices)
+    endpoint = models.ForeignKey(
+        WebhookEndpoint,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="deliveries",
+    )
+    target = models.CharField(max_length=500, help_text="The URL or email address.")
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    response_code = models.PositiveIntegerField(null=True, blank=True)
+    error = models.TextField(blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    last_attempt_at = models.DateTimeField(null=True, blank=True)
+    delivered_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        verbose_name_plural = "alert deliveries"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["budget_event", "channel", "target"], name="delivery_once"
+            )
+        ]
+        indexes = [models.Index(fields=["project", "-created_at"], name="delivery_recent")]
+
+    def __str__(self) -> str:
+        return f"{self.channel} {self.target} {self.status}"
+
+
+class OutboxItem(models.Model):
+    """A side effect (an alert to send, turns to read for memories, steps to reprice, …)
+    written in the transaction that causes it and carried out after the commit by the
+    dispatcher (costboard/outbox.py). Deleted once done; a failed one stays for the admin."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        FAILED = "failed"
+
+    kind = models.CharField(max_length=64)
+    payload = models.JSONField(default=dict)
+    project = models.ForeignKey(
+        Project, null=True, blank=True, on_delete=models.CASCADE, related_name="+"
+    )
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    next_attempt_at = models.DateTimeField(default=timezone.now)
+    # A dispatcher holds the item until then; past it, the item is taken to have died with it.
+    claimed_until = models.DateTimeField(null=True, blank=True)
+    last_error = models.CharField(max_length=300, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        indexes = [
+            models.Index(
+                fields=["next_attempt_at"],
+                name="outbox_due",
+                condition=models.Q(status="pending"),
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} #{self.pk} {self.status}"

@@ -1,0 +1,185 @@
+"""Who reports and who sees: a project with its caps and rules, its API keys (only their
+hashes stored), and the people who may see its pages."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from decimal import Decimal
+
+from django.conf import settings
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
+from django.utils import timezone
+
+from costboard.models.fields import cap_field
+
+
+class Project(models.Model):
+    name = models.CharField(max_length=200)
+    slug = models.SlugField(max_length=100, unique=True)
+    token_cap = models.PositiveBigIntegerField(
+        null=True, blank=True, help_text="Per-session token cap; blank: the environment default."
+    )
+    cost_cap_usd = cap_field(help_text="Per-session USD cap; blank: the environment default.")
+    warn_at_pct = models.DecimalField(
+        max_digits=4,
+        decimal_places=3,
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(Decimal("0.001")), MaxValueValidator(Decimal(1))],
+        help_text="Soft warning as a fraction of the cap (0.8 = 80%); blank: the default.",
+    )
+    # The `system` session (steps sent without a session_id) has caps of its own.
+    system_token_cap = models.PositiveBigIntegerField(
+        null=True, blank=True, help_text="Token cap of the `system` session; blank: as above."
+    )
+    system_cost_cap_usd = cap_field(help_text="USD cap of the `system` session; blank: as above.")
+    # Runaway rules (0 turns a rule off). The per-turn ones run inside ingest, the window
+    # ones in the sweep every minute.
+    runaway_failed_steps = models.PositiveIntegerField(
+        default=5, help_text="Retry loop: this many consecutive failed steps in one turn."
+    )
+    runaway_repeated_steps = models.PositiveIntegerField(
+        default=8,
+        help_text="Retry loop: the same step (type, model, prompt size) this many times in a "
+        "row in one turn.",
+    )
+    runaway_turn_steps = models.PositiveIntegerField(
+        default=50, help_text="A turn with more than this many steps (a correction cycle)."
+    )
+    runaway_burn_window_minutes = models.PositiveIntegerField(
+        default=10, help_text="Burn rate and projected overrun: the sliding window, in minutes."
+    )
+    runaway_burn_factor = models.DecimalField(
+        max_digits=8,
+        decimal_places=2,
+        default=Decimal(10),
+        validators=[MinValueValidator(Decimal(0))],
+        help_text="Burn rate: tokens per minute over the window above this many times the "
+        "project's normal rate.",
+    )
+    runaway_burn_floor = models.PositiveIntegerField(
+        default=20_000,
+        help_text="Burn rate: never flagged below this many tokens per minute.",
+    )
+    runaway_overrun_minutes = models.PositiveIntegerField(
+        default=30,
+        help_text="Projected overrun: at the window's rate the session reaches a cap within "
+        "this many minutes.",
+    )
+    runaway_max_hours = models.PositiveIntegerField(
+        default=8, help_text="A session still active this many hours after it started."
+    )
+    runaway_stops = models.BooleanField(
+        default=True,
+        help_text="A runaway session is told to stop: its state becomes exhausted (what "
+        "clients stop on) until someone acknowledges it on the flagged page.",
+    )
+    retention_days = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="Steps older than this are deleted (rollups stay), and ended sessions' "
+        "budget events after it; blank: keep all.",
+    )
+    alert_emails = models.TextField(
+        blank=True,
+        help_text="Budget alerts (soft warned, exhausted, runaway) by email too: addresses, "
+        "one per line or comma-separated.",
+    )
+    api_rate_limit = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="API requests per second per key (beyond it: 429); 0 turns the limit off; "
+        "blank: COSTBOARD_API_RATE_LIMIT.",
+    )
+    api_max_in_flight = models.PositiveIntegerField(
+        "API requests in flight",
+        null=True,
+        blank=True,
+        help_text="API requests per key being answered at once (beyond it: 429); 0 turns the "
+        "limit off; blank: COSTBOARD_API_MAX_IN_FLIGHT.",
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def _key_hash(raw_key: str) -> str:
+    return hashlib.sha256(raw_key.encode()).hexdigest()
+
+
+class ApiKey(models.Model):
+    """An API key of a project. Only its SHA-256 is stored; the key itself is shown once.
+
+    Its role says what it may do: `ingest` (the default) sends usage and reads what an agent
+    reads (budgets, context, memory); `read` only reads (the spend export among them);
+    `admin` does everything, budgets' edits too (docs/api.md, "Keys and roles")."""
+
+    PREFIX = "cb_"
+
+    class Role(models.TextChoices):
+        INGEST = "ingest", "ingest: send usage, read what an agent reads"
+        READ = "read", "read: reads only (spend export)"
+        ADMIN = "admin", "admin: everything, budget edits too"
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="api_keys")
+    name = models.CharField(max_length=100, blank=True)
+    role = models.CharField(
+        max_length=8, choices=Role.choices, default=Role.INGEST, db_default=Role.INGEST
+    )
+    prefix = models.CharField(max_length=12, editable=False)
+    key_hash = models.CharField(max_length=64, unique=True, editable=False)
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
+
+    class Meta:
+        verbose_name = "API key"
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… ({self.project.slug})"
+
+    @classmethod
+    def issue(
+        cls, *, project: Project, name: str = "", role: str = Role.INGEST
+    ) -> tuple[ApiKey, str]:
+        raw_key = cls.PREFIX + secrets.token_urlsafe(32)
+        key = cls.objects.create(
+            project=project,
+            name=name,
+            role=role,
+            prefix=raw_key[:10],
+            key_hash=_key_hash(raw_key),
+        )
+        return key, raw_key
+
+    @classmethod
+    def hash_of(cls, raw_key: str) -> str:
+        return _key_hash(raw_key)
+
+    @property
+    def is_active(self) -> bool:
+        return self.revoked_at is None
+
+
+class Membership(models.Model):
+    """Who may see a project's pages. Staff see every project."""
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships"
+    )
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="memberships")
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["user", "project"], name="membership_user_project")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user} in {self.project}"
