@@ -1,9 +1,10 @@
-"""Writes to projects and their API keys: a project and key made by `create_api_key`, keys
-revoked in the admin, a key's use noted when the API resolves it to its project (a key is
-issued by `ApiKey.issue`: shown once, only its hash stored); and sessions deleted in the
-admin, their projects' count of sessions kept; and the per-day tally of events each project
-had stored, replayed and refused (`ingest_tally`, read by /metrics; ingest's own count runs in
-its transaction, as `ingest_tally_statement`): every write of that tally is here."""
+"""Writes to projects and their API keys: a project and key made by `create_api_key` (a
+project alone by the warm-up, rolled back), keys revoked in the admin, a key's use noted when
+the API resolves it to its project (a key is issued by `ApiKey.issue`: shown once, only its
+hash stored); and sessions deleted in the admin, their projects' count of sessions kept; and
+the per-day tally of events each project had stored, replayed and refused (`ingest_tally`,
+read by /metrics; ingest's own count runs in its transaction, as `ingest_tally_statement`):
+every write of that tally is here."""
 
 from __future__ import annotations
 
@@ -146,6 +147,12 @@ def sessions_tally_check() -> dict[int, int]:
         else:
             ingest_tally(project_id, sessions_deleted=-off)
     return drift
+
+
+def project_create(*, name: str, slug: str) -> Project:
+    """A project without a key: the warm-up's throwaway one (costboard/warmup.py), made in
+    the transaction it rolls back."""
+    return Project.objects.create(name=name, slug=slug)
 
 
 def project_key_create(

@@ -22,8 +22,7 @@ from django.db import transaction
 from costboard.api.events import session_budget_read
 from costboard.ingest.schemas import parse_events
 from costboard.ingest.service import events_ingest
-from costboard.models import Project
-from costboard.projects import key_for
+from costboard.projects import key_for, project_create
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +53,7 @@ def worker_warm() -> float:
     try:
         key_for(f"warmup-{uuid.uuid4().hex}")  # no such key: compiles the lookup, writes nothing
         with transaction.atomic():
-            project = Project.objects.create(
+            project = project_create(
                 name="warm-up (rolled back)", slug=f"warmup-{uuid.uuid4().hex[:20]}"
             )
             events_ingest(project=project, events=parse_events(_warmup_body(datetime.now(UTC))))

@@ -17,12 +17,10 @@ Bedrock's `:0` (`-v2:0`, not `deepseek-v3`); and they know two more snapshot for
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from functools import lru_cache
 
-from django.db import connection
-
-from costboard.models import TOOL_MODEL, Session, SessionModelUsage
+from costboard.models import TOOL_MODEL
 from costboard.pricing.rates import Rate, canonical_provider
 
 _SLASH_PREFIX = re.compile(r"^(?:[a-z0-9_.-]+/)+")
@@ -92,24 +90,3 @@ def price_families(rates: Iterable[Rate], *, key: object = None) -> dict[int, st
     if key is not None:
         _cached = (key, families)
     return families
-
-
-def sessions_families_rebuild(*, session_ids: Sequence[int]) -> None:
-    """Set these sessions' `families` from their model mix rows. Ingest adds the families a
-    batch meets as it goes; repricing, which moves a step to another family, calls this for
-    the sessions whose steps it moved (the seeder rebuilds every session's, set-based)."""
-    if not session_ids:
-        return
-    families = "jsonb_object_agg(u.family, true)"
-    if connection.vendor != "postgresql":
-        families = "json_group_object(u.family, json('true'))"
-    session, usage = Session._meta.db_table, SessionModelUsage._meta.db_table
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"""
-            UPDATE {session} AS s SET families = COALESCE(
-                (SELECT {families} FROM {usage} u WHERE u.session_id = s.id), '{{}}')
-            WHERE s.id IN ({", ".join(["%s"] * len(session_ids))})
-            """,
-            list(session_ids),
-        )

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date
 from decimal import Decimal
@@ -33,12 +34,7 @@ from costboard.models import (
     Turn,
     UserDailyRollup,
 )
-from costboard.pricing.families import (
-    is_tool_model,
-    model_family,
-    price_families,
-    sessions_families_rebuild,
-)
+from costboard.pricing.families import is_tool_model, model_family, price_families
 from costboard.pricing.rates import (
     UNPRICED,
     compiled_pattern,
@@ -338,3 +334,24 @@ def _counters_add(
                 emptied.append(dict(zip(key_columns, key, strict=True)))
     for key_values in emptied:
         model.objects.filter(**key_values, calls=0).delete()
+
+
+def sessions_families_rebuild(*, session_ids: Sequence[int]) -> None:
+    """Set these sessions' `families` from their model mix rows. Ingest adds the families a
+    batch meets as it goes; repricing, which moves a step to another family, calls this for
+    the sessions whose steps it moved (the seeder rebuilds every session's, set-based)."""
+    if not session_ids:
+        return
+    families = "jsonb_object_agg(u.family, true)"
+    if connection.vendor != "postgresql":
+        families = "json_group_object(u.family, json('true'))"
+    session, usage = Session._meta.db_table, SessionModelUsage._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            UPDATE {session} AS s SET families = COALESCE(
+                (SELECT {families} FROM {usage} u WHERE u.session_id = s.id), '{{}}')
+            WHERE s.id IN ({", ".join(["%s"] * len(session_ids))})
+            """,
+            list(session_ids),
+        )
