@@ -720,7 +720,7 @@ class Costboard:
         if retry_after is not None:  # the server knows best, within reason
             return min(max(retry_after, 0.0), self.max_retry_after)
         ceiling = min(self.max_backoff, self.backoff * 2.0**attempt)
-        return ceiling / 2 + random.uniform(0, ceiling / 2)  # jitter: not all clients at once
+        return ceiling / 2 + random.uniform(0, ceiling / 2)  # noqa: S311 — jitter: not all clients at once
 
     def _post(self, batch: list[dict[str, Any]], timeout: float, key: str) -> Any:
         data = json.dumps({"events": batch}, default=str).encode()
