@@ -198,7 +198,7 @@ def _carry_out(item: OutboxItem, result: Dispatched) -> None:
         result.failed += 1
         log.error("outbox %s #%s: failed after %s attempts", item.kind, item.pk, item.attempts)
         return
-    assert handler is not None
+    assert handler is not None  # noqa: S101 — narrows the type: not final means a handler
     delay = handler.retry_seconds() * 2 ** (item.attempts - 1)
     mine.update(
         next_attempt_at=now + timedelta(seconds=delay), claimed_until=None, last_error=error

@@ -49,7 +49,7 @@ def stage_run(
     except OSError as exc:
         print(f"==> {name}: cannot start {command[0]!r} ({exc})", file=out, flush=True)
         return 127
-    assert process.stdout is not None
+    assert process.stdout is not None  # noqa: S101 — narrows the type: stdout=PIPE above
     lines: queue.Queue[bytes | None] = queue.Queue()
     threading.Thread(target=_pump, args=(process.stdout, lines), daemon=True).start()
     while True:

@@ -343,7 +343,7 @@ class _SqlScoring:
                 DESC,
                 id
             LIMIT %s
-        """
+        """  # noqa: S608 — the ORM's own query, code's expressions; values bound below
         w = self.weights
         params = [
             *inner_params,

@@ -64,7 +64,7 @@ _KEY_NAME = (
 )
 # words that follow "password is" without being one ("the password is stored in Vault")
 _NOT_A_PASSWORD = (
-    r"(?:required|stored|set|in|on|the|a|an|not|too|wrong|incorrect|invalid|expired|missing"
+    r"(?:required|stored|set|in|on|the|a|an|not|too|wrong|incorrect|invalid|expired|missing"  # noqa: S105 — a regex
     r"|empty|correct|reset|changed|saved|kept|managed|rotated|hashed|encrypted|being|still|now"
     r"|also|only|never|always|different|same|weak|strong|long|short|case|at|from|for|and|or"
     r"|of|to|with|policy|manager|protected|needed|mandatory|optional|shared|sent|unknown|fine"

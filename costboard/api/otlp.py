@@ -360,7 +360,7 @@ CROSS JOIN LATERAL (
       AND event_id ~>=~ ('otlp:' || t.trace || ':') AND event_id ~<~ ('otlp:' || t.trace || ';')
     ORDER BY event_id USING ~<~
 ) AS st
-"""
+"""  # noqa: S608 — model tables; the traces are bound parameters
 TRACES_PER_QUERY = 200  # SQLite: the traces OR-ed in one statement
 
 

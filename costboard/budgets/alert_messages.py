@@ -73,7 +73,7 @@ def _period_payload(delivery: AlertDelivery, event: BudgetEvent) -> dict[str, An
     under `budget`, its limits as the caps; `member` the per-member budget's member it
     crossed for (null for other budgets)."""
     ledger = event.ledger
-    assert ledger is not None
+    assert ledger is not None  # noqa: S101 — narrows the type: a period event has its ledger
     budget = ledger.budget
     now = timezone.now()
     key = (budget.pk, ledger.member)

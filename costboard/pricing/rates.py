@@ -485,7 +485,7 @@ _cached: tuple[tuple[int, Any], RateTable] | None = None
 
 
 _VERSION_SQL = (
-    f"SELECT (SELECT COUNT(*) FROM {ModelPrice._meta.db_table}), "
+    f"SELECT (SELECT COUNT(*) FROM {ModelPrice._meta.db_table}), "  # noqa: S608 — its table
     f"(SELECT MAX(updated_at) FROM {ModelPrice._meta.db_table})"
 )
 

@@ -161,6 +161,17 @@ def test_budget_asks_the_server_and_refreshes_the_cache(cb: Costboard, acme: Age
     assert cb.budget("no-such-session") is None
 
 
+def test_a_base_url_other_than_http_is_refused_at_construction(tmp_path: Path) -> None:
+    """urlopen follows file: too: such a base_url read a local file as the server's answer."""
+    answer = tmp_path / "api" / "v1" / "sessions" / "s-1" / "budget"
+    answer.parent.mkdir(parents=True)
+    answer.write_text('{"state": "ok"}')
+    for url in (f"file://{tmp_path}", "ftp://costboard.example", "127.0.0.1:8000"):
+        with pytest.raises(ValueError, match=r"base_url must start with http:// or https://"):
+            Costboard(url, "cb_key")
+    Costboard("HTTPS://costboard.example", "cb_key").close()  # the scheme in any case
+
+
 def test_a_down_server_never_breaks_the_agent(clock: Clock) -> None:
     cb = Costboard(
         f"http://127.0.0.1:{closed_port()}",

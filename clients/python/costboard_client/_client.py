@@ -368,6 +368,12 @@ class Costboard:
     ) -> None:
         if not base_url:
             raise ValueError("base_url is required, e.g. Costboard('http://127.0.0.1:8000', key)")
+        if urllib.parse.urlsplit(base_url).scheme.lower() not in ("http", "https"):
+            # urlopen would follow any scheme it knows (file:, ftp:): only HTTP reaches a server
+            raise ValueError(
+                f"base_url must start with http:// or https:// (got {base_url!r}), "
+                "e.g. Costboard('http://127.0.0.1:8000', key)"
+            )
         if max_buffer < 1 or not 1 <= batch_size <= 1000:
             raise ValueError("max_buffer must be >= 1 and batch_size between 1 and 1000")
         self.base_url = base_url.rstrip("/")
@@ -714,7 +720,7 @@ class Costboard:
         if retry_after is not None:  # the server knows best, within reason
             return min(max(retry_after, 0.0), self.max_retry_after)
         ceiling = min(self.max_backoff, self.backoff * 2.0**attempt)
-        return ceiling / 2 + random.uniform(0, ceiling / 2)  # jitter: not all clients at once
+        return ceiling / 2 + random.uniform(0, ceiling / 2)  # noqa: S311 — jitter: not all clients at once
 
     def _post(self, batch: list[dict[str, Any]], timeout: float, key: str) -> Any:
         data = json.dumps({"events": batch}, default=str).encode()

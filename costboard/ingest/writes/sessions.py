@@ -369,7 +369,7 @@ def _sessions_read(rows: list[tuple[Any, ...]]) -> list[SessionNow]:
     readers = []
     for name in _BUDGET_FIELDS:
         model_field = Session._meta.get_field(name)
-        assert isinstance(model_field, Field)
+        assert isinstance(model_field, Field)  # noqa: S101 — narrows the type: a concrete column
         column = model_field.get_col(SESSION_TABLE)
         converters = connection.ops.get_db_converters(column)
         converters += model_field.get_db_converters(connection)

@@ -244,7 +244,7 @@ def row_locked(table: str, pk: int) -> Iterator[None]:
     try:
         with other.cursor() as cursor:
             cursor.execute("SET idle_in_transaction_session_timeout = '10s'")
-            cursor.execute(f"SELECT 1 FROM {table} WHERE id = %s FOR UPDATE", [pk])
+            cursor.execute(f"SELECT 1 FROM {table} WHERE id = %s FOR UPDATE", [pk])  # noqa: S608 — a model table
         yield
     finally:
         if not other.closed:

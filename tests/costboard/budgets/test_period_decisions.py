@@ -320,7 +320,7 @@ def test_the_forecast_projects_from_the_recent_days_and_alerts_once(agent: Agent
         (spent + STEP_COST * 7 * left).quantize(Decimal("0.000001")),
     )
     # (20 - 8.40) / 1.20 = 9.67 days after noon on the 10th: the 20th
-    assert ahead.crossing_day == datetime(2026, 11, 20).date()
+    assert ahead.crossing_day == datetime(2026, 11, 20, tzinfo=UTC).date()
 
     with time_machine.travel(now, tick=False):
         assert period_forecast_sweep(now=now) == 1
