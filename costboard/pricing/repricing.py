@@ -352,6 +352,6 @@ def sessions_families_rebuild(*, session_ids: Sequence[int]) -> None:
             UPDATE {session} AS s SET families = COALESCE(
                 (SELECT {families} FROM {usage} u WHERE u.session_id = s.id), '{{}}')
             WHERE s.id IN ({", ".join(["%s"] * len(session_ids))})
-            """,
+            """,  # noqa: S608 — table names and an aggregate from the code; ids bound
             list(session_ids),
         )
