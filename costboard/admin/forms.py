@@ -16,7 +16,8 @@ from django.forms.fields import InvalidJSONInput
 
 from costboard.budgets.period_services import FIELDS as BUDGET_FIELDS
 from costboard.budgets.period_services import BudgetInputError, budget_check
-from costboard.ingest.schemas import MAX_TOKENS, bad_text
+from costboard.ingest.json_body import bad_text
+from costboard.ingest.schemas import MAX_TOKENS
 from costboard.models import ALERT_KINDS, ApiKey, ModelPrice, PeriodBudget, WebhookEndpoint
 from costboard.pricing import services as pricing_services
 
