@@ -95,7 +95,7 @@ def _tier_rate_fault(value: Any) -> str | None:
     return None
 
 
-class ModelPriceForm(forms.ModelForm):
+class ModelPriceForm(forms.ModelForm[ModelPrice]):
     class Meta:
         model = ModelPrice
         field_classes = {"tiers": TiersField}
@@ -115,7 +115,7 @@ class ModelPriceForm(forms.ModelForm):
         )
 
     def clean_model_regex(self) -> str:
-        pattern = self.cleaned_data["model_regex"]
+        pattern: str = self.cleaned_data["model_regex"]
         if pattern:
             try:
                 re.compile(pattern)
@@ -165,7 +165,7 @@ class ModelPriceForm(forms.ModelForm):
         return cleaned
 
 
-class WebhookEndpointForm(forms.ModelForm):
+class WebhookEndpointForm(forms.ModelForm[WebhookEndpoint]):
     """The secret is write-only: never rendered back; left blank on an edit, it is kept."""
 
     # a URL typed without a scheme is https (Django 6's default; 5.2 warns without it)
@@ -206,13 +206,13 @@ class WebhookEndpointForm(forms.ModelForm):
         )
 
 
-class ApiKeyForm(forms.ModelForm):
+class ApiKeyForm(forms.ModelForm[ApiKey]):
     class Meta:
         model = ApiKey
         fields = ("project", "name", "role")
 
 
-class PeriodBudgetForm(forms.ModelForm):
+class PeriodBudgetForm(forms.ModelForm[PeriodBudget]):
     class Meta:
         model = PeriodBudget
         fields = ("project", *BUDGET_FIELDS)
