@@ -15,8 +15,14 @@ from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
 import dj_database_url
+import django_stubs_ext
 from csp.constants import NONE, SELF
 from django.core.exceptions import ImproperlyConfigured
+
+# Django's generic classes (ModelAdmin, ModelForm, Paginator…) take their type argument at run
+# time too, as they do in django-stubs: `class ProjectAdmin(admin.ModelAdmin[Project])` under
+# mypy's strict checks (pyproject.toml). Settings are read first, before any class is made.
+django_stubs_ext.monkeypatch()
 
 # Settings import no module of ours (tests/test_layout.py holds it): they are read before
 # Django is set up, and a module of ours imported here would run, with all it imports, before

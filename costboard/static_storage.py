@@ -18,13 +18,15 @@ from whitenoise.storage import CompressedManifestStaticFilesStorage
 
 BROTLI_QUALITY = 9
 
+# whitenoise ships no type hints: its classes are Any to mypy, so subclassing them is [misc]
 
-class QuickBrotliCompressor(Compressor):
+
+class QuickBrotliCompressor(Compressor):  # type: ignore[misc]
     @staticmethod
     def compress_brotli(data: bytes) -> bytes:
         return bytes(brotli.compress(data, quality=BROTLI_QUALITY))
 
 
-class CompressedManifestStorage(CompressedManifestStaticFilesStorage):
+class CompressedManifestStorage(CompressedManifestStaticFilesStorage):  # type: ignore[misc]
     def create_compressor(self, **kwargs: Any) -> Compressor:
         return QuickBrotliCompressor(**kwargs)

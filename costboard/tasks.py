@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from celery import shared_task
+from celery import shared_task  # no type hints: each task ignores [untyped-decorator]
 from django.utils import timezone
 
 from costboard import outbox, partitions, retention
@@ -17,7 +17,7 @@ log = logging.getLogger(__name__)
 
 
 # Beat runs it every second; the time limit lets a long repricing finish (its lease is longer).
-@shared_task(soft_time_limit=3500, time_limit=3550, acks_late=True)
+@shared_task(soft_time_limit=3500, time_limit=3550, acks_late=True)  # type: ignore[untyped-decorator]
 def outbox_dispatch() -> dict[str, int]:
     """Carry out the outbox's due items (alerts, memory detection, repricing, rechecks) until
     none is due. Safe in any number of workers at once: each item is claimed by one."""
@@ -27,27 +27,27 @@ def outbox_dispatch() -> dict[str, int]:
     return {"done": result.done, "retried": result.retried, "failed": result.failed}
 
 
-@shared_task(soft_time_limit=50, time_limit=55, acks_late=True)
+@shared_task(soft_time_limit=50, time_limit=55, acks_late=True)  # type: ignore[untyped-decorator]
 def runaway_sweep() -> dict[str, int]:
     """Every minute: the window rules (burn rate, projected overrun, long sessions). Safe
     to run twice: a session is flagged with a conditional UPDATE."""
     return guard.runaway_sweep().flagged
 
 
-@shared_task(soft_time_limit=600, time_limit=660, acks_late=True)
+@shared_task(soft_time_limit=600, time_limit=660, acks_late=True)  # type: ignore[untyped-decorator]
 def period_forecast_sweep() -> int:
     """Every 15 minutes: a forecast alert, once per period, for each period budget projected
     at its recent daily rate to pass its USD limit."""
     return period_ledgers.period_forecast_sweep(now=timezone.now())
 
 
-@shared_task(soft_time_limit=3000, time_limit=3300, acks_late=True)
+@shared_task(soft_time_limit=3000, time_limit=3300, acks_late=True)  # type: ignore[untyped-decorator]
 def retention_sweep() -> int:
     """Every hour: delete steps past their project's retention."""
     return retention.retention_sweep().steps_deleted
 
 
-@shared_task(soft_time_limit=300, time_limit=330, acks_late=True)
+@shared_task(soft_time_limit=300, time_limit=330, acks_late=True)  # type: ignore[untyped-decorator]
 def step_partitions_ahead() -> list[str]:
     """Every hour: this month's and the next two months' step partitions made (PostgreSQL),
     so ingest makes one itself only for a late or early step. Safe to run twice: the

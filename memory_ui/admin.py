@@ -13,7 +13,7 @@ from memory_ui.writes import decisions
 
 
 @admin.register(Memory)
-class MemoryAdmin(admin.ModelAdmin):
+class MemoryAdmin(admin.ModelAdmin[Memory]):
     list_display = ("content", "type", "scope", "status", "importance", "project", "created_at")
     list_filter = ("status", "type", "project")
     search_fields = ("content",)

@@ -45,7 +45,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from decimal import Decimal
 
-from celery import shared_task
+from celery import shared_task  # no type hints: each task ignores [untyped-decorator]
 from django.db import transaction
 from django.utils import timezone
 
@@ -518,7 +518,7 @@ def _projects_with_memories() -> list[int]:
 # --- Celery (beat: CELERY_BEAT_SCHEDULE in settings; the worker imports this in apps.py) ------
 
 
-@shared_task(soft_time_limit=600, time_limit=660, acks_late=True)
+@shared_task(soft_time_limit=600, time_limit=660, acks_late=True)  # type: ignore[untyped-decorator]
 def memory_ttl_sweep() -> int:
     """Every 15 minutes: expire approved memories past their TTL."""
     expired = memories_expire_due()
@@ -527,7 +527,7 @@ def memory_ttl_sweep() -> int:
     return expired
 
 
-@shared_task(soft_time_limit=60, time_limit=70, acks_late=True)
+@shared_task(soft_time_limit=60, time_limit=70, acks_late=True)  # type: ignore[untyped-decorator]
 def memory_proposals_sweep() -> int:
     """Every hour: one memory_proposals task per project with approved memories."""
     project_ids = _projects_with_memories()
@@ -536,7 +536,7 @@ def memory_proposals_sweep() -> int:
     return len(project_ids)
 
 
-@shared_task(soft_time_limit=1200, time_limit=1300, acks_late=True)
+@shared_task(soft_time_limit=1200, time_limit=1300, acks_late=True)  # type: ignore[untyped-decorator]
 def memory_proposals(project_id: int) -> dict[str, object]:
     """A project's eviction, merge and compression proposals (for a person to decide)."""
     project = Project.objects.filter(pk=project_id).first()

@@ -120,7 +120,8 @@ def freshness(
 ) -> float:
     """0.5^(age / half-life): 1 when just decided, 0.5 one half-life later; never above 1."""
     age_days = max(0.0, (now - (decided_at or created_at)).total_seconds() / SECONDS_PER_DAY)
-    return 0.5 ** (age_days / half_life)
+    decay: float = 0.5 ** (age_days / half_life)  # float ** float is Any in typeshed
+    return decay
 
 
 def credibility(source: str) -> float:

@@ -22,12 +22,13 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from costboard.api.schemas import Answer, IsoTime
+from costboard.api.schemas import Answer
 from costboard.ingest.schemas import text_fault
+from costboard.json_types import IsoTime
 from memory_ui import models
-from memory_ui.cleaners import MAX_TAGS, MAX_TTL_DAYS, SCOPE
+from memory_ui.cleaners import MAX_QUERY, MAX_TAGS, MAX_TTL_DAYS, SCOPE
 from memory_ui.models import MAX_CONTENT
-from memory_ui.ranking import MAX_K, MAX_QUERY
+from memory_ui.ranking import MAX_K
 
 DEFAULT_K = 5
 MAX_ID = 2**63 - 1

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from celery import shared_task
+from celery import shared_task  # no type hints: each task ignores [untyped-decorator]
 
 from costboard.models import Turn
 from memory_ui.cleaners import MemoryInputError
@@ -16,7 +16,7 @@ log = logging.getLogger(__name__)
 DETECTOR = "detector"  # proposed_by of the candidates this task proposes
 
 
-@shared_task(soft_time_limit=120, time_limit=150, acks_late=True)
+@shared_task(soft_time_limit=120, time_limit=150, acks_late=True)  # type: ignore[untyped-decorator]
 def memory_detect(turn_ids: list[int]) -> int:
     """Propose the memory candidates found in these turns' messages (pending: a person
     decides). Turns that are gone are skipped; returns how many candidates were proposed."""

@@ -12,7 +12,7 @@ from django.http import HttpRequest
 from costboard.admin.forms import WebhookEndpointForm
 from costboard.admin.site import ReadOnlyAdmin
 from costboard.budgets.alerts import alert_deliveries_retry
-from costboard.models import AlertDelivery, OutboxItem, WebhookEndpoint
+from costboard.models import AlertDelivery, OutboxItem, Project, WebhookEndpoint
 from costboard.outbox import outbox_retry
 
 
@@ -26,7 +26,7 @@ def _masked_secret(endpoint: WebhookEndpoint) -> str:
     return f"••••{endpoint.secret[-4:]}" if len(endpoint.secret) >= 12 else "••••"
 
 
-class WebhookEndpointInline(admin.StackedInline):
+class WebhookEndpointInline(admin.StackedInline[WebhookEndpoint, Project]):
     model = WebhookEndpoint
     form = WebhookEndpointForm
     extra = 0
@@ -39,7 +39,7 @@ class WebhookEndpointInline(admin.StackedInline):
 
 
 @admin.register(WebhookEndpoint)
-class WebhookEndpointAdmin(admin.ModelAdmin):
+class WebhookEndpointAdmin(admin.ModelAdmin[WebhookEndpoint]):
     form = WebhookEndpointForm
     list_display = ("project", "name", "url", "kinds", "active", "secret_hint", "created_at")
     list_filter = ("active", "project")
@@ -63,7 +63,7 @@ class WebhookEndpointAdmin(admin.ModelAdmin):
 
 
 @admin.register(AlertDelivery)
-class AlertDeliveryAdmin(ReadOnlyAdmin):
+class AlertDeliveryAdmin(ReadOnlyAdmin[AlertDelivery]):
     """The delivery log: one row per budget event, channel and target, with its last attempt."""
 
     list_display = (
@@ -121,7 +121,7 @@ class AlertDeliveryAdmin(ReadOnlyAdmin):
 
 
 @admin.register(OutboxItem)
-class OutboxItemAdmin(ReadOnlyAdmin):
+class OutboxItemAdmin(ReadOnlyAdmin[OutboxItem]):
     """The outbox: side effects waiting to go out (the backlog) and those given up on, with
     their last error. Done items are deleted, so an empty list means all went out."""
 

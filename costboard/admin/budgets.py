@@ -15,7 +15,7 @@ from costboard.models import PeriodBudget, PeriodLedger
 from costboard.numbers import count_text, usd_text
 
 
-class PeriodLedgerInline(admin.TabularInline):
+class PeriodLedgerInline(admin.TabularInline[PeriodLedger, PeriodBudget]):
     model = PeriodLedger
     extra = 0
     fields = ("period_start", "period_end", "member", "state", "tokens", "spent", "warned_at")
@@ -34,7 +34,7 @@ class PeriodLedgerInline(admin.TabularInline):
 
 
 @admin.register(PeriodBudget)
-class PeriodBudgetAdmin(admin.ModelAdmin):
+class PeriodBudgetAdmin(admin.ModelAdmin[PeriodBudget]):
     formfield_overrides = DECIMAL_OVERRIDES
     """Budgets above the session: a project's, a user's, a key's or a tag's spend per day,
     week, month or in total (the same checks as POST /api/v1/budgets)."""

@@ -16,7 +16,8 @@ from django.forms.fields import InvalidJSONInput
 
 from costboard.budgets.period_services import FIELDS as BUDGET_FIELDS
 from costboard.budgets.period_services import BudgetInputError, budget_check
-from costboard.ingest.schemas import MAX_TOKENS, bad_text
+from costboard.ingest.json_body import bad_text
+from costboard.ingest.schemas import MAX_TOKENS
 from costboard.models import ALERT_KINDS, ApiKey, ModelPrice, PeriodBudget, WebhookEndpoint
 from costboard.pricing import services as pricing_services
 
@@ -94,7 +95,7 @@ def _tier_rate_fault(value: Any) -> str | None:
     return None
 
 
-class ModelPriceForm(forms.ModelForm):
+class ModelPriceForm(forms.ModelForm[ModelPrice]):
     class Meta:
         model = ModelPrice
         field_classes = {"tiers": TiersField}
@@ -114,7 +115,7 @@ class ModelPriceForm(forms.ModelForm):
         )
 
     def clean_model_regex(self) -> str:
-        pattern = self.cleaned_data["model_regex"]
+        pattern: str = self.cleaned_data["model_regex"]
         if pattern:
             try:
                 re.compile(pattern)
@@ -164,7 +165,7 @@ class ModelPriceForm(forms.ModelForm):
         return cleaned
 
 
-class WebhookEndpointForm(forms.ModelForm):
+class WebhookEndpointForm(forms.ModelForm[WebhookEndpoint]):
     """The secret is write-only: never rendered back; left blank on an edit, it is kept."""
 
     # a URL typed without a scheme is https (Django 6's default; 5.2 warns without it)
@@ -205,13 +206,13 @@ class WebhookEndpointForm(forms.ModelForm):
         )
 
 
-class ApiKeyForm(forms.ModelForm):
+class ApiKeyForm(forms.ModelForm[ApiKey]):
     class Meta:
         model = ApiKey
         fields = ("project", "name", "role")
 
 
-class PeriodBudgetForm(forms.ModelForm):
+class PeriodBudgetForm(forms.ModelForm[PeriodBudget]):
     class Meta:
         model = PeriodBudget
         fields = ("project", *BUDGET_FIELDS)

@@ -64,7 +64,8 @@ class LockedNowFilter(admin.SimpleListFilter):
         return queryset.filter(locked) if self.value() == "yes" else queryset.exclude(locked)
 
 
-class LoginLockoutAdmin(AccessAttemptAdmin):
+# axes ships no type hints: AccessAttemptAdmin is Any to mypy, subclassing it [misc]
+class LoginLockoutAdmin(AccessAttemptAdmin):  # type: ignore[misc]
     list_display = [
         "username",
         "ip_address",

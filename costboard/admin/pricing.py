@@ -16,7 +16,7 @@ from costboard.pricing import services as pricing_services
 
 
 @admin.register(ModelPrice)
-class ModelPriceAdmin(admin.ModelAdmin):
+class ModelPriceAdmin(admin.ModelAdmin[ModelPrice]):
     form = ModelPriceForm
     formfield_overrides = DECIMAL_OVERRIDES
     list_display = (

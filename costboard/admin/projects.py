@@ -18,7 +18,7 @@ from costboard.models import ApiKey, Membership, Project, WebhookEndpoint
 from costboard.projects import api_keys_revoke
 
 
-class ApiKeyInline(admin.TabularInline):
+class ApiKeyInline(admin.TabularInline[ApiKey, Project]):
     model = ApiKey
     extra = 0
     fields = ("prefix", "name", "role", "created_at", "last_used_at", "revoked_at")
@@ -30,14 +30,14 @@ class ApiKeyInline(admin.TabularInline):
         return False  # keys are made on the API key page, where the key is shown once
 
 
-class MembershipInline(admin.TabularInline):
+class MembershipInline(admin.TabularInline[Membership, Project]):
     model = Membership
     extra = 1
     autocomplete_fields = ("user",)
 
 
 @admin.register(Membership)
-class MembershipAdmin(admin.ModelAdmin):
+class MembershipAdmin(admin.ModelAdmin[Membership]):
     list_display = ("user", "project", "created_at")
     list_filter = ("project",)
     search_fields = ("user__username", "project__slug")
@@ -45,7 +45,7 @@ class MembershipAdmin(admin.ModelAdmin):
 
 
 @admin.register(Project)
-class ProjectAdmin(admin.ModelAdmin):
+class ProjectAdmin(admin.ModelAdmin[Project]):
     formfield_overrides = DECIMAL_OVERRIDES
     list_display = ("name", "slug", "token_cap", "cost_cap_usd", "warn_at_pct", "created_at")
     search_fields = ("name", "slug")
@@ -108,7 +108,7 @@ class ProjectAdmin(admin.ModelAdmin):
 
 
 @admin.register(ApiKey)
-class ApiKeyAdmin(admin.ModelAdmin):
+class ApiKeyAdmin(admin.ModelAdmin[ApiKey]):
     list_display = (
         "prefix",
         "name",

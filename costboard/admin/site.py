@@ -3,9 +3,10 @@ that ingest, the budget engine or the outbox write)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 from django.contrib import admin
+from django.db.models import Model
 from django.http import HttpRequest
 
 admin.site.site_header = "Costboard administration"
@@ -15,7 +16,10 @@ admin.site.index_title = "Rates, caps, keys and projects"
 admin.site.enable_nav_sidebar = False
 
 
-class ReadOnlyAdmin(admin.ModelAdmin):
+_M = TypeVar("_M", bound=Model)
+
+
+class ReadOnlyAdmin(admin.ModelAdmin[_M]):
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 

@@ -17,7 +17,7 @@ from costboard.models import BudgetEvent, DailyRollup, Session, Step, Turn
 from costboard.projects import sessions_delete
 
 
-class BudgetEventInline(admin.TabularInline):
+class BudgetEventInline(admin.TabularInline[BudgetEvent, Session]):
     model = BudgetEvent
     extra = 0
     fields = ("kind", "at", "tokens_used", "cost_usd", "detail")
@@ -29,7 +29,7 @@ class BudgetEventInline(admin.TabularInline):
 
 
 @admin.register(Session)
-class SessionAdmin(admin.ModelAdmin):
+class SessionAdmin(admin.ModelAdmin[Session]):
     formfield_overrides = DECIMAL_OVERRIDES
     list_display = (
         "external_id",
@@ -98,14 +98,14 @@ class SessionAdmin(admin.ModelAdmin):
 
 
 @admin.register(Turn)
-class TurnAdmin(ReadOnlyAdmin):
+class TurnAdmin(ReadOnlyAdmin[Turn]):
     list_display = ("session", "number", "step_count", "cost_usd", "started_at")
     list_select_related = ("session",)
     search_fields = ("session__external_id",)
 
 
 @admin.register(Step)
-class StepAdmin(ReadOnlyAdmin):
+class StepAdmin(ReadOnlyAdmin[Step]):
     list_display = (
         "timestamp",
         "step_type",
@@ -125,7 +125,7 @@ class StepAdmin(ReadOnlyAdmin):
 
 
 @admin.register(DailyRollup)
-class DailyRollupAdmin(ReadOnlyAdmin):
+class DailyRollupAdmin(ReadOnlyAdmin[DailyRollup]):
     list_display = (
         "day",
         "project",

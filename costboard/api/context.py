@@ -56,8 +56,9 @@ from costboard.api.boundary import (
     parse_query,
     path_text,
 )
-from costboard.api.schemas import Answer, IsoTime
-from costboard.api.schemas import Count as NonNegative
+from costboard.api.schemas import Answer
+from costboard.json_types import Count as NonNegative
+from costboard.json_types import IsoTime
 from costboard.models import Session, Step, Turn
 from costboard.tokenizer import cl100k, count_tokens
 

@@ -29,10 +29,11 @@ from costboard.api.boundary import (
     model_response,
     parse_query,
 )
-from costboard.api.schemas import Answer, Money
-from costboard.api.schemas import Count as CountField
+from costboard.api.schemas import Answer
 from costboard.exports import csv_cell
 from costboard.ingest.schemas import FIRST_YEAR, LAST_YEAR
+from costboard.json_types import Count as CountField
+from costboard.json_types import Money
 from costboard.models import DailyRollup, TagDailyRollup, UserDailyRollup, usd
 
 READERS = ("read", "admin")
@@ -211,7 +212,7 @@ def _sums(
 ) -> list[dict[str, Any]]:
     """One row per group of `columns` (group name → rollup column), with the sums."""
     order = list(columns.values())
-    rollups = source._default_manager.filter(**filters)  # type: ignore[attr-defined]
+    rollups = source._default_manager.filter(**filters)
     sums = {f"s_{name}": Sum(name) for name in SUMS} | {"s_steps": Sum("calls")}
     # no columns: one row of the whole window (values() with no field would group by every one)
     grouped = (

@@ -250,10 +250,17 @@ def _sessions_recheck(
         "pk", "external_id", "token_cap", "cost_cap_usd"
     )
     for session_id, external_id, token_cap, cost_cap in sessions.iterator(chunk_size=2000):
-        own = {"token_cap": token_cap, "cost_cap_usd": cost_cap}
         system = external_id == SYSTEM_SESSION_ID
-        old_caps = caps_for(project=old_project or project, system=system, defaults=old_env, **own)
-        if old_caps != caps_for(project=project, system=system, **own):
+        old_caps = caps_for(
+            project=old_project or project,
+            token_cap=token_cap,
+            cost_cap_usd=cost_cap,
+            system=system,
+            defaults=old_env,
+        )
+        if old_caps != caps_for(
+            project=project, token_cap=token_cap, cost_cap_usd=cost_cap, system=system
+        ):
             session_recheck(session_id=session_id, at=at, old_caps=old_caps)
             changed += 1
     return changed

@@ -12,7 +12,7 @@ off), so that end does not move."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -28,7 +28,8 @@ def lock_ends(username: str | None, ip_address: str | None, *, now: datetime) ->
     """When the lock of this pair ends, or None if it is not locked at `now`."""
     cool_off: timedelta = settings.AXES_COOLOFF_TIME
     limit: int = settings.AXES_FAILURE_LIMIT
-    rows = (
+    # axes ships no type hints: its rows are (attempt_time, failures_since_start) by its model
+    rows: Iterable[tuple[datetime, int]] = (
         AccessAttempt.objects.filter(
             username=username, ip_address=ip_address, attempt_time__gte=now - cool_off
         )

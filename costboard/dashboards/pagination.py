@@ -14,26 +14,30 @@ page's cost near the first page's as the list grows:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 from django.core.paginator import Page, Paginator
-from django.db.models import QuerySet
+from django.db.models import Model, QuerySet
+
+_M = TypeVar("_M", bound=Model)
 
 
-class KeyedPaginator(Paginator):
+class KeyedPaginator(Paginator[_M]):
     """A Paginator over an ordered QuerySet (its order must end in the primary key, so that
     it is total and reverses exactly) that reads each page by key and from its nearer end.
     Counting is Django's own, unless `count` is given: a count kept elsewhere, which must be
     the list's exact length (a page from the far end is found by it)."""
 
-    object_list: QuerySet[Any]
+    object_list: QuerySet[_M]
 
-    def __init__(self, *args: Any, count: int | None = None, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(
+        self, object_list: QuerySet[_M], *args: Any, count: int | None = None, **kwargs: Any
+    ) -> None:
+        super().__init__(object_list, *args, **kwargs)
         if count is not None:
             self.__dict__["count"] = max(count, 0)  # Paginator.count is a cached_property
 
-    def page(self, number: Any) -> Page:
+    def page(self, number: Any) -> Page[_M]:
         number = self.validate_number(number)
         bottom = (number - 1) * self.per_page
         top = bottom + self.per_page

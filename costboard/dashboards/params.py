@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from django.core.paginator import Page, Paginator
 from django.http import QueryDict
@@ -22,6 +23,7 @@ from costboard.ingest.schemas import MAX_TAG_VALUE
 
 # `?tag=key=value`, as `tags` allows them (costboard/ingest/schemas.py)
 TAG = re.compile(rf"[a-z0-9_.-]{{1,64}}=.{{1,{MAX_TAG_VALUE}}}")
+_T = TypeVar("_T")  # a page's rows, whatever the paginator pages
 MAX_PAGE_DIGITS = 9  # past any list's last page; int() of thousands of digits is refused
 
 
@@ -105,7 +107,7 @@ class Checks:
         self.errors[name] = f"“{value}” is not {what}"
         return ""
 
-    def page(self, paginator: Paginator, name: str = "page") -> Page:
+    def page(self, paginator: Paginator[_T], name: str = "page") -> Page[_T]:
         """The page asked for: a number from 1 to the last page. Anything else is named and
         the first page shown."""
         value = self.get(name).strip()

@@ -39,6 +39,7 @@ def percentile(histogram: Mapping[int, int], q: float) -> float | None:
             fraction = (rank - seen) / count
             if low == 0:
                 return high * fraction
-            return low * (high / low) ** fraction
+            growth: float = (high / low) ** fraction  # float ** float is Any in typeshed
+            return low * growth
         seen += count
     return bucket_bounds(max(histogram))[1]

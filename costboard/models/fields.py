@@ -8,12 +8,21 @@ is blank to inherit; `usd` writes an amount as the API and the budget events sho
 from __future__ import annotations
 
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias, overload
 
 from django.db import models
 
+if TYPE_CHECKING:  # DecimalField is generic in django-stubs only, not at run time
+    from django.db.models.expressions import Combinable
 
-def money_field(**options: Any) -> models.DecimalField:
+    # What a decimal column takes and gives: any number or an expression in; a Decimal out,
+    # or None from a column that is null=True.
+    _DecimalIn: TypeAlias = str | float | Decimal | Combinable
+    DecimalColumn: TypeAlias = models.DecimalField[_DecimalIn, Decimal]
+    NullDecimalColumn: TypeAlias = models.DecimalField[_DecimalIn | None, Decimal | None]
+
+
+def money_field(**options: Any) -> DecimalColumn:
     """USD: a step's cost is tokens × rate / 1e6, exact at 12 places for rates with ≤ 6
     decimals per million tokens."""
     return models.DecimalField(
@@ -21,12 +30,16 @@ def money_field(**options: Any) -> models.DecimalField:
     )
 
 
-def rate_field(**options: Any) -> models.DecimalField:
+@overload
+def rate_field(*, null: Literal[True], **options: Any) -> NullDecimalColumn: ...
+@overload
+def rate_field(*, null: Literal[False] = ..., **options: Any) -> DecimalColumn: ...
+def rate_field(**options: Any) -> DecimalColumn | NullDecimalColumn:
     """USD per million tokens; genai-prices has a few rates with 18 decimals, rounded to 10."""
     return models.DecimalField(max_digits=20, decimal_places=10, **options)
 
 
-def cap_field(**options: Any) -> models.DecimalField:
+def cap_field(**options: Any) -> NullDecimalColumn:
     """A cap in USD; blank means "inherit"."""
     return models.DecimalField(max_digits=14, decimal_places=4, null=True, blank=True, **options)
 

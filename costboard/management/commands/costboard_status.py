@@ -1,10 +1,10 @@
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.core.management.base import BaseCommand
-from django.db.models import Count, Q, Sum
+from django.db.models import Count, Q, QuerySet, Sum
 from django.utils import timezone
 
 from costboard.models import Project, Session
@@ -13,7 +13,7 @@ from costboard.templatetags.costboard_tags import usd
 ACTIVE_WINDOW = timedelta(hours=24)
 
 
-def _counts(sessions: Any, since: Any) -> dict[str, int]:
+def _counts(sessions: QuerySet[Session], since: datetime) -> dict[str, int]:
     open_sessions = Q(ended_at__isnull=True)
     return sessions.aggregate(
         active=Count("id", filter=open_sessions & Q(last_active_at__gte=since)),
