@@ -321,10 +321,8 @@ INSIDE_LAYERS = {
     "costboard.ingest.otlp": [
         ["costboard.ingest.otlp"],
         ["costboard.ingest.otlp.store"],
-        ["costboard.ingest.otlp.turns"],
-        ["costboard.ingest.otlp.mapping"],
-        ["costboard.ingest.otlp.decode"],
-        ["costboard.ingest.otlp.json_models"],
+        ["costboard.ingest.otlp.turns", "costboard.ingest.otlp.decode"],
+        ["costboard.ingest.otlp.mapping", "costboard.ingest.otlp.json_models"],
     ],
     "costboard.admin": [
         ["costboard.admin"],

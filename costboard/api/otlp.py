@@ -19,18 +19,17 @@ from django.http import HttpRequest, HttpResponse
 from costboard.api.boundary import ApiError, ApiRequest, Operation, Reply, endpoint
 from costboard.api.failures import RETRY_AFTER_SECONDS
 from costboard.api.schemas import ExportTraceServiceResponse, RpcStatus
-from costboard.ingest.otlp import (
+from costboard.ingest.otlp.decode import (
     MAX_SPANS,
     PROTOBUF,
     OtlpError,
-    OtlpUnavailable,
     otlp_gunzip,
     otlp_read,
     otlp_response,
     otlp_status,
-    otlp_store,
 )
 from costboard.ingest.otlp.json_models import ExportTraceServiceRequest
+from costboard.ingest.otlp.store import OtlpUnavailable, otlp_store
 from costboard.ingest.schemas import MAX_BODY_BYTES
 from costboard.projects import ingest_tally
 

@@ -9,10 +9,11 @@ from costboard.ingest.otlp.decode import (
     OtlpError,
     otlp_decode,
     otlp_gunzip,
+    otlp_read,
     otlp_response,
     otlp_status,
 )
-from costboard.ingest.otlp.mapping import OtlpMapping, OtlpSpan, otlp_read, otlp_spans
+from costboard.ingest.otlp.mapping import OtlpMapping, OtlpSpan, otlp_spans
 from costboard.ingest.otlp.store import OtlpUnavailable, otlp_store
 
 __all__ = [

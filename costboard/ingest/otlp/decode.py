@@ -1,6 +1,7 @@
 """OTLP/HTTP bodies (docs/api.md, "OTLP traces"): a protobuf or OTLP JSON body, maybe gzip,
 read into an `ExportTraceServiceRequest`, and the answers (ExportTraceServiceResponse,
-google.rpc.Status) written in the request's format. Pure: no I/O.
+google.rpc.Status) written in the request's format; `otlp_read` hands the request to
+mapping.py and answers its spans mapped. Pure: no I/O.
 
 The span count is checked before the slow JSON reading, so an export past MAX_SPANS costs
 only a count."""
@@ -23,6 +24,7 @@ from pydantic import ValidationError
 from costboard.ingest.otlp.json_models import (
     ExportTraceServiceRequest as ExportTraceServiceRequestJson,
 )
+from costboard.ingest.otlp.mapping import OtlpMapping, otlp_spans, without_bad_text
 from costboard.ingest.schemas import MAX_BODY_BYTES, validation_errors
 
 PROTOBUF = "application/x-protobuf"
@@ -139,6 +141,15 @@ def _list(parent: Any, *names: str) -> list[Any]:
         if isinstance(value, list):
             return value
     return []
+
+
+def otlp_read(body: bytes, content_type: str) -> OtlpMapping:
+    """A body's spans mapped (otlp_spans), those whose text the database would refuse
+    rejected too (without_bad_text), or OtlpError (otlp_decode) for a body that cannot be
+    used as a whole."""
+    export = otlp_decode(body, content_type)
+    mapping = otlp_spans(export)
+    return without_bad_text(mapping)
 
 
 def otlp_response(rejected: int, message: str, content_type: str) -> bytes:

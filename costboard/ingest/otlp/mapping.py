@@ -23,7 +23,6 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 from pydantic import ValidationError
 
 from costboard.ingest.json_body import bad_text
-from costboard.ingest.otlp.decode import otlp_decode
 from costboard.ingest.schemas import MAX_TOKENS, StepEvent
 from costboard.models import TOOL_MODEL, TOOL_STEP_TYPE
 
@@ -107,14 +106,7 @@ class OtlpMapping:
         return shown + (f"; and {more} more" if more > 0 else "")
 
 
-def otlp_read(body: bytes, content_type: str) -> OtlpMapping:
-    """A body's spans mapped (otlp_spans), those whose text the database would refuse
-    rejected too (_without_bad_text), or OtlpError (otlp_decode) for a body that cannot be
-    used as a whole."""
-    return _without_bad_text(otlp_spans(otlp_decode(body, content_type)))
-
-
-def _without_bad_text(mapping: OtlpMapping) -> OtlpMapping:
+def without_bad_text(mapping: OtlpMapping) -> OtlpMapping:
     """Spans whose text PostgreSQL would refuse (NUL: protobuf strings may hold it) are
     rejected like other unmappable spans, with the reason."""
     kept: list[OtlpSpan] = []
