@@ -318,6 +318,12 @@ INSIDE_LAYERS = {
         ["costboard.models.pricing", "costboard.models.projects"],
         ["costboard.models.fields"],
     ],
+    "costboard.ingest.otlp": [
+        ["costboard.ingest.otlp"],
+        ["costboard.ingest.otlp.store"],
+        ["costboard.ingest.otlp.turns", "costboard.ingest.otlp.decode"],
+        ["costboard.ingest.otlp.mapping", "costboard.ingest.otlp.json_models"],
+    ],
     "costboard.admin": [
         ["costboard.admin"],
         ["costboard.admin.projects"],

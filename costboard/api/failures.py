@@ -12,51 +12,19 @@ error code tells which.
 
 from __future__ import annotations
 
-import sqlite3
 import sys
 
-import psycopg
 from django.contrib.auth.models import AnonymousUser
-from django.db import InterfaceError, OperationalError
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 from django.views import defaults
 
 from costboard.dashboards.scope import Scope, projects_visible
+from costboard.ingest.sql import database_outage
 
 API_PREFIXES = ("/api/", "/v1/")
 RETRY_AFTER_SECONDS = 5
 DATABASE_DOWN = f"the database is unavailable: retry in {RETRY_AFTER_SECONDS} seconds"
-
-# SQLite's primary result codes for a file that cannot be used now (any other: the statement)
-SQLITE_UNAVAILABLE = frozenset(
-    {
-        sqlite3.SQLITE_BUSY,
-        sqlite3.SQLITE_LOCKED,
-        sqlite3.SQLITE_NOMEM,
-        sqlite3.SQLITE_IOERR,
-        sqlite3.SQLITE_FULL,
-        sqlite3.SQLITE_CANTOPEN,
-    }
-)
-# PostgreSQL's SQLSTATE classes for a server that cannot serve: connection exception,
-# insufficient resources, operator intervention (shutdown, cancelled), system error
-POSTGRES_UNAVAILABLE = ("08", "53", "57", "58")
-
-
-def database_outage(exc: BaseException | None) -> bool:
-    """Whether a failure means the database cannot serve now (retry) rather than that it
-    refused this statement (a bug): Django's errors carry the driver's as their cause."""
-    if isinstance(exc, InterfaceError):  # the connection is gone
-        return True
-    if not isinstance(exc, OperationalError):
-        return False
-    cause = exc.__cause__
-    if isinstance(cause, sqlite3.Error):
-        return cause.sqlite_errorcode & 0xFF in SQLITE_UNAVAILABLE
-    if isinstance(cause, psycopg.Error):  # no SQLSTATE: no server answered
-        return cause.sqlstate is None or cause.sqlstate[:2] in POSTGRES_UNAVAILABLE
-    return True  # a driver that does not say: an outage, as before
 
 
 def is_api(request: HttpRequest) -> bool:

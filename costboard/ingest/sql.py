@@ -1,12 +1,14 @@
 """How ingest speaks SQL to either database: the few places PostgreSQL and SQLite spell it
 differently (`Dialect`), a batch's rows as one typed array per column (server-side binding, the
 same SQL text whatever the batch size), the usage columns every counted table shares, and the
-settings of an ingest transaction. Every statement of ingest (writes/, rollups.py) is built on
-it; nothing here knows a table."""
+settings of an ingest transaction, and whether a failure is the database's outage (retry)
+rather than a statement it refused (`database_outage`). Every statement of ingest (writes/,
+rollups.py) is built on it; nothing here knows a table."""
 
 from __future__ import annotations
 
 import json
+import sqlite3
 from collections.abc import Sequence
 from datetime import date, datetime
 from decimal import Decimal
@@ -14,7 +16,7 @@ from typing import Any
 
 import psycopg
 from django.conf import settings
-from django.db import connection
+from django.db import InterfaceError, OperationalError, connection
 
 from costboard.money import pico_usd
 
@@ -234,3 +236,34 @@ _INGEST_SETTINGS = (
     " set_config('random_page_cost', '1.1', true),"
     " set_config('statement_timeout', %s, true)"
 )
+
+
+# SQLite's primary result codes for a file that cannot be used now (any other: the statement)
+SQLITE_UNAVAILABLE = frozenset(
+    {
+        sqlite3.SQLITE_BUSY,
+        sqlite3.SQLITE_LOCKED,
+        sqlite3.SQLITE_NOMEM,
+        sqlite3.SQLITE_IOERR,
+        sqlite3.SQLITE_FULL,
+        sqlite3.SQLITE_CANTOPEN,
+    }
+)
+# PostgreSQL's SQLSTATE classes for a server that cannot serve: connection exception,
+# insufficient resources, operator intervention (shutdown, cancelled), system error
+POSTGRES_UNAVAILABLE = ("08", "53", "57", "58")
+
+
+def database_outage(exc: BaseException | None) -> bool:
+    """Whether a failure means the database cannot serve now (retry) rather than that it
+    refused this statement (a bug): Django's errors carry the driver's as their cause."""
+    if isinstance(exc, InterfaceError):  # the connection is gone
+        return True
+    if not isinstance(exc, OperationalError):
+        return False
+    cause = exc.__cause__
+    if isinstance(cause, sqlite3.Error):
+        return cause.sqlite_errorcode & 0xFF in SQLITE_UNAVAILABLE
+    if isinstance(cause, psycopg.Error):  # no SQLSTATE: no server answered
+        return cause.sqlstate is None or cause.sqlstate[:2] in POSTGRES_UNAVAILABLE
+    return True  # a driver that does not say: an outage, as before

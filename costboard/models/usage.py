@@ -21,7 +21,7 @@ SYSTEM_SESSION_ID = "system"
 # also its family (costboard/pricing/families.py).
 TOOL_MODEL = "none"
 # The step type of a tool call, whichever way it arrives (OTLP's `execute_tool` is stored as
-# this: costboard/ingest/otlp.py).
+# this: costboard/ingest/otlp/mapping.py).
 TOOL_STEP_TYPE = "tool"
 
 # A turn whose prompt fills this much of its model's context window should be summarized.

@@ -19,9 +19,9 @@ from django.test import Client
 from google.rpc import status_pb2
 from opentelemetry.sdk.trace import Tracer
 
-from costboard.api import otlp as api_otlp
-from costboard.api.otlp import EARLIER_TURNS
 from costboard.budgets.period_services import period_budget_create
+from costboard.ingest.otlp import store as otlp_store
+from costboard.ingest.otlp.turns import EARLIER_TURNS
 from costboard.ingest.schemas import StepEvent
 from costboard.models import (
     BudgetEvent,
@@ -72,7 +72,7 @@ def chunked(agent: Agent, settings: Any) -> Agent:
 def chunk_fails(monkeypatch: pytest.MonkeyPatch, number: int) -> Iterator[list[int]]:
     """Chunk `number` of the next export meets a database that cannot take it (an outage, as
     the driver reports a lost connection); the others go through. Yields each chunk's spans."""
-    real = api_otlp.events_ingest
+    real = otlp_store.events_ingest
     sizes: list[int] = []
 
     def ingest(**kwargs: Any) -> Any:
@@ -81,9 +81,9 @@ def chunk_fails(monkeypatch: pytest.MonkeyPatch, number: int) -> Iterator[list[i
             raise OperationalError("server closed the connection unexpectedly")
         return real(**kwargs)
 
-    monkeypatch.setattr(api_otlp, "events_ingest", ingest)
+    monkeypatch.setattr(otlp_store, "events_ingest", ingest)
     yield sizes
-    monkeypatch.setattr(api_otlp, "events_ingest", real)
+    monkeypatch.setattr(otlp_store, "events_ingest", real)
 
 
 def unavailable(response: Any) -> str:
@@ -151,7 +151,7 @@ def test_a_large_export_is_stored_in_chunks_each_its_own_transaction(
     add_price("test-sonnet")
     agent = make_agent("chunks")
     settings.COSTBOARD_OTLP_CHUNK_SPANS = 3
-    real = api_otlp.events_ingest
+    real = otlp_store.events_ingest
     calls: list[tuple[int, bool]] = []  # each chunk's spans; whether a transaction was open
 
     def ingest(**kwargs: Any) -> Any:
@@ -159,7 +159,7 @@ def test_a_large_export_is_stored_in_chunks_each_its_own_transaction(
         calls.append((steps, connection.in_atomic_block))
         return real(**kwargs)
 
-    monkeypatch.setattr(api_otlp, "events_ingest", ingest)
+    monkeypatch.setattr(otlp_store, "events_ingest", ingest)
     assert parsed(post_spans(agent, spans_of(export))).partial_success.rejected_spans == 0
     # 3 + 3 + 3 + 1 spans, none inside a transaction another chunk shares
     assert calls == [(3, False), (3, False), (3, False), (1, False)]

@@ -12,9 +12,8 @@ from django.test import Client
 from google.rpc import status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from costboard.api import otlp as api_otlp
-from costboard.ingest import otlp as ingest_otlp
 from costboard.ingest.otlp import MAX_SPANS
+from costboard.ingest.otlp import decode as ingest_decode
 from costboard.ingest.schemas import MAX_TURN
 from costboard.models import Step, Turn
 from tests.conftest import Agent
@@ -65,9 +64,9 @@ def test_more_than_10000_json_spans_are_413_naming_resource_spans_before_any_wor
 
         monkeypatch.setattr(owner, name, watched)
 
-    watch(api_otlp, "_documented_shape")
-    watch(ingest_otlp, "_hex_ids_to_base64")
-    watch(ingest_otlp.json_format, "ParseDict")
+    watch(ingest_decode, "_documented_shape")
+    watch(ingest_decode, "_hex_ids_to_base64")
+    watch(ingest_decode.json_format, "ParseDict")
 
     response = post(agent, export(*(json_span(n) for n in range(MAX_SPANS + 1))))
     assert response.status_code == 413

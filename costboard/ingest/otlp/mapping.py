@@ -1,9 +1,8 @@
-"""OTLP/HTTP traces (docs/api.md, "OTLP traces") → step events. Pure: no I/O.
+"""OTLP spans → step events (docs/api.md, "OTLP traces"). Pure: no I/O.
 
-`otlp_decode` turns a body (protobuf or OTLP JSON) into an `ExportTraceServiceRequest`;
-`otlp_spans` maps its spans to `OtlpSpan`s (a StepEvent without its turn, plus the trace it
-belongs to) and counts the spans that cannot be mapped. The view numbers the turns (one
-trace = one turn of its session) and stores the steps.
+`otlp_spans` maps a request's spans to `OtlpSpan`s (a StepEvent without its turn, plus the
+trace it belongs to) and counts the spans that cannot be mapped; the turns are numbered and
+the steps stored by `store` (one trace = one turn of its session).
 
 OpenTelemetry's GenAI conventions count cached tokens inside `gen_ai.usage.input_tokens`;
 Costboard's (Anthropic's) do not, so cache reads and writes are subtracted.
@@ -11,30 +10,22 @@ Costboard's (Anthropic's) do not, so cache reads and writes are subtracted.
 
 from __future__ import annotations
 
-import base64
-import json
-import zlib
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
-from google.protobuf import json_format
-from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
-    ExportTraceServiceResponse,
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 from pydantic import ValidationError
 
-from costboard.ingest.schemas import MAX_BODY_BYTES, MAX_TOKENS, StepEvent
+from costboard.ingest.json_body import bad_text
+from costboard.ingest.schemas import MAX_TOKENS, StepEvent
 from costboard.models import TOOL_MODEL, TOOL_STEP_TYPE
 
-PROTOBUF = "application/x-protobuf"
-JSON = "application/json"
 # A span without a model (a tool call, a retrieval) is a tool step: stored under this model
 # name, $0 by nature, never unpriced.
 NO_MODEL = TOOL_MODEL
@@ -92,153 +83,6 @@ STEP_TYPE_KEYS = ("gen_ai.operation.name",)
 STEP_TYPES = {"execute_tool": TOOL_STEP_TYPE}
 
 
-MAX_SPANS = 10_000  # per request (docs/api.md, "Limits")
-
-
-class OtlpError(Exception):
-    """The body as a whole cannot be used: an HTTP status, the field at fault and a message
-    naming the fix."""
-
-    def __init__(self, status: int, message: str, field: str = "body") -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.field = field
-
-
-def _too_many_spans(spans: int) -> OtlpError:
-    return OtlpError(
-        413,
-        f"{spans} spans: send at most {MAX_SPANS} spans per request; lower the exporter's "
-        "max_export_batch_size",
-        field="resourceSpans",
-    )
-
-
-def otlp_gunzip(body: bytes, *, limit: int = MAX_BODY_BYTES) -> bytes:
-    """A gzip body decompressed, refusing (413) to grow past `limit` bytes."""
-    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    try:
-        data = inflater.decompress(body, limit + 1)
-    except zlib.error as exc:
-        raise OtlpError(400, f"Content-Encoding is gzip but the body is not: {exc}") from None
-    if len(data) > limit:
-        raise OtlpError(413, f"decompressed body is over {limit} bytes (5 MB): export less")
-    if not inflater.eof:
-        raise OtlpError(400, "truncated gzip body: send the whole gzip stream")
-    return data
-
-
-def otlp_decode(
-    body: bytes,
-    content_type: str,
-    *,
-    check_json: Callable[[dict[str, Any]], None] | None = None,
-) -> ExportTraceServiceRequest:
-    """An ExportTraceServiceRequest from a protobuf or OTLP JSON body, or OtlpError: 400 if
-    undecodable, 413 past MAX_SPANS spans (counted before the slow JSON mapping). A JSON body
-    is first given to `check_json`, which raises ValueError for a shape it refuses:
-    protobuf's JSON mapping reads a string where an object belongs as an empty object."""
-    request = ExportTraceServiceRequest()
-    if content_type == PROTOBUF:
-        try:
-            request.ParseFromString(body)
-        except (DecodeError, ValueError) as exc:
-            raise OtlpError(400, f"undecodable protobuf ExportTraceServiceRequest: {exc}") from None
-        spans = sum(len(scope.spans) for rs in request.resource_spans for scope in rs.scope_spans)
-        if spans > MAX_SPANS:
-            raise _too_many_spans(spans)
-        return request
-    try:
-        payload = json.loads(body)
-        if not isinstance(payload, dict):
-            raise ValueError("the body must be a JSON object with resourceSpans")
-        spans = sum(
-            len(_list(scope_spans, "spans"))
-            for resource_spans in _list(payload, "resourceSpans", "resource_spans")
-            for scope_spans in _list(resource_spans, "scopeSpans", "scope_spans")
-        )
-        if spans > MAX_SPANS:
-            raise _too_many_spans(spans)
-        if check_json is not None:
-            check_json(payload)
-        _hex_ids_to_base64(payload)
-        json_format.ParseDict(payload, request, ignore_unknown_fields=True)
-    except (ValueError, UnicodeDecodeError, json_format.ParseError) as exc:
-        raise OtlpError(400, f"undecodable OTLP JSON ExportTraceServiceRequest: {exc}") from None
-    return request
-
-
-_ID_FIELDS = ("traceId", "spanId", "parentSpanId", "trace_id", "span_id", "parent_span_id")
-
-
-def _hex_ids_to_base64(payload: dict[str, Any]) -> None:
-    """OTLP JSON spells trace and span ids in hex, where protobuf's JSON mapping expects
-    base64: convert them in place (ValueError names a bad id)."""
-    for resource_spans in _list(payload, "resourceSpans", "resource_spans"):
-        for scope_spans in _list(resource_spans, "scopeSpans", "scope_spans"):
-            for span in _list(scope_spans, "spans"):
-                for item in [span, *_list(span, "links")]:
-                    if not isinstance(item, dict):
-                        continue
-                    for name in _ID_FIELDS:
-                        value = item.get(name)
-                        if isinstance(value, str) and value:
-                            try:
-                                raw = bytes.fromhex(value)
-                            except ValueError:
-                                raise ValueError(f"{name} {value!r} must be a hex string") from None
-                            item[name] = base64.b64encode(raw).decode()
-
-
-def _list(parent: Any, *names: str) -> list[Any]:
-    if not isinstance(parent, dict):
-        return []
-    for name in names:
-        value = parent.get(name)
-        if isinstance(value, list):
-            return value
-    return []
-
-
-def otlp_response(rejected: int, message: str, content_type: str) -> bytes:
-    """An ExportTraceServiceResponse, partial success filled in when spans were rejected."""
-    response = ExportTraceServiceResponse()
-    if rejected:
-        response.partial_success.rejected_spans = rejected
-        response.partial_success.error_message = message
-    # protobuf ships no type hints (its calls are Any to mypy): what they return, named
-    if content_type == PROTOBUF:
-        binary: bytes = response.SerializeToString()
-        return binary
-    text: str = json_format.MessageToJson(response, indent=None)
-    return text.encode()
-
-
-def otlp_status(code: int, message: str, content_type: str, field: str = "body") -> bytes:
-    """A google.rpc.Status (code, message) in the request's format, the body OTLP/HTTP asks
-    for with a 400. Encoded by hand: its two scalar fields need no googleapis dependency. In
-    JSON it also carries the API's `errors` (docs/api.md, "Errors"), which OTLP readers
-    ignore."""
-    if content_type != PROTOBUF:
-        errors = [{"index": None, "field": field, "message": message}]
-        return json.dumps({"code": code, "message": message, "errors": errors}).encode()
-    text = message.encode()
-    return b"\x08" + _varint(code) + b"\x12" + _varint(len(text)) + text
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
-
 @dataclass(frozen=True)
 class OtlpSpan:
     """A mapped span: its step (turn still unset) and the trace that makes its turn."""
@@ -260,6 +104,24 @@ class OtlpMapping:
         shown = "; ".join(self.errors[:5])
         more = len(self.errors) - 5
         return shown + (f"; and {more} more" if more > 0 else "")
+
+
+def without_bad_text(mapping: OtlpMapping) -> OtlpMapping:
+    """Spans whose text PostgreSQL would refuse (NUL: protobuf strings may hold it) are
+    rejected like other unmappable spans, with the reason."""
+    kept: list[OtlpSpan] = []
+    for span in mapping.spans:
+        step = span.step
+        texts = [step.session_id, step.step_type, step.model, step.provider, step.error]
+        found = bad_text({"text": texts, "metadata": step.metadata})
+        if found is None:
+            kept.append(span)
+        else:
+            mapping.rejected += 1
+            span_id = (step.event_id or "?").rsplit(":", 1)[-1]
+            mapping.errors.append(f"span {span_id}: {found[1]}")
+    mapping.spans = kept
+    return mapping
 
 
 class _SpanError(ValueError):
@@ -432,7 +294,7 @@ def _time(unix_nano: int) -> datetime:
 def _attributes(attributes: Any) -> dict[str, Any]:
     values: dict[str, Any] = {}
     for kv in attributes:
-        assert isinstance(kv, KeyValue)  # noqa: S101 — narrows the type of protobuf's repeated field
+        assert isinstance(kv, KeyValue)
         values[kv.key] = _value(kv.value)
     return values
 
