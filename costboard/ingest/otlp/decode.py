@@ -158,9 +158,12 @@ def otlp_response(rejected: int, message: str, content_type: str) -> bytes:
     if rejected:
         response.partial_success.rejected_spans = rejected
         response.partial_success.error_message = message
+    # protobuf ships no type hints (its calls are Any to mypy): what they return, named
     if content_type == PROTOBUF:
-        return response.SerializeToString()
-    return json_format.MessageToJson(response, indent=None).encode()
+        binary: bytes = response.SerializeToString()
+        return binary
+    text: str = json_format.MessageToJson(response, indent=None)
+    return text.encode()
 
 
 def otlp_status(code: int, message: str, content_type: str, field: str = "body") -> bytes:

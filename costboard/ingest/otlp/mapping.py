@@ -294,7 +294,7 @@ def _time(unix_nano: int) -> datetime:
 def _attributes(attributes: Any) -> dict[str, Any]:
     values: dict[str, Any] = {}
     for kv in attributes:
-        assert isinstance(kv, KeyValue)
+        assert isinstance(kv, KeyValue)  # noqa: S101 — narrows the type of protobuf's repeated field
         values[kv.key] = _value(kv.value)
     return values
 
