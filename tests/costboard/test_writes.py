@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import ast
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests.write_scan import Finding, findings, modules_outside, receiver_chain
 
 ROOT = Path(__file__).resolve().parents[2]
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
@@ -101,37 +102,6 @@ RAW_WRITE = re.compile(
 )
 
 
-@dataclass(frozen=True, order=True)
-class Finding:
-    path: str
-    line: int
-    code: str
-    why: str
-    key: str = ""  # what ALLOWED calls it
-
-    def __str__(self) -> str:
-        return f"{self.path}:{self.line}: {self.code}  ({self.why})"
-
-
-def _chain(node: ast.AST) -> list[str]:
-    """The names a receiver is made of, root first: Session.objects.filter(x) →
-    [Session, objects, filter]."""
-    parts: list[str] = []
-    while True:
-        if isinstance(node, ast.Attribute):
-            parts.append(node.attr)
-            node = node.value
-        elif isinstance(node, ast.Call):
-            node = node.func
-        elif isinstance(node, ast.Subscript):
-            node = node.value
-        elif isinstance(node, ast.Name):
-            parts.append(node.id)
-            return parts[::-1]
-        else:
-            return parts[::-1]
-
-
 def _is_queryset(chain: list[str], querysets: set[str]) -> bool:
     """A receiver that is (or may be) a queryset: a manager's, or a name one was given to."""
     if QUERYSET_STEPS & set(chain) or any("queryset" in part for part in chain):
@@ -150,7 +120,7 @@ def _querysets(tree: ast.AST) -> set[str]:
     assigns = [n for n in ast.walk(tree) if isinstance(n, ast.Assign)]
     for _ in range(3):  # chosen = qs.filter(…); rest = chosen.exclude(…)
         for node in assigns:
-            if _is_queryset(_chain(node.value), names):
+            if _is_queryset(receiver_chain(node.value), names):
                 names.update(t.id for t in node.targets if isinstance(t, ast.Name))
     return names
 
@@ -213,7 +183,7 @@ def writes_in(
         if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
             continue
         method = node.func.attr
-        chain = _chain(node.func.value)
+        chain = receiver_chain(node.func.value)
         receiver = ".".join(chain) or "an expression"
         if method in WRITES:
             add(node, f"{receiver}.{method}", f"{method} on {receiver}")
@@ -223,21 +193,11 @@ def writes_in(
 
 
 def scanned_files(root: Path, packages: tuple[str, ...] = SCANNED) -> list[Path]:
-    files = []
-    for package in packages:
-        for path in sorted((root / package).rglob("*.py")):
-            relative = path.relative_to(root)
-            if "migrations" in relative.parts or relative in WRITERS:
-                continue
-            files.append(path)
-    return files
+    return modules_outside(root, packages, WRITERS)
 
 
 def scan(root: Path, packages: tuple[str, ...] = SCANNED) -> list[Finding]:
-    found: list[Finding] = []
-    for path in scanned_files(root, packages):
-        found += writes_in(path.read_text(), path.relative_to(root).as_posix())
-    return sorted(found)
+    return findings(scanned_files(root, packages), root, writes_in)
 
 
 # --- the scan -------------------------------------------------------------------------------

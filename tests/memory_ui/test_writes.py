@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import ast
 import re
-from dataclasses import dataclass
 from datetime import timedelta
 from decimal import Decimal
 from io import StringIO
@@ -35,6 +34,7 @@ from memory_ui.models import Memory
 from memory_ui.writes import decisions, proposals
 from memory_ui.writes.imports import MemoryImport, memories_import
 from tests.conftest import Agent
+from tests.write_scan import Finding, findings, modules_outside, receiver_chain
 
 ROOT = Path(__file__).resolve().parents[2]
 SCANNED = ("memory_ui", "devtools")
@@ -85,36 +85,6 @@ NOT_MEMORY = {
 }
 
 
-@dataclass(frozen=True, order=True)
-class Finding:
-    path: str
-    line: int
-    code: str
-    why: str
-
-    def __str__(self) -> str:
-        return f"{self.path}:{self.line}: {self.code}  ({self.why})"
-
-
-def _chain(node: ast.AST) -> list[str]:
-    """The names a receiver is made of, root first: Memory.objects.filter(x) →
-    [Memory, objects, filter]."""
-    parts: list[str] = []
-    while True:
-        if isinstance(node, ast.Attribute):
-            parts.append(node.attr)
-            node = node.value
-        elif isinstance(node, ast.Call):
-            node = node.func
-        elif isinstance(node, ast.Subscript):
-            node = node.value
-        elif isinstance(node, ast.Name):
-            parts.append(node.id)
-            return parts[::-1]
-        else:
-            return parts[::-1]
-
-
 def _non_memory_model(chain: list[str]) -> bool:
     """Rooted at another model (Project.objects…): not a memory table."""
     return bool(chain) and chain[0][:1].isupper() and chain[0] not in MODELS
@@ -126,7 +96,7 @@ def _querysets(tree: ast.AST) -> set[str]:
     assigns = [n for n in ast.walk(tree) if isinstance(n, ast.Assign)]
     for _ in range(3):  # chosen = qs.filter(…); rest = chosen.exclude(…)
         for node in assigns:
-            chain = _chain(node.value)
+            chain = receiver_chain(node.value)
             if _non_memory_model(chain):
                 continue
             if QUERYSET_STEPS & set(chain) or (chain and chain[0] in names | {"qs", "queryset"}):
@@ -168,7 +138,7 @@ def writes_in(source: str, path: str) -> list[Finding]:
         if not isinstance(node.func, ast.Attribute) or node.func.attr not in WRITES:
             continue
         method = node.func.attr
-        chain = _chain(node.func.value)
+        chain = receiver_chain(node.func.value)
         receiver = ".".join(chain)
         if chain and chain[0] in MODELS:
             add(node, f"{method} on {chain[0]}")
@@ -183,21 +153,11 @@ def writes_in(source: str, path: str) -> list[Finding]:
 
 
 def scanned_files(root: Path, packages: tuple[str, ...] = SCANNED) -> list[Path]:
-    files = []
-    for package in packages:
-        for path in sorted((root / package).rglob("*.py")):
-            relative = path.relative_to(root)
-            if "migrations" in relative.parts or relative in WRITERS:
-                continue
-            files.append(path)
-    return files
+    return modules_outside(root, packages, WRITERS)
 
 
 def scan(root: Path, packages: tuple[str, ...] = SCANNED) -> list[Finding]:
-    found: list[Finding] = []
-    for path in scanned_files(root, packages):
-        found += writes_in(path.read_text(), path.relative_to(root).as_posix())
-    return sorted(found)
+    return findings(scanned_files(root, packages), root, writes_in)
 
 
 # --- the scan -------------------------------------------------------------------------------
