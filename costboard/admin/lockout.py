@@ -10,7 +10,6 @@ staff user may lift a lockout (docs/operations.md, "Logins")."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
@@ -18,13 +17,12 @@ from axes.admin import AccessAttemptAdmin
 from axes.models import AccessAttempt
 from django.conf import settings
 from django.contrib import admin, messages
-from django.db.models import Q, QuerySet
+from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
 
 from costboard.dashboards.lockout import lock_ends
-
-Pair = tuple[str | None, str | None]
+from costboard.lockouts import Pair, lockout_rows, lockouts_lift, pairs_filter
 
 
 def _is_staff(request: HttpRequest) -> bool:
@@ -43,13 +41,6 @@ def locked_pairs(now: datetime) -> set[Pair]:
     return {pair for pair, total in failures.items() if total >= settings.AXES_FAILURE_LIMIT}
 
 
-def _pairs_filter(pairs: Iterable[Pair]) -> Q:
-    condition = Q(pk__in=[])
-    for username, address in pairs:
-        condition |= Q(username=username, ip_address=address)
-    return condition
-
-
 class LockedNowFilter(admin.SimpleListFilter):
     title = "locked out now"
     parameter_name = "locked"
@@ -60,7 +51,7 @@ class LockedNowFilter(admin.SimpleListFilter):
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         if self.value() not in ("yes", "no"):
             return queryset
-        locked = _pairs_filter(locked_pairs(timezone.now()))
+        locked = pairs_filter(locked_pairs(timezone.now()))
         return queryset.filter(locked) if self.value() == "yes" else queryset.exclude(locked)
 
 
@@ -103,9 +94,9 @@ class LoginLockoutAdmin(AccessAttemptAdmin):  # type: ignore[misc]
             set(queryset.values_list("username", "ip_address")),
             key=lambda pair: (pair[0] or "", pair[1] or ""),
         )
-        rows = AccessAttempt.objects.filter(_pairs_filter(pairs))
+        rows = lockout_rows(pairs)
         self.log_deletions(request, rows)
-        rows.delete()
+        lockouts_lift(rows)
         named = ", ".join(f"{user or '(no username)'} from {address}" for user, address in pairs)
         self.message_user(
             request,

@@ -49,6 +49,7 @@ WRITERS = frozenset(
         "budgets/period_ledgers",
         "budgets/alerts",
         "projects",
+        "lockouts",
         "outbox",
         "retention",
         "partitions",
@@ -67,10 +68,6 @@ ALLOWED = {
     ("costboard/models/projects.py", "cls.objects.create"): (
         "ApiKey.issue: a key's row made with its hash in one place, which projects."
         "project_key_create, the admin and the tests call"
-    ),
-    ("costboard/admin/lockout.py", "rows.delete"): (
-        "the admin action lifting login lockouts: django-axes' AccessAttempt rows, logged "
-        "as deletions, not a table of ours"
     ),
     ("costboard/management/commands/ensure_admin.py", "users.objects.create_superuser"): (
         "the deploy's first staff login (auth User), not a table of ours"
