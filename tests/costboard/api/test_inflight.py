@@ -14,7 +14,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-from collections.abc import Iterator
 from contextlib import ExitStack
 from html.parser import HTMLParser
 from pathlib import Path
@@ -68,33 +67,6 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     monkeypatch.setattr(inflight, "_LOCAL", inflight._LocalGate())
     monkeypatch.setattr(inflight, "_FALLBACK", inflight._LocalGate())
     return clock
-
-
-@pytest.fixture
-def redis_server(settings: Any) -> Iterator[RedisServer]:
-    server = RedisServer()
-    server.start()
-    settings.COSTBOARD_RATE_LIMIT_REDIS_URL = server.url
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture(params=["redis", "in process"])
-def either_store(request: pytest.FixtureRequest, settings: Any) -> Iterator[None]:
-    """The same test against a Redis of its own and against the in-process counter."""
-    if request.param == "in process":
-        settings.COSTBOARD_RATE_LIMIT_REDIS_URL = ""
-        yield
-        return
-    server = RedisServer()
-    server.start()
-    settings.COSTBOARD_RATE_LIMIT_REDIS_URL = server.url
-    try:
-        yield
-    finally:
-        server.stop()
 
 
 def step(event_id: str) -> dict[str, Any]:

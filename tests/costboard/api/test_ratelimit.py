@@ -11,12 +11,9 @@ import json
 import logging
 import math
 import os
-import shutil
-import socket
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -29,51 +26,12 @@ from costboard.api import ratelimit
 from costboard.api.ratelimit import Refusal, rate_limit_check
 from costboard.models import ApiKey, Step
 from tests.conftest import Agent, make_agent
-from tests.waiting import wait_until
+from tests.servers import RedisServer
 
 pytestmark = pytest.mark.django_db
 
 ROOT = Path(__file__).resolve().parents[3]
 TOKEN = "scrape-the-limit"
-REDIS_EPHEMERAL = ["--save", "", "--appendonly", "no"]  # nothing written to disk
-
-
-class RedisServer:
-    """A redis-server of this test's own on a free port, without persistence."""
-
-    def __init__(self) -> None:
-        binary = shutil.which("redis-server")
-        if binary is None:
-            pytest.fail("no redis-server: apt-get install redis-server")
-        self.binary = binary
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            self.port = int(sock.getsockname()[1])
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        self.process = subprocess.Popen(
-            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", *REDIS_EPHEMERAL],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        wait_until(self.answers, what=f"redis-server on port {self.port} to answer", every=0.02)
-
-    def answers(self) -> bool:
-        client = redis.Redis.from_url(self.url, socket_connect_timeout=0.2)
-        try:
-            return bool(client.ping())
-        except redis.ConnectionError:
-            return False
-        finally:
-            client.close()
-
-    def stop(self) -> None:
-        if self.process is not None:
-            self.process.terminate()
-            self.process.wait(timeout=10)
-            self.process = None
 
 
 class Clock:
@@ -102,33 +60,6 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     monkeypatch.setattr(ratelimit, "_LOCAL", ratelimit._LocalLimiter(clock=clock))
     monkeypatch.setattr(ratelimit, "_FALLBACK", ratelimit._LocalLimiter(clock=clock))
     return clock
-
-
-@pytest.fixture
-def redis_server(settings: Any) -> Iterator[RedisServer]:
-    server = RedisServer()
-    server.start()
-    settings.COSTBOARD_RATE_LIMIT_REDIS_URL = server.url
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture(params=["redis", "in process"])
-def either_store(request: pytest.FixtureRequest, settings: Any) -> Iterator[None]:
-    """The same test against a Redis of its own and against the in-process log."""
-    if request.param == "in process":
-        settings.COSTBOARD_RATE_LIMIT_REDIS_URL = ""
-        yield
-        return
-    server = RedisServer()
-    server.start()
-    settings.COSTBOARD_RATE_LIMIT_REDIS_URL = server.url
-    try:
-        yield
-    finally:
-        server.stop()
 
 
 @pytest.fixture
