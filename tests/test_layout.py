@@ -280,6 +280,55 @@ def test_the_ingest_path_keeps_its_order() -> None:
     assert layer_breaches(graph, INGEST_LAYERS) == []
 
 
+# Ingest asks the budgets one question per batch (costboard/budgets/batch.py, issue 32): what
+# else of budgets/ it may import is the pure engine's types and the answer's type.
+INGEST_ASKS_BUDGETS = {
+    "costboard.budgets.batch": None,  # batch_budgets and its types
+    "costboard.budgets.engine": {"Flag", "Ledger"},
+    "costboard.budgets.caps": {"SessionBudget"},
+}
+
+
+def budgets_imported_by_ingest() -> dict[str, set[str]]:
+    """Each budgets module the ingest package imports from → the names it imports."""
+    found: dict[str, set[str]] = {}
+    for path in (ROOT / "costboard" / "ingest").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                "costboard.budgets"
+            ):
+                found.setdefault(node.module or "", set()).update(a.name for a in node.names)
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.startswith("costboard.budgets"):
+                        found.setdefault(alias.name, set()).add("*")
+    return found
+
+
+def test_ingest_asks_the_budgets_through_one_module() -> None:
+    found = budgets_imported_by_ingest()
+    assert "batch_budgets" in found.get("costboard.budgets.batch", set())  # control
+    strays = {
+        module: names
+        for module, names in found.items()
+        if module not in INGEST_ASKS_BUDGETS
+        or (INGEST_ASKS_BUDGETS[module] is not None and not names <= INGEST_ASKS_BUDGETS[module])
+    }
+    assert strays == {}
+
+
+def test_events_ingest_asks_the_budgets_once() -> None:
+    """One call of batch_budgets in the orchestrator, and no other budgets function called."""
+    tree = ast.parse((ROOT / "costboard" / "ingest" / "service.py").read_text())
+    calls = [
+        node.func.id
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+    ]
+    assert calls.count("batch_budgets") == 1
+    assert calls.count("BatchSpend") == 1
+
+
 PAGES = "costboard.dashboards"
 PAGE_MODULE_LINES = 600  # issue 32: a room a reader can take in
 

@@ -1,5 +1,5 @@
-"""Period budgets decided with the spend: what ingest calls, inside the batch's transaction,
-after the steps are stored (and last, so the ledger rows are held only until the commit).
+"""Period budgets decided with the spend: what ingest's budgets question (batch.py) asks,
+inside the batch's transaction, after the steps are stored.
 
 For each of the project's budgets, the batch's steps it covers (periods.budget_member's rule,
 asked once per batch, per session or per step as the scope needs) are grouped by the member

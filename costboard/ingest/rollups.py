@@ -65,6 +65,14 @@ def hot_statements(sql: Dialect, project: Project, steps: list[PricedStep]) -> l
     ]
 
 
+def hot_run(cursor: Any, statements: list[Statement]) -> None:
+    """Run the shared rows' upserts (hot_statements, attribution_statements, the tally's), back
+    to back: the transaction's last statements, so their locks are held only until the
+    commit."""
+    for statement, params in statements:
+        cursor.execute(statement, params)
+
+
 _USER_ROLLUP_COLUMNS: list[Column] = [
     ("day", "date"),
     ("user_id", "text"),

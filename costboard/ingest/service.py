@@ -15,10 +15,12 @@ One transaction, a fixed number of statements whatever the batch size:
    touched turn once — an update of those found, an insert of the new ones with their final
    values: the inserted steps' sums, its messages, and its retry-loop streaks advanced over
    those steps, checking the per-turn runaway rules (turn_rules);
-5. write each touched session once: the inserted steps' sums and the new turns, with the
-   budget engine's decision (crossings, runaway flag), returning the sessions' new state
-   for the response;
-6. record the crossings as BudgetEvents;
+5. ask the budgets, once (costboard/budgets/batch.py, `batch_budgets`): every session's
+   caps and the budget engine's decision (state, crossings, runaway flag), the period
+   budgets the steps count toward, the stop verdict; their crossings recorded as
+   BudgetEvents and announced;
+6. write each touched session once: the inserted steps' sums and the new turns, with its
+   budget as decided, returning the sessions' new state for the response;
 7. add the inserted steps to their sessions' per-model usage (the model mix);
 8. add them to the daily rollups and the latency histograms, and the batch's events to the
    project's ingest tally (/metrics) — the hottest rows, touched last so their locks are
@@ -35,7 +37,7 @@ pads it): cheaper to build than psycopg's binary arrays, element by element in P
 This module only orchestrates, and answers. The modules it calls, each with one job: plan.py
 (pricing and the touches, before the transaction), sql.py (the dialect and the arrays),
 writes/ (receipts, sessions, turns, steps: each row written once) and rollups.py (the shared
-sums, run last); the budgets are asked in costboard/budgets/.
+sums, run last); the budgets answer one question, costboard/budgets/batch.py's.
 """
 
 from __future__ import annotations
@@ -49,18 +51,10 @@ from typing import Any
 from django.db import connection, transaction
 from django.utils import timezone
 
-from costboard.budgets.alerts import announce
-from costboard.budgets.caps import CapsMemo, SessionBudget, session_budget
-from costboard.budgets.period_ledgers import (
-    SpendBatch,
-    period_budgets_apply,
-    project_budgets,
-    stopping_budgets,
-)
-from costboard.budgets.periods import StepScope, member_days, per_member, period_budget_view
+from costboard.budgets.batch import BatchSpend, batch_budgets
+from costboard.budgets.caps import SessionBudget
 from costboard.hooks import Ingested, after_ingest_run
 from costboard.ingest.plan import (
-    PricedStep,
     SessionTouch,
     batch_plan,
     other_events_apply,
@@ -69,16 +63,17 @@ from costboard.ingest.plan import (
 )
 from costboard.ingest.rollups import (
     attribution_statements,
+    hot_run,
     hot_statements,
     model_usage_upsert,
 )
 from costboard.ingest.schemas import Event, SessionEvent, StepEvent, TurnEvent
 from costboard.ingest.sql import Dialect, ingest_settings
 from costboard.ingest.writes.receipts import receipts_insert
-from costboard.ingest.writes.sessions import SessionNow, sessions_lock, sessions_update
+from costboard.ingest.writes.sessions import session_spends, sessions_lock, sessions_update
 from costboard.ingest.writes.steps import steps_insert
 from costboard.ingest.writes.turns import turns_ensure, turns_update
-from costboard.models import BudgetEvent, PeriodBudget, PeriodLedger, Project, Session
+from costboard.models import BudgetEvent, Project
 from costboard.partitions import step_partitions_cover
 from costboard.projects import ingest_tally_statement
 
@@ -123,7 +118,6 @@ def events_ingest(
     answer only for the touched sessions that are not ok (`Prefer: return=minimal`), the
     others counted in `sessions_ok`."""
     now = now or timezone.now()
-    budgets_above = project_budgets(project)
     sessions, turns, steps, others, duplicates = batch_plan(events, now, project)
     sql = Dialect()
     hot = hot_statements(sql, project, steps)
@@ -145,16 +139,24 @@ def events_ingest(
             duplicates += len(steps) - len(inserted)
             hot = hot_statements(sql, project, inserted)
         runaways = turns_update(cursor, sql, project, session_ids, turns_now, turns, inserted)
-        new_turns = Counter(turn.session_key for turn in turns_now.values() if turn.new)
-        caps_of = CapsMemo(project)
-        crossings, touched = sessions_update(
-            cursor, sql, project, rows, sessions, inserted, now, runaways, caps_of, new_turns
+        users = _users_of(rows, sessions)
+        adds = session_spends(rows, sessions, inserted, runaways, now)
+        verdict = batch_budgets(
+            BatchSpend(
+                project=project,
+                sessions=[add.spend for add in adds.values()],
+                steps=inserted,
+                key_prefix=key_prefix,
+                user_of=users,
+                step_tags=lambda step: step_tags(step, session_tags),
+                session_tags=session_tags,
+                now=now,
+            )
         )
-        budget_events = BudgetEvent.objects.bulk_create(crossings) if crossings else []
-        announce(budget_events)
+        new_turns = Counter(turn.session_key for turn in turns_now.values() if turn.new)
+        touched = sessions_update(cursor, sql, rows, sessions, adds, verdict.ledgers, new_turns)
         after_ingest_run(Ingested(project, _turns_with_text(accepted_others, turn_ids)))
         model_usage_upsert(cursor, sql, project, session_ids, inserted)
-        users = _users_of(rows, sessions)
         hot += attribution_statements(sql, project, inserted, users, session_tags)
         accepted = len(others) - dup_others + len(inserted)
         day = now.astimezone(UTC).date()
@@ -167,104 +169,16 @@ def events_ingest(
                 sessions_made=sessions_made,
             )
         )
-        for statement, params in hot:
-            cursor.execute(statement, params)
-        # last: the ledger rows a project's batches share are held only until the commit
-        periods = period_budgets_apply(
-            project=project,
-            budgets=budgets_above,
-            batch=SpendBatch(
-                steps=inserted,
-                key_prefix=key_prefix,
-                user_of=users,
-                tags_of=lambda step: step_tags(step, session_tags),
-            ),
-            now=now,
-        )
-        announce(periods.events)
-    stopped = _stopped_sessions(
-        periods.stopped,
-        budgets_above,
-        _stepless(touched, inserted),
-        users,
-        session_tags,
-        key_prefix,
-        now,
-    )
-    answered = [
-        s
-        for s in touched
-        if not flagged_only or s.state != Session.State.OK or s.runaway or s.external_id in stopped
-    ]
-    budgets = {
-        s.external_id: session_budget(
-            s, project, stopped_by_budget=stopped.get(s.external_id), caps_of=caps_of
-        )
-        for s in answered
-    }
-
+        hot_run(cursor, hot)
+    answer = verdict.answer(touched, flagged_only=flagged_only)
     return IngestResult(
         accepted=accepted,
         duplicates=duplicates,
-        sessions=dict(sorted(budgets.items())),
-        budget_events=[*budget_events, *periods.events],
-        budgets=_period_views(periods.ledgers, now),
-        sessions_ok=len(touched) - len(budgets),
+        sessions=answer.sessions,
+        budget_events=verdict.events,
+        budgets=answer.budgets,
+        sessions_ok=answer.sessions_ok,
     )
-
-
-def _period_views(
-    ledgers: list[tuple[PeriodBudget, PeriodLedger]], now: datetime
-) -> dict[str, dict[str, Any]]:
-    """`<period budget>` of each budget the batch touched, with its forecast (one query),
-    keyed by id; a per-member budget of which the batch touched several members, each of
-    them by "<id>:<member>"."""
-    if not ledgers:
-        return {}
-    days = member_days([(budget.pk, ledger.member) for budget, ledger in ledgers], now)
-    members = Counter(pk for pk, _ in {(b.pk, ledger.member) for b, ledger in ledgers})
-    views = {}
-    for budget, ledger in ledgers:
-        several = per_member(budget) and members[budget.pk] > 1
-        key = f"{budget.pk}:{ledger.member}" if several else str(budget.pk)
-        views[key] = period_budget_view(
-            budget, ledger, now=now, days=days[(budget.pk, ledger.member)]
-        )
-    return views
-
-
-def _stepless(touched: list[SessionNow], steps: list[PricedStep]) -> list[SessionNow]:
-    """The touched sessions none of these steps belongs to."""
-    with_steps = {step.session_key for step in steps}
-    return [s for s in touched if s.external_id not in with_steps]
-
-
-def _stopped_sessions(
-    by_steps: dict[str, int],
-    budgets_above: list[PeriodBudget],
-    stepless: list[SessionNow],
-    users: dict[str, str],
-    session_tags: dict[str, dict[str, str]],
-    key_prefix: str,
-    now: datetime,
-) -> dict[str, int]:
-    """Each touched session an exhausted stop-budget covers → that budget: those whose steps
-    counted toward it (decided in the periods their steps fall in), and `stepless`, the
-    sessions touched by a session or turn event alone, by the budgets' current periods (they
-    are told to stop too)."""
-    stopped = dict(by_steps)
-    if not stepless or not budgets_above:
-        return stopped
-    scopes = {
-        s.external_id: StepScope(
-            user_id=users.get(s.external_id, ""),
-            key_prefix=key_prefix,
-            tags=session_tags.get(s.external_id),
-        )
-        for s in stepless
-    }
-    stopped.update(stopping_budgets(budgets_above, scopes, now))
-    return stopped
 
 
 def _users_of(rows: dict[str, dict[str, Any]], sessions: dict[str, SessionTouch]) -> dict[str, str]:

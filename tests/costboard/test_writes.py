@@ -35,7 +35,6 @@ SCANNED = ("costboard",)
 WRITERS = frozenset(
     Path(f"costboard/{name}.py")
     for name in (
-        "ingest/service",
         "ingest/writes/receipts",
         "ingest/writes/sessions",
         "ingest/writes/turns",
@@ -44,6 +43,7 @@ WRITERS = frozenset(
         "pricing/services",
         "pricing/repricing",
         "pricing/sync",
+        "budgets/batch",
         "budgets/services",
         "budgets/period_services",
         "budgets/period_ledgers",

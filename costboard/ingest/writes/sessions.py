@@ -1,6 +1,7 @@
-"""A batch's sessions: made where missing and locked in key order (`sessions_lock`), then
-written once with the inserted steps' sums and the budget engine's decision
-(`sessions_update`), which returns them as the budget answer reads them (`SessionNow`)."""
+"""A batch's sessions: made where missing and locked in key order (`sessions_lock`); what
+the batch adds to each, as the budgets read it (`session_spends`); then written once with
+the inserted steps' sums and what the budgets decided (`sessions_update`), which returns
+them as the budget answer reads them (`SessionNow`)."""
 
 from __future__ import annotations
 
@@ -15,12 +16,11 @@ from django.db import connection
 from django.db.models import Field
 from django.utils import timezone
 
-from costboard.budgets.caps import CapsOf
-from costboard.budgets.engine import Flag, Ledger, budget_decide
-from costboard.budgets.services import budget_events_of
+from costboard.budgets.batch import SessionSpend
+from costboard.budgets.engine import Flag, Ledger
 from costboard.ingest.plan import PricedStep, SessionTouch, steps_sum
 from costboard.ingest.sql import USAGE, USAGE_COLUMNS, Column, Dialect, json_text
-from costboard.models import SYSTEM_SESSION_ID, BudgetEvent, Project, Session
+from costboard.models import Project, Session
 from costboard.money import pico_usd
 
 SESSION_TABLE = Session._meta.db_table
@@ -187,62 +187,77 @@ _SESSION_UPDATE_COLUMNS: list[Column] = [
 ]
 
 
-def sessions_update(
-    cursor: Any,
-    sql: Dialect,
-    project: Project,
+def session_spends(
     rows: dict[str, dict[str, Any]],
     sessions: dict[str, SessionTouch],
     inserted: list[PricedStep],
-    now: datetime,
     runaways: dict[str, Flag],
-    caps_of: CapsOf,
-    new_turns: dict[str, int],
-) -> tuple[list[BudgetEvent], list[SessionNow]]:
-    """Add the steps' sums (and `new_turns`, the turns the batch made, by session) to each
-    touched session, and apply what the budget engine decides of its budget (its state,
-    crossings and runaway flag): the session's one write of the batch. Return the crossings
-    to record and the sessions as they now are (for their budgets).
-
-    The rows were locked by sessions_lock, so the ledger read there is current: the engine's
-    outcome is written as it is, and each crossing is decided exactly once.
-    """
-    if not sessions:
-        return [], []
+    now: datetime,
+) -> dict[str, SessionAdd]:
+    """What the batch adds to each touched session (in key order): its inserted steps and
+    their sums, and what the budgets read of it (its ledger as locked, its caps before and
+    after the batch's session events, the runaway flag its turns raised)."""
     by_session: dict[str, list[PricedStep]] = defaultdict(list)
     for step in inserted:
         by_session[step.session_key].append(step)
-
-    values: list[list[Any]] = []
-    crossings: list[BudgetEvent] = []
-
+    adds = {}
     for key in sorted(sessions):
-        touch = sessions[key]
-        row = rows[key]
-        new_steps = by_session.get(key, [])
-        counted = steps_sum(new_steps)
+        touch, row = sessions[key], rows[key]
+        steps = by_session.get(key, [])
+        counted = steps_sum(steps)
         token_cap = touch.token_cap if touch.token_cap is not None else row["token_cap"]
         cost_cap = touch.cost_cap_usd if touch.cost_cap_usd is not None else row["cost_cap_usd"]
-        system = key == SYSTEM_SESSION_ID
-        caps = caps_of(token_cap, cost_cap, system)
-        old_caps = None
-        if row["tokens_used"] or row["cost_usd"]:  # caps given before any usage: no change
-            old_caps = caps_of(row["token_cap"], row["cost_cap_usd"], system)
-        outcome = budget_decide(
-            ledger=Ledger.of(row),
-            limits=caps,
-            old_limits=old_caps,
-            spends=new_steps,
+        spend = SessionSpend(
+            key=key,
+            session_id=row["id"],
+            before=Ledger.of(row),
+            caps_before=(row["token_cap"], row["cost_cap_usd"]),
+            caps_after=(token_cap, cost_cap),
+            steps=steps,
             added=(counted[0] + counted[1], pico_usd(counted[9])),
             flag=runaways.get(key),
             # a crossing no step caused (a cap given in this batch): the session event's time
             at=touch.event_at or now,
-            stops_runaways=project.runaway_stops,
         )
-        crossings += budget_events_of(
-            outcome.crossings, project=project, session_id=row["id"], caps=caps
-        )
-        after = outcome.ledger
+        adds[key] = SessionAdd(spend, steps, counted)
+    return adds
+
+
+@dataclass(frozen=True, slots=True)
+class SessionAdd:
+    """A touched session's share of the batch: what the budgets read (`spend`), its inserted
+    steps and their column sums (`counted`, steps_sum's order)."""
+
+    spend: SessionSpend
+    steps: list[PricedStep]
+    counted: tuple[int, ...]
+
+
+def sessions_update(
+    cursor: Any,
+    sql: Dialect,
+    rows: dict[str, dict[str, Any]],
+    sessions: dict[str, SessionTouch],
+    adds: dict[str, SessionAdd],
+    ledgers: dict[str, Ledger],
+    new_turns: dict[str, int],
+) -> list[SessionNow]:
+    """Add the steps' sums (and `new_turns`, the turns the batch made, by session) to each
+    touched session, with its budget as the budgets decided it (`ledgers`: its state,
+    crossing times and runaway flag): the session's one write of the batch. Return the
+    sessions as they now are (for their budgets).
+
+    The rows were locked by sessions_lock, so the ledgers the budgets read there are
+    current: their outcome is written as it is, and each crossing decided exactly once.
+    """
+    if not sessions:
+        return []
+    values: list[list[Any]] = []
+    for key in sorted(sessions):
+        touch, row, add = sessions[key], rows[key], adds[key]
+        new_steps, counted = add.steps, add.counted
+        token_cap, cost_cap = add.spend.caps_after
+        after = ledgers[key]
 
         metadata = tags = None
         if touch.metadata is not None:
@@ -314,7 +329,7 @@ def sessions_update(
         """,
         params,
     )
-    return crossings, _sessions_read(cursor.fetchall())
+    return _sessions_read(cursor.fetchall())
 
 
 # What `session_budget` reads of a session.
