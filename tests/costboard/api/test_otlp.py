@@ -12,8 +12,9 @@ from google.rpc import status_pb2
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.exporter.otlp.proto.http import Compression
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-from opentelemetry.sdk.trace import Tracer, TracerProvider
+from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
+from opentelemetry.trace import Tracer
 
 from costboard.models import TOOL_MODEL, DailyRollup, IngestTally, Session, Step
 from tests.conftest import TEST_RATES, Agent, add_price, make_agent, usd

@@ -17,7 +17,7 @@ import pytest
 from django.db import OperationalError, connection
 from django.test import Client
 from google.rpc import status_pb2
-from opentelemetry.sdk.trace import Tracer
+from opentelemetry.trace import Tracer
 
 from costboard.budgets.period_services import period_budget_create
 from costboard.ingest.otlp import store as otlp_store
