@@ -220,7 +220,7 @@ def staff(db: None) -> Client:
     return client
 
 
-def run_in_threads(count: int, work: Callable[[int], None]) -> list[BaseException]:
+def run_in_threads(count: int, work: Callable[[int], object]) -> list[BaseException]:
     errors: list[BaseException] = []
     barrier = threading.Barrier(count)
 
