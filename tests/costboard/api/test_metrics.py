@@ -23,7 +23,7 @@ BOUNDS += ["500000.0", "1000000.0", "5000000.0", "+Inf"]
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
-def scrape(client: Client | None = None, **headers: str) -> Samples:
+def scrape(client: Client | None = None, /, **headers: str) -> Samples:
     response = (client or Client()).get("/metrics", headers=headers)
     assert response.status_code == 200, response.content
     assert response["Content-Type"] == CONTENT_TYPE_LATEST
