@@ -97,7 +97,8 @@ def export_body(run: str, number: int, spans: int, traces: int, start: datetime)
     request = ExportTraceServiceRequest(
         resource_spans=[ResourceSpans(scope_spans=[ScopeSpans(spans=out)])]
     )
-    return request.SerializeToString()
+    body: bytes = request.SerializeToString()  # protobuf's messages are untyped
+    return body
 
 
 def event_body(run: str, number: int, at: datetime) -> bytes:

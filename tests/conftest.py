@@ -20,6 +20,7 @@ from celery.contrib.testing.worker import start_worker
 from django.conf import global_settings
 from django.contrib.auth import get_user_model
 from django.db import connections
+from django.http import HttpResponseBase, StreamingHttpResponse
 from django.test import Client, override_settings
 
 from costboard.celery import app as celery_app
@@ -220,7 +221,14 @@ def staff(db: None) -> Client:
     return client
 
 
-def run_in_threads(count: int, work: Callable[[int], None]) -> list[BaseException]:
+def streamed(response: HttpResponseBase) -> bytes:
+    """A streaming response's body (a CSV export's), read to its end: its queries run as it is
+    read. Fails on a response that does not stream."""
+    assert isinstance(response, StreamingHttpResponse), type(response)
+    return response.getvalue()
+
+
+def run_in_threads(count: int, work: Callable[[int], object]) -> list[BaseException]:
     errors: list[BaseException] = []
     barrier = threading.Barrier(count)
 

@@ -9,10 +9,10 @@ from typing import Any
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan, Tracer, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.trace import Status, StatusCode, set_span_in_context
+from opentelemetry.trace import Span, Status, StatusCode, Tracer, set_span_in_context
 
 from tests.conftest import TEST_RATES, Agent, usd
 
@@ -40,7 +40,7 @@ CHAT_COST = (
 )
 
 
-def spans_of(build: Callable[[Tracer], None]) -> list[ReadableSpan]:
+def spans_of(build: Callable[[Tracer], object]) -> list[ReadableSpan]:
     memory = InMemorySpanExporter()
     provider = TracerProvider(resource=Resource.create({"service.name": "agent"}))
     provider.add_span_processor(SimpleSpanProcessor(memory))
@@ -56,9 +56,9 @@ def span(
     *,
     start: int = T0,
     ms: int = 1500,
-    parent: Any = None,
+    parent: Span | None = None,
     error: str | None = None,
-) -> Any:
+) -> Span:
     context = set_span_in_context(parent) if parent is not None else None
     s = tracer.start_span(name, context=context, attributes=attributes, start_time=start)
     if error is not None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import textwrap
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -22,8 +23,8 @@ class _Clocks:
     `clock()` after `from time import perf_counter as clock`."""
 
     def __init__(self, tree: ast.Module) -> None:
-        self.modules = set()
-        self.functions = set()
+        self.modules: set[str] = set()
+        self.functions: set[str] = set()
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
                 self.modules.update(a.asname or a.name for a in node.names if a.name == "time")
@@ -42,7 +43,7 @@ class _Clocks:
 def _numbers(tree: ast.Module) -> set[str]:
     """Module-level names bound to a number (`LIMIT = 0.75`): a comparison with one is with a
     number."""
-    names = set()
+    names: set[str] = set()
     for node in tree.body:
         if isinstance(node, ast.Assign) and _is_number(node.value, set()):
             names.update(t.id for t in node.targets if isinstance(t, ast.Name))
@@ -101,7 +102,7 @@ def _tainted(scope: ast.AST, clocks: _Clocks) -> set[str]:
     while True:
         before = len(tainted)
         for node in _walk(scope):
-            targets: list[ast.AST] = []
+            targets: Sequence[ast.AST] = []
             value: ast.AST | None = None
             if isinstance(node, ast.Assign):
                 targets, value = node.targets, node.value

@@ -853,6 +853,7 @@ def test_the_distribution_installs_alone_and_reports_to_a_live_server(
     assert outcome["django"] == []
 
     step = Step.objects.get(project=acme.project, session__external_id="s-alone")
+    assert step.event_id is not None
     assert step.event_id == outcome["event_id"] and len(step.event_id) == 32
     assert (step.input_tokens, step.output_tokens, step.provider) == (1234, 567, "testco")
     cost = usd(1234, TEST_RATES["input_mtok"]) + usd(567, TEST_RATES["output_mtok"])

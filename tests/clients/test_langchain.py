@@ -51,7 +51,7 @@ def answer(text: str, input_tokens: int, output_tokens: int, **details: int) -> 
         usage["input_token_details"] = details
     return AIMessage(
         content=text,
-        usage_metadata=usage,  # type: ignore[arg-type]
+        usage_metadata=usage,
         response_metadata={"model_name": "gpt-4o", "model_provider": "openai"},
     )
 
@@ -96,7 +96,7 @@ def test_a_chains_calls_land_in_their_session_with_user_tags_and_cost(
     assert all(s.tags == {"feature": "qa"} and s.step_type == "chat" for s in (first, second))
     assert Step.objects.count() == 2  # one step per model call, none for the prompt or parser
     run_ids = set(Step.objects.values_list("event_id", flat=True))
-    assert all(len(r) == 36 for r in run_ids)  # the run ids
+    assert all(r is not None and len(r) == 36 for r in run_ids)  # the run ids
 
 
 def test_a_tool_run_is_a_tool_step(costboard: CostboardCallbackHandler) -> None:

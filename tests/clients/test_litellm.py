@@ -176,7 +176,8 @@ def test_anthropic_cache_tokens_are_counted_once_and_priced_as_genai_prices(
         model="claude-sonnet-4-5",
         choices=[{"index": 0, "finish_reason": "stop", "message": {"role": "assistant"}}],
     )
-    mocked.usage = usage
+    # a field the response takes at run time; its class declares no `usage`
+    mocked.usage = usage  # type: ignore[attr-defined]
     litellm.completion(
         model="anthropic/claude-sonnet-4-5",
         messages=MESSAGES,

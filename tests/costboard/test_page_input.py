@@ -11,7 +11,7 @@ from django.test import Client
 
 from costboard.models import ApiKey, ModelPrice, Project, WebhookEndpoint
 from memory_ui.models import Memory
-from tests.conftest import Agent
+from tests.conftest import Agent, streamed
 
 pytestmark = pytest.mark.django_db
 
@@ -118,7 +118,7 @@ def test_a_date_no_data_can_have_is_no_filter(
     wrong = "since" in query or "until" in query or page == "/sessions/"
     assert response.status_code == (422 if wrong else 200)
     if response.status_code == 200 and page.endswith(".csv"):
-        assert b"s1" in b"".join(response.streaming_content)  # type: ignore[attr-defined]
+        assert b"s1" in streamed(response)
 
 
 @pytest.mark.parametrize("selected", ["abc", "\x00", "1\x00", "²"])

@@ -20,7 +20,7 @@ from django.db.models import Sum
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
-from opentelemetry.sdk.trace import Tracer
+from opentelemetry.trace import Tracer
 
 from costboard import partitions, tasks
 from costboard.models import DailyRollup, Session, Step

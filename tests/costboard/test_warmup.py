@@ -29,7 +29,7 @@ def test_the_warm_up_runs_ingest_and_stores_nothing(caplog: pytest.LogCaptureFix
     before = row_counts()
     statements: list[str] = []
 
-    def record(execute, sql, params, many, context):  # type: ignore[no-untyped-def]
+    def record(execute, sql, params, many, context):
         statements.append(sql)
         return execute(sql, params, many, context)
 

@@ -88,6 +88,7 @@ def test_the_budget_examples_reach_their_states_through_their_caps(seeded: str) 
     near_cap = Session.objects.filter(state=Session.State.WARNING, metadata__scenario="near-cap")
     assert near_cap.count() == 3
     for session in near_cap:
+        assert session.token_cap is not None
         assert session.tokens_used < session.token_cap
         assert session.warned_at is not None
         assert session.exhausted_at is None
@@ -95,8 +96,8 @@ def test_the_budget_examples_reach_their_states_through_their_caps(seeded: str) 
     exhausted = Session.objects.filter(state=Session.State.EXHAUSTED)
     examples = exhausted.filter(metadata__scenario="exhausted")
     assert examples.count() == 3
-    assert any(s.tokens_used >= s.token_cap for s in examples)
-    assert any(s.cost_usd >= s.cost_cap_usd for s in examples)
+    assert any(s.token_cap is not None and s.tokens_used >= s.token_cap for s in examples)
+    assert any(s.cost_cap_usd is not None and s.cost_usd >= s.cost_cap_usd for s in examples)
     for session in exhausted:
         kinds = set(session.budget_events.values_list("kind", flat=True))
         # a cap reached, or a runaway told to stop
@@ -371,7 +372,9 @@ def test_every_memory_cites_a_turn_that_states_it(seeded: str) -> None:
 
 
 def test_every_replacement_is_dated_after_what_it_replaces(seeded: str) -> None:
-    pairs = [(new, old) for new in Memory.objects.all() for old in new.conflicts_with.all()]
+    pairs: list[tuple[Memory | None, Memory]] = [
+        (new, old) for new in Memory.objects.all() for old in new.conflicts_with.all()
+    ]
     pairs += [(m.superseded_by, m) for m in Memory.objects.filter(superseded_by__isnull=False)]
     assert len(pairs) >= 3, "each project has a correction"
     for new, old in pairs:

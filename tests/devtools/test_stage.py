@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -30,7 +31,7 @@ class Lines(io.StringIO):
             return self.getvalue().splitlines()
 
 
-def ticking(*times: float) -> object:
+def ticking(*times: float) -> Callable[[], float]:
     readings = iter(times)
     return lambda: next(readings)
 

@@ -17,11 +17,11 @@ from django.contrib.auth import get_user_model
 from costboard.celery import app as celery_app
 from costboard.models import Project
 from memory_ui import lifecycle, memory_file
-from memory_ui.lifecycle import lifecycle_run, memories_expire_due, scope_proposals
+from memory_ui.lifecycle import lifecycle_run, scope_proposals
 from memory_ui.memory_file import memory_md
 from memory_ui.models import Memory, MemoryEvent
 from memory_ui.text import fingerprint, similarity
-from memory_ui.writes.decisions import memory_approve, memory_reject
+from memory_ui.writes.decisions import memories_expire_due, memory_approve, memory_reject
 from memory_ui.writes.proposals import candidate_propose
 
 pytestmark = pytest.mark.django_db

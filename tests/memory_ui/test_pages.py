@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from django.contrib.auth import get_user_model
-from django.contrib.auth.models import AbstractUser, Group, Permission
+from django.contrib.auth.models import AbstractUser, Group, Permission, User
 from django.test import Client
 from django.utils import timezone
 
@@ -92,7 +92,7 @@ def person(*agents: Agent, reviewer: bool = False) -> tuple[AbstractUser, Client
     return user, client
 
 
-def root() -> AbstractUser:
+def root() -> User:
     return get_user_model().objects.get(username="root")
 
 
@@ -662,13 +662,14 @@ def test_a_plain_member_may_look_but_not_act(agent: Agent) -> None:
     assert "need staff or the Reviewers group" in page
     browser = client.get("/memory/").content.decode()
     assert kept.pk in listed(browser) and ">Expire</button>" not in browser
-    for url, data in [
+    writes: list[tuple[str, dict[str, Any]]] = [
         (f"/memory/{memory.pk}/approve/", {}),
         (f"/memory/{memory.pk}/reject/", {}),
         (f"/memory/{memory.pk}/edit/", edit_fields(memory, content="changed")),
         (f"/memory/{kept.pk}/expire/", {}),
         ("/memory/review/bulk/", {"action": "approve", "ids": [memory.pk]}),
-    ]:
+    ]
+    for url, data in writes:
         assert post(client, url, data).status_code == 403, url
     assert client.get(f"/memory/{memory.pk}/edit/", headers=HTMX).status_code == 403
     memory.refresh_from_db()

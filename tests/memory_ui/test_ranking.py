@@ -103,7 +103,13 @@ def test_the_score_is_the_weighted_sum_of_its_components(project: Project) -> No
     (result,) = search(project, "ruff")
     weights = ranking_weights()
     assert weights == {"relevance": 0.5, "importance": 0.2, "freshness": 0.15, "credibility": 0.15}
-    expected = sum(weights[name] * value for name, value in result.components.items())
+    parts = result.components
+    expected = (
+        weights["relevance"] * parts["relevance"]
+        + weights["importance"] * parts["importance"]
+        + weights["freshness"] * parts["freshness"]
+        + weights["credibility"] * parts["credibility"]
+    )
     assert result.score == pytest.approx(expected)
     assert result.components == {
         "relevance": 1.0,

@@ -420,6 +420,7 @@ def test_a_proposal_is_never_merged_into_a_memory_with_its_text(project: Project
     assert list(proposal.targets.values_list("pk", flat=True)) == [kept.pk]
     event = proposal.events.get()
     assert (event.action, event.actor_name) == ("proposed", "lifecycle")
+    assert event.after is not None
     assert event.after["targets"] == [kept.pk] and event.after["status"] == "pending"
 
 
@@ -451,7 +452,7 @@ def test_a_decided_eviction_is_not_brought_up_to_date(project: Project, reviewer
         note="over the cap",
         proposed_by="lifecycle",
     )
-    update = {
+    update: dict[str, Any] = {
         "type": "user",
         "content": "Evict 2 low-value entries: fact 0; fact 1",
         "target_ids": [a.pk, b.pk],
@@ -463,6 +464,7 @@ def test_a_decided_eviction_is_not_brought_up_to_date(project: Project, reviewer
     assert updated is not None and updated.times_proposed == 2
     assert set(updated.targets.values_list("pk", flat=True)) == {a.pk, b.pk}
     event = updated.events.get(action="reproposed")
+    assert event.before is not None and event.after is not None
     assert event.before["targets"] == [b.pk] and event.after["targets"] == sorted([a.pk, b.pk])
     memory_reject(updated, by=reviewer)
     assert proposals.eviction_update(proposal_id=eviction.pk, **update) is None
@@ -492,11 +494,12 @@ def test_feedback_needs_the_projects_memory_and_search(project: Project) -> None
             project=other, memory_id=theirs.pk, useful=False, retrieval_id=log.pk
         )
     assert missing.value.field == "retrieval_id"
-    for field, kwargs in [
+    wrong_types: list[tuple[str, dict[str, Any]]] = [
         ("memory_id", {"memory_id": "12", "useful": True}),
         ("useful", {"memory_id": mine.pk, "useful": "yes"}),
         ("retrieval_id", {"memory_id": mine.pk, "useful": True, "retrieval_id": True}),
-    ]:
+    ]
+    for field, kwargs in wrong_types:
         with pytest.raises(MemoryInputError) as error:
             retrievals.memory_feedback_add(project=project, **kwargs)
         assert error.value.field == field

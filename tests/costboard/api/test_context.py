@@ -58,7 +58,7 @@ def response_step(number: int, **fields: Any) -> dict[str, Any]:
 
 
 def context(agent: Agent, budget: object = None, session_id: str = "s1") -> Any:
-    query = {} if budget is None else {"budget": budget}
+    query: dict[str, Any] = {} if budget is None else {"budget": budget}
     return agent.client.get(
         f"/api/v1/sessions/{session_id}/context",
         query,

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 from decimal import Decimal
+from typing import Any
 
 import pytest
 
@@ -80,7 +81,7 @@ def test_sessions_and_turns_are_created_on_first_mention(agent: Agent, priced: o
 def test_a_replayed_batch_is_all_duplicates_and_changes_nothing(
     agent: Agent, priced: object
 ) -> None:
-    batch = [
+    batch: list[dict[str, Any]] = [
         {"type": "session", "session_id": "s1", "user_id": "u1", "event_id": "sess"},
         {"type": "turn", "session_id": "s1", "turn": 1, "user_message": "hi", "event_id": "t1"},
         step(turn=1, input_tokens=10, output_tokens=5, event_id="a"),

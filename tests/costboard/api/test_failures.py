@@ -17,7 +17,7 @@ import pytest
 from django.db import OperationalError, connection, transaction
 from django.test import Client
 
-from costboard.api.failures import database_outage
+from costboard.ingest.sql import database_outage
 from tests.conftest import Agent
 
 

@@ -118,7 +118,7 @@ FIELDS: dict[str, dict[str, st.SearchStrategy[Any]]] = {
         "metadata": mostly(objects),
     },
 }
-BASE = {
+BASE: dict[str, dict[str, Any]] = {
     "session": {"session_id": "s1"},
     "turn": {"session_id": "s1", "turn": 1},
     "step": {"session_id": "s1", "step_type": "x", "model": "m"},

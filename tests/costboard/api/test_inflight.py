@@ -292,7 +292,9 @@ def test_a_lease_expires_on_redis_time_and_its_release_removes_it(
         before = redis_now_us()
         holding(stack, agent, 1)
         after = redis_now_us()
-        [(_, expiry)] = server.zrange(leases, 0, -1, withscores=True)
+        [lease] = server.zrange(leases, 0, -1, withscores=True)
+        assert isinstance(lease, tuple)  # withscores: (member, score)
+        _, expiry = lease
         lease_us = inflight.LEASE_SECONDS * 1_000_000
         assert before + lease_us <= expiry <= after + lease_us
         assert 0 < server.pttl(leases) <= inflight.LEASE_SECONDS * 1000

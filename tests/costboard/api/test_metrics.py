@@ -12,6 +12,7 @@ from django.test import Client
 from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.parser import text_string_to_metric_families
 
+from costboard.ingest.schemas import Event, validate_event
 from costboard.models import IngestTally
 from costboard.projects import ingest_tally
 from tests.conftest import Agent, make_agent, run_in_threads, usd
@@ -23,7 +24,7 @@ BOUNDS += ["500000.0", "1000000.0", "5000000.0", "+Inf"]
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
-def scrape(client: Client | None = None, **headers: str) -> Samples:
+def scrape(client: Client | None = None, /, **headers: str) -> Samples:
     response = (client or Client()).get("/metrics", headers=headers)
     assert response.status_code == 200, response.content
     assert response["Content-Type"] == CONTENT_TYPE_LATEST
@@ -54,6 +55,13 @@ def step(session_id: str, input_tokens: int, output_tokens: int, **more: Any) ->
         "output_tokens": output_tokens,
         **more,
     }
+
+
+def valid(index: int, raw: dict[str, Any]) -> Event:
+    """The event the ingest service takes, validated as the API validates it."""
+    event, errors = validate_event(index, raw)
+    assert event is not None, errors
+    return event
 
 
 @pytest.fixture
@@ -276,7 +284,6 @@ def test_eight_threads_posting_to_one_project_lose_no_count(settings: Any) -> No
 def test_events_ingested_without_the_api_are_counted_too(agent: Agent, token: str) -> None:
     """The demo seeder (and any other caller) gives batches to the ingest service directly:
     what it stores is in /metrics, as the API's is, each event once."""
-    from costboard.ingest.schemas import validate_event
     from costboard.ingest.service import events_ingest
 
     raw = [
@@ -285,7 +292,7 @@ def test_events_ingested_without_the_api_are_counted_too(agent: Agent, token: st
         step("direct", 200, 20, event_id="b"),
         {"session_id": "direct", "step_type": "tool", "model": "none", "duration_ms": 5},
     ]
-    events = [validate_event(i, e)[0] for i, e in enumerate(raw)]
+    events = [valid(i, e) for i, e in enumerate(raw)]
     first = events_ingest(project=agent.project, events=events)
     again = events_ingest(project=agent.project, events=events[:3])  # replays
     assert (first.accepted, again.accepted, again.duplicates) == (4, 0, 3)
@@ -301,10 +308,9 @@ def test_events_ingested_without_the_api_are_counted_too(agent: Agent, token: st
 def test_a_batch_rolled_back_is_not_counted(agent: Agent) -> None:
     from django.db import transaction
 
-    from costboard.ingest.schemas import validate_event
     from costboard.ingest.service import events_ingest
 
-    event, _ = validate_event(0, step("gone", 1, 1))
+    event = valid(0, step("gone", 1, 1))
     with pytest.raises(RuntimeError), transaction.atomic():
         events_ingest(project=agent.project, events=[event])
         raise RuntimeError("the caller's transaction fails after the ingest")

@@ -12,8 +12,9 @@ from google.rpc import status_pb2
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.exporter.otlp.proto.http import Compression
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-from opentelemetry.sdk.trace import Tracer, TracerProvider
+from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
+from opentelemetry.trace import Tracer
 
 from costboard.models import TOOL_MODEL, DailyRollup, IngestTally, Session, Step
 from tests.conftest import TEST_RATES, Agent, add_price, make_agent, usd
@@ -29,6 +30,17 @@ from tests.otlp_spans import (
     span,
     spans_of,
 )
+
+
+def otlp_of(step: Step) -> Any:
+    """What a span's step keeps of it in its metadata."""
+    assert step.metadata is not None, step.event_id
+    return step.metadata["otlp"]
+
+
+def turn_of(step: Step) -> int:
+    assert step.turn is not None, step.event_id
+    return step.turn.number
 
 
 @pytest.fixture
@@ -75,9 +87,9 @@ def test_the_sdk_exporter_stores_a_turn_with_cache_tokens_counted_once(
     assert session.cost_usd == CHAT_COST
     tool = Step.objects.get(session=session, step_type="tool")  # OTel's execute_tool
     assert (tool.input_tokens, tool.output_tokens, tool.duration_ms) == (0, 0, 250)
-    assert tool.metadata["otlp"]["operation"] == "execute_tool"
+    assert otlp_of(tool)["operation"] == "execute_tool"
     # one trace = one turn: the chat, the tool and the root span
-    assert {s.turn.number for s in Step.objects.filter(session=session)} == {1}
+    assert {turn_of(s) for s in Step.objects.filter(session=session)} == {1}
     assert session.turns.get().step_count == 3
 
 
@@ -144,7 +156,7 @@ def test_an_otlp_tool_call_and_an_events_tool_call_are_one_step_type(
     )
     steps = Step.objects.filter(session__external_id="conv-1")
     chat = steps.get(step_type="chat")
-    assert chat.metadata["otlp"]["operation"] == "chat"
+    assert otlp_of(chat)["operation"] == "chat"
     tools = steps.filter(step_type="tool")
     assert tools.count() == 2
     assert sorted(str((s.metadata or {}).get("otlp", {}).get("operation")) for s in tools) == [
@@ -173,7 +185,7 @@ def test_a_second_trace_is_turn_2_and_a_late_span_joins_its_trace(agent_priced: 
     post_spans(agent_priced, second)
     post_spans(agent_priced, first[1:])  # the rest of trace 1 arrives after trace 2
     turns = {
-        (s.metadata["otlp"]["trace_id"], s.turn.number)
+        (otlp_of(s)["trace_id"], turn_of(s))
         for s in Step.objects.filter(session__external_id="conv-1")
     }
     trace_1 = format(first[0].context.trace_id, "032x")
@@ -189,7 +201,7 @@ def test_two_new_traces_in_one_request_are_numbered_by_start(agent_priced: Agent
     early = spans_of(chat_trace)
     post_spans(agent_priced, late + early)
     by_trace = {
-        s.metadata["otlp"]["trace_id"]: s.turn.number
+        otlp_of(s)["trace_id"]: turn_of(s)
         for s in Step.objects.filter(session__external_id="conv-1")
     }
     assert by_trace == {
@@ -339,7 +351,7 @@ def test_otlp_json_is_read_and_answered_in_json(agent_priced: Agent) -> None:
     assert step.event_id == "otlp:5b8efff798038103d269b633813fc60c:eee19b7ec3c1b174"
     assert (step.input_tokens, step.cache_read_input_tokens, step.duration_ms) == (100, 1000, 800)
     assert step.cost_usd == CHAT_COST
-    assert step.turn.number == 1
+    assert turn_of(step) == 1
 
 
 def test_otlp_json_partial_success_is_json(agent: Agent) -> None:

@@ -17,12 +17,13 @@ import pytest
 from django.db import OperationalError, connection
 from django.test import Client
 from google.rpc import status_pb2
-from opentelemetry.sdk.trace import Tracer
+from opentelemetry.trace import Tracer
 
 from costboard.budgets.period_services import period_budget_create
 from costboard.ingest.otlp import store as otlp_store
 from costboard.ingest.otlp.turns import EARLIER_TURNS
 from costboard.ingest.schemas import StepEvent
+from costboard.ingest.service import events_ingest
 from costboard.models import (
     BudgetEvent,
     DailyRollup,
@@ -72,7 +73,7 @@ def chunked(agent: Agent, settings: Any) -> Agent:
 def chunk_fails(monkeypatch: pytest.MonkeyPatch, number: int) -> Iterator[list[int]]:
     """Chunk `number` of the next export meets a database that cannot take it (an outage, as
     the driver reports a lost connection); the others go through. Yields each chunk's spans."""
-    real = otlp_store.events_ingest
+    real = events_ingest  # what the store calls, from the ingest service
     sizes: list[int] = []
 
     def ingest(**kwargs: Any) -> Any:
@@ -151,7 +152,7 @@ def test_a_large_export_is_stored_in_chunks_each_its_own_transaction(
     add_price("test-sonnet")
     agent = make_agent("chunks")
     settings.COSTBOARD_OTLP_CHUNK_SPANS = 3
-    real = otlp_store.events_ingest
+    real = events_ingest  # what the store calls, from the ingest service
     calls: list[tuple[int, bool]] = []  # each chunk's spans; whether a transaction was open
 
     def ingest(**kwargs: Any) -> Any:

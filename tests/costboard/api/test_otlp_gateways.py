@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from decimal import Decimal
 from typing import Any
 
-import httpx
+import httpx2
 import litellm
 import openai
 import pytest
@@ -115,7 +115,7 @@ def test_litellm_spans_are_one_step_per_call_with_user_and_aliases(
     assert (step.input_tokens, step.output_tokens) == (10, 20)
     assert step.cost_usd == gpt_4o_cost(10, 20) == Decimal("0.000225")
     assert step.tags == {"team": "growth", "key_alias": "ci-key"}
-    assert step.metadata["otlp"]["user_id"] == "alice"
+    assert step.metadata is not None and step.metadata["otlp"]["user_id"] == "alice"
     # no session id on LiteLLM's spans: the project's system session, which is no one's
     assert step.session.external_id == "system"
     assert step.session.user_id == ""
@@ -204,10 +204,10 @@ def test_a_raw_request_span_with_usage_of_its_own_is_kept(genai_priced: Agent) -
 
 
 def openai_client(usage: dict[str, Any]) -> Any:
-    """The real OpenAI SDK, answered offline by an httpx mock transport."""
+    """The real OpenAI SDK, answered offline by a mock transport of its HTTP client (httpx2)."""
 
-    def answer(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(
+    def answer(request: httpx2.Request) -> httpx2.Response:
+        return httpx2.Response(
             200,
             json={
                 "id": "chatcmpl-offline",
@@ -226,7 +226,7 @@ def openai_client(usage: dict[str, Any]) -> Any:
         )
 
     return openai.OpenAI(
-        api_key="sk-never-used", http_client=httpx.Client(transport=httpx.MockTransport(answer))
+        api_key="sk-never-used", http_client=httpx2.Client(transport=httpx2.MockTransport(answer))
     )
 
 
@@ -253,7 +253,7 @@ def test_openinference_spans_carry_session_user_and_cache_reads(genai_priced: Ag
     finally:
         instrumentor.uninstrument()
     spans = list(memory.get_finished_spans())
-    assert [s.attributes.get("llm.token_count.prompt") for s in spans] == [1200]
+    assert [(s.attributes or {}).get("llm.token_count.prompt") for s in spans] == [1200]
 
     parsed(post_spans(genai_priced, spans))
     step = Step.objects.get()

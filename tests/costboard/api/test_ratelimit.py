@@ -362,7 +362,9 @@ def test_without_a_clock_of_its_own_the_window_runs_on_redis_time(
     before = redis_now_us()
     assert rate_limit_check(raw_key=agent.key, project=agent.project) is None
     after = redis_now_us()
-    [(_, stamped)] = server.zrange(log_key, 0, -1, withscores=True)
+    [entry] = server.zrange(log_key, 0, -1, withscores=True)
+    assert isinstance(entry, tuple)  # withscores: (member, score)
+    _, stamped = entry
     assert before <= stamped <= after  # Redis' clock, read between our two readings of it
     assert 0 < server.pttl(log_key) <= 3600 * 1000  # dropped once the window has passed
 

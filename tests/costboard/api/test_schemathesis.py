@@ -95,7 +95,8 @@ def in_test_transaction(environ: dict[str, Any], start_response: Any) -> list[by
         try:
             return [b"".join(result)]
         finally:
-            result.close()
+            if hasattr(result, "close"):  # as a WSGI server does
+                result.close()
     finally:
         request_started.connect(close_old_connections)
         request_finished.connect(close_old_connections)

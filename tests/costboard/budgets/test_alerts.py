@@ -187,6 +187,7 @@ def test_a_worker_posts_one_signed_webhook_per_crossing(
         lambda: len(rows := deliveries_settled(endpoint=endpoint)) == 2 and rows, what="2 sent"
     )
     after = time.time()  # …and before this
+    assert deliveries  # (wait_until returns only what is truthy)
     assert [d.status for d in deliveries] == ["delivered", "delivered"]
     requests = receiver.to("/hook")
     assert len(requests) == 2  # one per crossing, nothing twice

@@ -305,6 +305,7 @@ def test_the_forecast_projects_from_the_recent_days_and_alerts_once(agent: Agent
             *steps(f"d{n}", 8 - n, at=day),
         )
     ledger = PeriodLedger.objects.get(budget=b)
+    assert ledger.period_end is not None  # a monthly budget's period ends
     spent = ledger.cost_usd
     assert spent == STEP_COST * sum(range(1, 8))  # $8.40
     days = budget_days([b], now)[b.pk]

@@ -187,7 +187,7 @@ def test_a_session_active_for_more_than_eight_hours_is_flagged(
     assert result.flagged == {"long_session": 1}
     assert result.sessions_checked == 2
     [event] = runaway(agent)
-    assert event.session.external_id == "long"
+    assert event.session is not None and event.session.external_id == "long"
     assert event.detail["evidence"] == {
         "started_at": (NOW - timedelta(hours=9)).isoformat(),
         "hours_active": "9.0",

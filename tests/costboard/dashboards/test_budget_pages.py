@@ -22,7 +22,7 @@ from django.test.utils import CaptureQueriesContext
 from costboard.budgets.periods import period_bounds
 from costboard.models import PeriodBudget, PeriodLedger, Session, Step
 from costboard.numbers import usd_text
-from tests.conftest import Agent, add_price, make_agent, usd
+from tests.conftest import Agent, add_price, make_agent, streamed, usd
 from tests.costboard.dashboards.test_dashboards import member_of
 
 pytestmark = pytest.mark.django_db
@@ -145,7 +145,7 @@ def test_the_csv_has_the_state_and_what_stopped_it(
     staff: Client, agent: Agent, held: PeriodBudget
 ) -> None:
     response = staff.get("/sessions/export.csv")
-    rows = list(csv.DictReader(io.StringIO(b"".join(response.streaming_content).decode())))
+    rows = list(csv.DictReader(io.StringIO(streamed(response).decode())))
     by_id = {r["session_id"]: r for r in rows}
     assert list(rows[0])[-2:] == ["stopped_by", "stopped_by_budget"]
     ann = by_id["ann-1"]
@@ -159,7 +159,7 @@ def test_the_csv_has_the_state_and_what_stopped_it(
     assert (bob["state"], bob["stopped_by"], bob["stopped_by_budget"]) == ("ok", "", "")
     # the filter applies to the export too
     stopped = staff.get("/sessions/export.csv?state=stopped")
-    text = b"".join(stopped.streaming_content).decode()
+    text = streamed(stopped).decode()
     assert [r["session_id"] for r in csv.DictReader(io.StringIO(text))] == ["ann-1"]
 
 
@@ -170,7 +170,7 @@ def test_a_session_exhausted_by_its_own_caps_says_session(staff: Client, agent: 
     agent.events({"type": "session", "session_id": "own", "cost_cap_usd": "0.30"})
     agent.events(*steps("own", 1))
     assert agent.budget("own").json()["stopped_by"] == "session"
-    text = b"".join(staff.get("/sessions/export.csv").streaming_content).decode()
+    text = streamed(staff.get("/sessions/export.csv")).decode()
     own = next(csv.DictReader(io.StringIO(text)))
     assert (own["state"], own["stopped_by"], own["stopped_by_budget"]) == (
         "exhausted",

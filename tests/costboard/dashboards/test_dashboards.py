@@ -19,7 +19,7 @@ from django.utils import timezone
 from costboard.budgets.engine import Flag
 from costboard.budgets.services import session_flag_runaway
 from costboard.models import DailyRollup, Membership, Session, Step
-from tests.conftest import Agent, add_price, make_agent
+from tests.conftest import Agent, add_price, make_agent, streamed
 
 pytestmark = pytest.mark.django_db
 
@@ -248,7 +248,7 @@ def test_csv_export_of_the_filtered_list(staff: Client, agent: Agent, priced: No
     traffic(agent)
     response = staff.get("/sessions/export.csv?user=u0")
     assert response["Content-Type"] == "text/csv"
-    rows = list(csv.DictReader(io.StringIO(b"".join(response.streaming_content).decode())))
+    rows = list(csv.DictReader(io.StringIO(streamed(response).decode())))
     assert [r["session_id"] for r in rows] == ["s0", "s2"]
     s2 = Session.objects.get(external_id="s2")
     row = rows[1]
@@ -268,7 +268,7 @@ def test_a_member_sees_only_their_projects(agent: Agent, priced: None) -> None:
     assert client.get(f"/sessions/{theirs.pk}/").status_code == 404
     assert client.get("/sessions/?project=other").status_code == 404
     assert client.get("/?project=other").status_code == 404
-    exported = b"".join(client.get("/sessions/export.csv").streaming_content).decode()
+    exported = streamed(client.get("/sessions/export.csv")).decode()
     assert "theirs" not in exported
     overview = client.get("/").content.decode()
     assert "theirs0" not in overview
@@ -359,7 +359,7 @@ def test_query_counts_do_not_grow_with_the_data(
         response = staff.get(path, headers=headers)
         assert response.status_code == 200, path
         if response.streaming:
-            b"".join(response.streaming_content)  # the CSV's queries run as it streams
+            streamed(response)  # the CSV's queries run as it streams
 
     counts = {}
     for path, headers in pages:
@@ -383,7 +383,7 @@ def test_a_huge_session_page_shows_its_latest_steps_and_bucketed_tokens(
     monkeypatch.setattr(selectors, "MAX_LOOSE_STEPS_SHOWN", 3)
     monkeypatch.setattr(selectors, "MAX_POINTS", 5)
     start = timezone.now().replace(minute=0, second=0, microsecond=0) - timedelta(hours=5)
-    steps = [
+    steps: list[dict[str, Any]] = [
         {
             "event_id": f"loose-{i}",
             "session_id": "busy",
@@ -472,7 +472,7 @@ def test_every_benchmarked_page_runs_a_bounded_number_of_queries(
         response = staff.get(path, headers={"HX-Request": "true"} if htmx else {})
         assert response.status_code == 200, path
         if response.streaming:
-            b"".join(response.streaming_content)  # the CSV's queries run as it streams
+            streamed(response)  # the CSV's queries run as it streams
 
     counts = {}
     for case in cases:

@@ -35,7 +35,9 @@ def listed(html: str) -> list[str]:
 def pages(staff: Client, query: str) -> list[str]:
     """Every session the list shows, page after page."""
     first = staff.get(query).content.decode()
-    last = int(re.search(r"page 1 of (\d+)", first).group(1)) if "page 1 of" in first else 1
+    paged = re.search(r"page 1 of (\d+)", first)
+    assert paged or "page 1 of" not in first
+    last = int(paged.group(1)) if paged else 1
     shown = listed(first)
     for number in range(2, last + 1):
         shown += listed(staff.get(f"{query}&page={number}").content.decode())

@@ -18,7 +18,7 @@ from costboard.dashboards.selectors.overview import spend_by_period
 from costboard.dashboards.selectors.tags import spend_by_tag
 from costboard.models import Step
 from costboard.templatetags.costboard_tags import usd
-from tests.conftest import Agent, add_price
+from tests.conftest import Agent, add_price, streamed
 
 pytestmark = pytest.mark.django_db
 
@@ -107,7 +107,7 @@ def listed(staff: Client, tag: str) -> list[str]:
 def exported(staff: Client, tag: str) -> list[str]:
     response = staff.get(f"/sessions/export.csv?{urlencode({'tag': tag})}")
     assert response.status_code == 200
-    body = b"".join(response.streaming_content).decode()  # type: ignore[attr-defined]
+    body = streamed(response).decode()
     return sorted(row["session_id"] for row in csv.DictReader(io.StringIO(body)))
 
 

@@ -152,6 +152,8 @@ class RollupInvariantTests(TestCase):
                 assert step.price_id is None and step.cost_usd == 0
                 continue
             assert step.price_id == price.pk
+            # every RATES row sets its cache rates
+            assert price.cache_read_mtok is not None and price.cache_write_mtok is not None
             expected = (
                 Decimal(step.input_tokens) * price.input_mtok
                 + Decimal(step.output_tokens) * price.output_mtok

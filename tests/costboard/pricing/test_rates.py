@@ -345,10 +345,12 @@ def test_sync_prices_refreshes_a_builtin_row_that_drifted(db: None) -> None:
 
 
 def test_rate_table_notices_a_price_edit(agent: Agent, priced: ModelPrice) -> None:
-    assert rate_table().rate_at("test-sonnet", "", datetime.now(UTC)).base.input == Decimal(3)
+    rate = rate_table().rate_at("test-sonnet", "", datetime.now(UTC))
+    assert rate is not None and rate.base.input == Decimal(3)
     priced.input_mtok = Decimal(5)
     priced.save()
-    assert rate_table().rate_at("test-sonnet", "", datetime.now(UTC)).base.input == Decimal(5)
+    rate = rate_table().rate_at("test-sonnet", "", datetime.now(UTC))
+    assert rate is not None and rate.base.input == Decimal(5)
 
 
 def test_ingest_prices_in_integer_picodollars_exactly_as_in_decimals(db: None) -> None:
@@ -365,9 +367,10 @@ def test_ingest_prices_in_integer_picodollars_exactly_as_in_decimals(db: None) -
     for rate in table.rates:
         for _ in range(3):
             tokens = [rng.choice([0, 1, rng.randint(1, 10**6)]) for _ in range(4)]
-            one_hour = rng.randint(0, tokens[3])
-            exact = _cost(rate, *tokens, one_hour)
-            price_id, *picos = _cost_pico(rate, *tokens, one_hour)
+            input_, output, read, write = tokens
+            one_hour = rng.randint(0, write)
+            exact = _cost(rate, input_, output, read, write, one_hour)
+            price_id, *picos = _cost_pico(rate, input_, output, read, write, one_hour)
             assert price_id == rate.id
             kinds = [exact.input, exact.output, exact.cache_read, exact.cache_write]
             assert [Decimal(p) / PICO for p in picos] == kinds

@@ -61,7 +61,7 @@ def assert_rollups_match_steps() -> None:
     and model mix keyed by family and exact model), and none is left without steps; each
     session's families are its steps'."""
     for session in Session.objects.all():
-        steps = Step.objects.filter(session=session)
+        steps = list(Step.objects.filter(session=session))
         assert session.cost_usd == sum((s.cost_usd for s in steps), Decimal(0))
         assert session.families == {s.family: True for s in steps}
     for turn in Turn.objects.all():

@@ -69,6 +69,7 @@ def test_a_deepseek_reasoner_step_at_noon_pays_the_standard_price_and_at_six_pm_
     assert noon.cost_cache_read_usd == Decimal("0.00028")  # 2,000 × $0.14
     assert noon.cost_output_usd == Decimal("0.00876")  # 4,000 × $2.19
     assert noon.cost_usd == cost_at(STANDARD) == Decimal("0.00959")
+    assert evening.price is not None
     assert evening.price.window_start is None  # the all-day (off-peak) row
     assert evening.cost_input_usd == Decimal("0.000135")
     assert evening.cost_cache_read_usd == Decimal("0.00007")
@@ -133,9 +134,11 @@ def test_a_window_that_misses_the_time_is_left_out_even_on_the_latest_date(agent
     )
     table = rate_table()
     when = datetime(2026, 7, 1, 8, tzinfo=UTC)
-    assert table.rate_at("test-tod", "", when).id == morning.pk
+    rate = table.rate_at("test-tod", "", when)
+    assert rate is not None and rate.id == morning.pk
     later = when.replace(hour=15)
-    assert table.rate_at("test-tod", "", later).id == older.pk
+    rate = table.rate_at("test-tod", "", later)
+    assert rate is not None and rate.id == older.pk
     cost = table.price(
         model="test-tod",
         provider="",
@@ -221,7 +224,7 @@ def test_sync_prices_removes_a_builtin_window_the_data_no_longer_has(agent: Agen
     assert "1 removed" in out.getvalue()
     assert not ModelPrice.objects.filter(pk=gone.pk).exists()
     step = Step.objects.get()
-    assert step.price.window_start is None
+    assert step.price is not None and step.price.window_start is None
     assert step.cost_usd == Decimal("0.135")  # deepseek-chat's off-peak input rate
     assert_rollups_match_steps()
 
