@@ -313,7 +313,12 @@ INSIDE_LAYERS = {
     "costboard.models": [
         ["costboard.models"],
         ["costboard.models.alerts"],
-        ["costboard.models.budgets", "costboard.models.receipts", "costboard.models.rollups"],
+        [
+            "costboard.models.billing",
+            "costboard.models.budgets",
+            "costboard.models.receipts",
+            "costboard.models.rollups",
+        ],
         ["costboard.models.usage"],
         ["costboard.models.pricing", "costboard.models.projects"],
         ["costboard.models.fields"],
@@ -329,6 +334,7 @@ INSIDE_LAYERS = {
         ["costboard.admin.projects"],
         [
             "costboard.admin.alerts",
+            "costboard.admin.billing",
             "costboard.admin.budgets",
             "costboard.admin.lockout",
             "costboard.admin.pricing",
