@@ -97,8 +97,11 @@ Money = Annotated[
         }
     ),
 ]
-Tokens = Annotated[StrictInt | None, BeforeValidator(_blank_none), Field(ge=0, le=10**15)]
-Text = Annotated[str | None, BeforeValidator(_blank_none), Field(max_length=200)]
+Tokens = Annotated[
+    Annotated[StrictInt, Field(ge=0, le=10**15)] | None, BeforeValidator(_blank_none)
+]
+Text = Annotated[Annotated[str, Field(max_length=200)] | None, BeforeValidator(_blank_none)]
+Slug = Annotated[Annotated[str, Field(max_length=100)] | None, BeforeValidator(_blank_none)]
 
 
 class BillingRowIn(BaseModel):
@@ -112,7 +115,7 @@ class BillingRowIn(BaseModel):
         ". _ -, at most 64"
     )
     model: Text = Field(default=None, description="the model billed, as the provider names it")
-    project: Annotated[str | None, BeforeValidator(_blank_none), Field(max_length=100)] = Field(
+    project: Slug = Field(
         default=None, description="a Costboard project's slug (the key's project when absent)"
     )
     cost_usd: Money
