@@ -95,11 +95,11 @@ class Fields:
         self.value = value
         self.where = where
 
-    def _path(self, key: str) -> str:
+    def field_path(self, key: str) -> str:
         return f"{self.where}.{key}" if self.where else key
 
     def _refuse(self, key: str, message: str) -> ProviderError:
-        return ProviderError(self.provider, self._path(key), message)
+        return ProviderError(self.provider, self.field_path(key), message)
 
     def get(self, key: str, *, required: bool = True) -> Any:
         if key not in self.value:
@@ -150,7 +150,7 @@ class Fields:
         return number
 
     def obj(self, key: str) -> Fields:
-        return Fields(self.provider, self.get(key), self._path(key))
+        return Fields(self.provider, self.get(key), self.field_path(key))
 
     def obj_or_none(self, key: str) -> Fields | None:
         return None if self.get(key, required=False) is None else self.obj(key)
@@ -160,7 +160,8 @@ class Fields:
         if not isinstance(value, list):
             raise self._refuse(key, "must be a JSON array")
         return [
-            Fields(self.provider, item, f"{self._path(key)}[{i}]") for i, item in enumerate(value)
+            Fields(self.provider, item, f"{self.field_path(key)}[{i}]")
+            for i, item in enumerate(value)
         ]
 
 
@@ -168,7 +169,7 @@ def _currency_usd(fields: Fields, key: str) -> None:
     currency = fields.text(key, required=True) or ""
     if currency.strip().lower() != "usd":
         raise ProviderError(
-            fields.provider, fields._path(key), f"is {currency!r}: only USD amounts are read"
+            fields.provider, fields.field_path(key), f"is {currency!r}: only USD amounts are read"
         )
 
 
@@ -195,7 +196,7 @@ def _openai_usage(result: Fields) -> Billed:
     if cached > inputs:
         raise ProviderError(
             result.provider,
-            result._path("input_cached_tokens"),
+            result.field_path("input_cached_tokens"),
             f"is {cached}, more than input_tokens ({inputs}) which includes them",
         )
     tier = result.text("service_tier", limit=64)
@@ -321,10 +322,10 @@ def _bucket_day(provider: str, bucket: Fields) -> date:
         moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
         raise ProviderError(
-            provider, bucket._path("starting_at"), f"{text[:40]!r} is not an RFC 3339 time"
+            provider, bucket.field_path("starting_at"), f"{text[:40]!r} is not an RFC 3339 time"
         ) from None
     if moment.tzinfo is None:
-        raise ProviderError(provider, bucket._path("starting_at"), f"{text!r} has no offset")
+        raise ProviderError(provider, bucket.field_path("starting_at"), f"{text!r} has no offset")
     return moment.astimezone(UTC).date()
 
 

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import date, timedelta
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
@@ -129,6 +129,19 @@ def scheduled_import(*, sleep: Sleep = time.sleep) -> list[str]:
     return lines
 
 
+# "BILLDAYS": the advisory lock every replacement of billed days takes (PostgreSQL), so two
+# imports of one day at once (the beat's and a command's) cannot both delete, then both insert
+_LOCK_KEY = 0x4249_4C4C_4441_5953
+
+
+def _days_locked() -> None:
+    """Inside a transaction: wait for any other replacement of billed days to commit. One
+    lock for every day (replacements are short and rare); SQLite serializes writes anyway."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_LOCK_KEY])
+
+
 def _mapping(provider: str) -> dict[str, int]:
     return dict(
         ProviderProject.objects.filter(provider=provider).values_list("external_id", "project_id")
@@ -141,6 +154,7 @@ def _day_replace(
     """One day's rows of each source given, replacing that day's rows of the source."""
     now = timezone.now()
     with transaction.atomic():
+        _days_locked()
         BilledUsage.objects.filter(provider=provider, day=day, source__in=list(by_source)).delete()
         made = BilledUsage.objects.bulk_create(
             BilledUsage(
@@ -186,6 +200,7 @@ def billing_rows_replace(rows: Iterable[UploadRow], *, source: str) -> Replaced:
     named = sorted({(row.day, row.provider) for row in rows})
     now = timezone.now()
     with transaction.atomic():
+        _days_locked()
         replaced = 0
         for day, provider in named:
             replaced += BilledUsage.objects.filter(

@@ -28,6 +28,7 @@ from costboard.billing.services import (
     scheduled_import,
 )
 from costboard.models import BilledUsage, Project, ProviderProject
+from tests.conftest import run_in_threads
 from tests.costboard.billing.fakes import (
     ANTHROPIC_KEY,
     ANTHROPIC_PATHS,
@@ -528,3 +529,18 @@ def test_a_mapping_moves_the_imported_rows_it_names(fake: FakeBilling, acme: Pro
     assert BilledUsage.objects.filter(project=beta).count() == 0
     assert provider_project_delete(ProviderProject.objects.get(external_id="proj_alpha")) == 10
     assert BilledUsage.objects.filter(project__isnull=False).count() == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_imports_of_the_same_days_at_once_store_each_row_once(
+    fake: FakeBilling, acme: Project
+) -> None:
+    """The beat's import and a command's, say, at the same moment: each day's replacement
+    waits for the other's commit, so no day ends up with both imports' rows."""
+
+    def work(thread: int) -> None:
+        billing_import("openai", FIRST, LAST, sleep=[].append, window_days=1 + thread)
+
+    assert run_in_threads(4, work) == []
+    assert BilledUsage.objects.count() == 25
+    assert total("cost_usd") == Decimal("6.122835") + Decimal("17.5")
