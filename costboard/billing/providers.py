@@ -182,10 +182,11 @@ def _openai_cost(result: Fields) -> Billed:
     line_item = result.text("line_item")
     return Billed(
         day=date.min,  # the bucket's, set by the caller
-        # "gpt-4o-2024-08-06, input": the model is what precedes the last comma
-        model=line_item.rsplit(", ", 1)[0] if line_item and ", " in line_item else None,
+        # "gpt-4o-2024-08-06, input": the model is what precedes the first ", " (a model's
+        # name has none; what follows is the kind of token, maybe a tier)
+        model=line_item.split(", ", 1)[0][:200] if line_item and ", " in line_item else None,
         line_item=line_item,
-        provider_project=result.text("project_id"),
+        provider_project=result.text("project_id", limit=200),
         cost_usd=amount.amount("value"),  # dollars, a JSON number
     )
 

@@ -320,13 +320,22 @@ def test_rows_sent_by_hand_survive_an_import_of_their_day(fake: FakeBilling, acm
 
 
 def test_amounts_are_read_as_decimal_from_the_json_text(fake: FakeBilling) -> None:
-    """A 20-digit amount survives whole: no float on the way (the client, not the column)."""
+    """A 20-digit amount survives whole: no float on the way (the client, not the column);
+    a line item's model is what precedes its first comma."""
     fake.results[OPENAI_PATHS["costs"]] = {
-        FIRST: [{"amount": {"value": Number("0.12345678901234567891"), "currency": "usd"}}]
+        FIRST: [
+            {"amount": {"value": Number("0.12345678901234567891"), "currency": "usd"}},
+            {
+                "amount": {"value": "2.5", "currency": "USD"},
+                "line_item": "gpt-4o-mini-2024-07-18, cached input, batch",
+                "project_id": "proj_alpha",
+            },
+        ]
     }
     client = Client.configured("openai", sleep=[].append)
-    [(day, [billed])] = list(client.buckets(REPORTS["openai"][0], FIRST, FIRST))
-    assert (day, billed.cost_usd) == (FIRST, Decimal("0.12345678901234567891"))
+    [(day, [exact, batch])] = list(client.buckets(REPORTS["openai"][0], FIRST, FIRST))
+    assert (day, exact.cost_usd, exact.model) == (FIRST, Decimal("0.12345678901234567891"), None)
+    assert (batch.model, batch.cost_usd) == ("gpt-4o-mini-2024-07-18", Decimal("2.5"))
 
 
 # --- retries -----------------------------------------------------------------------------------
