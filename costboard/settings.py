@@ -99,6 +99,16 @@ def env_list(name: str, default: str) -> list[str]:
     return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
 
 
+def env_base_url(name: str, default: str) -> str:
+    """An http(s) base URL, its trailing slash dropped (blank: the default)."""
+    value = env_str(name, default).strip().rstrip("/") or default
+    if not value.startswith(("http://", "https://")):
+        raise ImproperlyConfigured(
+            f"{name}={value!r} must start with http:// or https://, e.g. {default}"
+        )
+    return value
+
+
 # --- the settings ---------------------------------------------------------------------------
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -328,7 +338,19 @@ CELERY_BEAT_SCHEDULE = {
     # memory_ui/lifecycle.py: TTL expiry; evict/merge/compress proposals for a person to decide
     "memory-ttl": {"task": "memory_ui.lifecycle.memory_ttl_sweep", "schedule": 900.0},
     "memory-proposals": {"task": "memory_ui.lifecycle.memory_proposals_sweep", "schedule": 3600.0},
+    # costboard/billing/: yesterday's and today's bills of each provider with an admin key
+    "billing-import": {"task": "costboard.tasks.billing_import", "schedule": 86400.0},
 }
+
+# --- billing import (docs/billing.md) ---------------------------------------------------------
+# Admin API keys of the organizations whose bills are imported (blank: that provider is not
+# imported); the base URLs are for a proxy, or a test's local server.
+COSTBOARD_OPENAI_ADMIN_KEY = env_str("COSTBOARD_OPENAI_ADMIN_KEY").strip()
+COSTBOARD_ANTHROPIC_ADMIN_KEY = env_str("COSTBOARD_ANTHROPIC_ADMIN_KEY").strip()
+COSTBOARD_OPENAI_API_BASE = env_base_url("COSTBOARD_OPENAI_API_BASE", "https://api.openai.com")
+COSTBOARD_ANTHROPIC_API_BASE = env_base_url(
+    "COSTBOARD_ANTHROPIC_API_BASE", "https://api.anthropic.com"
+)
 
 # --- budgets (docs/budgets.md, "Caps") -----------------------------------------------------
 COSTBOARD_SESSION_TOKEN_CAP = env_int("COSTBOARD_SESSION_TOKEN_CAP", 100_000, minimum=1)

@@ -8,6 +8,7 @@ from celery import shared_task  # no type hints: each task ignores [untyped-deco
 from django.utils import timezone
 
 from costboard import outbox, partitions, retention
+from costboard.billing import services as billing_services
 from costboard.budgets import alerts, period_ledgers  # noqa: F401  (alerts: its outbox handlers)
 from costboard.budgets import services as budget_services  # noqa: F401  (outbox handler)
 from costboard.budgets import sweep as guard
@@ -56,3 +57,13 @@ def step_partitions_ahead() -> list[str]:
     made = partitions.step_partitions_ahead(now=timezone.now())
     partitions.step_statistics_refresh()
     return made
+
+
+@shared_task(soft_time_limit=1800, time_limit=1900, acks_late=True)  # type: ignore[untyped-decorator]
+def billing_import() -> list[str]:
+    """Every day: yesterday's and today's bills of each provider with an admin key
+    (docs/billing.md). Safe to run twice: each day's rows are replaced whole."""
+    lines = billing_services.scheduled_import()
+    for line in lines:
+        log.info("%s", line)
+    return lines

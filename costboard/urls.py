@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.contrib import admin
 from django.urls import include, path
 
-from costboard.api import context, metrics, period_budgets, spend
+from costboard.api import billing, context, metrics, period_budgets, spend
 from costboard.api import events as api
 from costboard.api import otlp as otlp_api
 from costboard.api.boundary import methods
@@ -61,6 +61,7 @@ urlpatterns = [
         name="api-budget",
     ),
     path("api/v1/spend", spend.spend, name="api-spend"),
+    path("api/v1/billing", billing.billing, name="api-billing"),
     path("api/v1/openapi.json", api.openapi, name="api-openapi"),
     path("api/v1/docs", api.docs, name="api-docs"),
     path("api/v1/memory/candidates", memory_api.candidates, name="api-memory-candidates"),

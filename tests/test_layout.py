@@ -362,7 +362,12 @@ INSIDE_LAYERS = {
     "costboard.models": [
         ["costboard.models"],
         ["costboard.models.alerts"],
-        ["costboard.models.budgets", "costboard.models.receipts", "costboard.models.rollups"],
+        [
+            "costboard.models.billing",
+            "costboard.models.budgets",
+            "costboard.models.receipts",
+            "costboard.models.rollups",
+        ],
         ["costboard.models.usage"],
         ["costboard.models.pricing", "costboard.models.projects"],
         ["costboard.models.fields"],
@@ -378,6 +383,7 @@ INSIDE_LAYERS = {
         ["costboard.admin.projects"],
         [
             "costboard.admin.alerts",
+            "costboard.admin.billing",
             "costboard.admin.budgets",
             "costboard.admin.lockout",
             "costboard.admin.pricing",

@@ -3,9 +3,18 @@
 
 - site: the site's titles, and ReadOnlyAdmin, the base of the lists nobody edits
 - forms: the admin's forms and the decimal widgets the lists share
-- pricing, projects, usage, alerts, budgets: the ModelAdmins of those models
+- pricing, projects, usage, alerts, budgets, billing: the ModelAdmins of those models
 - lockout: the login lockouts (axes' list, replaced)
 """
 
 # each module registers its lists as it is imported
-from costboard.admin import alerts, budgets, lockout, pricing, projects, site, usage  # noqa: F401
+from costboard.admin import (  # noqa: F401
+    alerts,
+    billing,
+    budgets,
+    lockout,
+    pricing,
+    projects,
+    site,
+    usage,
+)

@@ -18,7 +18,14 @@ from costboard.budgets.period_services import FIELDS as BUDGET_FIELDS
 from costboard.budgets.period_services import BudgetInputError, budget_check
 from costboard.ingest.json_body import bad_text
 from costboard.ingest.schemas import MAX_TOKENS
-from costboard.models import ALERT_KINDS, ApiKey, ModelPrice, PeriodBudget, WebhookEndpoint
+from costboard.models import (
+    ALERT_KINDS,
+    ApiKey,
+    ModelPrice,
+    PeriodBudget,
+    Project,
+    WebhookEndpoint,
+)
 from costboard.pricing import services as pricing_services
 
 RATE_FIELDS = (
@@ -227,3 +234,14 @@ class PeriodBudgetForm(forms.ModelForm[PeriodBudget]):
             except BudgetInputError as exc:
                 self.add_error(exc.field if exc.field in self.fields else None, exc.message)
         return cleaned
+
+
+class BillingCsvForm(forms.Form):
+    """A CSV bill for the billed rows (costboard/billing/uploads.py reads it)."""
+
+    file = forms.FileField(help_text="A CSV file, UTF-8, at most 5 MB.")
+    project = forms.ModelChoiceField(
+        queryset=Project.objects.order_by("slug"),
+        required=False,
+        help_text="The project of the rows whose project column is empty (blank: none).",
+    )

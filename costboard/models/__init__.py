@@ -10,6 +10,7 @@
 - receipts: what makes a replay change nothing (EventReceipt, StepReceipt, IdempotentRequest)
 - budgets: the default caps, period budgets and their ledgers, the budget events
 - alerts: the outbox, and the webhooks and deliveries of budget alerts
+- billing: what providers bill (BilledUsage) and their projects mapped to ours
 
 The modules import downwards in that order (fields first); none imports this package.
 """
@@ -21,6 +22,7 @@ from costboard.models.alerts import (
     WebhookEndpoint,
     _alert_kinds,  # migrations 0007 and 0017 name it here as WebhookEndpoint.kinds' default
 )
+from costboard.models.billing import BilledUsage, ProviderProject
 from costboard.models.budgets import (
     BudgetDay,
     BudgetEvent,
@@ -66,6 +68,7 @@ __all__ = [
     "TOOL_STEP_TYPE",
     "AlertDelivery",
     "ApiKey",
+    "BilledUsage",
     "BudgetDay",
     "BudgetEvent",
     "DailyRollup",
@@ -80,6 +83,7 @@ __all__ = [
     "PeriodBudget",
     "PeriodLedger",
     "Project",
+    "ProviderProject",
     "Session",
     "SessionModelUsage",
     "Step",

@@ -1,4 +1,4 @@
-"""The admin's lists: each model keeps its list (twelve of Costboard's, and the login
+"""The admin's lists: each model keeps its list (fourteen of Costboard's, and the login
 lockouts' that replaces axes' own), and with a row in every list, the index, each list, each
 row's page and each add page answer staff. Held across the admin's move into a package by
 domain (issue 32), where a module left unimported would drop its lists without an error."""
@@ -14,10 +14,12 @@ from django.utils import timezone
 
 from costboard.models import (
     AlertDelivery,
+    BilledUsage,
     BudgetEvent,
     Membership,
     OutboxItem,
     PeriodBudget,
+    ProviderProject,
     WebhookEndpoint,
 )
 from tests.conftest import Agent, add_price
@@ -28,12 +30,14 @@ LISTS = {
     "axes.AccessAttempt": "LoginLockoutAdmin",
     "costboard.AlertDelivery": "AlertDeliveryAdmin",
     "costboard.ApiKey": "ApiKeyAdmin",
+    "costboard.BilledUsage": "BilledUsageAdmin",
     "costboard.DailyRollup": "DailyRollupAdmin",
     "costboard.Membership": "MembershipAdmin",
     "costboard.ModelPrice": "ModelPriceAdmin",
     "costboard.OutboxItem": "OutboxItemAdmin",
     "costboard.PeriodBudget": "PeriodBudgetAdmin",
     "costboard.Project": "ProjectAdmin",
+    "costboard.ProviderProject": "ProviderProjectAdmin",
     "costboard.Session": "SessionAdmin",
     "costboard.Step": "StepAdmin",
     "costboard.Turn": "TurnAdmin",
@@ -74,6 +78,10 @@ def a_row_in_every_list(agent: Agent) -> None:
         status=AlertDelivery.Status.FAILED,
     )
     OutboxItem.objects.create(kind="alert_send", project=project, status="failed")
+    ProviderProject.objects.create(provider="openai", external_id="proj_a", project=project)
+    BilledUsage.objects.create(
+        provider="openai", source="openai_costs", day=timezone.now().date(), project=project
+    )
     AccessAttempt.objects.create(
         username="someone", ip_address="192.0.2.1", failures_since_start=1, user_agent="x"
     )

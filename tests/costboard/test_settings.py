@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from costboard.settings import env_bool, env_decimal, env_fraction, env_int
+from costboard.settings import env_base_url, env_bool, env_decimal, env_fraction, env_int
 
 pytestmark = pytest.mark.slow
 
@@ -31,6 +31,8 @@ ROOT = Path(__file__).resolve().parents[2]
         ("WEB_CONCURRENCY", "0"),
         ("DJANGO_DEBUG", "maybe"),
         ("DATABASE_URL", "mysql://root@localhost/x"),
+        ("COSTBOARD_OPENAI_API_BASE", "api.openai.com"),
+        ("COSTBOARD_ANTHROPIC_API_BASE", "ftp://proxy.example"),
     ],
 )
 def test_startup_fails_naming_the_variable(name: str, value: str) -> None:
@@ -64,6 +66,9 @@ def test_env_readers(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("X_DEC", "-1")
     with pytest.raises(ImproperlyConfigured, match="X_DEC"):
         env_decimal("X_DEC", "1")
+    monkeypatch.setenv("X_URL", " http://127.0.0.1:9/ ")
+    assert env_base_url("X_URL", "https://api.openai.com") == "http://127.0.0.1:9"
+    assert env_base_url("X_UNSET", "https://api.openai.com") == "https://api.openai.com"
 
 
 def test_every_outbox_kind_has_its_handler_in_a_fresh_process() -> None:

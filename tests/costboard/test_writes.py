@@ -48,6 +48,7 @@ WRITERS = frozenset(
         "budgets/period_services",
         "budgets/period_ledgers",
         "budgets/alerts",
+        "billing/services",
         "projects",
         "lockouts",
         "outbox",

@@ -7,6 +7,7 @@ from django.core.management.base import BaseCommand, CommandParser
 from django.db import close_old_connections
 from django.utils import timezone
 
+from costboard.billing.services import scheduled_import
 from costboard.budgets.period_ledgers import period_forecast_sweep
 from costboard.budgets.sweep import runaway_sweep
 from costboard.hooks import hourly_run
@@ -15,6 +16,7 @@ from costboard.partitions import step_partitions_ahead, step_statistics_refresh
 from costboard.retention import retention_sweep
 
 RETENTION_EVERY_S = 3600
+BILLING_EVERY_S = 86400  # the providers' bills, yesterday's and today's (docs/billing.md)
 OUTBOX_EVERY_S = 1.0
 OUTBOX_SECONDS = 10.0  # one pass's budget, so a backlog never holds up the runaway sweep long
 
@@ -25,7 +27,8 @@ class Command(BaseCommand):
         "partitions ahead (PostgreSQL), retention and the memory lifecycle (TTL expiry; "
         "eviction, merge and compression proposals), and carry out the outbox (alerts, "
         "memory detection, repricing), once, or with --every N seconds in a loop (the outbox "
-        "every second; partitions, retention and the lifecycle hourly): Celery beat's "
+        "every second; partitions, retention and the lifecycle hourly; the providers' bills "
+        "daily, when an admin key is set): Celery beat's "
         "periodic jobs for a deployment without a broker (make run starts it)."
     )
 
@@ -40,6 +43,7 @@ class Command(BaseCommand):
     def handle(self, *args: Any, every: int, **options: Any) -> None:
         last_sweep: float | None = None  # monotonic times of the last runs (None: never)
         last_retention: float | None = None
+        last_billing: float | None = None
         while True:
             now = time.monotonic()
             if last_sweep is None or now - last_sweep >= every:
@@ -48,6 +52,10 @@ class Command(BaseCommand):
                 last_sweep = now
                 if hourly:
                     last_retention = now
+            if last_billing is None or now - last_billing >= BILLING_EVERY_S:
+                for line in scheduled_import():
+                    self.stdout.write(f"billing: {line}")
+                last_billing = now
             dispatched = outbox_dispatch(seconds=OUTBOX_SECONDS)
             if dispatched.claimed or not every:
                 self.stdout.write(str(dispatched))

@@ -169,7 +169,7 @@ def test_the_served_document_passes_an_openapi_validator(client: Client) -> None
 
 def test_every_operation_has_its_own_operation_id() -> None:
     ids = [spec["operationId"] for methods in DOC["paths"].values() for spec in methods.values()]
-    assert len(ids) == len(set(ids)) == 16
+    assert len(ids) == len(set(ids)) == 17
     budget = DOC["paths"]["/api/v1/budgets/{budget_id}"]
     assert (
         budget["get"]["operationId"],
@@ -423,6 +423,26 @@ def test_spend_answers_conform(used: Agent) -> None:
     }.items():
         assert response.status_code == status, (status, response.content)
         conforms(response, path, "GET")
+
+
+def test_billing_answers_conform(agent: Agent) -> None:
+    admin = {"Authorization": f"Bearer {ApiKey.issue(project=agent.project, role='admin')[1]}"}
+    path = "/api/v1/billing"
+    row = {"date": "2026-11-01", "provider": "mistral", "cost_usd": "1.25"}
+    stored = Client().post(path, json.dumps({"rows": [row]}), "application/json", headers=admin)
+    assert conforms(stored, path, "POST")["stored"] == 1
+    as_csv = Client().post(
+        path, "date,provider,cost_usd\n2026-11-01,mistral,1.25\n", "text/csv", headers=admin
+    )
+    assert conforms(as_csv, path, "POST")["replaced"] == 1
+    for status, response in {
+        401: Client().post(path, "{}", "application/json"),
+        403: post(agent, path, {"rows": [row]}),
+        415: Client().post(path, "x", "text/plain", headers=admin),
+        422: Client().post(path, '{"rows": []}', "application/json", headers=admin),
+    }.items():
+        assert response.status_code == status, (status, response.content)
+        conforms(response, path, "POST")
 
 
 def test_the_docs_page_is_documented_html(client: Client) -> None:
