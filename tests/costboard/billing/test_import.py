@@ -63,6 +63,10 @@ COMPARED = (
 )
 
 
+def no_sleep(seconds: float) -> None:
+    """A sleep for the tests that do not read the waits."""
+
+
 def openai_costs(n: int, scale: int = 1) -> list[dict[str, Any]]:
     return [
         {
@@ -263,7 +267,7 @@ def test_openai_stores_every_day_to_the_cent_following_every_page(
 def test_anthropic_stores_every_day_with_amounts_in_cents_read_as_dollars(
     fake: FakeBilling, acme: Project
 ) -> None:
-    result = billing_import("anthropic", FIRST, LAST, sleep=[].append)
+    result = billing_import("anthropic", FIRST, LAST, sleep=no_sleep)
 
     assert result.days == DAYS
     assert result.rows == {"anthropic_cost_report": 15, "anthropic_usage": 5}
@@ -302,11 +306,11 @@ def test_anthropic_stores_every_day_with_amounts_in_cents_read_as_dollars(
 
 
 def test_reimporting_changes_nothing(fake: FakeBilling, acme: Project) -> None:
-    billing_import("openai", FIRST, LAST, sleep=[].append)
-    billing_import("anthropic", FIRST, LAST, sleep=[].append)
+    billing_import("openai", FIRST, LAST, sleep=no_sleep)
+    billing_import("anthropic", FIRST, LAST, sleep=no_sleep)
     before = stored()
-    billing_import("openai", FIRST, LAST, sleep=[].append)
-    billing_import("anthropic", DAYS[1], DAYS[3], sleep=[].append)
+    billing_import("openai", FIRST, LAST, sleep=no_sleep)
+    billing_import("anthropic", DAYS[1], DAYS[3], sleep=no_sleep)
     assert stored() == before
     assert BilledUsage.objects.count() == 45
 
@@ -315,7 +319,7 @@ def test_rows_sent_by_hand_survive_an_import_of_their_day(fake: FakeBilling, acm
     BilledUsage.objects.create(
         provider="openai", source="csv", day=DAYS[0], cost_usd=Decimal("9.99")
     )
-    billing_import("openai", FIRST, FIRST, sleep=[].append)
+    billing_import("openai", FIRST, FIRST, sleep=no_sleep)
     assert stored(source="csv")[0][9] == Decimal("9.99")
 
 
@@ -332,7 +336,7 @@ def test_amounts_are_read_as_decimal_from_the_json_text(fake: FakeBilling) -> No
             },
         ]
     }
-    client = Client.configured("openai", sleep=[].append)
+    client = Client.configured("openai", sleep=no_sleep)
     [(day, [exact, batch])] = list(client.buckets(REPORTS["openai"][0], FIRST, FIRST))
     assert (day, exact.cost_usd, exact.model) == (FIRST, Decimal("0.12345678901234567891"), None)
     assert (batch.model, batch.cost_usd) == ("gpt-4o-mini-2024-07-18", Decimal("2.5"))
@@ -374,7 +378,7 @@ def test_a_5xx_that_lasts_gives_up_naming_the_provider(fake: FakeBilling, acme: 
 def test_a_failure_keeps_the_days_before_it_and_stores_nothing_after(
     fake: FakeBilling, acme: Project
 ) -> None:
-    billing_import("openai", FIRST, LAST, sleep=[].append)
+    billing_import("openai", FIRST, LAST, sleep=no_sleep)
     before = {day: stored(day=day) for day in DAYS}
     # new figures for every day; the usage API down for the windows from the third day on
     fake.results[OPENAI_PATHS["costs"]] = {day: openai_costs(n, 7) for n, day in enumerate(DAYS)}
@@ -385,7 +389,7 @@ def test_a_failure_keeps_the_days_before_it_and_stores_nothing_after(
 
     fake.fault(OPENAI_PATHS["usage"], Fault(502, times=100, when=from_the_third_day))
     with pytest.raises(ImportFailed) as failed:
-        billing_import("openai", FIRST, LAST, sleep=[].append, window_days=2)
+        billing_import("openai", FIRST, LAST, sleep=no_sleep, window_days=2)
 
     assert failed.value.result.days == DAYS[:2], failed.value
     for n, day in enumerate(DAYS[:2]):  # the new figures, both sources, whole
@@ -430,7 +434,7 @@ def test_a_garbage_answer_is_refused_naming_provider_and_field(
 ) -> None:
     fake.fault(path, Fault(200, body=body))
     with pytest.raises(ImportFailed) as failed:
-        billing_import(provider, FIRST, LAST, sleep=[].append)
+        billing_import(provider, FIRST, LAST, sleep=no_sleep)
     assert (failed.value.provider, failed.value.field) == (provider, field)
     assert says in failed.value.message
     assert str(failed.value).startswith(f"{provider}: {field}: ")
@@ -440,7 +444,7 @@ def test_a_garbage_answer_is_refused_naming_provider_and_field(
 def test_a_refused_key_names_its_variable(fake: FakeBilling, settings: Any) -> None:
     settings.COSTBOARD_OPENAI_ADMIN_KEY = "sk-not-admin"
     with pytest.raises(ImportFailed, match=r"HTTP 401 .*COSTBOARD_OPENAI_ADMIN_KEY"):
-        billing_import("openai", FIRST, LAST, sleep=[].append)
+        billing_import("openai", FIRST, LAST, sleep=no_sleep)
 
 
 def test_no_key_names_its_variable(settings: Any) -> None:
@@ -494,7 +498,7 @@ def test_the_daily_job_imports_yesterday_and_today_for_each_provider_with_a_key(
     settings.COSTBOARD_OPENAI_ADMIN_KEY = ""
     with time_machine.travel("2026-11-03 12:00:00+00:00", tick=True):
         assert timezone.now().date() == DAYS[2]
-        lines = scheduled_import(sleep=[].append)
+        lines = scheduled_import(sleep=no_sleep)
     assert lines == [
         "anthropic: 2 days stored (2026-11-02 to 2026-11-03): 6 anthropic_cost_report, "
         "2 anthropic_usage"
@@ -506,7 +510,7 @@ def test_the_daily_job_imports_yesterday_and_today_for_each_provider_with_a_key(
 def test_the_daily_job_reports_a_failure_and_goes_on(fake: FakeBilling, acme: Project) -> None:
     fake.fault(OPENAI_PATHS["usage"], Fault(403, times=100))
     with time_machine.travel("2026-11-03 12:00:00+00:00", tick=True):
-        lines = scheduled_import(sleep=[].append)
+        lines = scheduled_import(sleep=no_sleep)
     assert lines[0].startswith("openai: billing import failed: openai: ")
     assert lines[1].startswith("anthropic: 2 days stored")
 
@@ -528,7 +532,7 @@ def test_guard_sweep_and_the_celery_task_run_the_daily_job(
 
 
 def test_a_mapping_moves_the_imported_rows_it_names(fake: FakeBilling, acme: Project) -> None:
-    billing_import("openai", FIRST, LAST, sleep=[].append)
+    billing_import("openai", FIRST, LAST, sleep=no_sleep)
     beta = Project.objects.create(name="Beta", slug="beta")
     mapping = ProviderProject(provider="openai", external_id="proj_beta", project=beta)
     assert provider_project_save(mapping) == 10  # 5 days × (a cost row and a usage row)
@@ -548,7 +552,7 @@ def test_imports_of_the_same_days_at_once_store_each_row_once(
     waits for the other's commit, so no day ends up with both imports' rows."""
 
     def work(thread: int) -> None:
-        billing_import("openai", FIRST, LAST, sleep=[].append, window_days=1 + thread)
+        billing_import("openai", FIRST, LAST, sleep=no_sleep, window_days=1 + thread)
 
     assert run_in_threads(4, work) == []
     assert BilledUsage.objects.count() == 25
