@@ -55,8 +55,8 @@ from costboard.models import (
 )
 from costboard.money import pico_usd
 from costboard.partitions import month_add, month_of, step_partitions_ensure
-from costboard.pricing.families import is_tool_model, model_family, price_families
-from costboard.pricing.rates import UNPRICED_PICO, RateTable, rate_table
+from costboard.pricing.families import is_tool_model, price_families, step_classify
+from costboard.pricing.rates import RateTable, rate_table
 from devtools.ingest_bench import (
     BENCH_RATE_LIMIT,
     MODELS,
@@ -272,21 +272,18 @@ class Pricer:
         return priced
 
     def _price(self, usage: Usage, ts: datetime) -> Priced:
-        if is_tool_model(usage.model):
-            price_id, *picos = UNPRICED_PICO
-            family = TOOL_MODEL
-        else:
-            price_id, *picos = self.table.price_pico(
-                usage.model,
-                usage.provider,
-                ts,
-                usage.input_tokens,
-                usage.output_tokens,
-                usage.cache_read_input_tokens,
-                usage.cache_creation_input_tokens,
-                0,
-            )
-            family = model_family(usage.model) if price_id is None else self.families[price_id]
+        (price_id, *picos), family, _ = step_classify(
+            self.table,
+            self.families,
+            usage.model,
+            usage.provider,
+            ts,
+            usage.input_tokens,
+            usage.output_tokens,
+            usage.cache_read_input_tokens,
+            usage.cache_creation_input_tokens,
+            0,
+        )
         c_in, c_out, c_read, c_write = picos
         costs = tuple(pico_usd(p) for p in (c_in, c_out, c_read, c_write, sum(picos)))
         return Priced(price_id, family, costs)
