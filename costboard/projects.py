@@ -2,9 +2,9 @@
 project alone by the warm-up, rolled back), keys revoked in the admin, a key's use noted when
 the API resolves it to its project (a key is issued by `ApiKey.issue`: shown once, only its
 hash stored); and sessions deleted in the admin, their projects' count of sessions kept; and
-the per-day tally of events each project had stored, replayed and refused (`ingest_tally`,
-read by /metrics; ingest's own count runs in its transaction, as `ingest_tally_statement`):
-every write of that tally is here."""
+the per-day tally of events each project had stored, replayed and refused, read by /metrics:
+every write of that tally is the one statement `ingest_tally_statement` builds, which
+`ingest_tally` runs alone and ingest (and the bulk seeder) in their transactions."""
 
 from __future__ import annotations
 
@@ -36,59 +36,63 @@ def ingest_tally(
     day: date | None = None,
 ) -> None:
     """Add to a project's event counts (and sessions made or deleted) of a UTC day, in one
-    statement: the increment happens in SQL, so concurrent requests (any worker) lose no
-    count."""
+    statement (`ingest_tally_statement`): the increment happens in SQL, so concurrent
+    requests (any worker) lose no count."""
     if not (accepted or duplicates or refused or sessions_made or sessions_deleted):
         return
-    day = day or datetime.now(UTC).date()
+    statement, params = ingest_tally_statement(
+        project_id,
+        day or datetime.now(UTC).date(),
+        accepted=accepted,
+        duplicates=duplicates,
+        refused=refused,
+        sessions_made=sessions_made,
+        sessions_deleted=sessions_deleted,
+    )
     with connection.cursor() as cursor:
-        cursor.execute(
-            f"""
-            INSERT INTO {_TALLY}
-                (project_id, day, accepted, duplicates, refused, sessions_made, sessions_deleted)
-            VALUES (%s, %s, %s, %s, %s, %s, %s)
-            ON CONFLICT (project_id, day) DO UPDATE SET
-                accepted = {_TALLY}.accepted + excluded.accepted,
-                duplicates = {_TALLY}.duplicates + excluded.duplicates,
-                refused = {_TALLY}.refused + excluded.refused,
-                sessions_made = {_TALLY}.sessions_made + excluded.sessions_made,
-                sessions_deleted = {_TALLY}.sessions_deleted + excluded.sessions_deleted
-            """,
-            [
-                project_id,
-                connection.ops.adapt_datefield_value(day),
-                accepted,
-                duplicates,
-                refused,
-                sessions_made,
-                sessions_deleted,
-            ],
-        )
+        cursor.execute(statement, params)
+
+
+_TALLY_UPSERT = f"""
+    INSERT INTO {_TALLY}
+        (project_id, day, accepted, duplicates, refused, sessions_made, sessions_deleted)
+    VALUES (%s, %s, %s, %s, %s, %s, %s)
+    ON CONFLICT (project_id, day) DO UPDATE SET
+        accepted = {_TALLY}.accepted + excluded.accepted,
+        duplicates = {_TALLY}.duplicates + excluded.duplicates,
+        refused = {_TALLY}.refused + excluded.refused,
+        sessions_made = {_TALLY}.sessions_made + excluded.sessions_made,
+        sessions_deleted = {_TALLY}.sessions_deleted + excluded.sessions_deleted
+    """
 
 
 def ingest_tally_statement(
-    project_id: int, day: date, *, accepted: int, duplicates: int, sessions_made: int
+    project_id: int,
+    day: date,
+    *,
+    accepted: int = 0,
+    duplicates: int = 0,
+    refused: int = 0,
+    sessions_made: int = 0,
+    sessions_deleted: int = 0,
 ) -> tuple[str, list[Any]]:
-    """Add the batch's events (/metrics) and the sessions it made (the project's count of
-    sessions) to the project's tally of the day, in SQL so concurrent batches lose no count; in
-    ingest's transaction, so a batch rolled back (a whole OTLP request, an idempotent retry
-    racing its twin) is not counted. The row is one every batch of the project writes anyway,
-    last, held only to the commit: counting sessions here locks nothing more."""
+    """The one statement that adds to a project's tally of a UTC day, with its parameters:
+    `ingest_tally` runs it alone (a request's refusal, a session deleted), ingest in its
+    transaction. There it adds the batch's events (/metrics) and the sessions it made (the
+    project's count of sessions) in SQL, so concurrent batches lose no count, and a batch
+    rolled back (a whole OTLP request, an idempotent retry racing its twin) is not counted. The
+    row is one every batch of the project writes anyway, last, held only to the commit:
+    counting sessions here locks nothing more."""
     return (
-        f"""
-        INSERT INTO {_TALLY} (project_id, day, accepted, duplicates, refused, sessions_made)
-        VALUES (%s, %s, %s, %s, 0, %s)
-        ON CONFLICT (project_id, day) DO UPDATE SET
-            accepted = {_TALLY}.accepted + excluded.accepted,
-            duplicates = {_TALLY}.duplicates + excluded.duplicates,
-            sessions_made = {_TALLY}.sessions_made + excluded.sessions_made
-        """,
+        _TALLY_UPSERT,
         [
             project_id,
             connection.ops.adapt_datefield_value(day),
             accepted,
             duplicates,
+            refused,
             sessions_made,
+            sessions_deleted,
         ],
     )
 

@@ -55,8 +55,9 @@ from costboard.models import (
 )
 from costboard.money import pico_usd
 from costboard.partitions import month_add, month_of, step_partitions_ensure
-from costboard.pricing.families import is_tool_model, model_family, price_families
-from costboard.pricing.rates import UNPRICED_PICO, RateTable, rate_table
+from costboard.pricing.families import is_tool_model, price_families, step_classify
+from costboard.pricing.rates import RateTable, rate_table
+from costboard.projects import ingest_tally_statement
 from devtools.ingest_bench import (
     BENCH_RATE_LIMIT,
     MODELS,
@@ -272,21 +273,18 @@ class Pricer:
         return priced
 
     def _price(self, usage: Usage, ts: datetime) -> Priced:
-        if is_tool_model(usage.model):
-            price_id, *picos = UNPRICED_PICO
-            family = TOOL_MODEL
-        else:
-            price_id, *picos = self.table.price_pico(
-                usage.model,
-                usage.provider,
-                ts,
-                usage.input_tokens,
-                usage.output_tokens,
-                usage.cache_read_input_tokens,
-                usage.cache_creation_input_tokens,
-                0,
-            )
-            family = model_family(usage.model) if price_id is None else self.families[price_id]
+        (price_id, *picos), family, _ = step_classify(
+            self.table,
+            self.families,
+            usage.model,
+            usage.provider,
+            ts,
+            usage.input_tokens,
+            usage.output_tokens,
+            usage.cache_read_input_tokens,
+            usage.cache_creation_input_tokens,
+            0,
+        )
         c_in, c_out, c_read, c_write = picos
         costs = tuple(pico_usd(p) for p in (c_in, c_out, c_read, c_write, sum(picos)))
         return Priced(price_id, family, costs)
@@ -755,19 +753,11 @@ def totals_rebuild(*, project: Project, say: Callable[[str], None] = lambda line
 def tally_add(*, project: Project, accepted: int, sessions: int, day: date) -> None:
     """Count the run's events and the sessions it made in the project's ingest tally, on the
     day they were written, as ingest counts a batch (its steps and session events, accepted)."""
+    statement, params = ingest_tally_statement(
+        project.pk, day, accepted=accepted, sessions_made=sessions
+    )
     with connection.cursor() as cursor:
-        cursor.execute(
-            f"""
-            INSERT INTO {IngestTally._meta.db_table}
-                (project_id, day, accepted, duplicates, refused, sessions_made)
-            VALUES (%s, %s, %s, 0, 0, %s)
-            ON CONFLICT (project_id, day) DO UPDATE SET
-                accepted = {IngestTally._meta.db_table}.accepted + excluded.accepted,
-                sessions_made = {IngestTally._meta.db_table}.sessions_made
-                                + excluded.sessions_made
-            """,
-            [project.pk, day, accepted, sessions],
-        )
+        cursor.execute(statement, params)
 
 
 def sessions_over_caps(project: Project) -> int:

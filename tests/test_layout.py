@@ -254,9 +254,10 @@ def test_a_loop_between_packages_is_seen_though_no_module_loops() -> None:
 
 
 # The ingest path's own order (docs/architecture.md, "The path of one event"): the orchestrator
-# over the writes and the shared sums, over the plan, over the SQL dialect and the schemas.
+# over the writes and the shared sums, over the plan, over the SQL dialect and the schemas;
+# the Idempotency-Key's run, which the API wraps around the orchestrator, beside it.
 INGEST_LAYERS = [
-    ["costboard.ingest.service", "costboard.ingest.otlp"],
+    ["costboard.ingest.service", "costboard.ingest.otlp", "costboard.ingest.idempotency"],
     ["costboard.ingest.rollups", "costboard.ingest.writes"],
     ["costboard.ingest.plan"],
     [

@@ -9,7 +9,6 @@ from django.contrib import admin
 from django.http import HttpRequest
 
 from costboard.admin.forms import DECIMAL_OVERRIDES, PeriodBudgetForm
-from costboard.budgets.period_services import FIELDS as BUDGET_FIELDS
 from costboard.budgets.period_services import period_budget_create, period_budget_update
 from costboard.models import PeriodBudget, PeriodLedger
 from costboard.numbers import count_text, usd_text
@@ -67,7 +66,7 @@ class PeriodBudgetAdmin(admin.ModelAdmin[PeriodBudget]):
         return count_text(obj.token_limit)
 
     def save_model(self, request: HttpRequest, obj: PeriodBudget, form: Any, change: bool) -> None:
-        fields = {name: form.cleaned_data[name] for name in BUDGET_FIELDS}
+        fields = form.budget_fields  # typed and checked by the form (PeriodBudgetForm.clean)
         if change:
             saved = period_budget_update(obj, changes=fields)
         else:

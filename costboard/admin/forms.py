@@ -13,11 +13,12 @@ from typing import Any
 from django import forms
 from django.db import models
 from django.forms.fields import InvalidJSONInput
+from pydantic import ValidationError
 
 from costboard.budgets.period_services import FIELDS as BUDGET_FIELDS
-from costboard.budgets.period_services import BudgetInputError, budget_check
+from costboard.budgets.period_services import BudgetFields, BudgetInputError, budget_check
 from costboard.ingest.json_body import bad_text
-from costboard.ingest.schemas import MAX_TOKENS
+from costboard.ingest.schemas import MAX_TOKENS, validation_errors
 from costboard.models import (
     ALERT_KINDS,
     ApiKey,
@@ -220,6 +221,11 @@ class ApiKeyForm(forms.ModelForm[ApiKey]):
 
 
 class PeriodBudgetForm(forms.ModelForm[PeriodBudget]):
+    """A budget's fields typed as the API types them (BudgetFields: `budget_fields`, what the
+    admin saves) and checked by the same `budget_check`."""
+
+    budget_fields: BudgetFields | None = None
+
     class Meta:
         model = PeriodBudget
         fields = ("project", *BUDGET_FIELDS)
@@ -228,11 +234,21 @@ class PeriodBudgetForm(forms.ModelForm[PeriodBudget]):
         cleaned = super().clean() or {}
         # a stored budget's project is read-only in its form: checked against it all the same
         project = cleaned.get("project") or (self.instance.project if self.instance.pk else None)
-        if project is not None and not self.errors:
-            try:
-                cleaned.update(budget_check(project, cleaned, stored=self.instance))
-            except BudgetInputError as exc:
-                self.add_error(exc.field if exc.field in self.fields else None, exc.message)
+        if project is None or self.errors:
+            return cleaned
+        try:
+            typed = BudgetFields.model_validate({name: cleaned[name] for name in BUDGET_FIELDS})
+        except ValidationError as exc:
+            for error in validation_errors(exc, BudgetFields):
+                field = error["field"]
+                self.add_error(field if field in self.fields else None, error["message"])
+            return cleaned
+        try:
+            cleaned.update(budget_check(project, typed, stored=self.instance))
+        except BudgetInputError as exc:
+            self.add_error(exc.field if exc.field in self.fields else None, exc.message)
+        else:
+            self.budget_fields = typed
         return cleaned
 
 

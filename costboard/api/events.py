@@ -112,6 +112,7 @@ EVENTS = Operation(
 def events(request: HttpRequest) -> HttpResponse:
     project = cast(ApiRequest, request).project
     key = _idempotency_key(request, project)
+    minimal = prefers_minimal(request.headers.get(PREFER_HEADER, ""))
     try:
         # gzip or not, what is validated, limited and keyed is the decompressed body
         body = read_body(request, limit=MAX_BODY_BYTES, what="split the batch")
@@ -124,7 +125,6 @@ def events(request: HttpRequest) -> HttpResponse:
         ingest_tally(project.pk, refused=exc.event_count or 1)
         raise
     prefix = cast(ApiRequest, request).api_key.prefix
-    minimal = prefers_minimal(request.headers.get(PREFER_HEADER, ""))
     now = timezone.now()
     if key is None:
         response = JsonResponse(_ingested(project, batch, prefix, minimal, now))

@@ -1,46 +1,27 @@
-"""`Idempotency-Key` on `POST /api/v1/events` (docs/api.md, "Idempotency"): a whole batch sent
-again under the same key gets the answer it got the first time, and is not ingested again.
-
-The key's row (`IdempotentRequest`: the body's SHA-256 and the answer) is inserted first in the
-same transaction as the ingest, with ON CONFLICT DO NOTHING on `idempotency_key_once`:
-
-- a committed batch always has its stored answer, and a rolled-back one has none;
-- a second request with the key while the first is still ingesting waits on the first's
-  uncommitted row, then finds it and replays its answer: two at once ingest once.
-
-Only a 200 is stored. A refusal (400, 413, 422, 429…) stores nothing and its transaction takes
-the key row with it, so the client may correct the batch and send it under the same key: our
-refusals change nothing and say the same thing again for the same body, so there is nothing
-to replay (Stripe keeps its 4xx because some of them, a declined card, are outcomes that
-must not happen twice; none of ours is).
+"""`Idempotency-Key` on `POST /api/v1/events` (docs/api.md, "Idempotency"): the header read,
+and the answer made from what the service (costboard/ingest/idempotency.py: the key's claim,
+its stored answer and its replay, in the ingest's transaction) returns.
 
 Replays answer the stored JSON with `Idempotent-Replayed: true` and are not counted in
-/metrics again. The same key with another body is 422 naming `Idempotency-Key`. Keys are
-kept 48 hours (at least 24, as docs/api.md promises): costboard/retention.py deletes
-older ones in the hourly sweep.
+/metrics again. The same key with another body is 422 naming `Idempotency-Key`.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import re
 from collections.abc import Callable
-from datetime import datetime
 from typing import Any
 
-from django.db import connection, transaction
 from django.http import HttpRequest, JsonResponse
-from django.utils import timezone
 
 from costboard.api.boundary import ApiError
-from costboard.models import IdempotentRequest, Project
+from costboard.ingest.idempotency import KeyReused, idempotent_run
+from costboard.models import Project
 
 KEY_HEADER = "Idempotency-Key"
 REPLAYED_HEADER = "Idempotent-Replayed"
 MAX_KEY_LENGTH = 255
 _KEY = re.compile(rf"[!-~]{{1,{MAX_KEY_LENGTH}}}")  # printable ASCII, no spaces
-_TABLE = IdempotentRequest._meta.db_table
 
 
 def idempotency_key(request: HttpRequest) -> str | None:
@@ -61,54 +42,13 @@ def idempotency_key(request: HttpRequest) -> str | None:
 def idempotent_answer(
     *, project: Project, key: str, body: bytes, answer: Callable[[], dict[str, Any]]
 ) -> JsonResponse:
-    """`answer()` (the ingest) once per key: the first request runs it in one transaction with
-    the key's row and stores what it returned; the same key and body again get that stored
-    answer; the same key with another body is 422."""
-    digest = hashlib.sha256(body).hexdigest()
-    for _ in range(2):  # a second turn only if the row was pruned between insert and read
-        with transaction.atomic():
-            claimed = _claim(project, key, digest, timezone.now())
-            if claimed is not None:
-                response = JsonResponse(answer())
-                IdempotentRequest.objects.filter(pk=claimed).update(
-                    status_code=response.status_code, response=json.loads(response.content)
-                )
-                return response
-        stored = (
-            IdempotentRequest.objects.filter(project=project, key=key)
-            .values_list("body_sha256", "status_code", "response")
-            .first()
-        )
-        if stored is not None:
-            return _replay(key, digest, *stored)
-    raise RuntimeError(f"Idempotency-Key {key!r} was neither claimed nor found")
-
-
-def _claim(project: Project, key: str, digest: str, now: datetime) -> int | None:
-    """Insert the key's row (a placeholder answer) and return its id; None if the key is
-    taken. A concurrent holder's uncommitted row makes this wait for its commit."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"""
-            INSERT INTO {_TABLE} (project_id, key, body_sha256, status_code, response, created_at)
-            VALUES (%s, %s, %s, 0, '{{}}', %s)
-            ON CONFLICT (project_id, key) DO NOTHING
-            RETURNING id
-            """,
-            [project.pk, key, digest, connection.ops.adapt_datetimefield_value(now)],
-        )
-        row = cursor.fetchone()
-    return None if row is None else int(row[0])
-
-
-def _replay(key: str, digest: str, stored_digest: str, status: int, stored: Any) -> JsonResponse:
-    if stored_digest != digest:
-        raise ApiError(
-            422,
-            KEY_HEADER,
-            f"{key!r} was used with another body: send a new key for a new batch (the same "
-            "body again under this key gets its stored answer)",
-        )
-    response = JsonResponse(stored, status=status)
-    response[REPLAYED_HEADER] = "true"
+    """`answer()` (the ingest) once per key (`idempotent_run`), as JSON; a replay says so in
+    its header; the same key with another body is 422."""
+    try:
+        outcome = idempotent_run(project=project, key=key, body=body, answer=answer)
+    except KeyReused as exc:
+        raise ApiError(422, KEY_HEADER, str(exc)) from None
+    response = JsonResponse(outcome.body, status=outcome.status)
+    if outcome.replayed:
+        response[REPLAYED_HEADER] = "true"
     return response

@@ -3,12 +3,10 @@
 
 from __future__ import annotations
 
-from decimal import Decimal
-from typing import Annotated, Any, Literal, cast
+from typing import Any, cast
 
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, WithJsonSchema
 
 from costboard.api.boundary import (
     ApiError,
@@ -29,6 +27,7 @@ from costboard.api.schemas import (
     PeriodBudgetMember,
 )
 from costboard.budgets.period_services import (
+    BudgetFields,
     BudgetInputError,
     period_budget_create,
     period_budget_delete,
@@ -46,55 +45,6 @@ from costboard.models import BudgetEvent, PeriodBudget, Project, usd
 ADMIN = ("admin",)
 MAX_BODY = 16 * 1024
 MAX_ID = 2**63 - 1
-
-_MONEY_SCHEMA = {
-    "anyOf": [
-        {"type": "number", "minimum": 0.0001, "maximum": 9999999999.9999},
-        {"type": "string", "pattern": r"^\s*\+?[0-9]{1,10}(\.[0-9]{0,4})?\s*$"},
-    ],
-    "description": 'USD: a decimal string such as "50.00", or a JSON number; at most 4 decimals',
-}
-
-
-class BudgetFields(BaseModel):
-    """A budget's fields as sent: all of them to make one (name and a limit at least), any
-    of them to change one. What the types let through is checked by budget_check."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    name: Annotated[str, Field(min_length=1, max_length=100)] | None = None
-    scope: Literal["project", "user", "api_key", "tag"] | None = Field(
-        default=None, description="project (the default), user, api_key or tag"
-    )
-    scope_value: Annotated[str, Field(max_length=200)] | None = Field(
-        default=None,
-        description='the user_id, the key prefix ("cb_AbCdEfG") or the tag ("feature=search"); '
-        "absent for the project",
-    )
-    period: Literal["day", "week", "month", "total"] | None = Field(
-        default=None, description="month (the default), day, week (from Monday) or total"
-    )
-    timezone: Annotated[str, Field(max_length=64)] | None = Field(
-        default=None, description='an IANA name where periods begin: "UTC" (the default)'
-    )
-    token_limit: Annotated[StrictInt, Field(ge=1, le=10**15)] | None = Field(
-        default=None, description="input + output tokens in a period"
-    )
-    cost_limit_usd: Annotated[Decimal, WithJsonSchema(_MONEY_SCHEMA)] | None = None
-    warn_at_pct: Annotated[Decimal, Field(ge=Decimal("0.01"), le=1)] | None = Field(
-        default=None, description="the fraction of a limit that warns: 0.8 (the default)"
-    )
-    action: Literal["warn", "stop"] | None = Field(
-        default=None, description="warn (the default) or stop: its sessions report exhausted"
-    )
-
-    @classmethod
-    def example(cls) -> str:
-        return '{"name": "monthly", "period": "month", "cost_limit_usd": "50.00", "action": "stop"}'
-
-    def given(self) -> dict[str, Any]:
-        """The fields the body named (null included: a limit removed)."""
-        return {name: getattr(self, name) for name in self.model_fields_set}
 
 
 def _budget_of(request: HttpRequest, budget_id: int) -> PeriodBudget:
@@ -178,9 +128,9 @@ def budgets_list(request: HttpRequest) -> HttpResponse:
 def budget_create(request: HttpRequest) -> HttpResponse:
     project = cast(ApiRequest, request).project
     body = json_object(request, limit=MAX_BODY, example=BudgetFields.example())
-    given = parse(BudgetFields, body).given()
+    fields = parse(BudgetFields, body)
     try:
-        budget = period_budget_create(project=project, fields=given)
+        budget = period_budget_create(project=project, fields=fields)
     except BudgetInputError as exc:
         raise _refused(exc) from None
     return model_response(PeriodBudgetAnswer(**_answer(budget)), status=201)
@@ -233,7 +183,7 @@ def _members(budget: PeriodBudget) -> list[PeriodBudgetMember] | None:
 def budget_change(request: HttpRequest, budget_id: int) -> HttpResponse:
     budget = _budget_of(request, budget_id)
     body = json_object(request, limit=MAX_BODY, example=BudgetFields.example())
-    changes = parse(BudgetFields, body).given()
+    changes = parse(BudgetFields, body)
     try:
         budget = period_budget_update(budget, changes=changes)
     except BudgetInputError as exc:

@@ -1,16 +1,23 @@
 """Writes of period budgets: made, changed and deleted through the API (admin keys) and the
-admin, each checked the same way (`budget_check`) before anything is stored."""
+admin, each checked the same way (`budget_check`) before anything is stored.
+
+A budget's fields come typed, as `BudgetFields` (pydantic: types, choices and ranges, checked
+once where the input arrives: the API's body, the admin's form, a Python caller's mapping);
+`budget_check` adds the rules no single field holds — a name and a limit required, the
+scope's value for its scope (a key prefix the project has), a timezone that exists, a USD
+limit's range and decimals, and a per-member budget that stays one."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
 from datetime import datetime
-from decimal import Decimal, InvalidOperation
-from typing import Any
+from decimal import Decimal
+from typing import Annotated, Any, Literal
 
 from django.db import transaction
 from django.utils import timezone
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, WithJsonSchema
 
 from costboard.budgets.alerts import announce
 from costboard.budgets.period_ledgers import period_budget_recheck
@@ -32,6 +39,55 @@ MAX_TOKEN_LIMIT = 10**15
 MAX_COST_LIMIT = Decimal("9999999999.9999")
 _TAG_KEY = re.compile(r"[a-z0-9_.-]{1,64}")
 
+_MONEY_SCHEMA = {
+    "anyOf": [
+        {"type": "number", "minimum": 0.0001, "maximum": 9999999999.9999},
+        {"type": "string", "pattern": r"^\s*\+?[0-9]{1,10}(\.[0-9]{0,4})?\s*$"},
+    ],
+    "description": 'USD: a decimal string such as "50.00", or a JSON number; at most 4 decimals',
+}
+
+
+class BudgetFields(BaseModel):
+    """A budget's fields as sent: all of them to make one (name and a limit at least), any
+    of them to change one. What the types let through is checked by budget_check."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: Annotated[str, Field(min_length=1, max_length=100)] | None = None
+    scope: Literal["project", "user", "api_key", "tag"] | None = Field(
+        default=None, description="project (the default), user, api_key or tag"
+    )
+    scope_value: Annotated[str, Field(max_length=200)] | None = Field(
+        default=None,
+        description='the user_id, the key prefix ("cb_AbCdEfG") or the tag ("feature=search"); '
+        "absent for the project",
+    )
+    period: Literal["day", "week", "month", "total"] | None = Field(
+        default=None, description="month (the default), day, week (from Monday) or total"
+    )
+    timezone: Annotated[str, Field(max_length=64)] | None = Field(
+        default=None, description='an IANA name where periods begin: "UTC" (the default)'
+    )
+    token_limit: Annotated[StrictInt, Field(ge=1, le=MAX_TOKEN_LIMIT)] | None = Field(
+        default=None, description="input + output tokens in a period"
+    )
+    cost_limit_usd: Annotated[Decimal, WithJsonSchema(_MONEY_SCHEMA)] | None = None
+    warn_at_pct: Annotated[Decimal, Field(ge=Decimal("0.01"), le=1)] | None = Field(
+        default=None, description="the fraction of a limit that warns: 0.8 (the default)"
+    )
+    action: Literal["warn", "stop"] | None = Field(
+        default=None, description="warn (the default) or stop: its sessions report exhausted"
+    )
+
+    @classmethod
+    def example(cls) -> str:
+        return '{"name": "monthly", "period": "month", "cost_limit_usd": "50.00", "action": "stop"}'
+
+    def given(self) -> dict[str, Any]:
+        """The fields the input named (null included: a limit removed)."""
+        return {name: getattr(self, name) for name in self.model_fields_set}
+
 
 class BudgetInputError(ValueError):
     """A budget field that cannot be stored: which, and how to fix it."""
@@ -42,17 +98,22 @@ class BudgetInputError(ValueError):
         self.message = message
 
 
-def _choice(field: str, value: Any, choices: list[str]) -> str:
-    if value not in choices:
+def _typed(fields: BudgetFields | Mapping[str, Any]) -> BudgetFields:
+    """Fields as BudgetFields: a mapping (a Python caller's: the demo, the benchmarks) is
+    validated here, as the API validates its body (pydantic's ValidationError if it fails)."""
+    return fields if isinstance(fields, BudgetFields) else BudgetFields.model_validate(fields)
+
+
+def _chosen(fields: BudgetFields, field: str, default: str, choices: list[str]) -> str:
+    """A choice, its default where the input does not name it; named as null, refused."""
+    value = getattr(fields, field)
+    if value is None and field in fields.model_fields_set:
         raise BudgetInputError(field, f"must be one of {', '.join(choices)}")
-    return str(value)
+    return default if value is None else str(value)
 
 
-def _scope_value(project: Project, scope: str, value: Any) -> str:
-    text = "" if value is None else value
-    if not isinstance(text, str):
-        raise BudgetInputError("scope_value", "must be a string")
-    text = text.strip()
+def _scope_value(project: Project, scope: str, value: str | None) -> str:
+    text = ("" if value is None else value).strip()
     if scope == PeriodBudget.Scope.PROJECT:
         if text:
             raise BudgetInputError(
@@ -93,21 +154,9 @@ def _scope_value(project: Project, scope: str, value: Any) -> str:
     return text
 
 
-def _token_limit(value: Any) -> int | None:
-    if value is None:
+def _cost_limit(amount: Decimal | None) -> Decimal | None:
+    if amount is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_TOKEN_LIMIT:
-        raise BudgetInputError("token_limit", "must be a whole number of tokens from 1 to 10^15")
-    return value
-
-
-def _cost_limit(value: Any) -> Decimal | None:
-    if value is None:
-        return None
-    try:
-        amount = Decimal(str(value)) if not isinstance(value, bool) else Decimal(-1)
-    except InvalidOperation:
-        amount = Decimal(-1)
     if (
         not amount.is_finite()
         or not Decimal("0.0001") <= amount <= MAX_COST_LIMIT
@@ -119,41 +168,37 @@ def _cost_limit(value: Any) -> Decimal | None:
     return amount
 
 
-def _warn_at(value: Any) -> Decimal:
-    try:
-        fraction = Decimal(str(value)) if not isinstance(value, bool) else Decimal(-1)
-    except InvalidOperation:
-        fraction = Decimal(-1)
-    if not fraction.is_finite() or not Decimal("0.01") <= fraction <= 1:
+def _warn_at(fields: BudgetFields) -> Decimal:
+    fraction = fields.warn_at_pct
+    if fraction is None and "warn_at_pct" in fields.model_fields_set:
         raise BudgetInputError("warn_at_pct", "must be a fraction from 0.01 to 1, e.g. 0.8")
-    return fraction.quantize(Decimal("0.001"))
+    return (Decimal("0.8") if fraction is None else fraction).quantize(Decimal("0.001"))
 
 
 def budget_check(
-    project: Project, fields: Mapping[str, Any], *, stored: PeriodBudget | None = None
+    project: Project, fields: BudgetFields, *, stored: PeriodBudget | None = None
 ) -> dict[str, Any]:
     """Every field of a budget (all of them: a new one's, or a stored one's with the changes
-    over them), checked and cleaned; BudgetInputError at the first that cannot be stored.
-    `stored`: the budget as it is, when these are changes to it."""
-    name = fields.get("name")
-    if not isinstance(name, str) or not name.strip() or len(name.strip()) > 100:
+    over them), typed by BudgetFields, checked for the rules no single field holds and
+    cleaned; BudgetInputError at the first that cannot be stored. `stored`: the budget as it
+    is, when these are changes to it."""
+    name = fields.name
+    if name is None or not name.strip():
         raise BudgetInputError("name", 'is required: 1 to 100 characters, e.g. "monthly"')
-    scope = _choice("scope", fields.get("scope"), PeriodBudget.Scope.values)
-    period = _choice("period", fields.get("period"), PeriodBudget.Period.values)
-    tz_name = fields.get("timezone") or "UTC"
-    if not isinstance(tz_name, str):
-        raise BudgetInputError("timezone", "must be an IANA name such as UTC or Europe/Berlin")
+    scope = _chosen(fields, "scope", PeriodBudget.Scope.PROJECT, PeriodBudget.Scope.values)
+    period = _chosen(fields, "period", PeriodBudget.Period.MONTH, PeriodBudget.Period.values)
+    tz_name = fields.timezone or "UTC"
     try:
         zone(tz_name)
     except ValueError as exc:
         raise BudgetInputError("timezone", str(exc)) from None
-    token_limit = _token_limit(fields.get("token_limit"))
-    cost_limit = _cost_limit(fields.get("cost_limit_usd"))
+    token_limit = fields.token_limit
+    cost_limit = _cost_limit(fields.cost_limit_usd)
     if token_limit is None and cost_limit is None:
         raise BudgetInputError(
             "token_limit", "give a token_limit, a cost_limit_usd or both: a budget needs a limit"
         )
-    scope_value = _scope_value(project, scope, fields.get("scope_value"))
+    scope_value = _scope_value(project, scope, fields.scope_value)
     if stored is not None and stored.pk is not None:
         changed = PeriodBudget(scope=scope, scope_value=scope_value)
         if per_member(changed) != per_member(stored):
@@ -171,31 +216,37 @@ def budget_check(
         "timezone": tz_name,
         "token_limit": token_limit,
         "cost_limit_usd": cost_limit,
-        "warn_at_pct": _warn_at(fields.get("warn_at_pct", Decimal("0.8"))),
-        "action": _choice("action", fields.get("action", "warn"), PeriodBudget.Action.values),
+        "warn_at_pct": _warn_at(fields),
+        "action": _chosen(fields, "action", PeriodBudget.Action.WARN, PeriodBudget.Action.values),
     }
 
 
 def period_budget_create(
-    *, project: Project, fields: Mapping[str, Any], now: datetime | None = None
+    *, project: Project, fields: BudgetFields | Mapping[str, Any], now: datetime | None = None
 ) -> PeriodBudget:
-    cleaned = budget_check(project, {"scope": "project", "period": "month", **fields})
+    """Make a budget of these fields (scope `project`, period `month`, action `warn` and
+    warning at 0.8 where they are not given)."""
+    cleaned = budget_check(project, _typed(fields))
     now = now or timezone.now()
     return PeriodBudget.objects.create(project=project, created_at=now, updated_at=now, **cleaned)
 
 
 @transaction.atomic
 def period_budget_update(
-    budget: PeriodBudget, *, changes: Mapping[str, Any], now: datetime | None = None
+    budget: PeriodBudget,
+    *,
+    changes: BudgetFields | Mapping[str, Any],
+    now: datetime | None = None,
 ) -> PeriodBudget:
-    """Change some fields; the rest stay. The budget's row is locked while it changes, and
-    its current period is decided again under the new limits (period_budget_recheck)."""
-    unknown = set(changes) - set(FIELDS)
-    if unknown:
-        raise BudgetInputError(sorted(unknown)[0], "is not a field of a budget")
+    """Change the fields `changes` names; the rest stay. The budget's row is locked while it
+    changes, and its current period is decided again under the new limits
+    (period_budget_recheck)."""
+    given = _typed(changes).given()
     locked = PeriodBudget.objects.select_for_update().get(pk=budget.pk)
+    # the stored fields were checked when stored: trusted, with the changes over them
     current = {name: getattr(locked, name) for name in FIELDS}
-    cleaned = budget_check(locked.project, {**current, **changes}, stored=locked)
+    fields = BudgetFields.model_construct(**{**current, **given})
+    cleaned = budget_check(locked.project, fields, stored=locked)
     for name, value in cleaned.items():
         setattr(locked, name, value)
     locked.updated_at = now or timezone.now()

@@ -15,10 +15,10 @@ from typing import Any
 from costboard.ingest.schemas import Event, SessionEvent, StepEvent, TurnEvent
 from costboard.ingest.sql import Dialect
 from costboard.ingest.turn_rules import step_signature
-from costboard.models import SYSTEM_SESSION_ID, TOOL_MODEL, Project
+from costboard.models import SYSTEM_SESSION_ID, Project
 from costboard.money import pico_usd
-from costboard.pricing.families import is_tool_model, model_family, price_families
-from costboard.pricing.rates import UNPRICED_PICO, RateTable, rate_table
+from costboard.pricing.families import price_families, step_classify
+from costboard.pricing.rates import RateTable, rate_table
 
 
 @dataclass(slots=True)
@@ -243,17 +243,9 @@ def _step(
         write, write_1h = t.cache_creation_input_tokens, t.cache_creation_1h_input_tokens
         reasoning = t.reasoning_tokens
     provider = event.provider or ""
-    if is_tool_model(event.model):  # a tool call or a retrieval: $0 by nature, not unpriced
-        price_id, c_in, c_out, c_read, c_write = UNPRICED_PICO
-        family, unpriced = TOOL_MODEL, False
-    else:
-        price_id, c_in, c_out, c_read, c_write = table.price_pico(
-            event.model, provider, ts, inp, out, read, write, write_1h
-        )
-        if price_id is None:
-            family, unpriced = model_family(event.model), True
-        else:
-            family, unpriced = families[price_id], False
+    (price_id, c_in, c_out, c_read, c_write), family, unpriced = step_classify(
+        table, families, event.model, provider, ts, inp, out, read, write, write_1h
+    )
     duration = None if event.duration_ms is None else round(event.duration_ms)
     window = sig = None
     if event.turn is not None:

@@ -17,11 +17,12 @@ Bedrock's `:0` (`-v2:0`, not `deepseek-v3`); and they know two more snapshot for
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from datetime import datetime
 from functools import lru_cache
 
 from costboard.models import TOOL_MODEL
-from costboard.pricing.rates import Rate, canonical_provider
+from costboard.pricing.rates import UNPRICED_PICO, PicoCost, Rate, RateTable, canonical_provider
 
 _SLASH_PREFIX = re.compile(r"^(?:[a-z0-9_.-]+/)+")
 _COLON_PREFIX = re.compile(r"^([a-z0-9_.-]+):(?=[a-z])")
@@ -74,6 +75,41 @@ def step_family(model: str, rate_model: str | None) -> str:
     if is_tool_model(model):
         return TOOL_MODEL
     return model_family(rate_model if rate_model else model)
+
+
+def step_classify(
+    table: RateTable,
+    families: Mapping[int, str],
+    model: str,
+    provider: str,
+    when: datetime,
+    input_tokens: int,
+    output_tokens: int,
+    cache_read_input_tokens: int,
+    cache_creation_input_tokens: int,
+    cache_creation_1h_input_tokens: int,
+) -> tuple[PicoCost, str, bool]:
+    """A step's price (pico-dollars, `RateTable.price_pico`), family and whether it is
+    unpriced: the one rule ingest (plan._step) and repricing both follow. A tool step (no
+    model) is $0 by nature and never unpriced, its family `TOOL_MODEL`; a model no row prices
+    is unpriced, of its own name's family; a priced step is of its row's family
+    (`families`: `price_families` of the same table), whatever that row's model is."""
+    if is_tool_model(model):
+        return UNPRICED_PICO, TOOL_MODEL, False
+    cost = table.price_pico(
+        model,
+        provider,
+        when,
+        input_tokens,
+        output_tokens,
+        cache_read_input_tokens,
+        cache_creation_input_tokens,
+        cache_creation_1h_input_tokens,
+    )
+    price_id = cost[0]
+    if price_id is None:
+        return cost, model_family(model), True
+    return cost, families[price_id], False
 
 
 _cached: tuple[object, dict[int, str]] | None = None

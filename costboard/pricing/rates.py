@@ -158,6 +158,14 @@ PicoCost = tuple[int | None, int, int, int, int]  # price id; input, output, cac
 UNPRICED_PICO: PicoCost = (None, 0, 0, 0, 0)
 
 
+def step_cost(cost: PicoCost) -> StepCost:
+    """A cost in pico-dollars (`RateTable.price_pico`) as USD Decimals."""
+    price_id, *picos = cost
+    if price_id is None:
+        return UNPRICED
+    return StepCost(price_id, *(pico_usd(amount) for amount in picos))
+
+
 def pico(amount: Decimal) -> int:
     """A USD amount of at most 12 decimals as pico-dollars."""
     return int(amount.scaleb(12, context=_CTX))
@@ -423,19 +431,18 @@ class RateTable:
     ) -> StepCost:
         """A step's cost in USD: ingest's pico-dollar arithmetic, as Decimals (repricing and
         the benchmark's check use this, so both price exactly as ingest did)."""
-        price_id, *picos = self.price_pico(
-            model,
-            provider,
-            when,
-            input_tokens,
-            output_tokens,
-            cache_read_input_tokens,
-            cache_creation_input_tokens,
-            cache_creation_1h_input_tokens,
+        return step_cost(
+            self.price_pico(
+                model,
+                provider,
+                when,
+                input_tokens,
+                output_tokens,
+                cache_read_input_tokens,
+                cache_creation_input_tokens,
+                cache_creation_1h_input_tokens,
+            )
         )
-        if price_id is None:
-            return UNPRICED
-        return StepCost(price_id, *(pico_usd(amount) for amount in picos))
 
     def price_pico(
         self,

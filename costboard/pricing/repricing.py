@@ -25,7 +25,6 @@ from django.utils import timezone
 
 from costboard.budgets.services import session_recheck
 from costboard.models import (
-    TOOL_MODEL,
     DailyRollup,
     Session,
     SessionModelUsage,
@@ -34,13 +33,13 @@ from costboard.models import (
     Turn,
     UserDailyRollup,
 )
-from costboard.pricing.families import is_tool_model, model_family, price_families
+from costboard.pricing.families import is_tool_model, price_families, step_classify
 from costboard.pricing.rates import (
-    UNPRICED,
     compiled_pattern,
     forget_rate_table,
     model_aliases,
     rate_table,
+    step_cost,
 )
 
 ZERO = Decimal(0)
@@ -208,28 +207,25 @@ def _reprice_chunk(steps: list[Step], table: Any, result: RepriceResult) -> None
     moved: set[int] = set()  # sessions with a step moved to another family
     for step in steps:
         result.steps_seen += 1
-        tool = is_tool_model(step.model)
-        if tool:  # never priced (a tool step priced before this rule is set back to $0)
-            cost = UNPRICED
-        else:
-            cost = table.price(
-                model=step.model,
-                provider=step.provider,
-                when=step.timestamp,
-                input_tokens=step.input_tokens,
-                output_tokens=step.output_tokens,
-                cache_read_input_tokens=step.cache_read_input_tokens,
-                cache_creation_input_tokens=step.cache_creation_input_tokens,
-                cache_creation_1h_input_tokens=step.cache_creation_1h_input_tokens,
-            )
-        rate_family = families.get(cost.price_id) if cost.price_id is not None else None
-        family = TOOL_MODEL if tool else rate_family or model_family(step.model)
+        # ingest's rule (a tool step priced before it is set back to $0)
+        picos, family, unpriced_after = step_classify(
+            table,
+            families,
+            step.model,
+            step.provider,
+            step.timestamp,
+            step.input_tokens,
+            step.output_tokens,
+            step.cache_read_input_tokens,
+            step.cache_creation_input_tokens,
+            step.cache_creation_1h_input_tokens,
+        )
+        cost = step_cost(picos)
         before = _costs(step)
         after = [cost.input, cost.output, cost.cache_read, cost.cache_write, cost.total]
         if cost.price_id == step.price_id and before == after and family == step.family:
             continue
-        unpriced_before = step.price_id is None and not tool
-        unpriced_after = cost.price_id is None and not tool
+        unpriced_before = step.price_id is None and not is_tool_model(step.model)
         old_family = step.family
         if family != old_family:
             moved.add(step.session_id)

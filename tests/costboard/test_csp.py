@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from costboard.api.period_budgets import BudgetFields
+from costboard.budgets.period_services import BudgetFields
 from costboard.models import ApiKey, PeriodBudget, Session
 from devtools import plotly_css
 from memory_ui.models import Memory

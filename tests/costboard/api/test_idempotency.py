@@ -12,9 +12,9 @@ from django.core.signals import request_started
 from django.db import connection
 from django.test import Client
 
-from costboard.api import idempotency
-from costboard.api.idempotency import _claim as claim_key
 from costboard.api.openapi import openapi_document
+from costboard.ingest import idempotency
+from costboard.ingest.idempotency import _claim as claim_key
 from costboard.models import IdempotentRequest, IngestTally, Session, Step
 from tests.conftest import Agent, make_agent, run_in_threads
 from tests.waiting import wait_until

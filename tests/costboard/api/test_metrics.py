@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import date
+from datetime import UTC, date, datetime
 from decimal import Decimal
 from typing import Any
 
@@ -315,3 +315,53 @@ def test_a_batch_rolled_back_is_not_counted(agent: Agent) -> None:
         events_ingest(project=agent.project, events=[event])
         raise RuntimeError("the caller's transaction fails after the ingest")
     assert not IngestTally.objects.exists()
+
+
+def test_the_request_and_batch_tallies_add_up_in_one_row(agent: Agent, token: str) -> None:
+    """Both writers of the tally are one statement (costboard.projects.ingest_tally_statement):
+    a request's own count (a refusal, a session deleted) and ingest's batch count, run in its
+    transaction, add to the same row of the day, column by column, whichever runs first."""
+    from django.db import connection, transaction
+
+    from costboard.ingest.schemas import validate_event
+    from costboard.ingest.service import events_ingest
+    from costboard.models import Session
+    from costboard.projects import ingest_tally_statement, sessions_delete, sessions_tally_check
+
+    now = datetime(2020, 3, 1, 12, tzinfo=UTC)  # not today: the delete below counts today
+    day = now.date()
+    ingest_tally(agent.project.pk, refused=3, day=day)  # a request refused before the batch
+    raw = [
+        {"type": "session", "session_id": "a", "event_id": "open-a"},
+        step("a", 100, 10, event_id="s1"),
+        step("b", 200, 20, event_id="s2"),
+    ]
+    events = [event for i, e in enumerate(raw) if (event := validate_event(i, e)[0])]
+    assert len(events) == len(raw)
+    first = events_ingest(project=agent.project, events=events, now=now)
+    again = events_ingest(project=agent.project, events=[*events[1:], events[1]], now=now)
+    assert (first.accepted, first.duplicates, again.accepted, again.duplicates) == (3, 0, 0, 3)
+    ingest_tally(agent.project.pk, refused=2, duplicates=1, day=day)
+    (gone,) = Session.objects.filter(project=agent.project, external_id="b").values_list("pk")
+    assert sessions_delete(session_ids=list(gone)) == 1
+    with transaction.atomic(), connection.cursor() as cursor:  # as the bulk seeder counts
+        cursor.execute(*ingest_tally_statement(agent.project.pk, day, accepted=4, sessions_made=1))
+
+    tally = IngestTally.objects.get(project=agent.project, day=day)
+    assert (
+        tally.accepted,
+        tally.duplicates,
+        tally.refused,
+        tally.sessions_made,
+        tally.sessions_deleted,
+    ) == (3 + 4, 3 + 1, 3 + 2, 2 + 1, 0)
+    # the delete ran today (its own day): the sessions made less deleted over the days
+    today = IngestTally.objects.exclude(day=day).get(project=agent.project)
+    assert (today.accepted, today.refused, today.sessions_deleted) == (0, 0, 1)
+    assert IngestTally.objects.count() == 2
+    samples = scrape(**bearer(token))
+    assert value(samples, "costboard_events_accepted_total", project="acme") == 7
+    assert value(samples, "costboard_events_duplicated_total", project="acme") == 4
+    assert value(samples, "costboard_events_refused_total", project="acme") == 5
+    # made 3 (2 by ingest, 1 by the statement alone: a session no row has), deleted 1
+    assert sessions_tally_check() == {agent.project.pk: -1}

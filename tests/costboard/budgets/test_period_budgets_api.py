@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from unittest.mock import ANY
 
 import pytest
 from django.test import Client
@@ -265,3 +266,66 @@ def test_the_admin_makes_a_budget_with_the_same_checks(admin_client: Client, age
     assert made.status_code == 302, made.content.decode()[:2000]
     budget = PeriodBudget.objects.get()
     assert (budget.scope, budget.scope_value, budget.token_limit) == ("tag", "feature=search", 1000)
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "says"),
+    [
+        ({"name": "x", "token_limit": 5, "scope": None}, "scope", "must be one of project, user"),
+        ({"name": "x", "token_limit": 5, "period": None}, "period", "must be one of day, week"),
+        ({"name": "x", "token_limit": 5, "action": None}, "action", "must be one of warn, stop"),
+        ({"name": "x", "token_limit": 5, "warn_at_pct": None}, "warn_at_pct", "from 0.01 to 1"),
+        ({"name": "   ", "token_limit": 5}, "name", "is required: 1 to 100 characters"),
+        ({"name": "x", "cost_limit_usd": "0"}, "cost_limit_usd", "a USD amount from 0.0001"),
+    ],
+)
+def test_a_choice_sent_as_null_is_refused_not_defaulted(
+    admin: Admin, body: dict[str, Any], field: str, says: str
+) -> None:
+    """The service trusts BudgetFields' types and ranges and keeps the rules no type holds: a
+    choice named as null is refused (left out, it has its default), a blank name is none."""
+    response = admin.call("POST", "/api/v1/budgets", body)
+    assert response.status_code == 422, response.content
+    assert response.json()["errors"] == [{"index": None, "field": field, "message": ANY}]
+    assert says in response.json()["errors"][0]["message"]
+    assert not PeriodBudget.objects.exists()
+    made = admin.call("POST", "/api/v1/budgets", {"name": "x", "token_limit": 5})
+    assert made.status_code == 201, made.content
+    assert {k: made.json()[k] for k in ("scope", "period", "action", "warn_at_pct")} == {
+        "scope": "project",
+        "period": "month",
+        "action": "warn",
+        "warn_at_pct": 0.8,
+    }
+    changed = admin.call("PATCH", f"/api/v1/budgets/{made.json()['id']}", body)
+    assert changed.status_code == 422, changed.content
+    assert changed.json()["errors"][0]["field"] == field
+
+
+def test_the_admin_types_a_budget_as_the_api_does(admin_client: Client, agent: Agent) -> None:
+    """The admin's form goes through the API's BudgetFields: a limit the column holds but the
+    API refuses is refused in the form too, on its field, in the API's words."""
+    form = {
+        "project": agent.project.pk,
+        "name": "huge",
+        "scope": "project",
+        "scope_value": "",
+        "period": "month",
+        "timezone": "UTC",
+        "token_limit": str(10**15 + 1),
+        "cost_limit_usd": "",
+        "warn_at_pct": "0.8",
+        "action": "warn",
+        "ledgers-TOTAL_FORMS": "0",
+        "ledgers-INITIAL_FORMS": "0",
+    }
+    refused = admin_client.post("/admin/costboard/periodbudget/add/", form)
+    assert refused.status_code == 200
+    errors = refused.context["adminform"].form.errors
+    assert errors == {"token_limit": [f"must be at most {10**15}, got {10**15 + 1}"]}
+    api = Admin(agent).call("POST", "/api/v1/budgets", {"name": "huge", "token_limit": 10**15 + 1})
+    assert api.json()["errors"][0]["message"] == errors["token_limit"][0]
+    assert not PeriodBudget.objects.exists()
+    made = admin_client.post("/admin/costboard/periodbudget/add/", {**form, "token_limit": "7"})
+    assert made.status_code == 302, made.content.decode()[:2000]
+    assert PeriodBudget.objects.get().token_limit == 7

@@ -335,3 +335,28 @@ def test_tool_steps_are_never_repriced_even_by_a_price_that_matches_none(agent: 
     assert (step.price_id, step.cost_usd, step.family) == (None, Decimal(0), "none")
     assert DailyRollup.objects.get().unpriced_calls == 0
     assert_rollups_match_steps()
+
+
+@pytest.mark.django_db
+def test_repricing_keeps_the_family_ingest_gave_a_step_of_a_nameless_price_row(
+    agent: Agent,
+) -> None:
+    """Ingest and repricing classify a step with one function (pricing/families.py,
+    `step_classify`): a priced step is of its row's family whatever that is, even the empty
+    family of a row whose model is blank and whose regex does the matching. Repricing used to
+    fall back to the step's own name there, moving it between rollup rows though no price
+    changed."""
+    price = add_price("", model_regex="^mystery-", input_mtok=Decimal(2))
+    agent.events(
+        {"session_id": "s1", "step_type": "x", "model": "mystery-llm", "input_tokens": 500}
+    )
+    step = Step.objects.get()
+    assert (step.price_id, step.family, step.cost_usd) == (price.pk, "", usd(500, Decimal(2)))
+    result = steps_reprice(models=["mystery-llm"])
+    assert (result.steps_seen, result.steps_changed, result.cost_delta) == (1, 0, Decimal(0))
+    step.refresh_from_db()
+    assert (step.price_id, step.family, step.cost_usd) == (price.pk, "", usd(500, Decimal(2)))
+    assert list(DailyRollup.objects.values_list("family", "model", "calls")) == [
+        ("", "mystery-llm", 1)
+    ]
+    assert_rollups_match_steps()
