@@ -221,6 +221,9 @@ def _reprice_chunk(steps: list[Step], table: Any, result: RepriceResult) -> None
                 cache_read_input_tokens=step.cache_read_input_tokens,
                 cache_creation_input_tokens=step.cache_creation_input_tokens,
                 cache_creation_1h_input_tokens=step.cache_creation_1h_input_tokens,
+                service_tier=step.service_tier,
+                project_id=step.project_id,
+                families=families,
             )
         rate_family = families.get(cost.price_id) if cost.price_id is not None else None
         family = TOOL_MODEL if tool else rate_family or model_family(step.model)
