@@ -4,6 +4,7 @@ adjustments (a percentage off or on list) applied over them."""
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from decimal import Decimal
 
@@ -22,6 +23,8 @@ STANDARD_TIER = "standard"
 MAX_TIER_LENGTH = 32
 # A tier word as sent: letters, digits and _ . - : (lower-cased when stored).
 TIER_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$"
+# The same with its length, for a whole value (`fullmatch`): a page's `?tier=`.
+TIER_WORD = re.compile(rf"[A-Za-z0-9][A-Za-z0-9_.:-]{{0,{MAX_TIER_LENGTH - 1}}}")
 # Providers' words for their standard tier: OpenAI answers "default" (and "auto" is what a
 # request asks for when it leaves the choice to the project's setting).
 TIER_ALIASES = {"default": STANDARD_TIER, "auto": STANDARD_TIER}
