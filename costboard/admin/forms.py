@@ -18,7 +18,16 @@ from costboard.budgets.period_services import FIELDS as BUDGET_FIELDS
 from costboard.budgets.period_services import BudgetInputError, budget_check
 from costboard.ingest.json_body import bad_text
 from costboard.ingest.schemas import MAX_TOKENS
-from costboard.models import ALERT_KINDS, ApiKey, ModelPrice, PeriodBudget, WebhookEndpoint
+from costboard.models import (
+    ALERT_KINDS,
+    STANDARD_TIER,
+    TIER_WORD,
+    ApiKey,
+    ModelPrice,
+    PeriodBudget,
+    WebhookEndpoint,
+    service_tier_word,
+)
 from costboard.pricing import services as pricing_services
 
 RATE_FIELDS = (
@@ -102,6 +111,7 @@ class ModelPriceForm(forms.ModelForm[ModelPrice]):
         fields = (
             "provider",
             "model",
+            "service_tier",
             "model_regex",
             *RATE_FIELDS,
             "tiers",
@@ -113,6 +123,22 @@ class ModelPriceForm(forms.ModelForm[ModelPrice]):
             "edited_by_admin",
             "external_id",
         )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if "service_tier" in self.fields:
+            self.fields["service_tier"].required = False  # blank: standard
+
+    def clean_service_tier(self) -> str:
+        tier: str = (self.cleaned_data.get("service_tier") or "").strip()
+        if not tier:
+            return STANDARD_TIER
+        if not TIER_WORD.fullmatch(tier):
+            raise forms.ValidationError(
+                "a service tier: standard, flex, priority, batch or the provider's word "
+                "(letters, digits, _ . - :, at most 32 characters)"
+            )
+        return service_tier_word(tier)
 
     def clean_model_regex(self) -> str:
         pattern: str = self.cleaned_data["model_regex"]

@@ -14,7 +14,9 @@ from genai_prices import Usage, calc_price
 from genai_prices.data import providers
 
 from costboard.models import PRICE_EPOCH, STANDARD_TIER, ModelPrice, Step
+from costboard.models import usd as usd_json
 from costboard.outbox import outbox_dispatch
+from costboard.pricing.explain import price_explanation
 from costboard.pricing.rates import rate_table
 from costboard.pricing.services import price_save
 from costboard.pricing.sync import prices_sync, tier_context, tier_rows, variant_tier
@@ -89,6 +91,7 @@ def test_a_tier_step_costs_what_genai_prices_says_for_that_tier(
     assert tiered.cost_usd != standard.cost_usd
     row = ModelPrice.objects.get(pk=tiered.price_id)
     assert (row.service_tier, row.model, row.provider) == (tier, model, provider)
+    assert f"{provider}/{model}, {tier} tier price from" in price_explanation(tiered)
 
 
 def test_anthropic_usage_names_the_tier_and_openai_default_is_standard(agent: Agent) -> None:
@@ -128,6 +131,9 @@ def test_a_tier_without_a_row_is_priced_at_standard(agent: Agent) -> None:
     assert step.cost_usd == genai_price("claude-sonnet-4-5", "anthropic", "priority")
     assert step.cost_usd == genai_price("claude-sonnet-4-5", "anthropic", STANDARD_TIER)
     assert ModelPrice.objects.get(pk=step.price_id).service_tier == STANDARD_TIER
+    explained = price_explanation(step)
+    assert "No priority price for this model then: priced at its standard price." in explained
+    assert explained.endswith(f"List cost ${usd_json(step.cost_usd)}.")
 
 
 def test_before_a_tier_price_starts_the_step_is_priced_at_standard(agent: Agent) -> None:
