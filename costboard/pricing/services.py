@@ -216,7 +216,13 @@ def adjustment_save(*, adjustment: PriceAdjustment) -> None:
     with transaction.atomic():
         scopes = [_scope(adjustment)]
         if adjustment.pk is not None:
-            old = PriceAdjustment.objects.select_for_update().filter(pk=adjustment.pk).first()
+            # unordered: the model's ordering joins the project, which FOR UPDATE refuses
+            old = (
+                PriceAdjustment.objects.select_for_update()
+                .filter(pk=adjustment.pk)
+                .order_by()
+                .first()
+            )
             if old is not None:
                 scopes.append(_scope(old))
         adjustment.save()
@@ -227,7 +233,7 @@ def adjustments_delete(*, adjustments: Iterable[PriceAdjustment]) -> int:
     """Delete adjustments and reprice what they covered (at list, or by another one)."""
     with transaction.atomic():
         ids = [adjustment.pk for adjustment in adjustments]
-        rows = list(PriceAdjustment.objects.select_for_update().filter(pk__in=ids))
+        rows = list(PriceAdjustment.objects.select_for_update().filter(pk__in=ids).order_by("pk"))
         deleted, _ = PriceAdjustment.objects.filter(pk__in=[a.pk for a in rows]).delete()
         if rows:
             outbox_add(REPRICE_ADJUSTED, {"scopes": [_scope(a) for a in rows]})
