@@ -121,12 +121,7 @@ class StepAdmin(ReadOnlyAdmin[Step]):
         "cost_usd",
         "success",
     )
-    list_filter = (
-        "step_type",
-        "service_tier",
-        "success",
-        ("price", admin.EmptyFieldListFilter),
-    )
+    list_filter = ("step_type", "success", ("price", admin.EmptyFieldListFilter))
     search_fields = ("model", "event_id")
     show_full_result_count = False
     readonly_fields = ("price_explanation",)

@@ -255,21 +255,27 @@ def _step(
         write, write_1h = t.cache_creation_input_tokens, t.cache_creation_1h_input_tokens
         reasoning = t.reasoning_tokens
     tier = event.service_tier
-    if tier is None and event.usage is not None:
-        tier = usage_tier(event.usage)
-    tier = STANDARD_TIER if tier is None else service_tier_word(tier)
+    if tier is not None:
+        tier = service_tier_word(tier)
+    elif event.usage is None:
+        tier = STANDARD_TIER
+    else:
+        sent = usage_tier(event.usage)
+        tier = STANDARD_TIER if sent is None else service_tier_word(sent)
     provider = event.provider or ""
     if is_tool_model(event.model):  # a tool call or a retrieval: $0 by nature, not unpriced
         price_id, c_in, c_out, c_read, c_write = UNPRICED_PICO
         family, unpriced = TOOL_MODEL, False
     else:
-        price_id, c_in, c_out, c_read, c_write = table.price_pico(
-            event.model, provider, ts, inp, out, read, write, write_1h, tier, project_id, families
-        )
+        cost = table.price_pico(event.model, provider, ts, inp, out, read, write, write_1h, tier)
+        price_id = cost[0]
         if price_id is None:
             family, unpriced = model_family(event.model), True
         else:
             family, unpriced = families[price_id], False
+            if table.adjustments:  # a negotiated rate (docs/pricing.md)
+                cost = table.adjust(cost, project_id, provider, family, ts)
+        _, c_in, c_out, c_read, c_write = cost
     duration = None if event.duration_ms is None else round(event.duration_ms)
     window = sig = None
     if event.turn is not None:

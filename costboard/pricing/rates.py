@@ -473,12 +473,6 @@ class RateTable:
         instant: of the candidates from `effective_from` on whose window (if any) holds
         `when`'s UTC time of day, the highest `Rate.rank`; for a tier with no such row, the
         standard row. The one rule for ingest, `price()` and repricing."""
-        rate = self._tier_rate_at(model, provider, when, tier)
-        if rate is None and tier != STANDARD_TIER:
-            return self._tier_rate_at(model, provider, when, STANDARD_TIER)
-        return rate
-
-    def _tier_rate_at(self, model: str, provider: str, when: datetime, tier: str) -> Rate | None:
         key = (model, provider, tier)
         series = self._memo.get(key)
         if series is None:
@@ -491,11 +485,15 @@ class RateTable:
             self._memo[key] = series
         index = bisect.bisect_right(series.starts, when)
         if not series.windowed:  # the common case: the latest row in effect
-            return series.rates[index - 1] if index else None
-        micros = _utc_micros_of_day(when)
-        for i in range(index - 1, -1, -1):  # highest rank first
-            if series.rates[i].holds(micros):
-                return series.rates[i]
+            if index:
+                return series.rates[index - 1]
+        else:
+            micros = _utc_micros_of_day(when)
+            for i in range(index - 1, -1, -1):  # highest rank first
+                if series.rates[i].holds(micros):
+                    return series.rates[i]
+        if tier != STANDARD_TIER:  # no row of the tier then: the standard price
+            return self.rate_at(model, provider, when)
         return None
 
     def price(
@@ -516,7 +514,7 @@ class RateTable:
         """A step's cost in USD: ingest's pico-dollar arithmetic, as Decimals (repricing and
         the benchmark's check use this, so both price exactly as ingest did). With a
         project and the table's families, negotiated adjustments apply."""
-        price_id, *picos = self.price_pico(
+        cost = self.price_pico(
             model,
             provider,
             when,
@@ -526,9 +524,10 @@ class RateTable:
             cache_creation_input_tokens,
             cache_creation_1h_input_tokens,
             service_tier,
-            project_id,
-            families,
         )
+        if project_id is not None and families is not None and cost[0] is not None:
+            cost = self.adjust(cost, project_id, provider, families[cost[0]], when)
+        price_id, *picos = cost
         if price_id is None:
             return UNPRICED
         return StepCost(price_id, *(pico_usd(amount) for amount in picos))
@@ -544,14 +543,13 @@ class RateTable:
         cache_creation_input_tokens: int,
         cache_creation_1h_input_tokens: int,
         service_tier: str = STANDARD_TIER,
-        project_id: int | None = None,
-        families: dict[int, str] | None = None,
     ) -> PicoCost:
-        """`price` in pico-dollars, positional (the ingest loop)."""
+        """`price` in pico-dollars, positional, at list (the ingest loop; `adjust` then
+        applies a negotiated adjustment)."""
         rate = self.rate_at(model, provider, when, service_tier)
         if rate is None:
             return UNPRICED_PICO
-        cost = _cost_pico(
+        return _cost_pico(
             rate,
             input_tokens,
             output_tokens,
@@ -559,15 +557,23 @@ class RateTable:
             cache_creation_input_tokens,
             cache_creation_1h_input_tokens,
         )
-        if not self.adjustments or project_id is None or families is None:
+
+    def adjust(
+        self, cost: PicoCost, project_id: int, provider: str, family: str, when: datetime
+    ) -> PicoCost:
+        """A list cost with the negotiated adjustment of its project, its price row's
+        provider (else the step's) and family at `when` applied, if any."""
+        price_id = cost[0]
+        if price_id is None or not self.adjustments:
             return cost
+        rate = self.by_id[price_id]
         adjustment = self.adjustment_at(
-            project_id, rate.provider or canonical_provider(provider), families[rate.id], when
+            project_id, rate.provider or canonical_provider(provider), family, when
         )
         if adjustment is None:
             return cost
         scale = adjustment.scale
-        return (cost[0], scale(cost[1]), scale(cost[2]), scale(cost[3]), scale(cost[4]))
+        return (price_id, scale(cost[1]), scale(cost[2]), scale(cost[3]), scale(cost[4]))
 
     def adjustment_at(
         self, project_id: int, provider: str, family: str, when: datetime
