@@ -185,6 +185,7 @@ class ModelPriceForm(forms.ModelForm[ModelPrice]):
             window_start=cleaned.get("window_start"),
             window_end=cleaned.get("window_end"),
             pk=self.instance.pk,
+            service_tier=cleaned.get("service_tier") or STANDARD_TIER,
         )
         if fault is not None:
             self.add_error(fault.field, fault.message)

@@ -18,7 +18,7 @@ from costboard.models import usd as usd_json
 from costboard.outbox import outbox_dispatch
 from costboard.pricing.explain import price_explanation
 from costboard.pricing.rates import rate_table
-from costboard.pricing.services import price_save
+from costboard.pricing.services import PriceError, price_save
 from costboard.pricing.sync import prices_sync, tier_context, tier_rows, variant_tier
 from tests.conftest import Agent, add_price, usd
 
@@ -292,3 +292,34 @@ def _kinds() -> list[tuple[dict[str, int], dict[str, int]]]:
             {**zero, "input_tokens": 300_000, "output_tokens": n},
         ),
     ]
+
+
+def test_a_tier_rows_window_is_checked_against_its_own_tier_only(staff: Any) -> None:
+    """Peak hours of a flex price may be those of the standard price: another series."""
+    peak = {"window_start": time(0, 30), "window_end": time(16, 30)}
+    add_price("test-model", **peak)
+    flex = ModelPrice(provider="testco", model="test-model", service_tier="flex", **peak)
+    price_save(price=flex, by_admin=False)
+    assert flex.pk is not None
+    clash = ModelPrice(provider="testco", model="test-model", service_tier="FLEX", **peak)
+    with pytest.raises(PriceError) as refused:
+        price_save(price=clash, by_admin=False)
+    assert refused.value.field == "window_start"
+    response = staff.post(
+        "/admin/costboard/modelprice/add/",
+        {
+            "provider": "testco",
+            "model": "test-model",
+            "service_tier": "Batch",
+            "input_mtok": "1",
+            "output_mtok": "2",
+            "tiers": "[]",
+            "effective_from_0": "2000-01-01",
+            "effective_from_1": "00:00:00",
+            "window_start": "00:30",
+            "window_end": "16:30",
+            "source": "manual",
+        },
+    )
+    assert response.status_code == 302, response.content.decode()[:3000]
+    assert ModelPrice.objects.get(service_tier="batch").window_start == time(0, 30)
