@@ -21,11 +21,14 @@ from costboard.ingest.json_body import bad_text
 from costboard.ingest.schemas import MAX_TOKENS, validation_errors
 from costboard.models import (
     ALERT_KINDS,
+    STANDARD_TIER,
+    TIER_WORD,
     ApiKey,
     ModelPrice,
     PeriodBudget,
     Project,
     WebhookEndpoint,
+    service_tier_word,
 )
 from costboard.pricing import services as pricing_services
 
@@ -110,6 +113,7 @@ class ModelPriceForm(forms.ModelForm[ModelPrice]):
         fields = (
             "provider",
             "model",
+            "service_tier",
             "model_regex",
             *RATE_FIELDS,
             "tiers",
@@ -121,6 +125,22 @@ class ModelPriceForm(forms.ModelForm[ModelPrice]):
             "edited_by_admin",
             "external_id",
         )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if "service_tier" in self.fields:
+            self.fields["service_tier"].required = False  # blank: standard
+
+    def clean_service_tier(self) -> str:
+        tier: str = (self.cleaned_data.get("service_tier") or "").strip()
+        if not tier:
+            return STANDARD_TIER
+        if not TIER_WORD.fullmatch(tier):
+            raise forms.ValidationError(
+                "a service tier: standard, flex, priority, batch or the provider's word "
+                "(letters, digits, _ . - :, at most 32 characters)"
+            )
+        return service_tier_word(tier)
 
     def clean_model_regex(self) -> str:
         pattern: str = self.cleaned_data["model_regex"]
@@ -167,6 +187,7 @@ class ModelPriceForm(forms.ModelForm[ModelPrice]):
             window_start=cleaned.get("window_start"),
             window_end=cleaned.get("window_end"),
             pk=self.instance.pk,
+            service_tier=cleaned.get("service_tier") or STANDARD_TIER,
         )
         if fault is not None:
             self.add_error(fault.field, fault.message)

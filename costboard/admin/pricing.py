@@ -1,18 +1,23 @@
-"""The rate table in the admin: prices listed with their rates editable in place, and every
-save or delete through the pricing service, which reprices the steps the price covers."""
+"""The rate table in the admin: prices listed with their rates editable in place (and the
+negotiated adjustment in force beside each), and the adjustments; every save or delete
+through the pricing service, which reprices the steps the price or adjustment covers."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from django import forms
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
+from django.utils import timezone
 
 from costboard.admin.forms import DECIMAL_OVERRIDES, RATE_FIELDS, ModelPriceForm
-from costboard.models import ModelPrice
+from costboard.models import ModelPrice, PriceAdjustment
 from costboard.numbers import count_text
 from costboard.pricing import services as pricing_services
+from costboard.pricing.families import price_families
+from costboard.pricing.rates import rate_table
 
 
 @admin.register(ModelPrice)
@@ -22,14 +27,16 @@ class ModelPriceAdmin(admin.ModelAdmin[ModelPrice]):
     list_display = (
         "model",
         "provider",
+        "service_tier",
         "effective",
         "daily_window",
         *RATE_FIELDS[:4],
+        "negotiated",
         "window_tokens",
         "edited_by_admin",
     )  # the source is a filter beside the list
     list_editable = RATE_FIELDS[:4]
-    list_filter = ("source", "edited_by_admin", "provider")
+    list_filter = ("source", "service_tier", "edited_by_admin", "provider")
     search_fields = ("model", "external_id", "provider")
     readonly_fields = ("created_at", "updated_at")
     list_per_page = 50
@@ -38,6 +45,32 @@ class ModelPriceAdmin(admin.ModelAdmin[ModelPrice]):
     def effective(self, obj: ModelPrice) -> str:
         moment = obj.effective_from
         return f"{moment:%Y-%m-%d}" if f"{moment:%H:%M}" == "00:00" else f"{moment:%Y-%m-%d %H:%M}"
+
+    @admin.display(description="negotiated (now)")
+    def negotiated(self, obj: ModelPrice) -> str:
+        """The adjustment on this row's list price in force today for every project, and
+        how many projects have their own (docs/pricing.md, "Negotiated rates")."""
+        table = rate_table()
+        rate = table.by_id.get(obj.pk)
+        if rate is None or not table.adjustments:
+            return "—"
+        family = price_families(table.rates, key=table).get(obj.pk, "")
+        now = timezone.now()
+        found = table.adjustment_at(-1, rate.provider, family, now)  # no project's own
+        text = "—"
+        if found is not None:
+            text = f"{found.percent.normalize():+f} %"
+        own = {
+            a.project_id
+            for a in table.adjustments
+            if a.project_id is not None
+            and a.provider == rate.provider
+            and a.family in ("", family)
+            and a.effective_from <= now
+        }
+        if own:
+            text += f" ({len(own)} project{'s' if len(own) > 1 else ''} their own)"
+        return text
 
     @admin.display(description="context window", ordering="context_window")
     def window_tokens(self, obj: ModelPrice) -> str:
@@ -62,3 +95,54 @@ class ModelPriceAdmin(admin.ModelAdmin[ModelPrice]):
 
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet[ModelPrice]) -> None:
         pricing_services.prices_delete(prices=queryset)
+
+
+class PriceAdjustmentForm(forms.ModelForm[PriceAdjustment]):
+    class Meta:
+        model = PriceAdjustment
+        fields = ("provider", "family", "project", "percent", "effective_from", "note")
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
+        percent, since = cleaned.get("percent"), cleaned.get("effective_from")
+        if self.errors or percent is None or since is None:
+            return cleaned  # the field's own error is shown
+        candidate = PriceAdjustment(
+            provider=cleaned.get("provider", ""),
+            family=cleaned.get("family", ""),
+            project=cleaned.get("project"),
+            percent=percent,
+            effective_from=since,
+        )
+        fault = pricing_services.adjustment_fault(candidate)  # the rule adjustment_save holds
+        if fault is not None:
+            self.add_error(fault.field, fault.message)
+        return cleaned
+
+
+@admin.register(PriceAdjustment)
+class PriceAdjustmentAdmin(admin.ModelAdmin[PriceAdjustment]):
+    """Negotiated rates: a percentage off (or on) list from a day, per provider, optionally
+    per model family and project; the most specific in effect wins."""
+
+    form = PriceAdjustmentForm
+    list_display = ("provider", "family_shown", "project", "percent", "effective_from", "note")
+    list_filter = ("provider", "project")
+    search_fields = ("provider", "family", "note")
+    readonly_fields = ("created_at", "updated_at")
+
+    @admin.display(description="family", ordering="family")
+    def family_shown(self, obj: PriceAdjustment) -> str:
+        return obj.family or "every model"
+
+    def save_model(
+        self, request: HttpRequest, obj: PriceAdjustment, form: Any, change: bool
+    ) -> None:
+        pricing_services.adjustment_save(adjustment=obj)
+        messages.info(request, "Steps covered by this adjustment are being repriced.")
+
+    def delete_model(self, request: HttpRequest, obj: PriceAdjustment) -> None:
+        pricing_services.adjustments_delete(adjustments=[obj])
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[PriceAdjustment]) -> None:
+        pricing_services.adjustments_delete(adjustments=queryset)

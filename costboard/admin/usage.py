@@ -14,6 +14,7 @@ from costboard.admin.forms import DECIMAL_OVERRIDES
 from costboard.admin.site import ReadOnlyAdmin
 from costboard.budgets import services as budget_services
 from costboard.models import BudgetEvent, DailyRollup, Session, Step, Turn
+from costboard.pricing.explain import price_explanation
 from costboard.projects import sessions_delete
 
 
@@ -112,6 +113,7 @@ class StepAdmin(ReadOnlyAdmin[Step]):
         "model",
         "family",
         "provider",
+        "service_tier",
         "input_tokens",
         "output_tokens",
         "cache_read_input_tokens",
@@ -122,6 +124,11 @@ class StepAdmin(ReadOnlyAdmin[Step]):
     list_filter = ("step_type", "success", ("price", admin.EmptyFieldListFilter))
     search_fields = ("model", "event_id")
     show_full_result_count = False
+    readonly_fields = ("price_explanation",)
+
+    @admin.display(description="price explanation")
+    def price_explanation(self, obj: Step) -> str:
+        return price_explanation(obj)
 
 
 @admin.register(DailyRollup)

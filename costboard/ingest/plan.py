@@ -12,10 +12,10 @@ from datetime import UTC, date, datetime
 from decimal import Decimal
 from typing import Any
 
-from costboard.ingest.schemas import Event, SessionEvent, StepEvent, TurnEvent
+from costboard.ingest.schemas import Event, SessionEvent, StepEvent, TurnEvent, usage_tier
 from costboard.ingest.sql import Dialect
 from costboard.ingest.turn_rules import step_signature
-from costboard.models import SYSTEM_SESSION_ID, Project
+from costboard.models import STANDARD_TIER, SYSTEM_SESSION_ID, Project, service_tier_word
 from costboard.money import pico_usd
 from costboard.pricing.families import price_families, step_classify
 from costboard.pricing.rates import RateTable, rate_table
@@ -32,6 +32,7 @@ class PricedStep:
     model: str
     family: str  # what pages group it under
     provider: str
+    service_tier: str  # as sent (or read from its usage), lower case; standard by default
     duration_ms: int | None
     success: bool
     error: str
@@ -184,7 +185,7 @@ def batch_plan(
             _touch_session(sessions, key, ts)
             if event.turn is not None:
                 _touch_turn(turns, key, event.turn, ts)
-            steps.append(_step(event, key, ts, table, families))
+            steps.append(_step(event, key, ts, table, families, project.pk))
         elif isinstance(event, TurnEvent):
             _touch_session(sessions, event.session_id, ts)
             _touch_turn(turns, event.session_id, event.turn, ts)
@@ -228,7 +229,12 @@ def _touch_turn(
 
 
 def _step(
-    event: StepEvent, key: str, ts: datetime, table: RateTable, families: dict[int, str]
+    event: StepEvent,
+    key: str,
+    ts: datetime,
+    table: RateTable,
+    families: dict[int, str],
+    project_id: int,
 ) -> PricedStep:
     if event.usage is None:  # the common case: the token fields as sent
         inp = event.input_tokens or 0
@@ -242,9 +248,28 @@ def _step(
         inp, out, read = t.input_tokens, t.output_tokens, t.cache_read_input_tokens
         write, write_1h = t.cache_creation_input_tokens, t.cache_creation_1h_input_tokens
         reasoning = t.reasoning_tokens
+    tier = event.service_tier
+    if tier is not None:
+        tier = service_tier_word(tier)
+    elif event.usage is None:
+        tier = STANDARD_TIER
+    else:
+        sent = usage_tier(event.usage)
+        tier = STANDARD_TIER if sent is None else service_tier_word(sent)
     provider = event.provider or ""
     (price_id, c_in, c_out, c_read, c_write), family, unpriced = step_classify(
-        table, families, event.model, provider, ts, inp, out, read, write, write_1h
+        table,
+        families,
+        event.model,
+        provider,
+        ts,
+        inp,
+        out,
+        read,
+        write,
+        write_1h,
+        tier,
+        project_id,
     )
     duration = None if event.duration_ms is None else round(event.duration_ms)
     window = sig = None
@@ -276,6 +301,7 @@ def _step(
         event.model,
         family,
         provider,
+        tier,
         duration,
         event.success,
         event.error or "",

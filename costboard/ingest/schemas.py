@@ -36,6 +36,7 @@ from costboard.ingest.json_body import MAX_DEPTH, bad_text, json_loads, may_hold
 # memory_ui/schemas.py still imports text_fault from here (memory_ui is another room's to move)
 from costboard.ingest.json_body import text_fault as text_fault
 from costboard.ingest.normalize import Tokens, UsageError, normalize_usage
+from costboard.models import MAX_TIER_LENGTH, TIER_PATTERN
 
 MAX_EVENTS = 1000
 MAX_BODY_BYTES = 5 * 1024 * 1024
@@ -83,6 +84,22 @@ Tags = Annotated[
 ]
 
 TokenCount = Annotated[StrictInt, Field(ge=0, le=MAX_TOKENS)]
+ServiceTier = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=MAX_TIER_LENGTH,
+        pattern=TIER_PATTERN,
+        description="the service tier the provider billed: standard (the default), flex, "
+        "priority, batch, or the provider's own word (letters, digits, _ . - :); stored lower "
+        'case, OpenAI\'s "default" as standard',
+    ),
+]
+TIER_FAULT = (
+    "must be a service tier: standard, flex, priority, batch or the provider's own word "
+    f"(letters, digits, _ . - :, at most {MAX_TIER_LENGTH} characters)"
+)
+_TIER_RE = re.compile(TIER_PATTERN)
 ExternalId = Annotated[str, Field(min_length=1, max_length=128)]
 TurnNumber = Annotated[StrictInt, Field(ge=1, le=MAX_TURN)]
 # A JSON number: an int, or a Decimal (json_loads reads fractions as Decimal); never a
@@ -208,6 +225,9 @@ class StepEvent(_Event):
     )
     turn: TurnNumber | None = None
     provider: Annotated[str, Field(max_length=64)] | None = None
+    service_tier: ServiceTier | None = Field(
+        default=None, description="absent: usage.service_tier (Anthropic), else standard"
+    )
     input_tokens: TokenCount | None = None
     output_tokens: TokenCount | None = None
     cache_read_input_tokens: TokenCount | None = None
@@ -333,6 +353,8 @@ def _error(index: int | None, field: str | None, message: str) -> dict[str, Any]
 def friendly(model: type[BaseModel] | None, err: Any) -> tuple[str, str]:
     """A pydantic error as (field, message): the message says what to send instead."""
     loc = [str(part) for part in err["loc"]]
+    if loc and loc[0] == "service_tier":  # one message whatever the fault (type, length, text)
+        return "service_tier", f"{TIER_FAULT}, got {err.get('input')!r}"
     if loc and loc[0] == "duration_ms":  # both members of its union failed: one message
         value = err.get("input")
         return (
@@ -437,7 +459,23 @@ def validate_event(index: int, raw: Any) -> tuple[Event | None, list[dict[str, A
             return None, [_error(index, exc.field, str(exc))]
         if max(_counts(tokens)) > MAX_TOKENS:
             return None, [_error(index, "usage", "token counts must be at most 10^12")]
+        tier = event.usage.get("service_tier")
+        if tier is not None and not (
+            isinstance(tier, str)
+            and len(tier.strip()) <= MAX_TIER_LENGTH
+            and _TIER_RE.match(tier.strip())
+        ):
+            return None, [_error(index, "usage.service_tier", f"{TIER_FAULT}, got {tier!r}")]
     return event, []
+
+
+def usage_tier(usage: dict[str, Any] | None) -> str | None:
+    """The service tier a raw usage object names (Anthropic's `usage.service_tier`), checked
+    by validate_event; None when it names none."""
+    if usage is None:
+        return None
+    tier = usage.get("service_tier")
+    return tier if isinstance(tier, str) and tier.strip() else None
 
 
 def number_past(value: Any, limit: int, path: str) -> str | None:

@@ -8,7 +8,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('costboard', '0031_project_api_max_in_flight'),
+        ('costboard', '0032_service_tier_and_adjustments'),
     ]
 
     operations = [

@@ -3,7 +3,7 @@
 
 - fields: the columns the models share (USD amounts, rates, caps) and `usd`, money's JSON text
 - projects: who reports and who sees (Project, ApiKey, Membership)
-- pricing: what a token costs (ModelPrice)
+- pricing: what a token costs (ModelPrice) and negotiated rates (PriceAdjustment)
 - usage: the three levels of usage, Session → Turn → Step
 - rollups: what ingest keeps current beside the steps (the daily rollups, the model mix,
   latency histograms, the per-day tally of events)
@@ -31,7 +31,16 @@ from costboard.models.budgets import (
     PeriodLedger,
 )
 from costboard.models.fields import cap_field, money_field, rate_field, usd
-from costboard.models.pricing import PRICE_EPOCH, ModelPrice
+from costboard.models.pricing import (
+    MAX_TIER_LENGTH,
+    PRICE_EPOCH,
+    STANDARD_TIER,
+    TIER_PATTERN,
+    TIER_WORD,
+    ModelPrice,
+    PriceAdjustment,
+    service_tier_word,
+)
 from costboard.models.projects import ApiKey, Membership, Project
 from costboard.models.receipts import EventReceipt, IdempotentRequest, StepReceipt
 from costboard.models.rollups import (
@@ -61,8 +70,12 @@ __all__ = [
     "CONTEXT_PRESSURE_AT",
     "COST_FIELDS",
     "LATENCY_BUCKETS_PER_DECADE",
+    "MAX_TIER_LENGTH",
     "PRICE_EPOCH",
+    "STANDARD_TIER",
     "SYSTEM_SESSION_ID",
+    "TIER_PATTERN",
+    "TIER_WORD",
     "TOKEN_FIELDS",
     "TOOL_MODEL",
     "TOOL_STEP_TYPE",
@@ -82,6 +95,7 @@ __all__ = [
     "OutboxItem",
     "PeriodBudget",
     "PeriodLedger",
+    "PriceAdjustment",
     "Project",
     "ProviderProject",
     "Session",
@@ -97,5 +111,6 @@ __all__ = [
     "cap_field",
     "money_field",
     "rate_field",
+    "service_tier_word",
     "usd",
 ]

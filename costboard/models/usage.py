@@ -12,7 +12,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from costboard.models.fields import cap_field, money_field
-from costboard.models.pricing import ModelPrice
+from costboard.models.pricing import MAX_TIER_LENGTH, STANDARD_TIER, ModelPrice
 from costboard.models.projects import Project
 
 SYSTEM_SESSION_ID = "system"
@@ -276,6 +276,10 @@ class Step(models.Model):
     model = models.CharField(max_length=200)
     family = models.CharField(max_length=200, default="", db_default="")
     provider = models.CharField(max_length=64, blank=True, db_default="")
+    # as reported, lower case (docs/pricing.md, "Service tiers"): picks its price row's tier
+    service_tier = models.CharField(
+        max_length=MAX_TIER_LENGTH, default=STANDARD_TIER, db_default=STANDARD_TIER
+    )
     input_tokens = models.BigIntegerField(default=0, db_default=0)
     output_tokens = models.BigIntegerField(default=0, db_default=0)
     cache_read_input_tokens = models.BigIntegerField(default=0, db_default=0)

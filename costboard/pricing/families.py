@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from functools import lru_cache
 
-from costboard.models import TOOL_MODEL
+from costboard.models import STANDARD_TIER, TOOL_MODEL
 from costboard.pricing.rates import UNPRICED_PICO, PicoCost, Rate, RateTable, canonical_provider
 
 _SLASH_PREFIX = re.compile(r"^(?:[a-z0-9_.-]+/)+")
@@ -88,12 +88,16 @@ def step_classify(
     cache_read_input_tokens: int,
     cache_creation_input_tokens: int,
     cache_creation_1h_input_tokens: int,
+    service_tier: str = STANDARD_TIER,
+    project_id: int | None = None,
 ) -> tuple[PicoCost, str, bool]:
     """A step's price (pico-dollars, `RateTable.price_pico`), family and whether it is
     unpriced: the one rule ingest (plan._step) and repricing both follow. A tool step (no
     model) is $0 by nature and never unpriced, its family `TOOL_MODEL`; a model no row prices
     is unpriced, of its own name's family; a priced step is of its row's family
-    (`families`: `price_families` of the same table), whatever that row's model is."""
+    (`families`: `price_families` of the same table), whatever that row's model is. Priced by
+    its service tier's row (else standard: `RateTable.price_pico`), then, for a project, by
+    the negotiated adjustment in force (docs/pricing.md)."""
     if is_tool_model(model):
         return UNPRICED_PICO, TOOL_MODEL, False
     cost = table.price_pico(
@@ -105,11 +109,15 @@ def step_classify(
         cache_read_input_tokens,
         cache_creation_input_tokens,
         cache_creation_1h_input_tokens,
+        service_tier,
     )
     price_id = cost[0]
     if price_id is None:
         return cost, model_family(model), True
-    return cost, families[price_id], False
+    family = families[price_id]
+    if project_id is not None and table.adjustments:  # a negotiated rate
+        cost = table.adjust(cost, project_id, provider, family, when)
+    return cost, family, False
 
 
 _cached: tuple[object, dict[int, str]] | None = None

@@ -10,8 +10,16 @@ without one; a window that does not hold the step's time leaves the row out. On 
 tie a manual row wins, then the newer row. No match means unpriced: cost 0 and listed for
 admins. Ingest, `RateTable.price()` and repricing all choose the row with `rate_at`.
 
-The table lives in memory per process (a few thousand rows) and is reloaded when the
-`(count, max(updated_at))` of the price table changes, checked once per ingest request.
+Each row prices one service tier (standard, batch, flex, priority, …): a step is priced by
+its tier's series, and by the standard series when its model has no row of that tier then.
+A negotiated adjustment (PriceAdjustment) then scales the list cost: of those in effect for
+the step's project, its price row's provider and family, the most specific (project and
+family, project, family, provider), then the latest; each part of the cost × (1 + pct/100),
+kept to 12 places half-even as every cost is.
+
+The table, the adjustments with it, lives in memory per process (a few thousand rows) and
+is reloaded when the `(count, max(updated_at))` of the price or the adjustment table
+changes, checked once per ingest request.
 """
 
 from __future__ import annotations
@@ -28,7 +36,7 @@ from typing import Any
 
 from django.db import connection
 
-from costboard.models import ModelPrice
+from costboard.models import STANDARD_TIER, ModelPrice, PriceAdjustment
 from costboard.money import pico_usd
 
 MILLION = Decimal(1_000_000)
@@ -101,6 +109,7 @@ class Rate:
     context_window: int | None
     base: Rates
     tiers: tuple[tuple[int, Rates], ...] = ()
+    service_tier: str = STANDARD_TIER
     # A daily UTC window, [start, end) in microseconds of the day, wrapping midnight when the
     # end comes first (genai-prices' TimeOfDateConstraint); None: all day.
     window: tuple[int, int] | None = None
@@ -270,7 +279,61 @@ def rate_from_row(row: ModelPrice) -> Rate:
         context_window=row.context_window,
         base=base,
         tiers=tuple(tiers),
+        service_tier=row.service_tier or STANDARD_TIER,
         window=window,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Adjustment:
+    """One PriceAdjustment, ready to apply: a cost × numerator / denominator."""
+
+    id: int
+    provider: str
+    family: str  # "": every family of the provider
+    project_id: int | None  # None: every project
+    percent: Decimal
+    effective_from: datetime  # 00:00 UTC of its day
+    numerator: int = field(init=False, repr=False, compare=False)
+    denominator: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        numerator, denominator = ((Decimal(100) + self.percent) / 100).as_integer_ratio()
+        object.__setattr__(self, "numerator", numerator)
+        object.__setattr__(self, "denominator", denominator)
+
+    @property
+    def specificity(self) -> int:
+        """project and family 3, project 2, family 1, the provider alone 0."""
+        return (2 if self.project_id is not None else 0) + (1 if self.family else 0)
+
+    def scale(self, amount: int) -> int:
+        """Pico-dollars × (1 + percent/100), to the pico-dollar, half-even (as `_usd`)."""
+        quotient, remainder = divmod(amount * self.numerator, self.denominator)
+        twice = 2 * remainder
+        if twice > self.denominator or (twice == self.denominator and quotient % 2):
+            quotient += 1
+        return quotient
+
+    def describe(self) -> str:
+        scope = self.provider + (f" {self.family}" if self.family else "")
+        if self.project_id is not None:
+            scope += " (this project)"
+        sign = "−" if self.percent < 0 else "+"
+        return (
+            f"{sign}{abs(self.percent).normalize():f} % negotiated on list for {scope} "
+            f"from {self.effective_from:%Y-%m-%d}"
+        )
+
+
+def adjustment_from_row(row: PriceAdjustment) -> Adjustment:
+    return Adjustment(
+        id=row.pk,
+        provider=row.provider.strip().lower(),
+        family=row.family.strip().lower(),
+        project_id=row.project_id,
+        percent=row.percent,
+        effective_from=datetime.combine(row.effective_from, time.min, tzinfo=UTC),
     )
 
 
@@ -334,33 +397,49 @@ class _Series:
 class RateTable:
     rates: Sequence[Rate]
     regexes: dict[int, re.Pattern[str]] = field(default_factory=dict)
+    adjustments: Sequence[Adjustment] = ()
     _exact: dict[str, list[Rate]] = field(default_factory=dict)
     _by_regex: list[tuple[re.Pattern[str], Rate]] = field(default_factory=list)
-    _memo: dict[tuple[str, str], _Series] = field(default_factory=dict)
+    _memo: dict[tuple[str, str, str], _Series] = field(default_factory=dict)
+    # (project, provider, family) → its adjustments, most specific then latest first
+    _adjusting: dict[tuple[int | None, str, str], tuple[Adjustment, ...]] = field(
+        default_factory=dict
+    )
     # context window (tokens) by price row id, for the rows that know it
     windows: dict[int, int] = field(default_factory=dict)
+    by_id: dict[int, Rate] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for rate in self.rates:
+            self.by_id[rate.id] = rate
             if rate.context_window:
                 self.windows[rate.id] = rate.context_window
             self._exact.setdefault(rate.model, []).append(rate)
             if (pattern := self.regexes.get(rate.id)) is not None:
                 self._by_regex.append((pattern, rate))
 
-    def _regex_matches(self, name: str) -> list[Rate]:
-        return [rate for pattern, rate in self._by_regex if pattern.search(name)]
+    def _regex_matches(self, name: str, tiers: set[str]) -> list[Rate]:
+        return [
+            rate
+            for pattern, rate in self._by_regex
+            if rate.service_tier in tiers and pattern.search(name)
+        ]
 
-    def candidates(self, model: str, provider: str = "") -> tuple[Rate, ...]:
-        """Rows that may price this model for this provider, lowest `Rate.rank` first."""
+    def candidates(
+        self, model: str, provider: str = "", tier: str = STANDARD_TIER
+    ) -> tuple[Rate, ...]:
+        """Rows of this service tier that may price this model for this provider, lowest
+        `Rate.rank` first. The model's series and provider are chosen among the rows of the
+        tier and of standard, so a tier row never moves a step to another provider."""
         name = model.strip().lower()
         hint = canonical_provider(provider) if provider else ""
         exact: list[Rate] = []
         regex: list[Rate] = []
+        tiers = {STANDARD_TIER, tier}
         for candidate in [name, *model_aliases(name)]:
-            exact = self._exact.get(candidate, [])
+            exact = [r for r in self._exact.get(candidate, ()) if r.service_tier in tiers]
             has_hint = not hint or any(r.provider == hint for r in exact)
-            regex = [] if exact and has_hint else self._regex_matches(candidate)
+            regex = [] if exact and has_hint else self._regex_matches(candidate, tiers)
             if exact or regex:
                 break
         else:
@@ -376,6 +455,7 @@ class RateTable:
             # genai-prices picks the first matching model of a provider.
             best = min(by_regex, key=lambda r: (not r.manual, r.id))
             pool = [r for r in by_regex if (r.provider, r.model) == (best.provider, best.model)]
+        pool = [r for r in pool if r.service_tier == tier]
         pool.sort(key=lambda r: r.rank)
         return tuple(pool)
 
@@ -394,14 +474,17 @@ class RateTable:
         manual = {r.provider for r in rows if r.manual and r.provider}
         return min(manual or present)
 
-    def rate_at(self, model: str, provider: str, when: datetime) -> Rate | None:
-        """The row that prices a step of this model and provider at this instant: of the
-        candidates from `effective_from` on whose window (if any) holds `when`'s UTC time of
-        day, the highest `Rate.rank`. The one rule for ingest, `price()` and repricing."""
-        key = (model, provider)
+    def rate_at(
+        self, model: str, provider: str, when: datetime, tier: str = STANDARD_TIER
+    ) -> Rate | None:
+        """The row that prices a step of this model, provider and service tier at this
+        instant: of the candidates from `effective_from` on whose window (if any) holds
+        `when`'s UTC time of day, the highest `Rate.rank`; for a tier with no such row, the
+        standard row. The one rule for ingest, `price()` and repricing."""
+        key = (model, provider, tier)
         series = self._memo.get(key)
         if series is None:
-            chosen = self.candidates(model, provider)
+            chosen = self.candidates(model, provider, tier)
             series = _Series(
                 tuple(r.effective_from for r in chosen),
                 chosen,
@@ -410,11 +493,15 @@ class RateTable:
             self._memo[key] = series
         index = bisect.bisect_right(series.starts, when)
         if not series.windowed:  # the common case: the latest row in effect
-            return series.rates[index - 1] if index else None
-        micros = _utc_micros_of_day(when)
-        for i in range(index - 1, -1, -1):  # highest rank first
-            if series.rates[i].holds(micros):
-                return series.rates[i]
+            if index:
+                return series.rates[index - 1]
+        else:
+            micros = _utc_micros_of_day(when)
+            for i in range(index - 1, -1, -1):  # highest rank first
+                if series.rates[i].holds(micros):
+                    return series.rates[i]
+        if tier != STANDARD_TIER:  # no row of the tier then: the standard price
+            return self.rate_at(model, provider, when)
         return None
 
     def price(
@@ -428,21 +515,27 @@ class RateTable:
         cache_read_input_tokens: int,
         cache_creation_input_tokens: int,
         cache_creation_1h_input_tokens: int = 0,
+        service_tier: str = STANDARD_TIER,
+        project_id: int | None = None,
+        families: dict[int, str] | None = None,
     ) -> StepCost:
         """A step's cost in USD: ingest's pico-dollar arithmetic, as Decimals (repricing and
-        the benchmark's check use this, so both price exactly as ingest did)."""
-        return step_cost(
-            self.price_pico(
-                model,
-                provider,
-                when,
-                input_tokens,
-                output_tokens,
-                cache_read_input_tokens,
-                cache_creation_input_tokens,
-                cache_creation_1h_input_tokens,
-            )
+        the benchmark's check use this, so both price exactly as ingest did). With a
+        project and the table's families, negotiated adjustments apply."""
+        cost = self.price_pico(
+            model,
+            provider,
+            when,
+            input_tokens,
+            output_tokens,
+            cache_read_input_tokens,
+            cache_creation_input_tokens,
+            cache_creation_1h_input_tokens,
+            service_tier,
         )
+        if project_id is not None and families is not None and cost[0] is not None:
+            cost = self.adjust(cost, project_id, provider, families[cost[0]], when)
+        return step_cost(cost)
 
     def price_pico(
         self,
@@ -454,9 +547,11 @@ class RateTable:
         cache_read_input_tokens: int,
         cache_creation_input_tokens: int,
         cache_creation_1h_input_tokens: int,
+        service_tier: str = STANDARD_TIER,
     ) -> PicoCost:
-        """`price` in pico-dollars, positional (the ingest loop)."""
-        rate = self.rate_at(model, provider, when)
+        """`price` in pico-dollars, positional, at list (the ingest loop; `adjust` then
+        applies a negotiated adjustment)."""
+        rate = self.rate_at(model, provider, when, service_tier)
         if rate is None:
             return UNPRICED_PICO
         return _cost_pico(
@@ -468,8 +563,55 @@ class RateTable:
             cache_creation_1h_input_tokens,
         )
 
+    def adjust(
+        self, cost: PicoCost, project_id: int, provider: str, family: str, when: datetime
+    ) -> PicoCost:
+        """A list cost with the negotiated adjustment of its project, its price row's
+        provider (else the step's) and family at `when` applied, if any."""
+        price_id = cost[0]
+        if price_id is None or not self.adjustments:
+            return cost
+        rate = self.by_id[price_id]
+        adjustment = self.adjustment_at(
+            project_id, rate.provider or canonical_provider(provider), family, when
+        )
+        if adjustment is None:
+            return cost
+        scale = adjustment.scale
+        return (price_id, scale(cost[1]), scale(cost[2]), scale(cost[3]), scale(cost[4]))
 
-def build_rate_table(rows: Iterable[ModelPrice]) -> RateTable:
+    def adjustment_at(
+        self, project_id: int, provider: str, family: str, when: datetime
+    ) -> Adjustment | None:
+        """The negotiated adjustment for a step of this project, its price row's provider
+        and family, at this instant: of those in effect, the most specific, then the
+        latest (docs/pricing.md, "Negotiated rates"); None: list price."""
+        key = (project_id, provider, family)
+        found = self._adjusting.get(key)
+        if found is None:
+            found = tuple(
+                sorted(
+                    (
+                        a
+                        for a in self.adjustments
+                        if a.provider == provider
+                        and a.family in ("", family)
+                        and a.project_id in (None, project_id)
+                    ),
+                    key=lambda a: (a.specificity, a.effective_from, a.id),
+                    reverse=True,
+                )
+            )
+            self._adjusting[key] = found
+        for adjustment in found:
+            if adjustment.effective_from <= when:
+                return adjustment
+        return None
+
+
+def build_rate_table(
+    rows: Iterable[ModelPrice], adjustments: Iterable[PriceAdjustment] = ()
+) -> RateTable:
     rates = []
     regexes: dict[int, re.Pattern[str]] = {}
     for row in rows:
@@ -479,7 +621,11 @@ def build_rate_table(rows: Iterable[ModelPrice]) -> RateTable:
                 regexes[row.pk] = compiled_pattern(row.model_regex)
             except re.error:
                 continue  # the admin form refuses a bad regex; never fail ingest on one
-    return RateTable(rates=rates, regexes=regexes)
+    return RateTable(
+        rates=rates,
+        regexes=regexes,
+        adjustments=tuple(adjustment_from_row(row) for row in adjustments),
+    )
 
 
 @lru_cache(maxsize=8192)
@@ -493,17 +639,20 @@ _cached: tuple[tuple[int, Any], RateTable] | None = None
 
 _VERSION_SQL = (
     f"SELECT (SELECT COUNT(*) FROM {ModelPrice._meta.db_table}), "  # noqa: S608 — its table
-    f"(SELECT MAX(updated_at) FROM {ModelPrice._meta.db_table})"
+    f"(SELECT MAX(updated_at) FROM {ModelPrice._meta.db_table}), "
+    f"(SELECT COUNT(*) FROM {PriceAdjustment._meta.db_table}), "
+    f"(SELECT MAX(updated_at) FROM {PriceAdjustment._meta.db_table})"
 )
 
 
 def _version() -> tuple[int, Any]:
-    """(row count, latest updated_at) of the price table: changes with any insert, edit or
-    delete. Two index scans in SQL (the ORM's aggregate costs more than the query)."""
+    """(row count, latest updated_at) of the price and the adjustment tables: changes with
+    any insert, edit or delete. Index scans in one query (the ORM's aggregate costs more
+    than the query)."""
     with connection.cursor() as cursor:
         cursor.execute(_VERSION_SQL)
-        count, latest = cursor.fetchone()
-    return count, latest
+        count, latest, adjustments, adjusted = cursor.fetchone()
+    return count, (latest, adjustments, adjusted)
 
 
 def rate_table() -> RateTable:
@@ -516,7 +665,7 @@ def rate_table() -> RateTable:
     with _lock:
         if _cached is not None and _cached[0] == version:
             return _cached[1]
-        table = build_rate_table(ModelPrice.objects.all())
+        table = build_rate_table(ModelPrice.objects.all(), PriceAdjustment.objects.all())
         _cached = (version, table)
         return table
 

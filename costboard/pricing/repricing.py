@@ -15,7 +15,7 @@ import re
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, date
+from datetime import UTC, date, datetime
 from decimal import Decimal
 from typing import Any
 
@@ -116,18 +116,30 @@ class RepriceResult:
     sessions: set[int] = field(default_factory=set)
 
 
-def steps_reprice(*, models: list[str], chunk: int = 2000) -> RepriceResult:
-    """Reprice every step of these models; return what changed."""
+def steps_reprice(
+    *,
+    models: list[str],
+    project_id: int | None = None,
+    since: datetime | None = None,
+    chunk: int = 2000,
+) -> RepriceResult:
+    """Reprice every step of these models (of one project, from an instant on, when given:
+    what a negotiated adjustment covers); return what changed."""
     forget_rate_table()
     table = rate_table()
     result = RepriceResult()
+    scope: dict[str, Any] = {}
+    if project_id is not None:
+        scope["project_id"] = project_id
+    if since is not None:
+        scope["timestamp__gte"] = since
     for model in models:
         last_id = 0
         while True:
             with transaction.atomic():
                 steps = list(
                     Step.objects.select_for_update(of=("self",))
-                    .filter(model=model, id__gt=last_id)
+                    .filter(model=model, id__gt=last_id, **scope)
                     .order_by("id")[:chunk]
                 )
                 if not steps:
@@ -219,6 +231,8 @@ def _reprice_chunk(steps: list[Step], table: Any, result: RepriceResult) -> None
             step.cache_read_input_tokens,
             step.cache_creation_input_tokens,
             step.cache_creation_1h_input_tokens,
+            step.service_tier,
+            step.project_id,
         )
         cost = step_cost(picos)
         before = _costs(step)

@@ -3,26 +3,39 @@
 A price row saved or deleted in the admin reprices, after commit, every step its model
 patterns cover — its old pattern and its new one (through the outbox: a big table takes
 minutes, and the save never waits for it or for a broker). A row's daily window is checked
-here, whoever saves it: the admin's form shows the same fault on its field.
+here, whoever saves it: the admin's form shows the same fault on its field. A negotiated
+adjustment (PriceAdjustment) saved or deleted reprices the same way the steps its old and
+new scope cover: its provider's family (or every family), its project (or every one), from
+its date on.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from datetime import datetime, time
+from datetime import UTC, date, datetime, time
+from decimal import Decimal
 from typing import Any
 
 from django.db import transaction
 
-from costboard.models import ModelPrice
+from costboard.models import (
+    STANDARD_TIER,
+    TIER_WORD,
+    DailyRollup,
+    ModelPrice,
+    PriceAdjustment,
+    service_tier_word,
+)
 from costboard.outbox import Attempt, outbox_add, outbox_handler
-from costboard.pricing.rates import micros_of_day, windows_overlap
+from costboard.pricing.families import is_tool_model
+from costboard.pricing.rates import canonical_provider, micros_of_day, windows_overlap
 from costboard.pricing.repricing import PriceMatch, models_affected, steps_reprice
 
 log = logging.getLogger(__name__)
 
 REPRICE = "prices.reprice"
+REPRICE_ADJUSTED = "prices.reprice_adjusted"
 
 
 def prices_reprice_later(matches: Iterable[PriceMatch]) -> None:
@@ -64,6 +77,7 @@ def price_window_fault(
     window_start: time | None,
     window_end: time | None,
     pk: int | None = None,
+    service_tier: str = STANDARD_TIER,
 ) -> PriceError | None:
     """What is wrong with a row's daily UTC window (docs/pricing.md), None if nothing: both
     ends or neither, two different ends, and no time shared with the window of another
@@ -85,7 +99,11 @@ def price_window_fault(
         return None  # that field's own error is shown
     window = (micros_of_day(window_start), micros_of_day(window_end))
     siblings = ModelPrice.objects.filter(
-        provider=provider, model=model, effective_from=effective_from, window_start__isnull=False
+        provider=provider,
+        model=model,
+        service_tier=service_tier,
+        effective_from=effective_from,
+        window_start__isnull=False,
     )
     if pk is not None:
         siblings = siblings.exclude(pk=pk)
@@ -109,6 +127,14 @@ def price_save(*, price: ModelPrice, by_admin: bool = True) -> None:
     reprice what its old and new model patterns cover. PriceError, nothing saved, for a
     window `price_window_fault` refuses."""
     with transaction.atomic():
+        tier = price.service_tier or ""
+        if not TIER_WORD.fullmatch(tier.strip()):
+            raise PriceError(
+                "service_tier",
+                "a service tier: standard, flex, priority, batch or the provider's word "
+                "(letters, digits, _ . - :)",
+            )
+        price.service_tier = service_tier_word(tier)
         fault = price_window_fault(
             provider=price.provider,
             model=price.model,
@@ -116,6 +142,7 @@ def price_save(*, price: ModelPrice, by_admin: bool = True) -> None:
             window_start=price.window_start,
             window_end=price.window_end,
             pk=price.pk,
+            service_tier=price.service_tier,
         )
         if fault is not None:
             raise fault
@@ -144,3 +171,103 @@ def prices_delete(*, prices: Iterable[ModelPrice]) -> int:
         deleted, _ = ModelPrice.objects.filter(pk__in=[p.pk for p in rows]).delete()
         prices_reprice_later(matches)
         return deleted
+
+
+# --- negotiated adjustments ---------------------------------------------------------------
+
+MIN_PERCENT, MAX_PERCENT = Decimal(-100), Decimal(1000)
+
+
+def _scope(adjustment: PriceAdjustment) -> dict[str, Any]:
+    return {
+        "provider": adjustment.provider,
+        "family": adjustment.family,
+        "project_id": adjustment.project_id,
+        "since": adjustment.effective_from.isoformat(),
+    }
+
+
+def adjustment_fault(adjustment: PriceAdjustment) -> PriceError | None:
+    """What is wrong with an adjustment (docs/pricing.md, "Negotiated rates"), None if
+    nothing: a provider, a percent from -100 to +1000 with at most 4 decimals, a day."""
+    if not adjustment.provider.strip():
+        return PriceError("provider", "name the provider, as the rate table does: openai, …")
+    percent = adjustment.percent
+    if percent is None or not isinstance(percent, Decimal) or not percent.is_finite():
+        return PriceError("percent", "a percentage on list: -12 for 12 % off, 5 for 5 % on")
+    if not MIN_PERCENT <= percent <= MAX_PERCENT:
+        return PriceError("percent", f"from {MIN_PERCENT} (free) to {MAX_PERCENT}, got {percent}")
+    if percent != percent.quantize(Decimal("0.0001")):
+        return PriceError("percent", f"at most 4 decimal places, got {percent}")
+    if not isinstance(adjustment.effective_from, date):
+        return PriceError("effective_from", "the day it starts, e.g. 2026-10-01")
+    return None
+
+
+def adjustment_save(*, adjustment: PriceAdjustment) -> None:
+    """Save an added or edited adjustment (its provider as the rate table names it, its
+    family lower case) and reprice, after commit, what its old and new scopes cover.
+    PriceError, nothing saved, for a fault `adjustment_fault` finds."""
+    fault = adjustment_fault(adjustment)
+    if fault is not None:
+        raise fault
+    adjustment.provider = canonical_provider(adjustment.provider)
+    adjustment.family = adjustment.family.strip().lower()
+    with transaction.atomic():
+        scopes = [_scope(adjustment)]
+        if adjustment.pk is not None:
+            # unordered: the model's ordering joins the project, which FOR UPDATE refuses
+            old = (
+                PriceAdjustment.objects.select_for_update()
+                .filter(pk=adjustment.pk)
+                .order_by()
+                .first()
+            )
+            if old is not None:
+                scopes.append(_scope(old))
+        adjustment.save()
+        outbox_add(REPRICE_ADJUSTED, {"scopes": scopes})
+
+
+def adjustments_delete(*, adjustments: Iterable[PriceAdjustment]) -> int:
+    """Delete adjustments and reprice what they covered (at list, or by another one)."""
+    with transaction.atomic():
+        ids = [adjustment.pk for adjustment in adjustments]
+        rows = list(PriceAdjustment.objects.select_for_update().filter(pk__in=ids).order_by("pk"))
+        deleted, _ = PriceAdjustment.objects.filter(pk__in=[a.pk for a in rows]).delete()
+        if rows:
+            outbox_add(REPRICE_ADJUSTED, {"scopes": [_scope(a) for a in rows]})
+        return deleted
+
+
+def adjusted_models(*, family: str, project_id: int | None, since: date) -> list[str]:
+    """The step models (from the daily rollups) an adjustment of this scope may reprice."""
+    rollups = DailyRollup.objects.filter(day__gte=since)
+    if family:
+        rollups = rollups.filter(family=family)
+    if project_id is not None:
+        rollups = rollups.filter(project_id=project_id)
+    models = rollups.values_list("model", flat=True).distinct().order_by()
+    return sorted(m for m in models if not is_tool_model(m))
+
+
+# Not atomic: it commits chunk by chunk, and a second run recomputes the same costs.
+@outbox_handler(REPRICE_ADJUSTED, lease_seconds=3600, atomic=False)
+def _reprice_adjusted(payload: dict[str, Any], attempt: Attempt) -> None:
+    for scope in payload["scopes"]:
+        since = date.fromisoformat(scope["since"])
+        models = adjusted_models(
+            family=scope["family"], project_id=scope["project_id"], since=since
+        )
+        result = steps_reprice(
+            models=models,
+            project_id=scope["project_id"],
+            since=datetime.combine(since, time.min, tzinfo=UTC),
+        )
+        log.info(
+            "adjustment of %s: repriced %s of %s steps; cost changed by %s",
+            scope["provider"],
+            result.steps_changed,
+            result.steps_seen,
+            result.cost_delta,
+        )

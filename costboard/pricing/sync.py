@@ -2,17 +2,19 @@
 
 Each model's match clauses become one regex; each dated price becomes a row effective from its
 start date (a price without one applies since PRICE_EPOCH); long-context tiers are kept; a
-time-of-day price becomes a row with a daily UTC window. Request variants (batch, flex,
-priority: chosen by request context) and non-token units (requests, searches, audio seconds,
-images) are not modelled. A row an admin edited, or a manual row, is never overwritten; a
-built-in row the data no longer lists for a model it still has is removed (its steps are
-repriced).
+time-of-day price becomes a row with a daily UTC window. A model's service-tier variants
+(genai-prices' `price_variants`: batch, flex, priority, fast) become rows of that tier
+(`tier_rows`). Other request variants (a route, a search type) and non-token units (requests,
+searches, audio seconds, images) are not modelled. A row an admin edited, or a manual row, is
+never overwritten; a built-in row the data no longer lists for a model it still has is
+removed (its steps are repriced).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from copy import copy
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time
 from decimal import Decimal
@@ -20,7 +22,7 @@ from typing import Any
 
 from django.db import transaction
 
-from costboard.models import PRICE_EPOCH, ModelPrice
+from costboard.models import PRICE_EPOCH, STANDARD_TIER, ModelPrice, service_tier_word
 from costboard.pricing.repricing import PriceMatch
 
 RATE_KEYS = (
@@ -149,6 +151,83 @@ def price_rows(prices: Any) -> list[tuple[datetime, Window, Any]]:
     return rows
 
 
+# genai-prices' request-context keys that name a service tier, and how: the variant
+# `{"processing": "batch"}` is the batch tier, `{"service_tier": "flex"}` the flex tier,
+# Anthropic's `{"speed": "fast"}` the fast tier. Others (a route, a search type) are not tiers.
+TIER_KEYS = ("processing", "service_tier", "speed")
+
+
+def variant_tier(when: dict[str, str]) -> str | None:
+    """The service tier a price variant's `when` names, or None (not a tier, or standard)."""
+    if len(when) != 1:
+        return None
+    (key, value), *_ = when.items()
+    if key not in TIER_KEYS:
+        return None
+    tier = service_tier_word(value)
+    return None if tier == STANDARD_TIER else tier
+
+
+def tier_context(model: Any, tier: str) -> dict[str, str]:
+    """The request context under which genai-prices prices `model` at this tier (what a step
+    of that tier asks of `calc_price`)."""
+    context: dict[str, str] = {}
+    for variant in model.price_variants or ():
+        if variant_tier(variant.when) == tier:
+            context.update(variant.when)
+    return context
+
+
+def tier_rows(model: Any) -> list[tuple[str, datetime, Any]]:
+    """A model's service-tier prices as (tier, effective_from, prices) all-day rows, priced as
+    genai-prices prices a request with that tier's context.
+
+    genai-prices resolves a variant per price key: of the variants whose `when` the context
+    matches and whose start date has come, the first listed gives that key's price; keys no
+    variant gives keep the standard price of the time. Standard prices and variant start
+    dates change that only at their dates, so a row at each such date (from the first date a
+    variant of the tier is in effect) prices every later day exactly until the next.
+    Before it, a step of the tier is priced at standard, as genai-prices does. A variant
+    bound to a time of day, and the tiers of a model with time-of-day prices, are not
+    modelled (the data has neither): such steps are priced at standard.
+    """
+    from genai_prices import types as gp
+
+    variants: dict[str, list[tuple[datetime, Any]]] = {}
+    for variant in model.price_variants or ():
+        tier = variant_tier(variant.when)
+        constraint = variant.constraint
+        if tier is None or isinstance(constraint, gp.TimeOfDateConstraint):
+            continue
+        start = PRICE_EPOCH
+        if isinstance(constraint, gp.StartDateConstraint):
+            start = _day_start(constraint.start_date)
+        variants.setdefault(tier, []).append((start, variant.prices))
+    standard = price_rows(model.prices)
+    if not variants or any(window is not None for _, window, _ in standard):
+        return []
+    rows: list[tuple[str, datetime, Any]] = []
+    for tier, listed in sorted(variants.items()):
+        first = min(start for start, _ in listed)
+        dates = sorted({first, *(start for start, _ in listed), *(eff for eff, _, _ in standard)})
+        for effective_from in dates:
+            if effective_from < first:
+                continue
+            base = [prices for eff, _, prices in standard if eff <= effective_from]
+            if not base:
+                continue  # no standard price yet: unpriced, as the standard series
+            overrides: dict[str, Any] = {}
+            for start, prices in listed:
+                if start <= effective_from:
+                    for key, value in prices.__dict__.items():
+                        if value is not None:
+                            overrides.setdefault(key, value)
+            resolved = copy(base[-1])
+            resolved.__dict__.update(overrides)
+            rows.append((tier, effective_from, resolved))
+    return rows
+
+
 def builtin_rows() -> Iterator[dict[str, Any]]:
     """Every price in the bundled data as ModelPrice field values."""
     from genai_prices.data import providers
@@ -158,16 +237,29 @@ def builtin_rows() -> Iterator[dict[str, Any]]:
             regex = clause_regex(model.match)
             if regex == f"^{re.escape(model.id.lower())}$":
                 regex = ""
+            shared = {
+                "provider": provider.id,
+                "model": model.id,
+                "model_regex": regex,
+                "context_window": model.context_window,
+                "external_id": model.id,
+            }
             for effective_from, window, prices in price_rows(model.prices):
                 yield {
-                    "provider": provider.id,
-                    "model": model.id,
-                    "model_regex": regex,
-                    "context_window": model.context_window,
+                    **shared,
+                    "service_tier": STANDARD_TIER,
                     "effective_from": effective_from,
                     "window_start": window[0] if window else None,
                     "window_end": window[1] if window else None,
-                    "external_id": model.id,
+                    **_flatten(prices),
+                }
+            for tier, effective_from, prices in tier_rows(model):
+                yield {
+                    **shared,
+                    "service_tier": tier,
+                    "effective_from": effective_from,
+                    "window_start": None,
+                    "window_end": None,
                     **_flatten(prices),
                 }
 
@@ -184,7 +276,8 @@ class SyncResult:
 
 COMPARED = ("model_regex", "context_window", "external_id", "tiers", "window_end", *RATE_KEYS)
 
-RowKey = tuple[str, str, datetime, time | None]  # provider, model, effective_from, window_start
+# provider, model, service tier, effective_from, window_start
+RowKey = tuple[str, str, str, datetime, time | None]
 
 
 def prices_sync() -> SyncResult:
@@ -193,7 +286,8 @@ def prices_sync() -> SyncResult:
     touch an admin-edited or manual row."""
     result = SyncResult()
     existing: dict[RowKey, ModelPrice] = {
-        (p.provider, p.model, p.effective_from, p.window_start): p for p in ModelPrice.objects.all()
+        (p.provider, p.model, p.service_tier, p.effective_from, p.window_start): p
+        for p in ModelPrice.objects.all()
     }
     to_create: list[ModelPrice] = []
     to_update: list[ModelPrice] = []
@@ -202,6 +296,7 @@ def prices_sync() -> SyncResult:
         key: RowKey = (
             values["provider"],
             values["model"],
+            values["service_tier"],
             values["effective_from"],
             values["window_start"],
         )
@@ -224,7 +319,7 @@ def prices_sync() -> SyncResult:
         to_update.append(row)
         result.changed.append(PriceMatch(values["model"], values["model_regex"]))
     # Only rows of series the data still has: a model it dropped keeps its last prices.
-    series = {(provider, model) for provider, model, _, _ in seen}
+    series = {(provider, model) for provider, model, _, _, _ in seen}
     stale = [
         row
         for key, row in existing.items()

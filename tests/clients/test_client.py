@@ -686,6 +686,34 @@ def test_a_given_model_wins_and_two_records_are_summed(cb: Costboard) -> None:
     assert (step.input_tokens, step.output_tokens, step.cache_read_input_tokens) == (15, 3, 9)
 
 
+def test_the_service_tier_comes_from_the_response_or_the_call(cb: Costboard) -> None:
+    """OpenAI's on the response, Anthropic's in its usage (read by the server), or given."""
+    add_price("gpt-4o-2024-08-06", provider="openai")
+    add_price("gpt-4o-2024-08-06", provider="openai", service_tier="flex", input_mtok=Decimal(1))
+    chat = _openai_chat(prompt_tokens=1000, completion_tokens=0, total_tokens=1000)
+    calls = {
+        "openai": chat.model_copy(update={"service_tier": "flex"}),
+        "anthropic": _anthropic_message(input_tokens=10, output_tokens=1, service_tier="batch"),
+        "plain": chat,
+    }
+    recorded = {}
+    for name, response in calls.items():
+        with cb.step("s-tier", "response", None) as s:
+            s.record(response)
+        recorded[name] = s.event_id
+    with cb.step("s-tier", "response", None, service_tier="priority") as given:
+        given.record(calls["openai"])  # the caller's word wins
+    assert cb.flush(timeout=10)
+    tiers = {name: Step.objects.get(event_id=e).service_tier for name, e in recorded.items()}
+    assert tiers == {"openai": "flex", "anthropic": "batch", "plain": "standard"}
+    assert Step.objects.get(event_id=given.event_id).service_tier == "priority"
+    flex = Step.objects.get(event_id=recorded["openai"])
+    assert flex.cost_usd == usd(1000, Decimal(1))  # the flex row's rate
+    assert Step.objects.get(event_id=recorded["plain"]).cost_usd == usd(
+        1000, TEST_RATES["input_mtok"]
+    )
+
+
 # The interpreter the clean venv is made from: this one, unless told (say, the oldest Python
 # the distribution's requires-python admits).
 CLEAN_VENV_PYTHON = os.environ.get("COSTBOARD_CLIENT_TEST_PYTHON") or sys.executable

@@ -149,3 +149,28 @@ def test_an_exhausted_session_refuses_the_next_model_run(
     assert refused.value.session_id == "lc-cap"
     assert next(replies).content == "Never sent."  # the model was not called
     assert Step.objects.filter(session__external_id="lc-cap").count() == 1
+
+
+def test_the_service_tier_in_the_response_metadata_prices_the_step(
+    costboard: CostboardCallbackHandler,
+) -> None:
+    """langchain-openai puts the response's `service_tier` in its response metadata."""
+    answered = answer("Two dollars.", 1200, 20, cache_read=1000)
+    answered.response_metadata["service_tier"] = "priority"
+    model = GenericFakeChatModel(messages=iter([answered]))
+    config: Any = {"callbacks": [costboard], "metadata": {"session_id": "lc-tier"}}
+    model.invoke("What did we spend?", config=config)
+    assert costboard.flush(timeout=10)
+    step = Step.objects.get(session__external_id="lc-tier")
+    assert step.service_tier == "priority"
+    assert (
+        step.cost_usd
+        == calc_price(
+            Usage(input_tokens=1200, cache_read_tokens=1000, output_tokens=20),
+            "gpt-4o",
+            provider_id="openai",
+            genai_request_timestamp=step.timestamp,
+            price_context={"service_tier": "priority"},
+        ).total_price
+    )
+    assert step.cost_usd > gpt_4o(input_tokens=1200, cache_read_tokens=1000, output_tokens=20)

@@ -435,3 +435,27 @@ def test_with_costboard_cut_off_calls_go_ahead_on_the_budgets_last_heard(
     assert [(s.input_tokens, s.output_tokens) for s in steps] == [(10, 20)] * 4
     assert sum(s.cost_usd for s in steps) == 4 * Decimal("0.000225")
     assert Step.objects.filter(session__external_id="s-cap").count() == 1
+
+
+def test_the_service_tier_asked_for_prices_the_step_at_that_tier(
+    costboard: CostboardLogger,
+) -> None:
+    litellm.completion(
+        model="gpt-4o",
+        messages=MESSAGES,
+        mock_response="About two dollars.",
+        service_tier="priority",
+        metadata={"session_id": "s-tier"},
+    )
+    [step] = stored(costboard, 1, session__external_id="s-tier")
+    assert step.service_tier == "priority"
+    assert (step.input_tokens, step.output_tokens) == (10, 20)
+    priority = calc_price(
+        Usage(input_tokens=10, output_tokens=20),
+        "gpt-4o",
+        provider_id="openai",
+        genai_request_timestamp=step.timestamp,
+        price_context={"service_tier": "priority"},
+    ).total_price
+    assert step.cost_usd == priority
+    assert priority > genai_cost("gpt-4o", "openai", input_tokens=10, output_tokens=20)

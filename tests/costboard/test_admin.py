@@ -5,6 +5,8 @@ domain (issue 32), where a module left unimported would drop its lists without a
 
 from __future__ import annotations
 
+from decimal import Decimal
+
 import pytest
 from axes.models import AccessAttempt
 from django.contrib import admin
@@ -19,6 +21,7 @@ from costboard.models import (
     Membership,
     OutboxItem,
     PeriodBudget,
+    PriceAdjustment,
     ProviderProject,
     WebhookEndpoint,
 )
@@ -36,6 +39,7 @@ LISTS = {
     "costboard.ModelPrice": "ModelPriceAdmin",
     "costboard.OutboxItem": "OutboxItemAdmin",
     "costboard.PeriodBudget": "PeriodBudgetAdmin",
+    "costboard.PriceAdjustment": "PriceAdjustmentAdmin",
     "costboard.Project": "ProjectAdmin",
     "costboard.ProviderProject": "ProviderProjectAdmin",
     "costboard.Session": "SessionAdmin",
@@ -62,6 +66,9 @@ def a_row_in_every_list(agent: Agent) -> None:
     project.save()
     PeriodBudget.objects.create(project=project, name="monthly", token_limit=10_000)
     add_price("test-sonnet")
+    PriceAdjustment.objects.create(
+        provider="testco", percent=Decimal(-10), effective_from=timezone.now().date()
+    )
     at = timezone.now().isoformat()
     step = {"session_id": "s1", "turn": 1, "step_type": "llm", "model": "test-sonnet"}
     agent.events({**step, "input_tokens": 500, "timestamp": at})

@@ -184,6 +184,16 @@ def _add_usage(total: dict[str, Any], more: Mapping[str, Any]) -> dict[str, Any]
     return merged
 
 
+def _tier_of(response: Any) -> str | None:
+    """The service tier a response names: OpenAI's top-level `service_tier` ("default",
+    "flex", "priority"; the server reads Anthropic's `usage.service_tier` itself)."""
+    if isinstance(response, Mapping):
+        tier = response.get("service_tier")
+    else:
+        tier = getattr(response, "service_tier", None)
+    return tier if isinstance(tier, str) and tier.strip() else None
+
+
 def _provider_of(response: Any) -> str | None:
     module = type(response).__module__ or ""
     for name in ("anthropic", "openai"):
@@ -216,6 +226,7 @@ class Step:
         provider: str | None,
         metadata: Mapping[str, Any] | None,
         tags: Mapping[str, str] | None = None,
+        service_tier: str | None = None,
     ) -> None:
         self._client = client
         self.session_id = session_id
@@ -223,6 +234,7 @@ class Step:
         self.model = model
         self.turn = turn
         self.provider = provider
+        self.service_tier = service_tier
         self.metadata = dict(metadata) if metadata else None
         self.tags = dict(tags) if tags else None
         self.event_id = uuid.uuid4().hex
@@ -265,6 +277,8 @@ class Step:
             self.model = model
         if not self.provider:
             self.provider = _provider_of(response)
+        if not self.service_tier:
+            self.service_tier = _tier_of(response)
         if usage is None:
             log.debug("costboard: %s step has a response without usage", self.step_type)
             return
@@ -304,6 +318,7 @@ class Step:
             "session_id": self.session_id,
             "turn": self.turn,
             "provider": self.provider,
+            "service_tier": self.service_tier,
             "duration_ms": self.duration_ms,
             "error": self.error,
             "usage": self.usage,
@@ -426,10 +441,12 @@ class Costboard:
         provider: str | None = None,
         metadata: Mapping[str, Any] | None = None,
         tags: Mapping[str, str] | None = None,
+        service_tier: str | None = None,
     ) -> Step:
         """A context manager timing one call; raises BudgetExceeded on entry if the session
-        is known to be exhausted. Without `model`, the response's `.model` is used. `tags`
-        (strings) are merged over the session's."""
+        is known to be exhausted. Without `model`, the response's `.model` is used; without
+        `service_tier`, the response's (OpenAI's `service_tier`; the server reads Anthropic's
+        from its usage), else standard. `tags` (strings) are merged over the session's."""
         return Step(
             self,
             session_id=session_id,
@@ -439,6 +456,7 @@ class Costboard:
             provider=provider,
             metadata=metadata,
             tags=tags,
+            service_tier=service_tier,
         )
 
     def session(

@@ -15,7 +15,15 @@ from django.db.models import Case, Count, IntegerField, Q, QuerySet, Sum, Value,
 
 from costboard.dashboards.selectors.shared import ZERO, ExactModel, day_start
 from costboard.ingest.latency import latency_bucket, percentile
-from costboard.models import TOOL_MODEL, DailyRollup, LatencyRollup, Step, Turn
+from costboard.models import (
+    STANDARD_TIER,
+    TOOL_MODEL,
+    DailyRollup,
+    LatencyRollup,
+    ModelPrice,
+    Step,
+    Turn,
+)
 from costboard.numbers import usd_text
 
 
@@ -58,6 +66,7 @@ class StepTypeModelRow:
 
     step_type: str
     family: str
+    service_tier: str = ""  # when grouped by tier (`?by_tier=1`), else ""
     calls: int = 0
     errors: int = 0
     unpriced: int = 0
@@ -89,17 +98,26 @@ class StepTypeModelRow:
 class StepFilter:
     """/steps/'s filters, which its table, charts and tag breakdown all apply: `model` keeps
     one family (or one exact name, as links from before families did), `exact` one exact
-    name, `step_type` one step type. The same condition on DailyRollup and Step, whose
-    columns share their names."""
+    name, `step_type` one step type, `tier` one service tier; `by_tier` splits the table's
+    rows by service tier. The same condition on DailyRollup and Step, whose columns share
+    their names, but for the tier, which only steps keep: with it, every read is of steps."""
 
     model: str = ""
     exact: str = ""
     step_type: str = ""
+    tier: str = ""
+    by_tier: bool = False
 
     @property
     def by_model(self) -> bool:
-        """A model filter: what the latency and tag rollups, kept without models, can't apply."""
-        return bool(self.model or self.exact)
+        """A model or tier filter: what the latency and tag rollups, kept without models and
+        tiers, can't apply."""
+        return bool(self.model or self.exact or self.tier)
+
+    @property
+    def of_steps(self) -> bool:
+        """Whether the table must read steps (the daily rollups keep no tier)."""
+        return bool(self.tier or self.by_tier)
 
     @property
     def any(self) -> bool:
@@ -114,7 +132,16 @@ class StepFilter:
             condition &= Q(model=self.exact)
         if self.step_type:
             condition &= Q(step_type=self.step_type)
+        if self.tier:
+            condition &= Q(service_tier=self.tier)
         return condition
+
+
+def service_tiers() -> list[str]:
+    """The tiers /steps/ offers to filter by: standard and those the rate table prices (a
+    step's own word, with no price row, is accepted too: `?tier=` takes any tier word)."""
+    tiers = ModelPrice.objects.values_list("service_tier", flat=True).distinct().order_by()
+    return sorted({STANDARD_TIER, *tiers})
 
 
 def period_steps(
@@ -138,29 +165,51 @@ def steps_by_type_and_model(
     steps: StepFilter = StepFilter(),
 ) -> list[StepTypeModelRow]:
     """Calls, errors, tokens and cost per step type and model family (kept by `steps`), each
-    row with its exact names."""
-    rows = DailyRollup.objects.filter(
-        steps.q, project_id__in=project_ids, day__gte=since, day__lte=until
-    )
-    grouped: dict[tuple[str, str], StepTypeModelRow] = {}
-    for r in (
-        rows.values("step_type", "family", "model")
-        .annotate(
-            calls=Sum("calls"),
-            errors=Sum("errors"),
-            unpriced=Sum("unpriced_calls"),
-            inp=Sum("input_tokens"),
-            out=Sum("output_tokens"),
-            cr=Sum("cache_read_input_tokens"),
-            cw=Sum("cache_creation_input_tokens"),
-            cost=Sum("cost_usd"),
+    row with its exact names; per service tier too with `steps.by_tier`. From the daily
+    rollups, or from the period's steps when a tier filters or groups (no rollup keeps it)."""
+    if steps.of_steps:
+        tier = "service_tier" if steps.by_tier else None
+        found = (
+            period_steps(project_ids, since, until, steps)
+            .values("step_type", "family", "model", *([tier] if tier else []))
+            .annotate(
+                calls=Count("*"),
+                errors=Count("id", filter=Q(success=False)),
+                unpriced=Count("id", filter=Q(price__isnull=True) & ~Q(family=TOOL_MODEL)),
+                inp=Sum("input_tokens"),
+                out=Sum("output_tokens"),
+                cr=Sum("cache_read_input_tokens"),
+                cw=Sum("cache_creation_input_tokens"),
+                cost=Sum("cost_usd"),
+            )
+            .order_by()
         )
-        .order_by()
-    ):
-        key = (r["step_type"], r["family"])
+    else:
+        found = (
+            DailyRollup.objects.filter(
+                steps.q, project_id__in=project_ids, day__gte=since, day__lte=until
+            )
+            .values("step_type", "family", "model")
+            .annotate(
+                calls=Sum("calls"),
+                errors=Sum("errors"),
+                unpriced=Sum("unpriced_calls"),
+                inp=Sum("input_tokens"),
+                out=Sum("output_tokens"),
+                cr=Sum("cache_read_input_tokens"),
+                cw=Sum("cache_creation_input_tokens"),
+                cost=Sum("cost_usd"),
+            )
+            .order_by()
+        )
+    grouped: dict[tuple[str, str, str], StepTypeModelRow] = {}
+    for r in found:
+        key = (r["step_type"], r["family"], r.get("service_tier", ""))
         row = grouped.get(key)
         if row is None:
-            row = grouped[key] = StepTypeModelRow(step_type=r["step_type"], family=r["family"])
+            row = grouped[key] = StepTypeModelRow(
+                step_type=r["step_type"], family=r["family"], service_tier=key[2]
+            )
         row.calls += r["calls"]
         row.errors += r["errors"]
         row.unpriced += r["unpriced"]
@@ -173,7 +222,7 @@ def steps_by_type_and_model(
     result = list(grouped.values())
     for row in result:
         row.names.sort(key=lambda n: (-n.cost_usd, -n.calls, n.model))
-    result.sort(key=lambda r: (r.is_tool, -r.cost_usd, r.step_type, r.family))
+    result.sort(key=lambda r: (r.is_tool, -r.cost_usd, r.step_type, r.family, r.service_tier))
     return result
 
 

@@ -16,6 +16,7 @@ from costboard.dashboards.selectors.session import session_detail
 from costboard.dashboards.views.flagged import flag_row
 from costboard.dashboards.views.shared import figures, stops_now
 from costboard.models import PeriodBudget, Session
+from costboard.pricing.explain import price_explanations
 
 
 def session_in_scope(scope: Scope, pk: int) -> Session:
@@ -50,7 +51,9 @@ def session_render(
 ) -> HttpResponse:
     caps = session_caps(session)
     detail = session_detail(session=session)
+    shown = [step for view in detail.turns for step in view.steps] + detail.loose_steps
     context = {
+        "explanations": price_explanations(shown),
         "scope": scope,
         "session": session,
         "caps": caps,

@@ -14,6 +14,7 @@ from costboard.dashboards.scope import scope_for
 from costboard.dashboards.selectors.steps import (
     StepFilter,
     latency_by_step_type,
+    service_tiers,
     step_names,
     steps_by_type_and_model,
     turn_cost_distribution,
@@ -26,6 +27,7 @@ from costboard.dashboards.views.shared import (
     read_period,
     tag_breakdown,
 )
+from costboard.models import MAX_TIER_LENGTH, TIER_WORD, service_tier_word
 
 
 @login_required
@@ -48,7 +50,15 @@ def steps_page(request: HtmxHttpRequest) -> HttpResponse:
         what="a step type of these projects' steps",
         blank="every step type",
     )
-    steps = StepFilter(model=model, exact=exact, step_type=step_type)
+    tier = checks.pattern(
+        "tier",
+        TIER_WORD,
+        what="a service tier: standard, flex, priority, batch or a provider's word (letters, "
+        f"digits, _ . - :, at most {MAX_TIER_LENGTH} characters); leave it out for every tier",
+    )
+    tier = service_tier_word(tier) if tier else ""
+    by_tier = checks.switch("by_tier", meaning="split the rows by service tier")
+    steps = StepFilter(model=model, exact=exact, step_type=step_type, tier=tier, by_tier=by_tier)
     rows = steps_by_type_and_model(project_ids=ids, since=since, until=until, steps=steps)
     latency = latency_by_step_type(project_ids=ids, since=since, until=until, steps=steps)
     turn_costs = turn_cost_distribution(project_ids=ids, since=since, until=until, steps=steps)
@@ -72,6 +82,9 @@ def steps_page(request: HtmxHttpRequest) -> HttpResponse:
         "model": model,
         "exact": exact,
         "step_type": step_type,
+        "tier": tier,
+        "by_tier": by_tier,
+        "tiers": service_tiers(),
         "models": names.families,
         "step_types": names.step_types,
         **tag_breakdown(checks, ids, since, until, steps),

@@ -50,6 +50,13 @@ REASONING_KEYS = (
 )
 MODEL_KEYS = ("gen_ai.response.model", "gen_ai.request.model", "llm.model_name")
 PROVIDER_KEYS = ("gen_ai.provider.name", "gen_ai.system", "llm.provider", "llm.system")
+# The tier the provider answered with, before the one asked for ("auto" asks for the
+# project's default: standard, docs/pricing.md "Service tiers").
+SERVICE_TIER_KEYS = (
+    "openai.response.service_tier",
+    "gen_ai.openai.response.service_tier",
+    "gen_ai.request.service_tier",
+)
 SESSION_KEYS = (
     "gen_ai.conversation.id",
     "session.id",
@@ -249,6 +256,7 @@ def _span_step(
         "model": (_text(attrs, MODEL_KEYS) or NO_MODEL)[:200],
         "session_id": session,
         "provider": (_text(attrs, PROVIDER_KEYS) or "")[:64] or None,
+        "service_tier": _text(attrs, SERVICE_TIER_KEYS),
         "duration_ms": duration_ms,
         "success": not failed,
         "error": error[:20_000] if error else None,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -426,3 +427,27 @@ def test_durations_are_exact_to_the_millisecond(agent_priced: Agent) -> None:
     spans = spans_of(lambda tracer: span(tracer, "chat", CHAT, ms=42))
     parsed(post_spans(agent_priced, spans))
     assert Step.objects.get().duration_ms == 42
+
+
+def test_the_service_tier_attributes_pick_the_tier_price(agent_priced: Agent) -> None:
+    """The response's tier wins over the request's ("auto" asks for the default: standard)."""
+    add_price("test-sonnet", service_tier="flex", input_mtok=Decimal("1.5"))
+    spans = {
+        "s-flex": {"openai.response.service_tier": "flex", "gen_ai.request.service_tier": "auto"},
+        "s-gen": {"gen_ai.openai.response.service_tier": "Priority"},
+        "s-auto": {"gen_ai.request.service_tier": "auto"},
+    }
+
+    def build(tracer: Tracer) -> None:
+        for session, attrs in spans.items():
+            span(tracer, "chat", {**CHAT, "gen_ai.conversation.id": session, **attrs})
+
+    parsed(post_spans(agent_priced, spans_of(build)))
+    tiers = dict(Step.objects.values_list("session__external_id", "service_tier"))
+    assert tiers == {"s-flex": "flex", "s-gen": "priority", "s-auto": "standard"}
+    flex = Step.objects.get(session__external_id="s-flex")
+    standard = Step.objects.get(session__external_id="s-auto")
+    assert flex.cost_input_usd == usd(flex.input_tokens, Decimal("1.5"))
+    assert standard.cost_input_usd == usd(standard.input_tokens, TEST_RATES["input_mtok"])
+    # no priority row: the standard price
+    assert Step.objects.get(session__external_id="s-gen").cost_usd == standard.cost_usd

@@ -82,6 +82,9 @@ BAD: list[tuple[str, dict[str, str], str, list[str]]] = [
     ("/steps/", {"model": "zzz"}, "model", FAMILIES),
     ("/steps/", {"exact": "zzz"}, "exact", FAMILIES),
     ("/steps/", {"tag_key": "zzz"}, "tag_key", ["team"]),
+    ("/steps/", {"tier": "flex tier"}, "tier", ["standard, flex, priority, batch"]),
+    ("/steps/", {"tier": "x" * 33}, "tier", ["at most 32 characters"]),
+    ("/steps/", {"by_tier": "yes"}, "by_tier", ["1 to split the rows by service tier"]),
     ("/users/", {"sort": "bogus"}, "sort", USER_SORTS),
     ("/users/export.csv", {"sort": "bogus"}, "sort", USER_SORTS),
     ("/users/export.csv", {"since": "x"}, "since", ["YYYY-MM-DD"]),
@@ -121,7 +124,9 @@ def test_a_bad_parameter_is_named_with_what_it_accepts(
         assert re.search(r'href="/(sessions|users)/\?[^"]*" data-without', html)
     else:
         assert "This filter is left out until it is fixed." in html
-    if name in ("state", "tag", "step_type", "since", "until") and not path.endswith(".csv"):
+    if name in ("state", "tag", "step_type", "tier", "since", "until") and not path.endswith(
+        ".csv"
+    ):
         # the form's own field is marked, pointing at its error
         assert f'aria-invalid="true" aria-describedby="error-{name}"' in html
 
@@ -299,3 +304,54 @@ def test_the_tag_breakdown_is_of_the_steps_the_filter_keeps(staff: Client, data:
     assert set(tag_rows(sonnet)) == {"untagged"}  # the searcher called no test-sonnet
     search = staff.get("/steps/", {"tag_key": "team", "step_type": "search"}).content.decode()
     assert tag_rows(search) == {"a": "$0.12"}
+
+
+def tier_table(html: str) -> dict[tuple[str, str, str], tuple[int, str]]:
+    """/steps/'s table split by tier: (step type, family, tier) → (calls, cost)."""
+    body = html.split('id="step-table"')[1].split("</table>")[0]
+    rows = re.findall(
+        r'<tr data-family="([^"]+)"><td>([^<]+)</td>.*?<td data-tier="([^"]*)">.*?'
+        r'<td class="num">([\d,]+)</td>.*?<td class="num">(\$[^<]+)</td><td class="num">',
+        body,
+        re.S,
+    )
+    return {
+        (step_type, family, tier): (int(calls.replace(",", "")), cost)
+        for family, step_type, tier, calls, cost in rows
+    }
+
+
+def test_steps_filter_and_group_by_service_tier(staff: Client, data: Agent) -> None:
+    add_price("test-haiku", service_tier="batch", input_mtok=Decimal("0.5"))
+    data.events(
+        *(
+            {
+                "session_id": "batcher",
+                "turn": t,
+                "step_type": "search",
+                "model": "test-haiku",
+                "service_tier": "Batch",
+                "input_tokens": 40_000,
+            }
+            for t in (1, 2, 3)
+        )
+    )
+    assert Step.objects.filter(service_tier="batch").count() == 3
+    whole = table(staff.get("/steps/").content.decode())
+    assert whole["search", "test-haiku"][0] == 5  # two standard, three batch
+
+    response = staff.get("/steps/", {"tier": "batch"})
+    assert response.status_code == 200
+    assert table(response.content.decode()) == {("search", "test-haiku"): (3, "$0.06")}
+    assert histogram(response) == {"$0.01–$0.03": 3}  # three turns of one $0.02 batch step
+
+    response = staff.get("/steps/", {"by_tier": "1", "step_type": "search"})
+    assert response.status_code == 200
+    rows = tier_table(response.content.decode())
+    assert rows == {
+        ("search", "test-haiku", "standard"): (2, "$0.12"),  # 40,000 and 80,000 at $1/M
+        ("search", "test-haiku", "batch"): (3, "$0.06"),  # 3 × 40,000 at $0.50/M
+    }
+    # the tier words the rate table prices are offered; a step's own word is accepted too
+    html = staff.get("/steps/", {"tier": "scale"}).content.decode()
+    assert '<option value="batch"' in html and '<option value="scale" selected>' in html

@@ -322,7 +322,7 @@ def test_builtin_prices_agree_with_genai_prices(
 
 def test_sync_prices_never_overwrites_an_admin_edit(db: None) -> None:
     prices_sync()
-    row = ModelPrice.objects.get(provider="openai", model="gpt-4o")
+    row = ModelPrice.objects.get(provider="openai", model="gpt-4o", service_tier="standard")
     row.input_mtok = Decimal("1.11")
     row.edited_by_admin = True
     row.save()
@@ -336,7 +336,7 @@ def test_sync_prices_never_overwrites_an_admin_edit(db: None) -> None:
 @pytest.mark.slow
 def test_sync_prices_refreshes_a_builtin_row_that_drifted(db: None) -> None:
     prices_sync()
-    row = ModelPrice.objects.get(provider="openai", model="gpt-4o")
+    row = ModelPrice.objects.get(provider="openai", model="gpt-4o", service_tier="standard")
     original = row.input_mtok
     ModelPrice.objects.filter(pk=row.pk).update(input_mtok=Decimal("99"))
     result = prices_sync()

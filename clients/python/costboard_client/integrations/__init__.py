@@ -78,6 +78,21 @@ def text_from(*values: Any) -> str | None:
     return None
 
 
+def tier_from(*sources: Any) -> str | None:
+    """The first `service_tier` found on these objects or dicts (a response, its usage, its
+    metadata): OpenAI's "default"/"flex"/"priority", Anthropic's usage tier."""
+    for source in sources:
+        if source is None:
+            continue
+        if isinstance(source, Mapping):
+            value = source.get("service_tier")
+        else:
+            value = getattr(source, "service_tier", None)
+        if isinstance(value, str) and value.strip():
+            return value.strip()
+    return None
+
+
 def session_user_event(session_id: str | None, user_id: str | None) -> dict[str, Any] | None:
     """A session event naming the session's end user; None for the `system` session (the
     project's, no one's) or without a user."""

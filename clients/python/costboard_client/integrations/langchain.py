@@ -31,7 +31,13 @@ from uuid import UUID
 from langchain_core.callbacks import BaseCallbackHandler
 
 from costboard_client._client import BudgetExceeded, Costboard, log
-from costboard_client.integrations import session_user_event, tags_from, text_from, turn_from
+from costboard_client.integrations import (
+    session_user_event,
+    tags_from,
+    text_from,
+    tier_from,
+    turn_from,
+)
 
 __all__ = ["BudgetExceeded", "CostboardCallbackHandler", "usage_from_langchain"]
 
@@ -51,6 +57,7 @@ class _Run:
     name: str | None
     started: float
     timestamp: str
+    service_tier: str | None = None
 
 
 def usage_from_langchain(usage: Mapping[str, Any]) -> dict[str, Any]:
@@ -217,6 +224,8 @@ class CostboardCallbackHandler(BaseCallbackHandler):  # type: ignore[misc]
                 meta = getattr(message, "response_metadata", None) or {}
                 run.model = text_from(meta.get("model_name"), meta.get("model")) or run.model
                 run.provider = text_from(meta.get("model_provider")) or run.provider
+                # OpenAI's tier in the response metadata, Anthropic's in its usage there
+                run.service_tier = tier_from(meta, meta.get("usage")) or run.service_tier
                 if isinstance(found, Mapping):
                     converted = usage_from_langchain(found)
                     usage = converted if usage is None else _sum(usage, converted)
@@ -252,6 +261,7 @@ class CostboardCallbackHandler(BaseCallbackHandler):  # type: ignore[misc]
             "success": error is None,
             "error": error,
             "usage": usage,
+            "service_tier": run.service_tier if run.kind == "llm" else None,
             "tags": run.tags,
             "metadata": {"tool": run.name} if run.kind == "tool" and run.name else None,
         }

@@ -51,7 +51,13 @@ from typing import Any
 from litellm.integrations.custom_logger import CustomLogger
 
 from costboard_client._client import BudgetExceeded, Costboard, _plain, log
-from costboard_client.integrations import session_user_event, tags_from, text_from, turn_from
+from costboard_client.integrations import (
+    session_user_event,
+    tags_from,
+    text_from,
+    tier_from,
+    turn_from,
+)
 
 __all__ = ["BudgetExceeded", "CostboardLogger", "openai_usage"]
 
@@ -300,6 +306,14 @@ class CostboardLogger(CustomLogger):  # type: ignore[misc]
         elif kwargs.get("complete_streaming_response") is not None:
             response = kwargs["complete_streaming_response"]  # a stream: its final usage
         usage = openai_usage(getattr(response, "usage", None)) if response is not None else None
+        # the tier the provider answered with (OpenAI's on the response, Anthropic's in its
+        # usage), else the one the call asked for ("auto": the server reads it as standard)
+        tier = tier_from(
+            response,
+            getattr(response, "usage", None) if response is not None else None,
+            getattr(response, "_hidden_params", None) if response is not None else None,
+            optional,
+        )
         response_id = text_from(getattr(response, "id", None), logged.get("id"))
         call_id = text_from(kwargs.get("litellm_call_id"))
         step: dict[str, Any] = {
@@ -314,6 +328,7 @@ class CostboardLogger(CustomLogger):  # type: ignore[misc]
             "turn": turn_from(metadata.get("turn")),
             "success": not failed,
             "usage": usage,
+            "service_tier": tier,
             "tags": tags_from(
                 _request_tags(logged.get("request_tags")),
                 metadata.get("tags"),
