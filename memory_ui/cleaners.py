@@ -183,30 +183,6 @@ class MemoryFields:
             ttl_days=clean_ttl_days(ttl_days),
         )
 
-    @classmethod
-    def edit(cls, memory: Memory, **changes: object) -> MemoryFields:
-        """A memory's fields now, with `changes` (as they came) in place of some."""
-        now: dict[str, object] = {
-            "content": memory.content,
-            "type": memory.type,
-            "scope": memory.scope,
-            "importance": memory.importance,
-            "tags": list(memory.tags),
-            "ttl_days": memory.ttl_days,
-        }
-        unknown = set(changes) - set(now)
-        if unknown:
-            raise MemoryInputError(sorted(unknown)[0], "cannot be edited")
-        merged = {**now, **changes}
-        return cls.of(
-            content=merged["content"],
-            type=merged["type"],
-            scope=merged["scope"],
-            importance=merged["importance"],
-            tags=merged["tags"],
-            ttl_days=merged["ttl_days"],
-        )
-
 
 @dataclass(frozen=True, slots=True)
 class MemoryImport:

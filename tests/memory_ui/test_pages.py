@@ -565,6 +565,22 @@ def test_a_refused_edit_comes_back_with_the_error_on_its_field(
     assert [a for a, _ in events(memory)] == ["proposed"]
 
 
+def test_a_nul_in_the_form_is_refused_once(staff: Client, agent: Agent) -> None:
+    """Django's field refuses a NUL before the content's rule (memory_ui.cleaners) would: the
+    field shows one error, not both."""
+    memory = propose(agent, "Lint with ruff before pushing")
+    response = post(
+        staff, f"/memory/{memory.pk}/edit/", edit_fields(memory, content="Lint\x00 with ruff")
+    )
+    assert response.status_code == 422
+    body = response.content.decode()
+    assert re.findall(r'data-error="(\w+)"', body) == ["content"]
+    assert "Null characters are not allowed." in body and "NUL" not in body
+    memory.refresh_from_db()
+    assert memory.content == "Lint with ruff before pushing"
+    assert [a for a, _ in events(memory)] == ["proposed"]
+
+
 def test_every_refused_field_is_named_at_once(staff: Client, agent: Agent) -> None:
     memory = propose(agent, "Lint with ruff before pushing")
     response = post(

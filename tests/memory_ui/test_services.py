@@ -3,6 +3,7 @@ every decision in the history, and MEMORY.md at its caps."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -12,7 +13,7 @@ from django.contrib.auth import get_user_model
 
 from costboard.models import Project
 from memory_ui import cleaners
-from memory_ui.cleaners import Feedback, MemoryFields, MemoryImport, MemoryInputError
+from memory_ui.cleaners import Feedback, MemoryFields, MemoryImport, MemoryInputError, Search
 from memory_ui.memory_file import memory_md
 from memory_ui.models import Memory, MemoryEvent
 from memory_ui.text import fingerprint
@@ -46,6 +47,12 @@ def propose(project: Project, content: str, **given: Any) -> Memory | None:
     return candidate_propose(
         project=project, fields=MemoryFields.of(content=content, **fields), now=NOW, **given
     )
+
+
+def edited(memory: Memory, **changes: Any) -> MemoryFields:
+    """The memory's fields with `changes` (as they came) in place of some."""
+    now = {name: getattr(memory, name) for name in ("content", *MEMORY_FIELDS)}
+    return MemoryFields.of(**{**now, **changes})
 
 
 def actions(memory: Memory) -> list[str]:
@@ -110,7 +117,7 @@ def test_approval_sets_the_expiry_and_edits_keep_before_and_after(
         memory,
         by=reviewer,
         now=NOW,
-        fields=MemoryFields.edit(memory, content="Release freeze starts March 4", importance="0.9"),
+        fields=edited(memory, content="Release freeze starts March 4", importance="0.9"),
     )
     edit = memory.events.get(action="edited")
     assert edit.before == {"content": "Release freeze starts March 3", "importance": "0.500"}
@@ -143,6 +150,24 @@ def test_bad_input_names_the_field_and_stores_nothing(
         candidate_propose(project=project, fields=MemoryFields.of(**fields))
     assert error.value.field == field
     assert not Memory.objects.exists() and not MemoryEvent.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("make", "field", "fault"),
+    [
+        (lambda: MemoryFields.of(type="user", content="a\x00b"), "content", "NUL"),
+        (lambda: MemoryFields.of(type="user", content="x", tags=["ok", "\ud800"]), "tags", "d800"),
+        (lambda: MemoryImport.of(type="user", content="\udc00 x"), "content", "dc00"),
+        (lambda: Search.of(query="deploy\x00"), "q", "NUL"),
+    ],
+)
+def test_text_postgresql_cannot_hold_is_refused_wherever_it_comes_in(
+    make: Callable[[], object], field: str, fault: str
+) -> None:
+    """The task, imports and the pages build their typed values with the API's own text rule."""
+    with pytest.raises(MemoryInputError) as error:
+        make()
+    assert error.value.field == field and fault in error.value.message
 
 
 def test_only_pending_candidates_are_decided(project: Project, reviewer: Any) -> None:
@@ -279,7 +304,7 @@ def test_edit_with_approve_writes_both_in_order(project: Project, reviewer: Any)
         by=reviewer,
         approve=True,
         now=NOW,
-        fields=MemoryFields.edit(memory, content="Deploys need CI"),
+        fields=edited(memory, content="Deploys need CI"),
     )
     assert (memory.status, memory.content, memory.decided_by) == (
         "approved",
@@ -296,7 +321,7 @@ def test_edit_with_approve_and_nothing_changed_only_approves(
     memory = propose(project, "Deploys need a green build")
     assert memory is not None
     memory = memory_edit(
-        memory, by=reviewer, approve=True, fields=MemoryFields.edit(memory, content=memory.content)
+        memory, by=reviewer, approve=True, fields=edited(memory, content=memory.content)
     )
     assert memory.status == "approved"
     assert actions(memory) == ["proposed", "approved"]
@@ -313,7 +338,7 @@ def test_edit_with_approve_of_a_decided_memory_changes_nothing(
             memory,
             by=reviewer,
             approve=True,
-            fields=MemoryFields.edit(memory, content="Something else entirely"),
+            fields=edited(memory, content="Something else entirely"),
         )
     memory.refresh_from_db()
     assert (memory.status, memory.content) == ("rejected", "Deploys need a green build")
@@ -324,9 +349,7 @@ def test_a_refused_field_stores_nothing_even_with_approve(project: Project, revi
     memory = propose(project, "Deploys need a green build")
     assert memory is not None
     with pytest.raises(MemoryInputError) as error:
-        memory_edit(
-            memory, by=reviewer, approve=True, fields=MemoryFields.edit(memory, importance="2")
-        )
+        memory_edit(memory, by=reviewer, approve=True, fields=edited(memory, importance="2"))
     assert error.value.field == "importance"
     memory.refresh_from_db()
     assert memory.status == "pending" and actions(memory) == ["proposed"]
