@@ -54,6 +54,7 @@ from costboard.models import (
 from costboard.pricing.rates import RateTable, rate_table
 from costboard.pricing.sync import prices_sync
 from devtools.themes import Llm, Shape, Theme, demo_data
+from memory_ui.cleaners import MemoryFields
 from memory_ui.models import Memory
 from memory_ui.tasks import DETECTOR
 from memory_ui.writes import decisions, proposals
@@ -1209,13 +1210,15 @@ def _memories_seed(
         user_id = turn.session.user_id if turn else ""
         memory = proposals.candidate_propose(
             project=project,
-            type=idea.type,
-            content=idea.content,
-            scope=f"user:{user_id}" if idea.type == "user" and user_id else "project",
-            importance=importance,
+            fields=MemoryFields.of(
+                type=idea.type,
+                content=idea.content,
+                scope=f"user:{user_id}" if idea.type == "user" and user_id else "project",
+                importance=importance,
+                tags=["demo", idea.type],
+                ttl_days=90 if idea.type == "reference" else None,
+            ),
             source=MEMORY_SOURCES[Memory.Type(idea.type)],
-            tags=["demo", idea.type],
-            ttl_days=90 if idea.type == "reference" else None,
             session=turn.session if turn else None,
             turn=turn,
             evidence=idea.said,

@@ -42,10 +42,11 @@ from django.utils import timezone
 from costboard.models import Project
 from devtools.page_bench import bench_client
 from memory_ui import ranking, selectors
+from memory_ui.cleaners import MemoryFields, MemoryImport, Search
 from memory_ui.memory_file import memory_md
 from memory_ui.models import MAX_CONTENT, Memory
 from memory_ui.writes import proposals
-from memory_ui.writes.imports import MemoryImport, memories_import
+from memory_ui.writes.imports import memories_import
 
 DETECT_TARGET_PER_S = 5_000.0
 MEMORY_MD_TARGET_MS = 50.0
@@ -205,7 +206,7 @@ def memory_rows(project: Project, count: int, rng: random.Random) -> list[Memory
         content = f"{_fill(template, rng, n)} (#{n})"[:MAX_CONTENT]
         decided = now - timedelta(days=rng.uniform(0, 365))
         rows.append(
-            MemoryImport(
+            MemoryImport.of(
                 type=type_,
                 content=content,
                 scope=SCOPE,
@@ -348,7 +349,9 @@ def review_bench(
     proposed: set[int] = set()
     for sentence in lookup_sentences(contents, REVIEW_CANDIDATES * 3, rng):
         memory = proposals.candidate_propose(
-            project=project, type="project", content=sentence, proposed_by=PROPOSED_BY
+            project=project,
+            fields=MemoryFields.of(type="project", content=sentence),
+            proposed_by=PROPOSED_BY,
         )
         if memory is not None and memory.status == Memory.Status.PENDING:
             proposed.add(memory.pk)
@@ -426,21 +429,22 @@ def bench_run(
             )
         else:
             say(f"search × {options.queries} …")
-            queries = search_queries([r.content for r in rows], options.queries, rng)
+            queries = search_queries([r.fields.content for r in rows], options.queries, rng)
+            searches = [Search.of(query=query, scope=SCOPE) for query in queries]
             hits = 0
-            for query in queries[:5]:
-                ranking.memories_search(project=project, query=query, scope=SCOPE)
+            for search in searches[:5]:
+                ranking.memories_search(project=project, search=search)
             times = []
-            for query in queries:
+            for search in searches:
                 start = time.perf_counter()
-                found = ranking.memories_search(project=project, query=query, scope=SCOPE)
+                found = ranking.memories_search(project=project, search=search)
                 times.append((time.perf_counter() - start) * 1000)
                 hits += bool(found)
             result.search = Timing(times)
             result.searches_with_results = hits
             result.slowest_query = queries[times.index(max(times))]
         say(f"lookups × {options.queries} …")
-        contents = [r.content for r in rows]
+        contents = [r.fields.content for r in rows]
         result.lookup, result.lookups_with_conflicts = lookup_bench(
             project, contents, options.queries, rng
         )

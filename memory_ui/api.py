@@ -1,8 +1,9 @@
 """The memory API (docs/api.md, "Memory"): candidates in, MEMORY.md and ranked search out, feedback
 on what a search returned. The key decides the project; nothing here approves a memory.
 
-Each view parses with the models of memory_ui/schemas.py, calls a service and answers a
-model; refusals are raised and the boundary (costboard/api/boundary.py) answers them."""
+Each view parses with the models of memory_ui/schemas.py (where every field is checked, once),
+calls a service with the typed value parsed and answers a model; refusals are raised and the
+boundary (costboard/api/boundary.py) answers them."""
 
 from __future__ import annotations
 
@@ -23,7 +24,6 @@ from costboard.api.boundary import (
 )
 from costboard.models import Project, Session
 from memory_ui import cleaners, ranking, schemas
-from memory_ui.cleaners import MemoryInputError
 from memory_ui.memory_file import memory_md as scope_memory_md
 from memory_ui.models import Memory
 from memory_ui.schemas import (
@@ -87,21 +87,13 @@ def candidates(request: HttpRequest) -> HttpResponse:
     project = cast(ApiRequest, request).project
     body = json_object(request, limit=MAX_BODY_BYTES, example=MemoryCandidate.example())
     candidate = parse(MemoryCandidate, body)
-    try:
-        memory = proposals.candidate_propose(
-            project=project,
-            type=candidate.type,
-            content=candidate.content,
-            scope=candidate.scope,
-            importance=candidate.importance,
-            tags=candidate.tags or [],
-            ttl_days=candidate.ttl_days,
-            session=_session(project, candidate.session_id),
-            source=Memory.Source.AGENT_INFERRED,
-            proposed_by=PROPOSED_BY,
-        )
-    except MemoryInputError as exc:  # the service's own checks, behind the model's
-        raise ApiError(422, exc.field, exc.message) from None
+    memory = proposals.candidate_propose(
+        project=project,
+        fields=candidate.fields(),
+        session=_session(project, candidate.session_id),
+        source=Memory.Source.AGENT_INFERRED,
+        proposed_by=PROPOSED_BY,
+    )
     if memory is None:
         raise ApiError(
             409,
@@ -178,12 +170,7 @@ def search(request: HttpRequest) -> HttpResponse:
     of its score; logged, and the log's id returned for feedback."""
     project = cast(ApiRequest, request).project
     asked = parse_query(request, SearchQuery)
-    try:
-        ranked = ranking.memories_search(
-            project=project, query=asked.q, scope=asked.scope, k=asked.k
-        )
-    except MemoryInputError as exc:
-        raise ApiError(422, exc.field, exc.message) from None
+    ranked = ranking.memories_search(project=project, search=asked.search())
     log = retrievals.retrieval_log_record(
         project=project, query=asked.q, scope=asked.scope, k=asked.k, ranked=ranked
     )
@@ -218,14 +205,7 @@ def feedback(request: HttpRequest) -> HttpResponse:
     body = json_object(request, limit=MAX_BODY_BYTES, example=MemoryFeedback.example())
     given = parse(MemoryFeedback, body)
     try:
-        stored = retrievals.memory_feedback_add(
-            project=project,
-            memory_id=given.memory_id,
-            useful=given.useful,
-            retrieval_id=given.retrieval_id,
-        )
-    except MemoryInputError as exc:
-        raise ApiError(422, exc.field, exc.message) from None
+        stored = retrievals.memory_feedback_add(project=project, feedback=given.feedback())
     except cleaners.NotFound as exc:
         raise ApiError(404, exc.field, exc.message) from None
     return model_response(

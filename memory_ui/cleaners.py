@@ -1,23 +1,33 @@
-"""What a memory takes as input, and the refusals: each cleaner returns the value as stored or
-raises MemoryInputError naming the field and the fix; NotFound is an id that is not the
-project's. The write services (memory_ui/writes/), the review form and the API's schemas
-share them, so a field is checked by one rule wherever it comes in.
+"""What a memory takes as input, checked once where it comes in: each rule below is the one
+definition of a field's check (its limits, its allowed values, its text cleaning) and returns
+the value as stored, or raises MemoryInputError naming the field and the fix. The API's models
+(memory_ui/schemas.py) call them as their validators; the review form, the detector's task,
+the lifecycle and imports build the typed values here (`MemoryFields.of`, `MemoryImport.of`,
+`Feedback.of`, `Search.of`) with them. The write services and the search take those typed
+values and check no field again: they refuse only what the database decides (an id that is
+not the project's: NotFound; a memory decided meanwhile).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
 from decimal import Decimal
 
+from costboard.ingest.json_body import text_fault
 from memory_ui.models import MAX_CONTENT, Memory
 
 DEFAULT_IMPORTANCE = Decimal("0.5")
 # matched with fullmatch: `$` alone lets a trailing newline through ("user:a\n")
 SCOPE = re.compile(r"^(project|user:[\w.@+-]{1,128})$")
 MAX_TAGS = 20
+MAX_TAG = 40  # a tag's characters: a longer one is cut
 MAX_TTL_DAYS = 36_500  # a hundred years
 MAX_QUERY = 500  # RetrievalLog.query's length
+MAX_K = 50  # a search's results at most
+DEFAULT_K = 5
+MAX_ID = 2**63 - 1  # a bigint primary key
 
 
 class MemoryInputError(ValueError):
@@ -38,14 +48,22 @@ class NotFound(LookupError):
         self.message = message
 
 
-# The API hands these what it parsed from JSON, as it came: each is checked at run time too,
-# whatever its annotation says.
+# --- the rules: each takes a value as it came (parsed JSON, a form's text) -----------------
 
 
-def clean_content(content: str) -> str:
-    if not isinstance(content, str) or not content.strip():
+def clean_text(field: str, value: str) -> str:
+    """Text PostgreSQL can hold: no NUL, no unpaired surrogate (docs/api.md, "Limits")."""
+    fault = text_fault(value)
+    if fault is not None:
+        raise MemoryInputError(field, fault)
+    return value
+
+
+def clean_content(value: object) -> str:
+    if not isinstance(value, str) or not value.strip():
         raise MemoryInputError("content", "is required: one sentence of what to remember")
-    text = " ".join(content.split())  # one line: MEMORY.md has one entry per line
+    # one line: MEMORY.md has one entry per line
+    text = " ".join(clean_text("content", value).split())
     if len(text) > MAX_CONTENT:
         raise MemoryInputError(
             "content", f"is {len(text)} characters; at most {MAX_CONTENT}: say it shorter"
@@ -53,13 +71,13 @@ def clean_content(content: str) -> str:
     return text
 
 
-def clean_type(value: str) -> str:
+def clean_type(value: object) -> str:
     if value not in Memory.Type.values:
         raise MemoryInputError("type", f"must be one of {', '.join(Memory.Type.values)}")
     return str(value)
 
 
-def clean_scope(value: str | None) -> str:
+def clean_scope(value: object) -> str:
     if value is None or value == "":
         return "project"
     if not isinstance(value, str) or not SCOPE.fullmatch(value):
@@ -67,32 +85,166 @@ def clean_scope(value: str | None) -> str:
     return value
 
 
-def clean_importance(value: Decimal | float | str | None) -> Decimal:
+def clean_importance(value: object) -> Decimal:
     if value is None:
         return DEFAULT_IMPORTANCE
     try:
-        number = Decimal(str(value))
-    except ArithmeticError:
+        number = Decimal(str(value).strip())
+    except (ArithmeticError, TypeError, ValueError):
         number = Decimal(-1)
     if isinstance(value, bool) or not number.is_finite() or not 0 <= number <= 1:
         raise MemoryInputError("importance", "must be a number from 0 to 1, e.g. 0.7")
     return number.quantize(Decimal("0.001"))
 
 
-def clean_tags(value: Sequence[str] | None) -> list[str]:
+def clean_tags(value: object) -> tuple[str, ...]:
     if value is None:
-        return []
+        return ()
     if not isinstance(value, list | tuple) or not all(isinstance(t, str) for t in value):
         raise MemoryInputError("tags", 'must be a list of strings, e.g. ["billing"]')
-    tags = [t.strip()[:40] for t in value if t.strip()]
+    tags = tuple(clean_text("tags", t).strip()[:MAX_TAG] for t in value if t.strip())
     if len(tags) > MAX_TAGS:
         raise MemoryInputError("tags", f"at most {MAX_TAGS} tags")
     return tags
 
 
-def clean_ttl_days(value: int | str | None) -> int | None:
+def clean_ttl_days(value: object) -> int | None:
     if value is None or value == "":
         return None
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_TTL_DAYS:
-        raise MemoryInputError("ttl_days", "must be a whole number of days from 1 to 36500")
+        raise MemoryInputError(
+            "ttl_days", f"must be a whole number of days from 1 to {MAX_TTL_DAYS}"
+        )
     return value
+
+
+def clean_id(field: str, value: object, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_ID:
+        raise MemoryInputError(field, f"must be the id of {what} (a whole number); got {value!r}")
+    return value
+
+
+def clean_useful(value: object) -> bool:
+    if not isinstance(value, bool):
+        raise MemoryInputError("useful", "is required: true if the memory helped, else false")
+    return value
+
+
+def clean_query(value: object) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise MemoryInputError("q", "is required: what to look for, e.g. ?q=deploy+staging")
+    if len(value) > MAX_QUERY:
+        raise MemoryInputError("q", f"is {len(value)} characters; at most {MAX_QUERY}")
+    return " ".join(clean_text("q", value).split())
+
+
+def clean_k(value: object) -> int:
+    if value is None or value == "":
+        return DEFAULT_K
+    text = str(value).strip()
+    if isinstance(value, bool) or not text.isdigit() or not 1 <= int(text) <= MAX_K:
+        raise MemoryInputError("k", f"must be a whole number from 1 to {MAX_K}; got {value!r}")
+    return int(text)
+
+
+# --- the typed values the services take -----------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryFields:
+    """A memory's own fields, each checked by its rule above: what a proposal, an edit and an
+    import write as they are."""
+
+    content: str
+    type: str
+    scope: str = "project"
+    importance: Decimal = DEFAULT_IMPORTANCE
+    tags: tuple[str, ...] = ()
+    ttl_days: int | None = None
+
+    @classmethod
+    def of(
+        cls,
+        *,
+        content: object,
+        type: object,
+        scope: object = None,
+        importance: object = None,
+        tags: object = None,
+        ttl_days: object = None,
+    ) -> MemoryFields:
+        """The fields from values as they came; MemoryInputError on the first one refused."""
+        return cls(
+            content=clean_content(content),
+            type=clean_type(type),
+            scope=clean_scope(scope),
+            importance=clean_importance(importance),
+            tags=clean_tags(tags),
+            ttl_days=clean_ttl_days(ttl_days),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryImport:
+    """One approved memory to import, with when it was proposed and decided."""
+
+    fields: MemoryFields
+    source: str = Memory.Source.AGENT_INFERRED
+    proposed_at: datetime | None = None  # default: decided_at
+    decided_at: datetime | None = None  # default: now
+
+    @classmethod
+    def of(
+        cls,
+        *,
+        content: object,
+        type: object,
+        scope: object = None,
+        importance: object = None,
+        tags: object = None,
+        ttl_days: object = None,
+        source: str = Memory.Source.AGENT_INFERRED,
+        proposed_at: datetime | None = None,
+        decided_at: datetime | None = None,
+    ) -> MemoryImport:
+        fields = MemoryFields.of(
+            content=content,
+            type=type,
+            scope=scope,
+            importance=importance,
+            tags=tags,
+            ttl_days=ttl_days,
+        )
+        return cls(fields, source=source, proposed_at=proposed_at, decided_at=decided_at)
+
+
+@dataclass(frozen=True, slots=True)
+class Feedback:
+    """Was a retrieved memory useful: the memory, and the search that returned it."""
+
+    memory_id: int
+    useful: bool
+    retrieval_id: int | None = None
+
+    @classmethod
+    def of(cls, *, memory_id: object, useful: object, retrieval_id: object = None) -> Feedback:
+        return cls(
+            memory_id=clean_id("memory_id", memory_id, "the memory"),
+            useful=clean_useful(useful),
+            retrieval_id=None
+            if retrieval_id is None
+            else clean_id("retrieval_id", retrieval_id, "the search (its retrieval_id)"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Search:
+    """What to look for, in which scope, how many results at most."""
+
+    query: str
+    scope: str = "project"
+    k: int = DEFAULT_K
+
+    @classmethod
+    def of(cls, *, query: object, scope: object = None, k: object = None) -> Search:
+        return cls(query=clean_query(query), scope=clean_scope(scope), k=clean_k(k))

@@ -1,6 +1,7 @@
-"""The edit form of the review queue and the memory browser. Every field is checked by the
-same cleaner the services use, so a page and the API refuse the same input with the same
-words; each error names its field."""
+"""The edit form of the review queue and the memory browser. Every field is checked by its
+rule in memory_ui.cleaners, the one the API's models use, so a page and the API refuse the
+same input with the same words; each error names its field. A valid form gives the typed
+MemoryFields that decisions.memory_edit writes as they are."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ def _ttl(value: str) -> int | None:
     return cleaners.clean_ttl_days(int(text) if text.isdigit() else text or None)
 
 
-def _tags(value: str) -> list[str]:
+def _tags(value: str) -> tuple[str, ...]:
     return cleaners.clean_tags([t for t in (part.strip() for part in value.split(",")) if t])
 
 
@@ -42,8 +43,8 @@ CLEANERS: dict[str, Callable[[str], Any]] = {
 
 
 class MemoryEditForm(forms.Form):
-    """Content, type, scope, importance, tags (comma-separated) and TTL days; `cleaned_data`
-    holds what `decisions.memory_edit` takes."""
+    """Content, type, scope, importance, tags (comma-separated) and TTL days; `memory_fields`
+    is what `decisions.memory_edit` takes."""
 
     content = forms.CharField(required=False, strip=False, widget=forms.Textarea)
     type = forms.CharField(required=False)
@@ -72,6 +73,8 @@ class MemoryEditForm(forms.Form):
         super().clean()
         cleaned: dict[str, Any] = {}
         for name, cleaner in CLEANERS.items():
+            if name in self.errors:  # Django's own check refused it (a NUL): said once
+                continue
             try:
                 cleaned[name] = cleaner(self.data.get(name, "") or "")
             except cleaners.MemoryInputError as error:
@@ -79,11 +82,17 @@ class MemoryEditForm(forms.Form):
         self.cleaned_data = cleaned
         return cleaned
 
-    def refuse(self, error: cleaners.MemoryInputError) -> None:
-        """A refusal from the service itself, shown on its field."""
-        name = error.field if error.field in self.fields else None
-        label = LABELS.get(error.field, error.field)
-        self.add_error(name, f"{label}: {error.message}.")
+    def memory_fields(self) -> cleaners.MemoryFields:
+        """The checked fields of a valid form."""
+        data = self.cleaned_data
+        return cleaners.MemoryFields(
+            content=data["content"],
+            type=data["type"],
+            scope=data["scope"],
+            importance=data["importance"],
+            tags=data["tags"],
+            ttl_days=data["ttl_days"],
+        )
 
     @property
     def focus(self) -> str:

@@ -50,7 +50,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from costboard.models import Project
-from memory_ui.cleaners import DEFAULT_IMPORTANCE, MAX_TAGS
+from memory_ui.cleaners import DEFAULT_IMPORTANCE, MAX_TAGS, MemoryFields
 from memory_ui.conflicts import conflict
 from memory_ui.memory_file import live_memories, memory_md
 from memory_ui.models import MAX_CONTENT, Memory
@@ -290,17 +290,20 @@ def _propose(
     note: str,
     now: datetime,
 ) -> Memory:
-    return proposals.proposal_create(
-        project=project,
-        scope=scope,
-        kind=kind,
-        type=type,
+    fields = MemoryFields.of(
         content=content,
-        target_ids=[t.pk for t in targets],
+        type=type,
+        scope=scope,
         importance=importance,
-        source=source,
         tags=list(dict.fromkeys(tags))[:MAX_TAGS],
         ttl_days=ttl_days,
+    )
+    return proposals.proposal_create(
+        project=project,
+        kind=kind,
+        fields=fields,
+        target_ids=[t.pk for t in targets],
+        source=source,
         evidence=evidence,
         note=note,
         proposed_by=PROPOSED_BY,
@@ -418,8 +421,7 @@ def scope_eviction_propose(
     if evictions:  # bring the waiting one up to date
         updated = proposals.eviction_update(
             proposal_id=evictions[-1],
-            type=majority,
-            content=content,
+            fields=MemoryFields.of(content=content, type=majority, scope=scope),
             target_ids=sorted(wanted),
             evidence=evidence,
             note=f"MEMORY.md now leaves out {len(cut)} entries",

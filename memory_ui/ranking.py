@@ -51,10 +51,7 @@ from django.db.models.functions import Lower
 from django.utils import timezone
 
 from costboard.models import Project
-from memory_ui.cleaners import MAX_QUERY, MemoryInputError, clean_scope
-
-# memory_ui.api catches ranking.NotFound: the feedback service's refusal, named here too
-from memory_ui.cleaners import NotFound as NotFound
+from memory_ui.cleaners import Search
 from memory_ui.memory_file import live_memories
 from memory_ui.models import Memory
 from memory_ui.text import normalize, trigrams
@@ -67,7 +64,6 @@ CREDIBILITY: dict[str, float] = {
     Memory.Source.AGENT_INFERRED.value: 0.6,
     Memory.Source.TOOL_OUTPUT.value: 0.3,
 }
-MAX_K = 50
 PORTABLE_SCAN = 2000  # without pg_trgm: how many of a scope's memories are compared
 TRIGRAM_MATCH = 0.6  # the portable path's word similarity threshold, pg_trgm's default
 SECONDS_PER_DAY = 86_400.0
@@ -182,42 +178,20 @@ class _Candidate:
 _FIELDS = ("id", "type", "content", "importance", "source", "decided_at", "created_at")
 
 
-# --- the query --------------------------------------------------------------------------------
-
-
-def clean_query(value: Any) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise MemoryInputError("q", "is required: what to look for, e.g. ?q=deploy+staging")
-    text = " ".join(value.split())
-    if len(text) > MAX_QUERY:
-        raise MemoryInputError("q", f"is {len(text)} characters; at most {MAX_QUERY}")
-    return text
-
-
-def clean_k(value: Any) -> int:
-    if value is None or value == "":
-        return 5
-    text = str(value).strip()
-    if isinstance(value, bool) or not text.isdigit() or not 1 <= int(text) <= MAX_K:
-        raise MemoryInputError("k", f"must be a whole number from 1 to {MAX_K}; got {value!r}")
-    return int(text)
+# --- the search ---------------------------------------------------------------------------------
 
 
 def memories_search(
     *,
     project: Project,
-    query: str,
-    scope: str = "project",
-    k: int = 5,
+    search: Search,
     now: datetime | None = None,
     weights: Mapping[str, float] | None = None,
 ) -> list[Ranked]:
     """The k best live memories of the scope for the query, best first (ties: older id
-    first); an empty list when nothing is relevant."""
-    query = clean_query(query)
-    scope = clean_scope(scope)
-    if isinstance(k, bool) or not 1 <= k <= MAX_K:
-        raise MemoryInputError("k", f"must be a whole number from 1 to {MAX_K}")
+    first); an empty list when nothing is relevant. `search` was checked where it came in
+    (Search.of, or the API's SearchQuery)."""
+    query, scope, k = search.query, search.scope, search.k
     now = now or timezone.now()
     chosen = dict(weights) if weights is not None else ranking_weights()
     half_life = half_life_days()

@@ -1,6 +1,8 @@
 """Pydantic models of the memory API (docs/api.md, "Memory"): the API's parsing of every body and
-query, and the shape of every answer, with the limits of memory_ui.cleaners (whose `clean_*`
-checks stay behind them, as a second line).
+query, and the shape of every answer. Each field is checked by its rule in memory_ui.cleaners
+(the one definition the form, the task and imports use too), and a parsed body becomes the
+typed value the services take (`MemoryCandidate.fields`, `MemoryFeedback.feedback`,
+`SearchQuery.search`), which they do not check again.
 
 Messages say what to send instead; the error mapper (costboard/api/boundary.py) names the
 field. Text is refused with NUL or unpaired surrogates (docs/api.md, "Limits").
@@ -23,125 +25,54 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from costboard.api.schemas import Answer
-from costboard.ingest.schemas import text_fault
 from costboard.json_types import IsoTime
-from memory_ui import models
-from memory_ui.cleaners import MAX_QUERY, MAX_TAGS, MAX_TTL_DAYS, SCOPE
+from memory_ui import cleaners, models
+from memory_ui.cleaners import (
+    DEFAULT_K,
+    MAX_ID,
+    MAX_K,
+    MAX_QUERY,
+    MAX_TAG,
+    MAX_TAGS,
+    MAX_TTL_DAYS,
+    SCOPE,
+    Feedback,
+    MemoryFields,
+    MemoryInputError,
+    Search,
+)
 from memory_ui.models import MAX_CONTENT
-from memory_ui.ranking import MAX_K
 
-DEFAULT_K = 5
-MAX_ID = 2**63 - 1
 MEMORY_TYPES = list(models.Memory.Type.values)
 
 
-def _refuse(kind: str, message: str) -> PydanticCustomError:
-    return PydanticCustomError(kind, message)
+def _rule(clean: Callable[[Any], Any]) -> BeforeValidator:
+    """A field checked by its rule in memory_ui.cleaners, its refusal said as pydantic's."""
 
+    def check(value: Any) -> Any:
+        try:
+            return clean(value)
+        except MemoryInputError as exc:
+            raise PydanticCustomError(exc.field, exc.message) from None
 
-def _text(value: str, kind: str) -> str:
-    fault = text_fault(value)
-    if fault is not None:
-        raise _refuse(kind, fault)
-    return value
-
-
-def _content(value: Any) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise _refuse("content", "is required: one sentence of what to remember")
-    text = " ".join(_text(value, "content").split())  # one line: MEMORY.md has one per line
-    if len(text) > MAX_CONTENT:
-        raise _refuse(
-            "content", f"is {len(text)} characters; at most {MAX_CONTENT}: say it shorter"
-        )
-    return text
-
-
-def _type(value: Any) -> str:
-    if value not in MEMORY_TYPES:
-        raise _refuse("type", f"must be one of {', '.join(MEMORY_TYPES)}")
-    return str(value)
-
-
-def _scope(value: Any) -> str:
-    if value is None or value == "":
-        return "project"
-    if not isinstance(value, str) or not SCOPE.fullmatch(value):
-        raise _refuse("scope", 'must be "project" or "user:<user_id>"')
-    return value
-
-
-def _importance(value: Any) -> Decimal | None:
-    if value is None:
-        return None
-    try:
-        number = Decimal(str(value).strip())
-    except (ArithmeticError, TypeError, ValueError):
-        number = Decimal(-1)
-    if isinstance(value, bool) or not number.is_finite() or not 0 <= number <= 1:
-        raise _refuse("importance", "must be a number from 0 to 1, e.g. 0.7")
-    return number
-
-
-def _tags(value: Any) -> list[str]:
-    if value is None:
-        return []
-    if not isinstance(value, list) or not all(isinstance(t, str) for t in value):
-        raise _refuse("tags", 'must be a list of strings, e.g. ["billing"]')
-    tags = [_text(t, "tags").strip() for t in value if t.strip()]
-    if len(tags) > MAX_TAGS:
-        raise _refuse("tags", f"at most {MAX_TAGS} tags")
-    return tags
-
-
-def _ttl_days(value: Any) -> int | None:
-    if value is None or value == "":
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_TTL_DAYS:
-        raise _refuse("ttl_days", f"must be a whole number of days from 1 to {MAX_TTL_DAYS}")
-    return value
+    return BeforeValidator(check)
 
 
 def _session_id(value: Any) -> str | None:
     if value is None or value == "":
         return None
     if not isinstance(value, str):
-        raise _refuse("session_id", "must be a string: the session_id your events use")
-    return _text(value, "session_id")
+        raise MemoryInputError("session_id", "must be a string: the session_id your events use")
+    return cleaners.clean_text("session_id", value)
 
 
-def _id(what: str, *, required: bool) -> Callable[[Any], Any]:
+def _id(field: str, what: str, *, required: bool) -> BeforeValidator:
     def check(value: Any) -> Any:
         if value is None and not required:
             return None
-        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_ID:
-            raise _refuse("id", f"must be the id of {what} (a whole number); got {value!r}")
-        return value
+        return cleaners.clean_id(field, value, what)
 
-    return check
-
-
-def _useful(value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise _refuse("useful", "is required: true if the memory helped, else false")
-    return value
-
-
-def _query(value: Any) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise _refuse("q", "is required: what to look for, e.g. ?q=deploy+staging")
-    if len(value) > MAX_QUERY:
-        raise _refuse("q", f"is {len(value)} characters; at most {MAX_QUERY}")
-    return " ".join(_text(value, "q").split())
-
-
-def _k(value: Any) -> int:
-    if value is None or value == "":
-        return DEFAULT_K
-    text = str(value).strip()
-    if isinstance(value, bool) or not text.isdigit() or not 1 <= int(text) <= MAX_K:
-        raise _refuse("k", f"must be a whole number from 1 to {MAX_K}; got {value!r}")
-    return int(text)
+    return _rule(check)
 
 
 _SCOPE_SCHEMA = {
@@ -150,11 +81,11 @@ _SCOPE_SCHEMA = {
     "default": "project",
     "description": '"project" or "user:<user_id>"; empty: project',
 }
-Scope = Annotated[str, BeforeValidator(_scope), WithJsonSchema(_SCOPE_SCHEMA)]
+Scope = Annotated[str, _rule(cleaners.clean_scope), WithJsonSchema(_SCOPE_SCHEMA)]
 # in a body, null is the default scope too
 BodyScope = Annotated[
     str,
-    BeforeValidator(_scope),
+    _rule(cleaners.clean_scope),
     WithJsonSchema({"anyOf": [_SCOPE_SCHEMA, {"type": "null"}], "default": "project"}),
 ]
 
@@ -182,20 +113,20 @@ class MemoryCandidate(BaseModel):
             max_length=MAX_CONTENT,
             description="one sentence; spaces and newlines are made single spaces first",
         ),
-        BeforeValidator(_content),
+        _rule(cleaners.clean_content),
     ]
     type: Annotated[
-        str, BeforeValidator(_type), WithJsonSchema({"type": "string", "enum": MEMORY_TYPES})
+        str, _rule(cleaners.clean_type), WithJsonSchema({"type": "string", "enum": MEMORY_TYPES})
     ]
     scope: BodyScope = "project"
     session_id: Annotated[
         Annotated[str, Field(max_length=128)] | None,
         Field(description="a session of this project (its session_id); empty or null: none"),
-        BeforeValidator(_session_id),
+        _rule(_session_id),
     ] = None
     importance: Annotated[
         Annotated[Decimal, Field(ge=0, le=1, allow_inf_nan=False)] | None,
-        BeforeValidator(_importance),
+        _rule(cleaners.clean_importance),
         WithJsonSchema(
             {
                 "anyOf": [
@@ -208,15 +139,15 @@ class MemoryCandidate(BaseModel):
         ),
     ] = None
     tags: Annotated[
-        list[str] | None,
-        BeforeValidator(_tags),
+        tuple[str, ...] | None,
+        _rule(cleaners.clean_tags),
         WithJsonSchema(
             {
                 "anyOf": [
                     {"type": "array", "maxItems": MAX_TAGS, "items": {"type": "string"}},
                     {"type": "null"},
                 ],
-                "description": f"at most {MAX_TAGS}, blank ones dropped, each cut at 40 "
+                "description": f"at most {MAX_TAGS}, blank ones dropped, each cut at {MAX_TAG} "
                 "characters; null or absent: no tags",
             }
         ),
@@ -224,7 +155,7 @@ class MemoryCandidate(BaseModel):
     ttl_days: Annotated[
         Annotated[int, Field(ge=1, le=MAX_TTL_DAYS)] | None,
         Field(description="days an approved memory lives; null: forever"),
-        BeforeValidator(_ttl_days),
+        _rule(cleaners.clean_ttl_days),
     ] = None
 
     @model_validator(mode="before")
@@ -236,6 +167,12 @@ class MemoryCandidate(BaseModel):
     def example(cls) -> str:
         return '{"content": "Always use ruff", "type": "feedback"}'
 
+    def fields(self) -> MemoryFields:
+        """The memory's fields, as the rules made them; those absent (or null) take
+        MemoryFields' defaults: importance 0.5, no tags, no TTL."""
+        given = self.model_dump(exclude={"session_id"}, exclude_none=True)
+        return MemoryFields(**given)
+
 
 class MemoryFeedback(BaseModel):
     """Was a retrieved memory useful?"""
@@ -245,13 +182,13 @@ class MemoryFeedback(BaseModel):
     memory_id: Annotated[
         int,
         Field(ge=1, le=MAX_ID, description="a memory of this project"),
-        BeforeValidator(_id("the memory", required=True)),
+        _id("memory_id", "the memory", required=True),
     ]
-    useful: Annotated[bool, BeforeValidator(_useful)]
+    useful: Annotated[bool, _rule(cleaners.clean_useful)]
     retrieval_id: Annotated[
         Annotated[int, Field(ge=1, le=MAX_ID)] | None,
         Field(description="the search that returned it (its retrieval_id)"),
-        BeforeValidator(_id("the search (its retrieval_id)", required=False)),
+        _id("retrieval_id", "the search (its retrieval_id)", required=False),
     ] = None
 
     @model_validator(mode="before")
@@ -262,6 +199,11 @@ class MemoryFeedback(BaseModel):
     @classmethod
     def example(cls) -> str:
         return '{"memory_id": 12, "useful": true, "retrieval_id": 34}'
+
+    def feedback(self) -> Feedback:
+        return Feedback(
+            memory_id=self.memory_id, useful=self.useful, retrieval_id=self.retrieval_id
+        )
 
 
 class MemoryMdQuery(BaseModel):
@@ -277,13 +219,13 @@ class SearchQuery(BaseModel):
             pattern=r"\S",
             description="words to look for (web-search syntax: quotes, or, -word)",
         ),
-        BeforeValidator(_query),
+        _rule(cleaners.clean_query),
     ]
     scope: Scope = "project"
     k: Annotated[
         int,
         Field(ge=1, le=MAX_K),
-        BeforeValidator(_k),
+        _rule(cleaners.clean_k),
         # `k=` (a form's empty field) means the default: documented, so it is not "invalid"
         WithJsonSchema(
             {
@@ -300,6 +242,9 @@ class SearchQuery(BaseModel):
     @classmethod
     def _required(cls, data: Any) -> Any:
         return _fill_absent(data, "q")
+
+    def search(self) -> Search:
+        return Search(query=self.q, scope=self.scope, k=self.k)
 
 
 # --- answers ----------------------------------------------------------------------------------

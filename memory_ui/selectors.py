@@ -34,6 +34,7 @@ from django.utils import timezone
 
 from costboard.models import Project
 from memory_ui import ranking
+from memory_ui.cleaners import Search
 from memory_ui.conflicts import frame_key, judge
 from memory_ui.models import Memory, MemoryEvent, MemoryFeedback, RetrievalLog
 from memory_ui.ranking import PORTABLE_SCAN
@@ -232,11 +233,11 @@ RANKED_SHOWN = 50  # ranking's most (its k)
 
 
 def memories_ranked(
-    *, project: Project, q: str, scope: str = "project", type: str = ""
+    *, project: Project, search: Search, type: str = ""
 ) -> list[tuple[Memory, ranking.Ranked]]:
-    """What the agent's search (GET /api/v1/memory/search) would return for `q` in one scope,
-    best first, with the score's components; not logged as a retrieval. Two queries."""
-    ranked = ranking.memories_search(project=project, query=q, scope=scope, k=RANKED_SHOWN)
+    """What the agent's search (GET /api/v1/memory/search) would return for `search`, best
+    first, with the score's components; not logged as a retrieval. Two queries."""
+    ranked = ranking.memories_search(project=project, search=search)
     memories = Memory.objects.select_related("project").in_bulk([r.memory_id for r in ranked])
     return [
         (memories[r.memory_id], r)

@@ -7,7 +7,7 @@ import logging
 from celery import shared_task  # no type hints: each task ignores [untyped-decorator]
 
 from costboard.models import Turn
-from memory_ui.cleaners import MemoryInputError
+from memory_ui.cleaners import MemoryFields, MemoryInputError
 from memory_ui.detect import detect
 from memory_ui.writes.proposals import candidate_propose
 
@@ -26,24 +26,27 @@ def memory_detect(turn_ids: list[int]) -> int:
         session = turn.session
         for candidate in detect(turn.user_message, turn.assistant_response):
             user_scoped = candidate.type == "user" and session.user_id
-            try:
-                memory = candidate_propose(
-                    project=turn.project,
-                    type=candidate.type,
+            try:  # the detector's candidate checked as any input is, here where it comes in
+                fields = MemoryFields.of(
                     content=candidate.content,
+                    type=candidate.type,
                     scope=f"user:{session.user_id}" if user_scoped else "project",
                     importance=candidate.importance,
-                    source=candidate.source,
-                    session=session,
-                    turn=turn,
-                    evidence=candidate.evidence,
-                    redactions=list(candidate.redactions),
-                    proposed_by=DETECTOR,
                 )
             except MemoryInputError as error:
                 # e.g. a user_id a scope can't hold: skip this one, keep the turn's others
                 log.warning("memory candidate of turn %s skipped: %s", turn.pk, error)
                 continue
+            memory = candidate_propose(
+                project=turn.project,
+                fields=fields,
+                source=candidate.source,
+                session=session,
+                turn=turn,
+                evidence=candidate.evidence,
+                redactions=list(candidate.redactions),
+                proposed_by=DETECTOR,
+            )
             if memory is not None:
                 proposed += 1
     log.info("memory detection: %s candidates from %s turns", proposed, len(turn_ids))

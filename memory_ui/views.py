@@ -250,10 +250,8 @@ def memory_edit_view(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     if form.is_valid():
         try:
             memory = decisions.memory_edit(
-                memory, by=request.user, approve=approve, **form.cleaned_data
+                memory, fields=form.memory_fields(), by=request.user, approve=approve
             )
-        except cleaners.MemoryInputError as error:
-            form.refuse(error)
         except decisions.DecisionError:
             memory.refresh_from_db()
             form.add_error(None, f"This memory is {memory.status} now: it was decided meanwhile.")
@@ -354,9 +352,9 @@ def browser_page(request: HtmxHttpRequest) -> HttpResponse:
         project = scope.current or (scope.projects[0] if len(scope.projects) == 1 else None)
         if project is not None:
             ranked_scope = memory_scope or "project"
-            context["ranked"] = selectors.memories_ranked(
-                project=project, q=q, scope=ranked_scope, type=type
-            )
+            # never refused: q is short, and a NUL never reaches a page (costboard/query_text.py)
+            search = cleaners.Search.of(query=q, scope=ranked_scope, k=selectors.RANKED_SHOWN)
+            context["ranked"] = selectors.memories_ranked(project=project, search=search, type=type)
             context["ranked_scope"] = ranked_scope
         else:
             found = selectors.memories_search(project_ids=ids, q=q, type=type, scope=memory_scope)

@@ -32,9 +32,6 @@ from pydantic import (
 )
 
 from costboard.ingest.json_body import MAX_DEPTH, bad_text, json_loads, may_hold_bad_text, too_deep
-
-# memory_ui/schemas.py still imports text_fault from here (memory_ui is another room's to move)
-from costboard.ingest.json_body import text_fault as text_fault
 from costboard.ingest.normalize import Tokens, UsageError, normalize_usage
 from costboard.models import MAX_TIER_LENGTH, TIER_PATTERN
 

@@ -5,23 +5,14 @@ refuses one decided meanwhile (DecisionError)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
 
-from memory_ui.cleaners import (
-    MemoryInputError,
-    clean_content,
-    clean_importance,
-    clean_scope,
-    clean_tags,
-    clean_ttl_days,
-    clean_type,
-)
+from memory_ui.cleaners import MemoryFields, MemoryInputError
 from memory_ui.conflicts import frame_key
 from memory_ui.models import Memory, MemoryEvent
 from memory_ui.selectors import LIVE
@@ -31,49 +22,31 @@ from memory_ui.writes.history import User, event_record, snapshot
 EXPIRE_BATCH = 5000  # TTL expiries in one sweep at most
 
 
-EDITABLE = ("content", "type", "scope", "importance", "tags", "ttl_days")
-
-
 def _locked(memory: Memory) -> Memory:
     return Memory.objects.select_for_update().get(pk=memory.pk)
-
-
-def _cleaned(changes: dict[str, Any]) -> dict[str, Any]:
-    unknown = set(changes) - set(EDITABLE)
-    if unknown:
-        raise MemoryInputError(sorted(unknown)[0], "cannot be edited")
-    cleaners: dict[str, Callable[[Any], Any]] = {
-        "content": clean_content,
-        "type": clean_type,
-        "scope": clean_scope,
-        "importance": clean_importance,
-        "tags": clean_tags,
-        "ttl_days": clean_ttl_days,
-    }
-    return {name: cleaners[name](value) for name, value in changes.items()}
 
 
 @transaction.atomic
 def memory_edit(
     memory: Memory,
     *,
+    fields: MemoryFields,
     by: User,
     approve: bool = False,
     now: datetime | None = None,
-    **changes: Any,
 ) -> Memory:
-    """Change any of content, type, scope, importance, tags, ttl_days; the event keeps the
-    before and after. With `approve`, a pending candidate is approved in the same transaction
-    (the review queue's "Save and approve"): both or neither, and DecisionError if it was
-    decided meanwhile."""
-    cleaned = _cleaned(changes)
+    """Give the memory `fields` (content, type, scope, importance, tags, ttl_days, checked
+    where they came in); the event keeps the before and after of those that changed. With
+    `approve`, a pending candidate is approved in the same transaction (the review queue's
+    "Save and approve"): both or neither, and DecisionError if it was decided meanwhile."""
     now = now or timezone.now()
     memory = _locked(memory)
     if approve and memory.status != Memory.Status.PENDING:
         raise DecisionError(f"memory {memory.pk} is {memory.status}, not pending")
     before = snapshot(memory)
-    for name, value in cleaned.items():
-        setattr(memory, name, value)
+    memory.content, memory.type, memory.scope = fields.content, fields.type, fields.scope
+    memory.importance, memory.tags = fields.importance, list(fields.tags)
+    memory.ttl_days = fields.ttl_days
     memory.fingerprint = fingerprint(memory.content)
     memory.frame_key = frame_key(memory.content)
     if memory.status == Memory.Status.APPROVED:

@@ -4,43 +4,18 @@ its history, in a few statements."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime
-from decimal import Decimal
 
 from django.db import connection, transaction
 from django.utils import timezone
 
 from costboard.models import Project
-from memory_ui.cleaners import (
-    DEFAULT_IMPORTANCE,
-    clean_content,
-    clean_importance,
-    clean_scope,
-    clean_tags,
-    clean_ttl_days,
-    clean_type,
-)
+from memory_ui.cleaners import MemoryImport
 from memory_ui.conflicts import frame_key
 from memory_ui.models import Memory, MemoryEvent
 from memory_ui.text import fingerprint
 from memory_ui.writes.decisions import expiry
 from memory_ui.writes.history import User, event_fields, snapshot
-
-
-@dataclass(frozen=True, slots=True)
-class MemoryImport:
-    """One approved memory to import, with when it was proposed and decided."""
-
-    type: str
-    content: str
-    scope: str = "project"
-    importance: Decimal = DEFAULT_IMPORTANCE
-    source: str = Memory.Source.AGENT_INFERRED
-    tags: tuple[str, ...] = ()
-    ttl_days: int | None = None
-    proposed_at: datetime | None = None  # default: decided_at
-    decided_at: datetime | None = None  # default: now
 
 
 @transaction.atomic
@@ -55,24 +30,25 @@ def memories_import(
 ) -> list[Memory]:
     """Approved memories in bulk (a benchmark's scope of 10,000, an existing MEMORY.md), each
     with its history — proposed, then approved — in one transaction and a few statements. No
-    duplicate check: for a set known to be new and distinct."""
+    duplicate check: for a set known to be new and distinct. Each entry's fields were checked
+    where it was made (MemoryImport.of)."""
     if not connection.features.can_return_rows_from_bulk_insert:
         raise RuntimeError(f"{connection.vendor} cannot return ids from a bulk insert")
     now = now or timezone.now()
     rows = []
     for entry in memories:
-        content = clean_content(entry.content)
+        fields, content = entry.fields, entry.fields.content
         decided = entry.decided_at or now
         memory = Memory(
             project=project,
-            type=clean_type(entry.type),
+            type=fields.type,
             content=content,
-            scope=clean_scope(entry.scope),
+            scope=fields.scope,
             status=Memory.Status.APPROVED,
-            importance=clean_importance(entry.importance),
+            importance=fields.importance,
             source=entry.source,
-            tags=clean_tags(entry.tags),
-            ttl_days=clean_ttl_days(entry.ttl_days),
+            tags=list(fields.tags),
+            ttl_days=fields.ttl_days,
             fingerprint=fingerprint(content),
             frame_key=frame_key(content),
             proposed_by=actor_name[:150],

@@ -12,16 +12,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from costboard.models import Project, Session, Turn
-from memory_ui.cleaners import (
-    DEFAULT_IMPORTANCE,
-    MemoryInputError,
-    clean_content,
-    clean_importance,
-    clean_scope,
-    clean_tags,
-    clean_ttl_days,
-    clean_type,
-)
+from memory_ui.cleaners import MemoryFields, MemoryInputError
 from memory_ui.conflicts import frame_key
 from memory_ui.models import Memory, MemoryEvent
 from memory_ui.selectors import LIVE, near_memories
@@ -35,18 +26,13 @@ REPETITION_BONUS = Decimal("0.05")  # importance added each time a memory is pro
 def candidate_propose(
     *,
     project: Project,
-    type: str,
-    content: str,
-    scope: str = "project",
-    importance: Decimal | float | str | None = None,
+    fields: MemoryFields,
     source: str = Memory.Source.AGENT_INFERRED,
     session: Session | None = None,
     turn: Turn | None = None,
     evidence: str = "",
     redactions: Iterable[str] = (),
     proposed_by: str = "",
-    tags: list[str] | None = None,
-    ttl_days: int | None = None,
     now: datetime | None = None,
 ) -> Memory | None:
     """A pending candidate; or, when the scope already has the same sentence (or a near
@@ -55,14 +41,10 @@ def candidate_propose(
 
     A sentence near-identical to a live memory but for a number, a date, a version, a
     negation or an opposite (memory_ui.conflicts) is never merged: it is a new candidate whose
-    `conflicts_with` lists the memories it contradicts, for a person to decide between."""
+    `conflicts_with` lists the memories it contradicts, for a person to decide between.
+    `fields` were checked where they came in (memory_ui.cleaners)."""
     now = now or timezone.now()
-    content = clean_content(content)
-    type = clean_type(type)
-    scope = clean_scope(scope)
-    weight = clean_importance(importance)
-    tags = clean_tags(tags)
-    ttl_days = clean_ttl_days(ttl_days)
+    content, scope, weight = fields.content, fields.scope, fields.importance
     fp = fingerprint(content)
     # one proposer at a time per project (a row lock that doesn't block ingest's inserts)
     Project.objects.select_for_update(no_key=True).filter(pk=project.pk).first()
@@ -107,13 +89,13 @@ def candidate_propose(
         return same
     memory = Memory.objects.create(
         project=project,
-        type=type,
+        type=fields.type,
         content=content,
         scope=scope,
         importance=weight,
         source=source,
-        tags=tags,
-        ttl_days=ttl_days,
+        tags=list(fields.tags),
+        ttl_days=fields.ttl_days,
         session=session,
         turn=turn,
         fingerprint=fp,
@@ -146,15 +128,10 @@ def candidate_propose(
 def proposal_create(
     *,
     project: Project,
-    scope: str,
     kind: str,
-    type: str,
-    content: str,
+    fields: MemoryFields,
     target_ids: Sequence[int],
-    importance: Decimal = DEFAULT_IMPORTANCE,
     source: str = Memory.Source.AGENT_INFERRED,
-    tags: Sequence[str] = (),
-    ttl_days: int | None = None,
     evidence: str = "",
     note: str,
     proposed_by: str,
@@ -168,18 +145,18 @@ def proposal_create(
     if not target_ids:
         raise MemoryInputError("targets", "a proposal acts on at least one memory")
     now = now or timezone.now()
-    content = clean_content(content)
+    content = fields.content
     # one proposer at a time per project, as candidate_propose (re-entrant for the lifecycle)
     Project.objects.select_for_update(no_key=True).filter(pk=project.pk).first()
     memory = Memory.objects.create(
         project=project,
-        type=clean_type(type),
+        type=fields.type,
         content=content,
-        scope=clean_scope(scope),
-        importance=clean_importance(importance),
+        scope=fields.scope,
+        importance=fields.importance,
         source=source,
-        tags=clean_tags(tags),
-        ttl_days=clean_ttl_days(ttl_days),
+        tags=list(fields.tags),
+        ttl_days=fields.ttl_days,
         # an eviction is not a sentence to remember; a merge or compression becomes one
         fingerprint="" if kind == Memory.Proposal.EVICT else fingerprint(content),
         frame_key="" if kind == Memory.Proposal.EVICT else frame_key(content),
@@ -205,17 +182,16 @@ def proposal_create(
 def eviction_update(
     *,
     proposal_id: int,
-    type: str,
-    content: str,
+    fields: MemoryFields,
     target_ids: Sequence[int],
     evidence: str,
     note: str,
     proposed_by: str,
     now: datetime | None = None,
 ) -> Memory | None:
-    """Bring a waiting eviction proposal up to date (what MEMORY.md's cap cuts now), its
-    history keeping the before and after; None if it is no longer a pending eviction (decided
-    meanwhile: the caller proposes a new one)."""
+    """Bring a waiting eviction proposal up to date (what MEMORY.md's cap cuts now: its
+    content and type from `fields`), its history keeping the before and after; None if it is
+    no longer a pending eviction (decided meanwhile: the caller proposes a new one)."""
     now = now or timezone.now()
     memory = (
         Memory.objects.select_for_update()
@@ -225,7 +201,7 @@ def eviction_update(
     if memory is None:
         return None
     before = {**snapshot(memory), "targets": sorted(memory.targets.values_list("pk", flat=True))}
-    memory.content, memory.type = clean_content(content), clean_type(type)
+    memory.content, memory.type = fields.content, fields.type
     memory.evidence = evidence[:2000]
     memory.times_proposed += 1
     memory.updated_at = now

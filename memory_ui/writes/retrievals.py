@@ -11,11 +11,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from costboard.models import Project
-from memory_ui.cleaners import (
-    MAX_QUERY,
-    MemoryInputError,
-    NotFound,
-)
+from memory_ui.cleaners import MAX_QUERY, Feedback, NotFound
 from memory_ui.models import Memory, MemoryFeedback, RetrievalLog
 
 
@@ -40,31 +36,16 @@ def retrieval_log_record(
     )
 
 
-def _whole_number(field: str, value: object, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise MemoryInputError(field, f"must be the id of {what} (a whole number); got {value!r}")
-    return value
-
-
 @transaction.atomic
 def memory_feedback_add(
     *,
     project: Project,
-    memory_id: object,
-    useful: object,
-    retrieval_id: object = None,
+    feedback: Feedback,
     now: datetime | None = None,
 ) -> MemoryFeedback:
     """Was a retrieved memory useful? The memory (and the search, if given) must be the
-    project's. Its values are JSON as the API parsed it (object): each is checked here."""
-    memory_pk = _whole_number("memory_id", memory_id, "the memory")
-    if not isinstance(useful, bool):
-        raise MemoryInputError("useful", "is required: true if the memory helped, else false")
-    retrieval_pk = (
-        None
-        if retrieval_id is None
-        else _whole_number("retrieval_id", retrieval_id, "the search (its retrieval_id)")
-    )
+    project's (NotFound otherwise); the ids themselves were checked where they came in."""
+    memory_pk, retrieval_pk = feedback.memory_id, feedback.retrieval_id
     memory = Memory.objects.filter(project=project, pk=memory_pk).only("pk").first()
     if memory is None:
         raise NotFound("memory_id", f"no memory {memory_pk} in project {project.slug}")
@@ -77,6 +58,6 @@ def memory_feedback_add(
         project=project,
         memory=memory,
         retrieval=retrieval,
-        useful=useful,
+        useful=feedback.useful,
         created_at=now or timezone.now(),
     )

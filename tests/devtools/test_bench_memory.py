@@ -100,7 +100,7 @@ def test_bad_sizes_are_refused() -> None:
 
 def test_the_generated_search_queries_are_varied() -> None:
     rng = random.Random(1)
-    contents = [row.content for row in bench.memory_rows(Project(pk=1), 50, rng)]
+    contents = [row.fields.content for row in bench.memory_rows(Project(pk=1), 50, rng)]
     queries = bench.search_queries(contents, 40, rng)
     assert len(set(queries)) > 20
     assert any(q.startswith('"') for q in queries)

@@ -12,6 +12,7 @@ from django.core.management import CommandError, call_command
 from django.db import connection
 
 from devtools.page_bench import page_cases
+from memory_ui.cleaners import MemoryFields
 from memory_ui.writes import decisions, proposals
 from tests.conftest import Agent
 from tests.costboard.dashboards.test_dashboards import priced, traffic  # noqa: F401 (fixture)
@@ -27,10 +28,14 @@ ROW = re.compile(
 @pytest.mark.slow
 def test_bench_pages_times_every_page_and_fragment(agent: Agent, priced: None) -> None:  # noqa: F811
     traffic(agent, sessions=4, turns=3)
-    kept = proposals.candidate_propose(project=agent.project, type="user", content="Likes tea")
+    kept = proposals.candidate_propose(
+        project=agent.project, fields=MemoryFields.of(type="user", content="Likes tea")
+    )
     assert kept is not None
     decisions.memory_approve(kept, by=None)
-    proposals.candidate_propose(project=agent.project, type="project", content="Deploy on Fridays")
+    proposals.candidate_propose(
+        project=agent.project, fields=MemoryFields.of(type="project", content="Deploy on Fridays")
+    )
     out = StringIO()
     # a target no machine misses: this test reads the report, it does not time the pages
     call_command("bench_pages", runs=3, warmup=0, target_ms=600_000, stdout=out, stderr=StringIO())

@@ -17,6 +17,7 @@ from django.utils import timezone
 from playwright.sync_api import expect
 
 from costboard.models import Membership
+from memory_ui.cleaners import MemoryFields
 from memory_ui.models import Memory, MemoryEvent
 from memory_ui.writes import decisions, proposals
 from tests.conftest import make_agent
@@ -58,9 +59,11 @@ def test_review_memories_in_chromium(live_server: Any, page: Any) -> None:
     for i, sentence in enumerate(SENTENCES):  # the first is the newest
         memory = proposals.candidate_propose(
             project=agent.project,
-            type="user" if i == 1 else "project",
-            scope="user:ann" if i == 1 else "project",
-            content=sentence,
+            fields=MemoryFields.of(
+                type="user" if i == 1 else "project",
+                scope="user:ann" if i == 1 else "project",
+                content=sentence,
+            ),
             now=now - timedelta(minutes=i),
         )
         assert memory is not None
@@ -230,17 +233,20 @@ def test_a_contradiction_side_by_side_and_superseded_in_chromium(
     agent = make_agent("acme")
     reviewer(agent.project)
     old = proposals.candidate_propose(
-        project=agent.project, type="project", content="The staging database runs on port 5432"
+        project=agent.project,
+        fields=MemoryFields.of(type="project", content="The staging database runs on port 5432"),
     )
     assert old is not None
     decisions.memory_approve(old, by=None)
     kin = proposals.candidate_propose(
-        project=agent.project, type="project", content="The staging database is backed up nightly"
+        project=agent.project,
+        fields=MemoryFields.of(type="project", content="The staging database is backed up nightly"),
     )
     assert kin is not None
     decisions.memory_approve(kin, by=None)
     new = proposals.candidate_propose(
-        project=agent.project, type="project", content="The staging database runs on port 5433"
+        project=agent.project,
+        fields=MemoryFields.of(type="project", content="The staging database runs on port 5433"),
     )
     assert new is not None and list(new.conflicts_with.all()) == [old]
     base = live_server.url

@@ -10,6 +10,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from django.test import Client
 
+from memory_ui.cleaners import MemoryFields
 from memory_ui.models import Memory
 from memory_ui.writes import decisions, proposals
 from tests.conftest import Agent
@@ -20,7 +21,9 @@ CHANGELIST = "/admin/memory_ui/memory/"
 
 
 def propose(agent: Agent, content: str) -> Memory:
-    memory = proposals.candidate_propose(project=agent.project, type="project", content=content)
+    memory = proposals.candidate_propose(
+        project=agent.project, fields=MemoryFields.of(type="project", content=content)
+    )
     assert memory is not None
     return memory
 

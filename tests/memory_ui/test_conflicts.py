@@ -12,6 +12,7 @@ import pytest
 from django.test import Client
 
 from memory_ui import lifecycle
+from memory_ui.cleaners import MemoryFields, Search
 from memory_ui.conflicts import conflict, read, same_meaning
 from memory_ui.memory_file import memory_md
 from memory_ui.models import Memory
@@ -105,7 +106,9 @@ def post_candidate(agent: Agent, content: str, **fields: Any) -> Any:
 
 
 def approved(agent: Agent, content: str) -> Memory:
-    memory = proposals.candidate_propose(project=agent.project, type="project", content=content)
+    memory = proposals.candidate_propose(
+        project=agent.project, fields=MemoryFields.of(type="project", content=content)
+    )
     assert memory is not None and memory.times_proposed == 1
     return decisions.memory_approve(memory, by=None)
 
@@ -153,7 +156,8 @@ def test_a_near_duplicate_that_means_the_same_still_merges(agent: Agent) -> None
 def test_approving_supersedes_the_old_memory(agent: Agent) -> None:
     old = approved(agent, "the staging database runs on port 5432")
     new = proposals.candidate_propose(
-        project=agent.project, type="project", content="the staging database runs on port 5433"
+        project=agent.project,
+        fields=MemoryFields.of(type="project", content="the staging database runs on port 5433"),
     )
     assert new is not None
     new = decisions.memory_approve(new, by=None, actor_name="rita")
@@ -167,7 +171,7 @@ def test_approving_supersedes_the_old_memory(agent: Agent) -> None:
     assert new.events.get(action="approved").note == f"supersedes #{old.pk}"
     md = memory_md(agent.project, "project").text
     assert "port 5433" in md and "port 5432" not in md
-    found = memories_search(project=agent.project, query="staging database port")
+    found = memories_search(project=agent.project, search=Search.of(query="staging database port"))
     assert [r.memory_id for r in found] == [new.pk]
     # the superseded sentence proposed again is a new candidate against the current fact
     back = post_candidate(agent, "the staging database runs on port 5432")
@@ -178,7 +182,8 @@ def test_approving_supersedes_the_old_memory(agent: Agent) -> None:
 def test_keeping_both_leaves_the_old_memory_approved(agent: Agent) -> None:
     old = approved(agent, "never deploy on Fridays")
     new = proposals.candidate_propose(
-        project=agent.project, type="project", content="always deploy on Fridays"
+        project=agent.project,
+        fields=MemoryFields.of(type="project", content="always deploy on Fridays"),
     )
     assert new is not None
     decisions.memory_approve(new, by=None, keep_both=True)
@@ -194,7 +199,8 @@ def test_keeping_both_leaves_the_old_memory_approved(agent: Agent) -> None:
 def test_approving_in_bulk_supersedes_too(agent: Agent) -> None:
     old = approved(agent, "only keep results published after 2023")
     new = proposals.candidate_propose(
-        project=agent.project, type="project", content="only keep results published after 2024"
+        project=agent.project,
+        fields=MemoryFields.of(type="project", content="only keep results published after 2024"),
     )
     assert new is not None
     done = decisions.candidates_decide(ids=[new.pk], decision="approve", by=None)
@@ -206,7 +212,8 @@ def test_approving_in_bulk_supersedes_too(agent: Agent) -> None:
 def test_rejecting_a_contradiction_leaves_the_old_memory(agent: Agent) -> None:
     old = approved(agent, "the staging database runs on port 5432")
     new = proposals.candidate_propose(
-        project=agent.project, type="project", content="the staging database runs on port 5433"
+        project=agent.project,
+        fields=MemoryFields.of(type="project", content="the staging database runs on port 5433"),
     )
     assert new is not None
     decisions.memory_reject(new, by=None)
@@ -217,14 +224,18 @@ def test_rejecting_a_contradiction_leaves_the_old_memory(agent: Agent) -> None:
 def test_the_lifecycle_does_not_propose_merging_a_contradiction(agent: Agent) -> None:
     old = approved(agent, "never deploy on Fridays")
     new = proposals.candidate_propose(
-        project=agent.project, type="project", content="always deploy on Fridays"
+        project=agent.project,
+        fields=MemoryFields.of(type="project", content="always deploy on Fridays"),
     )
     assert new is not None
     decisions.memory_approve(new, by=None, keep_both=True)
     # positive control: a real pair of duplicates in the same run is proposed
     a = approved(agent, "Invoices go out on the first working day")
     b = proposals.candidate_propose(
-        project=agent.project, type="project", content="Invoices go out on the first working day!!"
+        project=agent.project,
+        fields=MemoryFields.of(
+            type="project", content="Invoices go out on the first working day!!"
+        ),
     )
     assert b is not None and b.pk == a.pk  # the same sentence: merged at once
     stored = Memory.objects.create(
@@ -255,10 +266,12 @@ def card(html: str, pk: int) -> str:
 def test_the_review_card_shows_the_two_side_by_side(staff: Client, agent: Agent) -> None:
     old = approved(agent, "the staging database runs on port 5432")
     new = proposals.candidate_propose(
-        project=agent.project, type="project", content="the staging database runs on port 5433"
+        project=agent.project,
+        fields=MemoryFields.of(type="project", content="the staging database runs on port 5433"),
     )
     plain = proposals.candidate_propose(
-        project=agent.project, type="project", content="Invoices are sent on the 1st"
+        project=agent.project,
+        fields=MemoryFields.of(type="project", content="Invoices are sent on the 1st"),
     )
     assert new is not None and plain is not None
     html = staff.get("/memory/review/").content.decode()
@@ -276,7 +289,8 @@ def test_the_review_card_shows_the_two_side_by_side(staff: Client, agent: Agent)
 def test_keep_both_and_approve_from_the_page(staff: Client, agent: Agent) -> None:
     old = approved(agent, "never deploy on Fridays")
     kept = proposals.candidate_propose(
-        project=agent.project, type="project", content="always deploy on Fridays"
+        project=agent.project,
+        fields=MemoryFields.of(type="project", content="always deploy on Fridays"),
     )
     assert kept is not None
     response = staff.post(f"/memory/{kept.pk}/approve/", {"keep": "both"}, headers=HTMX)
@@ -286,7 +300,8 @@ def test_keep_both_and_approve_from_the_page(staff: Client, agent: Agent) -> Non
     assert (old.status, kept.status) == ("approved", "approved")
     other = approved(agent, "the staging database runs on port 5432")
     newer = proposals.candidate_propose(
-        project=agent.project, type="project", content="the staging database runs on port 5433"
+        project=agent.project,
+        fields=MemoryFields.of(type="project", content="the staging database runs on port 5433"),
     )
     assert newer is not None
     response = staff.post(f"/memory/{newer.pk}/approve/", headers=HTMX)

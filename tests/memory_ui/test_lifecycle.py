@@ -17,6 +17,7 @@ from django.contrib.auth import get_user_model
 from costboard.celery import app as celery_app
 from costboard.models import Project
 from memory_ui import lifecycle, memory_file
+from memory_ui.cleaners import MemoryFields
 from memory_ui.lifecycle import lifecycle_run, scope_proposals
 from memory_ui.memory_file import memory_md
 from memory_ui.models import Memory, MemoryEvent
@@ -77,9 +78,15 @@ def target_ids(memory: Memory) -> set[int]:
 
 
 def test_ttl_expiry_expires_what_is_due_once(project: Project, reviewer: Any) -> None:
-    week = candidate_propose(project=project, type="project", content="Freeze now", ttl_days=7)
-    month = candidate_propose(project=project, type="project", content="Q4 goal", ttl_days=30)
-    forever = candidate_propose(project=project, type="project", content="Use ruff")
+    week = candidate_propose(
+        project=project, fields=MemoryFields.of(type="project", content="Freeze now", ttl_days=7)
+    )
+    month = candidate_propose(
+        project=project, fields=MemoryFields.of(type="project", content="Q4 goal", ttl_days=30)
+    )
+    forever = candidate_propose(
+        project=project, fields=MemoryFields.of(type="project", content="Use ruff")
+    )
     assert week is not None and month is not None and forever is not None
     for memory in (week, month, forever):
         memory_approve(memory, by=reviewer, now=NOW)
@@ -293,7 +300,8 @@ def test_a_rejected_merge_does_not_reject_its_sentence(project: Project, reviewe
     memory_reject(proposal, by=reviewer, now=NOW)
     Memory.objects.filter(pk__in=[first.pk, second.pk]).update(status="expired")
     again = candidate_propose(
-        project=project, type="project", content="The staging database is on port 5433"
+        project=project,
+        fields=MemoryFields.of(type="project", content="The staging database is on port 5433"),
     )
     assert again is not None and again.status == "pending" and again.proposal == "new"
 

@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from costboard.models import Membership, Session, Turn
 from memory_ui import memory_file, selectors
+from memory_ui.cleaners import MemoryFields
 from memory_ui.memory_file import memory_md
 from memory_ui.models import Memory, MemoryEvent, MemoryFeedback, RetrievalLog
 from memory_ui.text import fingerprint
@@ -32,9 +33,15 @@ HTMX = {"HX-Request": "true"}
 # --- helpers --------------------------------------------------------------------------------
 
 
-def propose(agent: Agent, content: str, **fields: Any) -> Memory:
+MEMORY_FIELDS = ("type", "scope", "importance", "tags", "ttl_days")
+
+
+def propose(agent: Agent, content: str, **given: Any) -> Memory:
+    fields = {name: given.pop(name) for name in MEMORY_FIELDS if name in given}
     fields.setdefault("type", "project")
-    memory = proposals.candidate_propose(project=agent.project, content=content, **fields)
+    memory = proposals.candidate_propose(
+        project=agent.project, fields=MemoryFields.of(content=content, **fields), **given
+    )
     assert memory is not None
     return memory
 
@@ -394,7 +401,8 @@ def test_reject_with_htmx(staff: Client, agent: Agent) -> None:
     # the sentence stays out
     assert (
         proposals.candidate_propose(
-            project=agent.project, type="user", content="the office cat is named pixel"
+            project=agent.project,
+            fields=MemoryFields.of(type="user", content="the office cat is named pixel"),
         )
         is None
     )
@@ -554,6 +562,22 @@ def test_a_refused_edit_comes_back_with_the_error_on_its_field(
     assert re.search(rf'name="{field}"[^>]*aria-invalid="true"[^>]*autofocus', body), body
     memory.refresh_from_db()
     assert memory.content == "Lint with ruff before pushing" and memory.status == "pending"
+    assert [a for a, _ in events(memory)] == ["proposed"]
+
+
+def test_a_nul_in_the_form_is_refused_once(staff: Client, agent: Agent) -> None:
+    """Django's field refuses a NUL before the content's rule (memory_ui.cleaners) would: the
+    field shows one error, not both."""
+    memory = propose(agent, "Lint with ruff before pushing")
+    response = post(
+        staff, f"/memory/{memory.pk}/edit/", edit_fields(memory, content="Lint\x00 with ruff")
+    )
+    assert response.status_code == 422
+    body = response.content.decode()
+    assert re.findall(r'data-error="(\w+)"', body) == ["content"]
+    assert "Null characters are not allowed." in body and "NUL" not in body
+    memory.refresh_from_db()
+    assert memory.content == "Lint with ruff before pushing"
     assert [a for a, _ in events(memory)] == ["proposed"]
 
 

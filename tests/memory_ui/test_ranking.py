@@ -13,7 +13,7 @@ from django.db import connection
 from django.test import override_settings
 
 from costboard.models import Project
-from memory_ui.cleaners import MemoryInputError
+from memory_ui.cleaners import MemoryInputError, Search
 from memory_ui.models import Memory
 from memory_ui.ranking import Ranked, freshness, memories_search, ranking_weights, terms
 from memory_ui.text import fingerprint
@@ -44,7 +44,8 @@ def remember(project: Project, content: str, **fields: Any) -> Memory:
 
 
 def search(project: Project, query: str, **options: Any) -> list[Ranked]:
-    return memories_search(project=project, query=query, now=NOW, **options)
+    asked = Search.of(query=query, scope=options.pop("scope", None), k=options.pop("k", None))
+    return memories_search(project=project, search=asked, now=NOW, **options)
 
 
 def ids(results: list[Ranked]) -> list[int]:

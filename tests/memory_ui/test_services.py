@@ -3,6 +3,7 @@ every decision in the history, and MEMORY.md at its caps."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -12,13 +13,13 @@ from django.contrib.auth import get_user_model
 
 from costboard.models import Project
 from memory_ui import cleaners
-from memory_ui.cleaners import MemoryInputError
+from memory_ui.cleaners import Feedback, MemoryFields, MemoryImport, MemoryInputError, Search
 from memory_ui.memory_file import memory_md
 from memory_ui.models import Memory, MemoryEvent
 from memory_ui.text import fingerprint
 from memory_ui.writes import decisions, proposals, retrievals
 from memory_ui.writes.decisions import memory_approve, memory_edit, memory_expire, memory_reject
-from memory_ui.writes.imports import MemoryImport, memories_import
+from memory_ui.writes.imports import memories_import
 from memory_ui.writes.proposals import candidate_propose
 from tests.conftest import make_agent, run_in_threads
 
@@ -37,10 +38,21 @@ def reviewer(db: None) -> Any:
     return get_user_model().objects.create_user("rita", password="pw-rita-123")
 
 
-def propose(project: Project, content: str, **fields: Any) -> Memory | None:
+MEMORY_FIELDS = ("type", "scope", "importance", "tags", "ttl_days")
+
+
+def propose(project: Project, content: str, **given: Any) -> Memory | None:
+    fields = {name: given.pop(name) for name in MEMORY_FIELDS if name in given}
+    fields.setdefault("type", "feedback")
     return candidate_propose(
-        project=project, type=fields.pop("type", "feedback"), content=content, now=NOW, **fields
+        project=project, fields=MemoryFields.of(content=content, **fields), now=NOW, **given
     )
+
+
+def edited(memory: Memory, **changes: Any) -> MemoryFields:
+    """The memory's fields with `changes` (as they came) in place of some."""
+    now = {name: getattr(memory, name) for name in ("content", *MEMORY_FIELDS)}
+    return MemoryFields.of(**{**now, **changes})
 
 
 def actions(memory: Memory) -> list[str]:
@@ -102,7 +114,10 @@ def test_approval_sets_the_expiry_and_edits_keep_before_and_after(
         NOW + timedelta(days=30),
     )
     memory = memory_edit(
-        memory, by=reviewer, now=NOW, content="Release freeze starts March 4", importance="0.9"
+        memory,
+        by=reviewer,
+        now=NOW,
+        fields=edited(memory, content="Release freeze starts March 4", importance="0.9"),
     )
     edit = memory.events.get(action="edited")
     assert edit.before == {"content": "Release freeze starts March 3", "importance": "0.500"}
@@ -132,9 +147,27 @@ def test_bad_input_names_the_field_and_stores_nothing(
 ) -> None:
     fields: dict[str, Any] = {"content": "Fine sentence", "type": "user", field: value}
     with pytest.raises(MemoryInputError) as error:
-        candidate_propose(project=project, **fields)
+        candidate_propose(project=project, fields=MemoryFields.of(**fields))
     assert error.value.field == field
     assert not Memory.objects.exists() and not MemoryEvent.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("make", "field", "fault"),
+    [
+        (lambda: MemoryFields.of(type="user", content="a\x00b"), "content", "NUL"),
+        (lambda: MemoryFields.of(type="user", content="x", tags=["ok", "\ud800"]), "tags", "d800"),
+        (lambda: MemoryImport.of(type="user", content="\udc00 x"), "content", "dc00"),
+        (lambda: Search.of(query="deploy\x00"), "q", "NUL"),
+    ],
+)
+def test_text_postgresql_cannot_hold_is_refused_wherever_it_comes_in(
+    make: Callable[[], object], field: str, fault: str
+) -> None:
+    """The task, imports and the pages build their typed values with the API's own text rule."""
+    with pytest.raises(MemoryInputError) as error:
+        make()
+    assert error.value.field == field and fault in error.value.message
 
 
 def test_only_pending_candidates_are_decided(project: Project, reviewer: Any) -> None:
@@ -249,7 +282,8 @@ def test_the_same_sentence_proposed_at_once_is_one_memory() -> None:
         run_in_threads(
             8,
             lambda i: candidate_propose(
-                project=agent.project, type="feedback", content="Never force-push to main"
+                project=agent.project,
+                fields=MemoryFields.of(type="feedback", content="Never force-push to main"),
             ),
         )
         == []
@@ -265,7 +299,13 @@ def test_the_same_sentence_proposed_at_once_is_one_memory() -> None:
 def test_edit_with_approve_writes_both_in_order(project: Project, reviewer: Any) -> None:
     memory = propose(project, "Deploys need a green build", ttl_days=10)
     assert memory is not None
-    memory = memory_edit(memory, by=reviewer, approve=True, now=NOW, content="Deploys need CI")
+    memory = memory_edit(
+        memory,
+        by=reviewer,
+        approve=True,
+        now=NOW,
+        fields=edited(memory, content="Deploys need CI"),
+    )
     assert (memory.status, memory.content, memory.decided_by) == (
         "approved",
         "Deploys need CI",
@@ -280,7 +320,9 @@ def test_edit_with_approve_and_nothing_changed_only_approves(
 ) -> None:
     memory = propose(project, "Deploys need a green build")
     assert memory is not None
-    memory = memory_edit(memory, by=reviewer, approve=True, content=memory.content)
+    memory = memory_edit(
+        memory, by=reviewer, approve=True, fields=edited(memory, content=memory.content)
+    )
     assert memory.status == "approved"
     assert actions(memory) == ["proposed", "approved"]
 
@@ -292,7 +334,12 @@ def test_edit_with_approve_of_a_decided_memory_changes_nothing(
     assert memory is not None
     memory_reject(memory, by=reviewer)
     with pytest.raises(decisions.DecisionError):
-        memory_edit(memory, by=reviewer, approve=True, content="Something else entirely")
+        memory_edit(
+            memory,
+            by=reviewer,
+            approve=True,
+            fields=edited(memory, content="Something else entirely"),
+        )
     memory.refresh_from_db()
     assert (memory.status, memory.content) == ("rejected", "Deploys need a green build")
     assert actions(memory) == ["proposed", "rejected"]
@@ -302,7 +349,7 @@ def test_a_refused_field_stores_nothing_even_with_approve(project: Project, revi
     memory = propose(project, "Deploys need a green build")
     assert memory is not None
     with pytest.raises(MemoryInputError) as error:
-        memory_edit(memory, by=reviewer, approve=True, importance="2")
+        memory_edit(memory, by=reviewer, approve=True, fields=edited(memory, importance="2"))
     assert error.value.field == "importance"
     memory.refresh_from_db()
     assert memory.status == "pending" and actions(memory) == ["proposed"]
@@ -358,7 +405,9 @@ def test_two_bulk_decisions_at_once_decide_each_candidate_once() -> None:
     agent = make_agent("race")
     ids = []
     for word in ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot"):
-        memory = candidate_propose(project=agent.project, type="user", content=f"Fact {word}")
+        memory = candidate_propose(
+            project=agent.project, fields=MemoryFields.of(type="user", content=f"Fact {word}")
+        )
         assert memory is not None
         ids.append(memory.pk)
     results: list[decisions.Decided] = []
@@ -389,7 +438,8 @@ def test_two_ttl_sweeps_at_once_expire_each_memory_once() -> None:
     agent = make_agent("sweep")
     for word in ("alpha", "bravo", "charlie", "delta", "echo"):
         memory = candidate_propose(
-            project=agent.project, type="project", content=f"Freeze {word}", ttl_days=1
+            project=agent.project,
+            fields=MemoryFields.of(type="project", content=f"Freeze {word}", ttl_days=1),
         )
         assert memory is not None
         memory_approve(memory, by=None, now=NOW)
@@ -407,10 +457,8 @@ def test_a_proposal_is_never_merged_into_a_memory_with_its_text(project: Project
     kept = approved(project, 1, "Deploys happen on Tuesdays")[0]
     proposal = proposals.proposal_create(
         project=project,
-        scope="project",
+        fields=MemoryFields.of(scope="project", type="user", content="Deploys happen on Tuesdays"),
         kind="merge",
-        type="user",
-        content="Deploys happen on Tuesdays",
         target_ids=[kept.pk],
         note="merge",
         proposed_by="lifecycle",
@@ -427,9 +475,7 @@ def test_a_proposal_is_never_merged_into_a_memory_with_its_text(project: Project
 def test_a_proposal_needs_a_kind_and_targets(project: Project) -> None:
     fields: dict[str, Any] = {
         "project": project,
-        "scope": "project",
-        "type": "user",
-        "content": "x",
+        "fields": MemoryFields.of(scope="project", type="user", content="x"),
         "note": "",
         "proposed_by": "lifecycle",
     }
@@ -444,17 +490,16 @@ def test_a_decided_eviction_is_not_brought_up_to_date(project: Project, reviewer
     a, b = approved(project, 2, "fact {i}")
     eviction = proposals.proposal_create(
         project=project,
-        scope="project",
+        fields=MemoryFields.of(
+            scope="project", type="user", content="Evict 1 low-value entry: fact 1"
+        ),
         kind="evict",
-        type="user",
-        content="Evict 1 low-value entry: fact 1",
         target_ids=[b.pk],
         note="over the cap",
         proposed_by="lifecycle",
     )
     update: dict[str, Any] = {
-        "type": "user",
-        "content": "Evict 2 low-value entries: fact 0; fact 1",
+        "fields": MemoryFields.of(type="user", content="Evict 2 low-value entries: fact 0; fact 1"),
         "target_ids": [a.pk, b.pk],
         "evidence": "both",
         "note": "now two",
@@ -483,15 +528,20 @@ def test_feedback_needs_the_projects_memory_and_search(project: Project) -> None
     )
     assert (len(log.query), log.results, log.memory_ids) == (cleaners.MAX_QUERY, 0, [])
     stored = retrievals.memory_feedback_add(
-        project=project, memory_id=mine.pk, useful=True, retrieval_id=log.pk, now=NOW
+        project=project,
+        feedback=Feedback.of(memory_id=mine.pk, useful=True, retrieval_id=log.pk),
+        now=NOW,
     )
     assert (stored.memory_id, stored.retrieval_id, stored.useful) == (mine.pk, log.pk, True)
     with pytest.raises(cleaners.NotFound) as missing:
-        retrievals.memory_feedback_add(project=project, memory_id=theirs.pk, useful=False)
+        retrievals.memory_feedback_add(
+            project=project, feedback=Feedback.of(memory_id=theirs.pk, useful=False)
+        )
     assert missing.value.field == "memory_id"
     with pytest.raises(cleaners.NotFound) as missing:
         retrievals.memory_feedback_add(
-            project=other, memory_id=theirs.pk, useful=False, retrieval_id=log.pk
+            project=other,
+            feedback=Feedback.of(memory_id=theirs.pk, useful=False, retrieval_id=log.pk),
         )
     assert missing.value.field == "retrieval_id"
     wrong_types: list[tuple[str, dict[str, Any]]] = [
@@ -501,7 +551,7 @@ def test_feedback_needs_the_projects_memory_and_search(project: Project) -> None
     ]
     for field, kwargs in wrong_types:
         with pytest.raises(MemoryInputError) as error:
-            retrievals.memory_feedback_add(project=project, **kwargs)
+            retrievals.memory_feedback_add(project=project, feedback=Feedback.of(**kwargs))
         assert error.value.field == field
     assert stored.__class__.objects.count() == 1
 
@@ -513,8 +563,8 @@ def test_an_import_writes_approved_memories_with_their_history(project: Project)
     rows = memories_import(
         project=project,
         memories=[
-            MemoryImport(type="reference", content="Runbook is in the wiki", ttl_days=30),
-            MemoryImport(
+            MemoryImport.of(type="reference", content="Runbook is in the wiki", ttl_days=30),
+            MemoryImport.of(
                 type="user",
                 content="  Prefers   short answers ",
                 scope="user:ann",
@@ -551,8 +601,8 @@ def test_an_import_with_a_bad_entry_stores_none(project: Project) -> None:
         memories_import(
             project=project,
             memories=[
-                MemoryImport(type="user", content="Fine"),
-                MemoryImport(type="user", content="y" * 151),
+                MemoryImport.of(type="user", content="Fine"),
+                MemoryImport.of(type="user", content="y" * 151),
             ],
         )
     assert error.value.field == "content"

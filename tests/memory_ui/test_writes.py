@@ -30,9 +30,10 @@ from django.utils import timezone
 
 from costboard.outbox import outbox_dispatch
 from memory_ui import lifecycle
+from memory_ui.cleaners import MemoryFields, MemoryImport
 from memory_ui.models import Memory
 from memory_ui.writes import decisions, proposals
-from memory_ui.writes.imports import MemoryImport, memories_import
+from memory_ui.writes.imports import memories_import
 from tests.conftest import Agent
 from tests.write_scan import Finding, findings, modules_outside, receiver_chain
 
@@ -377,7 +378,7 @@ def test_a_whole_life_leaves_every_memory_as_its_history_says(agent: Agent) -> N
     # an approved duplicate of the reference, written as an import (no duplicate check)
     twin_text = "Invoices are sent on the first of each month"
     (twin,) = memories_import(
-        project=project, memories=[MemoryImport(type="reference", content=twin_text)]
+        project=project, memories=[MemoryImport.of(type="reference", content=twin_text)]
     )
 
     # the lifecycle proposes: compress the three deploy notes, merge the invoice twins
@@ -402,7 +403,7 @@ def test_a_whole_life_leaves_every_memory_as_its_history_says(agent: Agent) -> N
     memories_import(
         project=project,
         memories=[
-            MemoryImport(
+            MemoryImport.of(
                 type="project",
                 content=f"Fact {i:03} " + "x" * 120,
                 importance=Decimal("0.9"),
@@ -414,7 +415,7 @@ def test_a_whole_life_leaves_every_memory_as_its_history_says(agent: Agent) -> N
     one_more = "One more fact " + "y" * 120
     memories_import(
         project=project,
-        memories=[MemoryImport(type="project", content=one_more, importance=Decimal("0.95"))],
+        memories=[MemoryImport.of(type="project", content=one_more, importance=Decimal("0.95"))],
     )
     lifecycle.project_proposals(project)
     (eviction,) = Memory.objects.filter(status="pending", proposal="evict")
@@ -446,7 +447,9 @@ def test_the_demo_memories_are_as_their_history_says() -> None:
 @pytest.mark.django_db
 def test_a_history_that_disagrees_with_its_row_is_caught(agent: Agent) -> None:
     """A negative control for the check above: a status written around the services."""
-    memory = proposals.candidate_propose(project=agent.project, type="user", content="Likes tea")
+    memory = proposals.candidate_propose(
+        project=agent.project, fields=MemoryFields.of(type="user", content="Likes tea")
+    )
     assert memory is not None
     assert assert_history_matches([memory]) == 1
     Memory.objects.filter(pk=memory.pk).update(status="approved")  # what a view once could do
