@@ -18,11 +18,12 @@ Rows of no Costboard project (an unmapped provider project) belong to no reconci
 
 Only a provider-day something was billed or reported for is reconciled: there is nothing to
 compare a day's steps with before its bill is imported. Within one, the names are matched
-exactly first; the names left on either side are then matched by family (the name
-lower-cased, without a provider prefix or a snapshot suffix: `gpt-4o-2024-08-06` and
-`openai/gpt-4o` are `gpt-4o`; costboard/pricing/families.py), a step by its stored family. A
-matched line takes the billed name when one billed name matched, else the family. A name
-left unmatched is a line of its own: billed with no steps, it is **uninstrumented** spend
+exactly first; a name left on either side joins the line of its family if one was matched
+exactly, and the rest are then matched by family (the name lower-cased, without a provider
+prefix or a snapshot suffix: `gpt-4o-2024-08-06` and `openai/gpt-4o` are `gpt-4o`;
+costboard/pricing/families.py), a step by its stored family. A line matched by family takes
+the billed name when one billed name matched, else the family. A name left unmatched is a
+line of its own: billed with no steps, it is **uninstrumented** spend
 (calls that never reported, or cost no step carries such as a tool's line item with no
 model); steps with no bill are a line billed at $0.
 
@@ -241,11 +242,13 @@ def _optional_int(value: object) -> int | None:
 # --- matching ----------------------------------------------------------------------------------
 
 
-def _matched(key: _Key, billed: dict[str | None, _Side], steps: dict[str, _Side]) -> Iterable[Line]:
+def _matched(key: _Key, billed: dict[str | None, _Side], steps: dict[str, _Side]) -> list[Line]:
+    """A provider-day's lines: exact names first; then each name left joins the line of its
+    family if one was matched exactly, else the names left are matched by family; the rest
+    stand alone."""
     project_id, provider, day = key
 
-    def line(model: str | None, bills: list[_Side], ran: list[_Side]) -> Line:
-        made = Line(project_id=project_id, provider=provider, day=day, model=model)
+    def add(made: Line, bills: list[_Side], ran: list[_Side]) -> Line:
         for bill in bills:
             made.billed_cost_usd += bill.cost
             if bill.tokens is not None:
@@ -255,15 +258,24 @@ def _matched(key: _Key, billed: dict[str | None, _Side], steps: dict[str, _Side]
             made.estimated_cost_usd += step.cost
             made.estimated_input_tokens += step.tokens or 0
             made.steps += step.count
-        if made.uninstrumented:
-            made.uninstrumented_cost_usd = made.billed_cost_usd
         return made
+
+    def line(model: str | None, bills: list[_Side], ran: list[_Side]) -> Line:
+        return add(Line(project_id=project_id, provider=provider, day=day, model=model), bills, ran)
 
     bills = dict(billed)
     ran = dict(steps)
-    for name in sorted(set(bills) & set(ran), key=str):  # exact names first
+    lines: list[Line] = []
+    exact: dict[str, Line] = {}  # family → the first line matched exactly in it
+    for name in sorted(set(bills) & set(ran), key=str):
         assert name is not None  # noqa: S101 — narrows the type: steps are named
-        yield line(name, [bills.pop(name)], [ran.pop(name)])
+        family = ran[name].family
+        lines.append(line(name, [bills.pop(name)], [ran.pop(name)]))
+        exact.setdefault(family, lines[-1])
+    for name in [n for n in bills if n is not None and model_family(n) in exact]:
+        add(exact[model_family(name)], [bills.pop(name)], [])
+    for name in [n for n, step in ran.items() if step.family in exact]:
+        add(exact[ran[name].family], [], [ran.pop(name)])
     by_family: dict[str, tuple[list[str], list[str]]] = defaultdict(lambda: ([], []))
     for name in bills:
         if name is not None:
@@ -273,16 +285,21 @@ def _matched(key: _Key, billed: dict[str | None, _Side], steps: dict[str, _Side]
     for family, (billed_names, step_names) in sorted(by_family.items()):
         if not billed_names or not step_names:
             continue
-        model = billed_names[0] if len(billed_names) == 1 else family
-        yield line(
-            model,
-            [bills.pop(n) for n in sorted(billed_names)],
-            [ran.pop(n) for n in sorted(step_names)],
+        lines.append(
+            line(
+                billed_names[0] if len(billed_names) == 1 else family,
+                [bills.pop(n) for n in sorted(billed_names)],
+                [ran.pop(n) for n in sorted(step_names)],
+            )
         )
     for billed_name, bill in sorted(bills.items(), key=lambda item: str(item[0] or "")):
-        yield line(billed_name, [bill], [])
+        lines.append(line(billed_name, [bill], []))
     for step_name, step in sorted(ran.items()):
-        yield line(step_name, [], [step])
+        lines.append(line(step_name, [], [step]))
+    for made in lines:
+        if made.uninstrumented:
+            made.uninstrumented_cost_usd = made.billed_cost_usd
+    return lines
 
 
 def reconcile(wanted: Wanted) -> list[Line]:

@@ -537,22 +537,52 @@ def test_a_hand_sent_bill_replaces_the_imported_rows_of_its_provider_day(
     billing_rows_replace(rows, source="api")
     d1 = [r for r in as_tuples(reconciliation(acme)["rows"]) if r[:2] == ("2026-11-01", "openai")]
     # the invoice's cost, matched exactly by name; the usage report's tokens stay (the
-    # invoice gave none) under their own name, matched by family
+    # invoice gave none), joining the line of their family
     assert d1 == [
-        ("2026-11-01", "openai", "gpt-4o", "7.00", "7.00", "0.00", "0.00", 2_000_000, None, False),
         (
             "2026-11-01",
             "openai",
-            "gpt-4o-2024-08-06",
+            "gpt-4o",
+            "7.00",
+            "7.00",
             "0.00",
             "0.00",
-            "0.00",
-            None,
-            0,
             2_000_000,
-            True,
+            2_000_000,
+            False,
         ),
     ]
+
+
+def test_a_name_left_joins_the_line_of_its_family_matched_exactly(acme: Agent) -> None:
+    # steps of both the alias and the snapshot; the bill names the snapshot only
+    acme.events(step(D3, "gpt-4o", 1_000_000, 0), step(D3, "gpt-4o-2024-08-06", 1_000_000, 0))
+    rows = rows_from_json(
+        {
+            "rows": [
+                {
+                    "date": str(D3),
+                    "provider": "openai",
+                    "model": "gpt-4o-2024-08-06",
+                    "cost_usd": "5.25",
+                }
+            ]
+        },
+        default_project=acme.project,
+    )
+    billing_rows_replace(rows, source="api")
+    [line] = reconcile(Wanted([acme.project.pk], D3, D3))
+    assert (line.model, line.estimated_cost_usd, line.billed_cost_usd, line.steps) == (
+        "gpt-4o-2024-08-06",
+        Decimal("5.00"),
+        Decimal("5.25"),
+        2,
+    )
+    assert (line.drift_usd, line.drift_pct, line.uninstrumented) == (
+        Decimal("0.25"),
+        Decimal("4.76"),
+        False,
+    )
 
 
 def test_the_selector_filters_by_model_and_provider(fake: FakeBilling, acme: Agent) -> None:
