@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.contrib import admin
 from django.urls import include, path
 
-from costboard.api import billing, context, metrics, period_budgets, spend
+from costboard.api import billing, context, metrics, period_budgets, reconciliation, spend
 from costboard.api import events as api
 from costboard.api import otlp as otlp_api
 from costboard.api.boundary import methods
@@ -17,6 +17,9 @@ from costboard.dashboards.views import (
     steps,
     users,
 )
+from costboard.dashboards.views import (
+    reconciliation as reconciliation_views,
+)
 from memory_ui import api as memory_api
 
 urlpatterns = [
@@ -29,6 +32,7 @@ urlpatterns = [
     path("users/export.csv", users.users_csv, name="users-csv"),
     path("budgets/", budgets.budgets_page, name="budgets"),
     path("budgets/<int:pk>/", budgets.budget_page, name="budget"),
+    path("reconciliation/", reconciliation_views.reconciliation_page, name="reconciliation"),
     path("flagged/", flagged.flagged_page, name="flagged"),
     path("flagged/<int:pk>/raise-cap/", actions.flagged_raise_cap, name="flagged-raise-cap"),
     path("flagged/<int:pk>/acknowledge/", actions.flagged_acknowledge, name="flagged-acknowledge"),
@@ -62,6 +66,7 @@ urlpatterns = [
     ),
     path("api/v1/spend", spend.spend, name="api-spend"),
     path("api/v1/billing", billing.billing, name="api-billing"),
+    path("api/v1/reconciliation", reconciliation.reconciliation, name="api-reconciliation"),
     path("api/v1/openapi.json", api.openapi, name="api-openapi"),
     path("api/v1/docs", api.docs, name="api-docs"),
     path("api/v1/memory/candidates", memory_api.candidates, name="api-memory-candidates"),

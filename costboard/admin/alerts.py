@@ -80,11 +80,12 @@ class AlertDeliveryAdmin(ReadOnlyAdmin[AlertDelivery]):
     )
     list_filter = ("status", "channel", "project")
     search_fields = ("target",)
-    list_select_related = ("project", "budget_event__session")
+    list_select_related = ("project", "budget_event__session", "billing_drift")
     date_hierarchy = "created_at"
     fields = (
         "project",
         "budget_event",
+        "billing_drift",
         "channel",
         "endpoint",
         "target",
@@ -101,11 +102,13 @@ class AlertDeliveryAdmin(ReadOnlyAdmin[AlertDelivery]):
 
     @admin.display(description="event", ordering="budget_event__kind")
     def event_kind(self, obj: AlertDelivery) -> str:
-        return obj.budget_event.kind
+        return obj.kind
 
     @admin.display(description="session", ordering="budget_event__session__external_id")
     def event_session(self, obj: AlertDelivery) -> str:
-        session = obj.budget_event.session
+        if obj.billing_drift is not None:
+            return f"{obj.billing_drift.provider} {obj.billing_drift.day}"
+        session = obj.budget_event.session if obj.budget_event is not None else None
         return session.external_id if session is not None else "—"
 
     def has_retry_permission(self, request: HttpRequest) -> bool:

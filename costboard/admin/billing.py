@@ -17,7 +17,7 @@ from costboard.admin.forms import BillingCsvForm
 from costboard.admin.site import ReadOnlyAdmin
 from costboard.billing import services as billing_services
 from costboard.billing.uploads import UploadError, rows_from_csv
-from costboard.models import BilledUsage, ProviderProject
+from costboard.models import BilledUsage, BillingDrift, ProviderProject
 
 MAX_UPLOAD = 5 * 1024 * 1024
 ERRORS_SHOWN = 20
@@ -122,3 +122,22 @@ class BilledUsageAdmin(ReadOnlyAdmin[BilledUsage]):
 def _error_line(error: dict[str, Any]) -> str:
     where = "the file" if error["index"] is None else f"row {error['index'] + 1}"
     return f"{where}, {error['field']}: {error['message']}"
+
+
+@admin.register(BillingDrift)
+class BillingDriftAdmin(ReadOnlyAdmin[BillingDrift]):
+    """The provider-days billed past a project's drift threshold, each alerted once."""
+
+    list_display = (
+        "day",
+        "provider",
+        "project",
+        "estimated_cost_usd",
+        "billed_cost_usd",
+        "drift_usd",
+        "drift_pct",
+        "threshold_pct",
+        "at",
+    )
+    list_filter = ("provider", "project")
+    date_hierarchy = "day"

@@ -83,7 +83,10 @@ class ProjectAdmin(admin.ModelAdmin[Project]):
                 ),
             },
         ),
-        ("Alerts and retention", {"fields": ("alert_emails", "retention_days")}),
+        (
+            "Alerts and retention",
+            {"fields": ("alert_emails", "reconciliation_drift_pct", "retention_days")},
+        ),
         ("API", {"fields": ("api_rate_limit", "api_max_in_flight")}),
     ]
 

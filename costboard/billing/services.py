@@ -14,6 +14,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import date, timedelta
+from decimal import Decimal
 
 from django.db import connection, transaction
 from django.db.models import QuerySet
@@ -29,8 +30,11 @@ from costboard.billing.providers import (
     Sleep,
     admin_key,
 )
+from costboard.billing.reconcile import Wanted, grouped, reconcile
 from costboard.billing.uploads import UploadRow
-from costboard.models import BilledUsage, ProviderProject
+from costboard.budgets.alerts import DRIFT_DISPATCH
+from costboard.models import BilledUsage, BillingDrift, Project, ProviderProject
+from costboard.outbox import Item, outbox_add_many
 
 __all__ = [
     "ImportFailed",
@@ -38,6 +42,7 @@ __all__ = [
     "ProviderError",
     "billing_import",
     "billing_rows_replace",
+    "drifts_record",
     "provider_project_delete",
     "provider_project_save",
     "scheduled_import",
@@ -178,6 +183,7 @@ def _day_replace(
             for source, rows in by_source.items()
             for billed in rows
         )
+        drifts_record([(provider, day)])
     counts: dict[str, int] = dict.fromkeys(by_source, 0)
     for row in made:
         counts[row.source] += 1
@@ -220,7 +226,73 @@ def billing_rows_replace(rows: Iterable[UploadRow], *, source: str) -> Replaced:
             )
             for row in rows
         )
+        drifts_record([(provider, day) for day, provider in named])
     return Replaced(stored=len(rows), replaced=replaced, days=named)
+
+
+def drifts_record(days: Iterable[tuple[str, date]]) -> list[BillingDrift]:
+    """Inside the transaction that stored these (provider, UTC day)s' billed rows: each
+    project whose billed cost for one of them drifted from Costboard's estimate by more than
+    its `reconciliation_drift_pct` of the billed cost gets a BillingDrift, once per project,
+    provider and day (a day imported again adds none), and its alert is queued through the
+    outbox. A day not over yet (today, UTC) is not judged: its bill and its steps are still
+    coming. Returns the drifts recorded now."""
+    today = timezone.now().date()
+    pairs = sorted({(provider, day) for provider, day in days if day < today})
+    if not pairs:
+        return []
+    thresholds: dict[int, Decimal | None] = {}
+    found: list[BillingDrift] = []
+    for provider, day in pairs:
+        by_project = grouped(reconcile(Wanted(None, day, day, provider=provider)), ["project_id"])
+        missing = [g.values["project_id"] for g in by_project]
+        thresholds.update(
+            Project.objects.filter(pk__in=[p for p in missing if p not in thresholds]).values_list(
+                "pk", "reconciliation_drift_pct"
+            )
+        )
+        for group in by_project:
+            project_id = group.values["project_id"]
+            assert isinstance(project_id, int)  # noqa: S101 — narrows the type
+            threshold = thresholds.get(project_id)
+            billed, drift = group.billed_cost_usd, group.drift_usd
+            if threshold is None or billed <= 0 or abs(drift) * 100 <= threshold * billed:
+                continue  # within the threshold (or no alert asked, or nothing billed)
+            pct = group.drift_pct
+            assert pct is not None  # noqa: S101 — narrows the type: billed > 0
+            found.append(
+                BillingDrift(
+                    project_id=project_id,
+                    provider=provider,
+                    day=day,
+                    estimated_cost_usd=group.estimated_cost_usd,
+                    billed_cost_usd=billed,
+                    drift_usd=drift,
+                    drift_pct=pct,
+                    threshold_pct=threshold,
+                )
+            )
+    if not found:
+        return []
+    keys = {(d.project_id, d.provider, d.day) for d in found}
+    existing = set(
+        BillingDrift.objects.filter(
+            provider__in={d.provider for d in found}, day__in={d.day for d in found}
+        ).values_list("project_id", "provider", "day")
+    )
+    new = [d for d in found if (d.project_id, d.provider, d.day) not in existing]
+    BillingDrift.objects.bulk_create(new, ignore_conflicts=True)  # a racing import: no second
+    made = [
+        drift
+        for drift in BillingDrift.objects.filter(
+            provider__in={d.provider for d in new}, day__in={d.day for d in new}
+        ).order_by("pk")
+        if (drift.project_id, drift.provider, drift.day) in keys - existing
+    ]
+    outbox_add_many(
+        Item(DRIFT_DISPATCH, {"drift_ids": [drift.pk]}, drift.project_id) for drift in made
+    )
+    return made
 
 
 def provider_project_save(mapping: ProviderProject) -> int:

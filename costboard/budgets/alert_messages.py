@@ -11,6 +11,17 @@ Webhook requests
      "tokens_used": 1000, "token_cap": 1000, "cost_usd": "0.0078", "cost_cap_usd": "5.00",
      "detail": {...}, "session_url": "https://costboard.example/sessions/5/?project=acme"}
 
+A billing drift (`"kind": "billing_drift"`, docs/billing.md, "Reconciliation") says which
+provider's UTC day was billed how far from Costboard's estimate::
+
+    {"delivery_id": 18, "event_id": 7, "kind": "billing_drift", "at": "2026-11-02T06:00:00+00:00",
+     "project": "acme", "provider": "openai", "day": "2026-11-01",
+     "estimated_cost_usd": "90.00", "billed_cost_usd": "100.00", "drift_usd": "10.00",
+     "drift_pct": "10.00", "threshold_pct": "5.00",
+     "reconciliation_url": "https://costboard.example/reconciliation/?project=acme&day=…"}
+
+`event_id` is then the drift's id (its own sequence, not a budget event's).
+
 `tokens_used` and `cost_usd` are the session's at the crossing; the caps are those crossed
 (the session's current caps for a runaway event); `state` and `runaway` are the session's when
 sent. USD amounts are decimal strings, as in the API's `<budget>`. `session_url` is absolute
@@ -33,6 +44,7 @@ import json
 import time
 from decimal import Decimal, InvalidOperation
 from typing import Any
+from urllib.parse import urlencode
 
 from django.conf import settings
 from django.urls import reverse
@@ -41,7 +53,7 @@ from django.utils import timezone
 from costboard.budgets.caps import session_budget
 from costboard.budgets.engine import reached
 from costboard.budgets.periods import member_days, period_budget_view
-from costboard.models import AlertDelivery, BudgetEvent, Project, Session, usd
+from costboard.models import AlertDelivery, BillingDrift, BudgetEvent, Project, Session, usd
 
 SIGNATURE_TOLERANCE_SECONDS = 300
 
@@ -98,9 +110,35 @@ def _period_payload(delivery: AlertDelivery, event: BudgetEvent) -> dict[str, An
     }
 
 
+def _drift_payload(delivery: AlertDelivery, drift: BillingDrift) -> dict[str, Any]:
+    project = delivery.project
+    query = urlencode(
+        {"project": project.slug, "provider": drift.provider, "day": drift.day.isoformat()}
+    )
+    return {
+        "delivery_id": delivery.pk,
+        "event_id": drift.pk,
+        "kind": "billing_drift",
+        "at": drift.at.isoformat(),
+        "project": project.slug,
+        "provider": drift.provider,
+        "day": drift.day.isoformat(),
+        "estimated_cost_usd": usd(drift.estimated_cost_usd),
+        "billed_cost_usd": usd(drift.billed_cost_usd),
+        "drift_usd": usd(drift.drift_usd),
+        "drift_pct": format(drift.drift_pct, "f"),
+        "threshold_pct": format(drift.threshold_pct, "f"),
+        "reconciliation_url": f"{settings.COSTBOARD_BASE_URL.rstrip('/')}"
+        f"{reverse('reconciliation')}?{query}",
+    }
+
+
 def alert_payload(delivery: AlertDelivery) -> dict[str, Any]:
     """What a webhook receives and an email says (module docstring)."""
+    if delivery.billing_drift is not None:
+        return _drift_payload(delivery, delivery.billing_drift)
     event = delivery.budget_event
+    assert event is not None  # noqa: S101 — narrows the type: a delivery has one of them
     session = event.session
     if session is None:
         return _period_payload(delivery, event)
@@ -210,8 +248,32 @@ def alert_headline(payload: dict[str, Any]) -> str:
     return "looks runaway" + (f" ({why})" if why else "")
 
 
+def _drift_email(payload: dict[str, Any]) -> tuple[str, str]:
+    more = "more" if Decimal(payload["drift_usd"]) > 0 else "less"
+    subject = (
+        f"[Costboard] {payload['project']}: {payload['provider']} billed {payload['day']} "
+        f"{payload['drift_pct'].lstrip('-')}% {more} than estimated"
+    )
+    lines = [
+        f"{payload['provider']} billed ${payload['billed_cost_usd']} to project "
+        f"{payload['project']} for {payload['day']} (UTC); Costboard's steps estimated "
+        f"${payload['estimated_cost_usd']}.",
+        "",
+        f"Drift:       ${payload['drift_usd']} ({payload['drift_pct']}% of the billed cost; "
+        f"the project's threshold is {payload['threshold_pct']}%)",
+        f"Details:     {payload['reconciliation_url']}",
+        "",
+        f"Costboard alert delivery {payload['delivery_id']} (billing drift {payload['event_id']}).",
+        "One alert per provider and day, however often the day is imported again.",
+        "These emails go to the addresses in the project's alert emails (admin, Projects).",
+    ]
+    return subject, "\n".join(lines) + "\n"
+
+
 def alert_email(payload: dict[str, Any]) -> tuple[str, str]:
     """The subject and plain-text body of an alert email."""
+    if payload["kind"] == "billing_drift":
+        return _drift_email(payload)
     headline = alert_headline(payload)
     budget = payload.get("budget")
     if budget is not None:  # a period budget's crossing

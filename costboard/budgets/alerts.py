@@ -1,5 +1,6 @@
 """Budget alerts: a project's webhooks and email addresses hear of its sessions' soft_warned,
-exhausted and runaway events (cap_changed is not alerted).
+exhausted and runaway events (cap_changed is not alerted), its period budgets' forecasts, and
+its providers' days billed past its drift threshold (`billing_drift`, docs/billing.md).
 
 Flow
 ----
@@ -7,6 +8,8 @@ Flow
    `announce(events)` inside its transaction: one outbox item `alerts.dispatch` with the
    alertable events' ids (costboard/outbox.py). A rollback leaves none; nothing is sent from
    the request.
+   A billing drift is queued the same way by the billing import (`alerts.billing_drift`,
+   carried out by `drifts_dispatch`, its deliveries unique per drift and target).
 2. The dispatcher carries it out (`alerts_dispatch`): one AlertDelivery per event and target
    — each active webhook of the project whose `kinds` include the event's kind, and each
    valid address of `Project.alert_emails` — and one `alert.deliver` item per new delivery,
@@ -69,6 +72,7 @@ from costboard.egress import (
 )
 from costboard.models import (
     AlertDelivery,
+    BillingDrift,
     BudgetEvent,
     Project,
     WebhookEndpoint,
@@ -93,6 +97,9 @@ _ERROR_CHARS = 2000
 # outbox kinds (costboard/outbox.py)
 DISPATCH = "alerts.dispatch"
 DELIVER = "alert.deliver"
+# a provider's day billed past a project's drift threshold (costboard/billing/services.py)
+DRIFT_DISPATCH = "alerts.billing_drift"
+DRIFT_KIND = "billing_drift"
 
 
 # --- announcing: inside the transaction that recorded the events ----------------------------
@@ -184,14 +191,16 @@ def alerts_dispatch(event_ids: list[int]) -> int:
             "budget_event_id", "channel", "target"
         )
     }
-    new = [d for d in deliveries if _Key(d.budget_event_id, d.channel, d.target) not in existing]
+    new = [
+        d for d in deliveries if _Key(d.budget_event_id or 0, d.channel, d.target) not in existing
+    ]
     if not new:
         return 0
     AlertDelivery.objects.bulk_create(new, ignore_conflicts=True)  # a racing run: no second
     created = AlertDelivery.objects.filter(
         budget_event__in=events, status=AlertDelivery.Status.PENDING, attempts=0
     ).values_list("pk", "project_id", "budget_event_id", "channel", "target")
-    wanted = {_Key(d.budget_event_id, d.channel, d.target) for d in new}
+    wanted = {_Key(d.budget_event_id or 0, d.channel, d.target) for d in new}
     queued = [
         Item(DELIVER, {"delivery_id": pk}, project_id)
         for pk, project_id, event_id, channel, target in created.order_by("pk")
@@ -204,6 +213,71 @@ def alerts_dispatch(event_ids: list[int]) -> int:
 @outbox_handler(DISPATCH)
 def _dispatch_item(payload: dict[str, Any], attempt: OutboxAttempt) -> None:
     alerts_dispatch([int(i) for i in payload["event_ids"]])
+
+
+def drifts_dispatch(drift_ids: list[int]) -> int:
+    """Create the deliveries of these billing drifts — each active webhook of the project
+    whose `kinds` include `billing_drift`, each address of `Project.alert_emails` — once each
+    however often this runs, and queue an attempt at each new one. Returns how many."""
+    drifts = list(BillingDrift.objects.filter(pk__in=drift_ids).select_related("project"))
+    if not drifts:
+        return 0
+    endpoints: dict[int, list[WebhookEndpoint]] = defaultdict(list)
+    for endpoint in WebhookEndpoint.objects.filter(
+        project_id__in={d.project_id for d in drifts}, active=True
+    ).order_by("pk"):
+        if DRIFT_KIND in (endpoint.kinds if isinstance(endpoint.kinds, list) else []):
+            endpoints[endpoint.project_id].append(endpoint)
+    deliveries: list[AlertDelivery] = []
+    for drift in drifts:
+        project: Project = drift.project
+        deliveries.extend(
+            AlertDelivery(
+                project=project,
+                billing_drift=drift,
+                channel=AlertDelivery.Channel.WEBHOOK,
+                endpoint=endpoint,
+                target=endpoint.url,
+            )
+            for endpoint in endpoints[project.pk]
+        )
+        deliveries.extend(
+            AlertDelivery(
+                project=project,
+                billing_drift=drift,
+                channel=AlertDelivery.Channel.EMAIL,
+                target=address,
+            )
+            for address in alert_addresses(project.alert_emails)
+        )
+    existing = {
+        _Key(*row)
+        for row in AlertDelivery.objects.filter(billing_drift__in=drifts).values_list(
+            "billing_drift_id", "channel", "target"
+        )
+    }
+    new = [
+        d for d in deliveries if _Key(d.billing_drift_id or 0, d.channel, d.target) not in existing
+    ]
+    if not new:
+        return 0
+    AlertDelivery.objects.bulk_create(new, ignore_conflicts=True)  # a racing run: no second
+    wanted = {_Key(d.billing_drift_id or 0, d.channel, d.target) for d in new}
+    created = AlertDelivery.objects.filter(
+        billing_drift__in=drifts, status=AlertDelivery.Status.PENDING, attempts=0
+    ).values_list("pk", "project_id", "billing_drift_id", "channel", "target")
+    queued = [
+        Item(DELIVER, {"delivery_id": pk}, project_id)
+        for pk, project_id, drift_id, channel, target in created.order_by("pk")
+        if _Key(drift_id, channel, target) in wanted
+    ]
+    outbox_add_many(queued)
+    return len(queued)
+
+
+@outbox_handler(DRIFT_DISPATCH)
+def _drift_item(payload: dict[str, Any], attempt: OutboxAttempt) -> None:
+    drifts_dispatch([int(i) for i in payload["drift_ids"]])
 
 
 # --- delivering: one attempt per task run ----------------------------------------------------
@@ -254,7 +328,11 @@ def alert_deliver(delivery_id: int, *, final: bool = True) -> str:
     if attempt_no is None:
         return "skipped"
     delivery = AlertDelivery.objects.select_related(
-        "project", "endpoint", "budget_event__session", "budget_event__ledger__budget"
+        "project",
+        "endpoint",
+        "budget_event__session",
+        "budget_event__ledger__budget",
+        "billing_drift",
     ).get(pk=delivery_id)
     try:
         if delivery.channel == AlertDelivery.Channel.WEBHOOK:
@@ -335,7 +413,7 @@ def _webhook_send(delivery: AlertDelivery) -> Attempt:
         headers={
             "Content-Type": "application/json",
             "User-Agent": "Costboard",
-            "X-Costboard-Event": delivery.budget_event.kind,
+            "X-Costboard-Event": delivery.kind,
             "X-Costboard-Delivery": str(delivery.pk),
             "X-Costboard-Timestamp": str(timestamp),
             "X-Costboard-Signature": signature(endpoint.secret, timestamp, body),

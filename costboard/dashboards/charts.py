@@ -403,3 +403,33 @@ def turn_cost_histogram(buckets: list[tuple[str, int]]) -> Figure:
             margin={"l": 110, "r": 16, "t": 8, "b": 48},
         ),
     }
+
+
+def estimated_vs_billed(days: Sequence[tuple[str, Decimal, Decimal]]) -> Figure:
+    """Per UTC day (`(day, estimated, billed)`, in order): Costboard's estimate and the
+    providers' bill side by side."""
+    if not days:
+        return _empty("No billed days in this period")
+    x = [day for day, _, _ in days]
+    estimated = [e for _, e, _ in days]
+    billed = [b for _, _, b in days]
+    data = [
+        {
+            "type": "bar",
+            "name": name,
+            "x": x,
+            "y": _money(values),
+            "text": _usd_labels(values),
+            "textposition": "none",
+            "hovertemplate": "%{x}<br>%{fullData.name}: %{text}<extra></extra>",
+        }
+        for name, values in (("Estimated (Costboard)", estimated), ("Billed", billed))
+    ]
+    return {
+        "data": data,
+        "layout": _layout(
+            barmode="group",
+            yaxis=usd_axis(_money([*estimated, *billed])),
+            xaxis={"type": "date"},
+        ),
+    }

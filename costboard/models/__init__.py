@@ -22,7 +22,7 @@ from costboard.models.alerts import (
     WebhookEndpoint,
     _alert_kinds,  # migrations 0007 and 0017 name it here as WebhookEndpoint.kinds' default
 )
-from costboard.models.billing import BilledUsage, ProviderProject
+from costboard.models.billing import BilledUsage, BillingDrift, ProviderProject
 from costboard.models.budgets import (
     BudgetDay,
     BudgetEvent,
@@ -82,6 +82,7 @@ __all__ = [
     "AlertDelivery",
     "ApiKey",
     "BilledUsage",
+    "BillingDrift",
     "BudgetDay",
     "BudgetEvent",
     "DailyRollup",

@@ -10,11 +10,13 @@ from django.db import models
 from django.utils import timezone
 
 from costboard.egress import webhook_url_check
+from costboard.models.billing import BillingDrift
 from costboard.models.budgets import BudgetEvent
 from costboard.models.projects import Project
 
-# forecast: a period budget projected to pass its USD limit this period (once per period)
-ALERT_KINDS = ["soft_warned", "exhausted", "runaway", "forecast"]
+# forecast: a period budget projected to pass its USD limit this period (once per period);
+# billing_drift: a provider's day billed past the project's drift threshold (docs/billing.md)
+ALERT_KINDS = ["soft_warned", "exhausted", "runaway", "forecast", "billing_drift"]
 
 
 def _alert_kinds() -> list[str]:
@@ -33,8 +35,8 @@ class WebhookEndpoint(models.Model):
     kinds = models.JSONField(
         default=_alert_kinds,
         blank=True,
-        help_text='Which budget events to send: any of "soft_warned", "exhausted", "runaway", '
-        '"forecast".',
+        help_text='Which alerts to send: any of "soft_warned", "exhausted", "runaway", '
+        '"forecast", "billing_drift".',
     )
     active = models.BooleanField(default=True)
     created_at = models.DateTimeField(default=timezone.now)
@@ -70,8 +72,9 @@ class WebhookEndpoint(models.Model):
 
 
 class AlertDelivery(models.Model):
-    """One budget event sent (or being sent) through one channel to one target: the
-    delivery log. Unique per event and target, so an event never goes out twice."""
+    """One budget event or billing drift sent (or being sent) through one channel to one
+    target: the delivery log. Unique per event and target, so an event never goes out
+    twice. Exactly one of `budget_event` and `billing_drift` is set."""
 
     class Channel(models.TextChoices):
         WEBHOOK = "webhook"
@@ -86,7 +89,15 @@ class AlertDelivery(models.Model):
     # no database constraint: budget events are keyed by (id, project_id) (docs/operations.md,
     # "Scaling out")
     budget_event = models.ForeignKey(
-        BudgetEvent, on_delete=models.CASCADE, related_name="deliveries", db_constraint=False
+        BudgetEvent,
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="deliveries",
+        db_constraint=False,
+    )
+    billing_drift = models.ForeignKey(
+        BillingDrift, null=True, blank=True, on_delete=models.CASCADE, related_name="deliveries"
     )
     channel = models.CharField(max_length=10, choices=Channel.choices)
     endpoint = models.ForeignKey(
@@ -110,12 +121,29 @@ class AlertDelivery(models.Model):
         constraints = [
             models.UniqueConstraint(
                 fields=["budget_event", "channel", "target"], name="delivery_once"
-            )
+            ),
+            models.UniqueConstraint(
+                fields=["billing_drift", "channel", "target"],
+                condition=models.Q(billing_drift__isnull=False),
+                name="drift_delivery_once",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(budget_event__isnull=False, billing_drift__isnull=True)
+                | models.Q(budget_event__isnull=True, billing_drift__isnull=False),
+                name="delivery_event_or_drift",
+            ),
         ]
         indexes = [models.Index(fields=["project", "-created_at"], name="delivery_recent")]
 
     def __str__(self) -> str:
         return f"{self.channel} {self.target} {self.status}"
+
+    @property
+    def kind(self) -> str:
+        """The alert's kind: its budget event's, or `billing_drift`."""
+        if self.budget_event_id is not None and self.budget_event is not None:
+            return self.budget_event.kind
+        return "billing_drift"
 
 
 class OutboxItem(models.Model):

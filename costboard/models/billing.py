@@ -12,6 +12,7 @@ from __future__ import annotations
 from django.db import models
 from django.utils import timezone
 
+from costboard.models.fields import money_field
 from costboard.models.projects import Project
 
 
@@ -88,3 +89,36 @@ class BilledUsage(models.Model):
 
     def __str__(self) -> str:
         return f"{self.provider} {self.day} {self.model or self.line_item or ''}"
+
+
+class BillingDrift(models.Model):
+    """A provider's UTC day whose billed cost for a project drifted from Costboard's estimate
+    past the project's `reconciliation_drift_pct`: recorded once per project, provider and
+    day, however often the day is imported again, and alerted (`billing_drift`) through the
+    outbox like a budget event (docs/billing.md, "Reconciliation")."""
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="+")
+    provider = models.CharField(max_length=64)
+    day = models.DateField(help_text="The UTC day billed.")
+    estimated_cost_usd = money_field()
+    billed_cost_usd = money_field()
+    drift_usd = money_field(help_text="billed − estimated")
+    drift_pct = models.DecimalField(
+        max_digits=12, decimal_places=2, help_text="drift ÷ billed × 100"
+    )
+    threshold_pct = models.DecimalField(
+        max_digits=6, decimal_places=2, help_text="The project's threshold when it was passed."
+    )
+    at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        verbose_name = "billing drift"
+        ordering = ["-day", "provider"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["project", "provider", "day"], name="billing_drift_once"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.provider} {self.day} {self.drift_pct}%"

@@ -87,6 +87,18 @@ class Project(models.Model):
         help_text="Budget alerts (soft warned, exhausted, runaway) by email too: addresses, "
         "one per line or comma-separated.",
     )
+    reconciliation_drift_pct = models.DecimalField(
+        "reconciliation drift alert (%)",
+        max_digits=6,
+        decimal_places=2,
+        null=True,
+        blank=True,
+        default=Decimal(5),
+        validators=[MinValueValidator(Decimal(0)), MaxValueValidator(Decimal(1000))],
+        help_text="Alert (billing_drift) when one provider's billed cost for a day differs "
+        "from Costboard's estimate by more than this percentage of the billed cost, once per "
+        'provider and day (docs/billing.md, "Reconciliation"); blank: no drift alerts.',
+    )
     api_rate_limit = models.PositiveIntegerField(
         null=True,
         blank=True,

@@ -17,6 +17,7 @@ from django.utils import timezone
 from costboard.models import (
     AlertDelivery,
     BilledUsage,
+    BillingDrift,
     BudgetEvent,
     Membership,
     OutboxItem,
@@ -34,6 +35,7 @@ LISTS = {
     "costboard.AlertDelivery": "AlertDeliveryAdmin",
     "costboard.ApiKey": "ApiKeyAdmin",
     "costboard.BilledUsage": "BilledUsageAdmin",
+    "costboard.BillingDrift": "BillingDriftAdmin",
     "costboard.DailyRollup": "DailyRollupAdmin",
     "costboard.Membership": "MembershipAdmin",
     "costboard.ModelPrice": "ModelPriceAdmin",
@@ -88,6 +90,13 @@ def a_row_in_every_list(agent: Agent) -> None:
     ProviderProject.objects.create(provider="openai", external_id="proj_a", project=project)
     BilledUsage.objects.create(
         provider="openai", source="openai_costs", day=timezone.now().date(), project=project
+    )
+    BillingDrift.objects.create(
+        project=project,
+        provider="openai",
+        day=timezone.now().date(),
+        drift_pct=Decimal("10"),
+        threshold_pct=Decimal("5"),
     )
     AccessAttempt.objects.create(
         username="someone", ip_address="192.0.2.1", failures_since_start=1, user_agent="x"

@@ -56,6 +56,7 @@ def test_every_page_loads_under_its_policy_without_a_violation(
     paths += [
         "/budgets/",
         f"/budgets/{budget.pk}/",
+        "/reconciliation/",
         f"/admin/costboard/project/{project.pk}/change/",
     ]
     seen: dict[str, list[str]] = {}

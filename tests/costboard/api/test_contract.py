@@ -169,7 +169,7 @@ def test_the_served_document_passes_an_openapi_validator(client: Client) -> None
 
 def test_every_operation_has_its_own_operation_id() -> None:
     ids = [spec["operationId"] for methods in DOC["paths"].values() for spec in methods.values()]
-    assert len(ids) == len(set(ids)) == 17
+    assert len(ids) == len(set(ids)) == 18
     budget = DOC["paths"]["/api/v1/budgets/{budget_id}"]
     assert (
         budget["get"]["operationId"],
@@ -419,6 +419,38 @@ def test_spend_answers_conform(used: Agent) -> None:
     for status, response in {
         401: Client().get(path),
         403: get(used, path),
+        422: Client().get(path, {"group_by": "hour"}, headers=reader),
+    }.items():
+        assert response.status_code == status, (status, response.content)
+        conforms(response, path, "GET")
+
+
+def test_reconciliation_answers_conform(agent: Agent) -> None:
+    reader = {"Authorization": f"Bearer {ApiKey.issue(project=agent.project, role='read')[1]}"}
+    path = "/api/v1/reconciliation"
+    stored = Client().post(
+        "/api/v1/billing",
+        json.dumps({"rows": [{"date": "2026-11-01", "provider": "mistral", "cost_usd": "1.25"}]}),
+        "application/json",
+        headers={"Authorization": f"Bearer {ApiKey.issue(project=agent.project, role='admin')[1]}"},
+    )
+    assert stored.status_code == 200
+    query = {"since": "2026-11-01", "until": "2026-11-02"}
+    for group_by in ("day,provider,model", "provider"):
+        answer = conforms(
+            Client().get(path, {**query, "group_by": group_by}, headers=reader), path, "GET"
+        )
+        assert answer["group_by"] == group_by.split(",")
+        assert answer["total"]["billed_cost_usd"] == "1.25"
+        csv_answer = Client().get(
+            path, {**query, "group_by": group_by}, headers={**reader, "Accept": "text/csv"}
+        )
+        assert conforms(csv_answer, path, "GET").startswith(
+            group_by.encode() + b",estimated_cost_usd"
+        )
+    for status, response in {
+        401: Client().get(path),
+        403: get(agent, path),
         422: Client().get(path, {"group_by": "hour"}, headers=reader),
     }.items():
         assert response.status_code == status, (status, response.content)

@@ -251,7 +251,7 @@ def test_a_receiver_failing_first_gets_the_alert_on_the_retry(
     assert delivery.status == AlertDelivery.Status.DELIVERED
     assert delivery.attempts == 2
     assert delivery.response_code == 200
-    assert delivery.budget_event.kind == "exhausted"
+    assert delivery.kind == "exhausted"
     first, second = receiver.to("/flaky")
     assert (first.status, second.status) == (500, 200)
     assert first.headers["X-Costboard-Delivery"] == second.headers["X-Costboard-Delivery"]

@@ -88,6 +88,8 @@ BAD: list[tuple[str, dict[str, str], str, list[str]]] = [
     ("/users/", {"sort": "bogus"}, "sort", USER_SORTS),
     ("/users/export.csv", {"sort": "bogus"}, "sort", USER_SORTS),
     ("/users/export.csv", {"since": "x"}, "since", ["YYYY-MM-DD"]),
+    ("/reconciliation/", {"day": "soon"}, "day", ["YYYY-MM-DD"]),
+    ("/reconciliation/", {"provider": "zzz"}, "provider", ["every provider"]),
     ("/flagged/", {"kind": "zzz"}, "kind", KINDS),
     ("/flagged/", {"acknowledged": "yes"}, "acknowledged", ["1 to show acknowledged"]),
     ("/flagged/", {"page": "abc"}, "page", ["page 1 only"]),
