@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from memory_ui.redaction import KINDS, MARKER, Redacted, redact
+from memory_ui.redaction import KINDS, MARKER, Redacted, _after_number_context, redact
 from tests.memory_ui.corpus import CARDS, CORPUS, NOT_CARDS, NOT_PHONES, PHONES, Sample
 
 
@@ -387,6 +387,13 @@ def bearer_tokens(draw: st.DrawFn) -> Planted:
     return Planted(lead + token, (token,), "bearer_token")
 
 
+def _said_to_be_a_reference(text: str, planted: Planted) -> bool:
+    """Whether the random text just before the planted secret names it an order, reference,
+    ticket… number ("REFERENCE 001-01-0001"): such a number is kept on purpose (the redactor's
+    number context), so it is no case of a secret missed. Hypothesis found this one."""
+    return _after_number_context(text, text.index(planted.text))
+
+
 def _outside_markers(redacted: str) -> str:
     """The redacted text without its markers: a secret such as "url_cred" may spell part of
     one."""
@@ -429,6 +436,7 @@ def test_no_planted_secret_survives_in_random_text(kind: str, data: st.DataObjec
     text = before + data.draw(st.sampled_from(LEFT)) + planted.text + tail
     for secret in planted.secrets:
         assume(text.count(secret) == 1)  # the surrounding text does not hold it too
+    assume(not _said_to_be_a_reference(text, planted))
     redacted, kinds = redact(text)
     for secret in planted.secrets:
         assert secret not in _outside_markers(redacted), (text, redacted)
@@ -461,6 +469,7 @@ def test_every_kind_planted_in_one_text_is_redacted_and_named(data: st.DataObjec
     secrets = [secret for p in planted for secret in p.secrets]
     for secret in secrets:
         assume(text.count(secret) == 1)
+    assume(not any(_said_to_be_a_reference(text, p) for p in planted))
     redacted, kinds = redact(text)
     for secret in secrets:
         assert secret not in _outside_markers(redacted), (text, redacted)
