@@ -45,7 +45,7 @@ from django.db.models.functions import TruncDate
 
 from costboard.models import TOOL_MODEL, BilledUsage, Step
 from costboard.pricing.families import model_family
-from costboard.pricing.rates import canonical_provider, home_provider
+from costboard.pricing.names import canonical_provider, home_provider
 
 ZERO = Decimal(0)
 PCT = Decimal("0.01")

@@ -10,7 +10,8 @@ from decimal import Decimal
 
 from costboard.models import STANDARD_TIER, Step, usd
 from costboard.pricing.families import is_tool_model
-from costboard.pricing.rates import Rate, RateTable, canonical_provider, rate_table
+from costboard.pricing.names import canonical_provider
+from costboard.pricing.rates import Rate, RateTable, rate_table
 
 PER_MILLION = ("in", "out", "cache read", "cache write")
 

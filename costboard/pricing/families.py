@@ -7,7 +7,7 @@ step there), else its own name, each without a provider or vendor prefix and wit
 snapshot suffix. Steps without a model (tool calls, retrievals: `TOOL_MODEL`) are their own
 family, never priced.
 
-The prefix and suffix rules are the ones pricing's aliases use (`rates.model_aliases`), made
+The prefix and suffix rules are the ones pricing's aliases use (`names.model_aliases`), made
 safe for grouping every name rather than for a lookup that failed: a `name:` prefix is cut
 only when it names a provider (`openai:gpt-4o`, not `gpt-4o:extended`), a `-v2` only with
 Bedrock's `:0` (`-v2:0`, not `deepseek-v3`); and they know two more snapshot forms, `-0613` or
@@ -22,7 +22,8 @@ from datetime import datetime
 from functools import lru_cache
 
 from costboard.models import STANDARD_TIER, TOOL_MODEL
-from costboard.pricing.rates import UNPRICED_PICO, PicoCost, Rate, RateTable, canonical_provider
+from costboard.pricing.names import canonical_provider
+from costboard.pricing.rates import UNPRICED_PICO, PicoCost, Rate, RateTable
 
 _SLASH_PREFIX = re.compile(r"^(?:[a-z0-9_.-]+/)+")
 _COLON_PREFIX = re.compile(r"^([a-z0-9_.-]+):(?=[a-z])")

@@ -38,15 +38,13 @@ from django.db import connection
 
 from costboard.models import STANDARD_TIER, ModelPrice, PriceAdjustment
 from costboard.money import pico_usd
+from costboard.pricing.adjustments import Adjustment, adjustment_from_row
+from costboard.pricing.names import canonical_provider, home_provider, model_aliases
 
 MILLION = Decimal(1_000_000)
 CENT_FRACTION = Decimal("1e-12")  # costs are kept to 12 places (see models.COST)
 ZERO = Decimal(0)
 _CTX = Context(prec=60, rounding=ROUND_HALF_EVEN)
-
-# Aliases tried after exact and regex matches fail.
-_PROVIDER_PREFIX = re.compile(r"^(?:[a-z0-9_.-]+/)+|^[a-z0-9_.-]+:(?=[a-z])")
-_DATED_SUFFIX = re.compile(r"(?:[-@](?:\d{8}|\d{4}-\d{2}-\d{2})|-latest|-v\d+(?::\d+)?)$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,106 +280,6 @@ def rate_from_row(row: ModelPrice) -> Rate:
         service_tier=row.service_tier or STANDARD_TIER,
         window=window,
     )
-
-
-@dataclass(frozen=True, slots=True)
-class Adjustment:
-    """One PriceAdjustment, ready to apply: a cost × numerator / denominator."""
-
-    id: int
-    provider: str
-    family: str  # "": every family of the provider
-    project_id: int | None  # None: every project
-    percent: Decimal
-    effective_from: datetime  # 00:00 UTC of its day
-    numerator: int = field(init=False, repr=False, compare=False)
-    denominator: int = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        numerator, denominator = ((Decimal(100) + self.percent) / 100).as_integer_ratio()
-        object.__setattr__(self, "numerator", numerator)
-        object.__setattr__(self, "denominator", denominator)
-
-    @property
-    def specificity(self) -> int:
-        """project and family 3, project 2, family 1, the provider alone 0."""
-        return (2 if self.project_id is not None else 0) + (1 if self.family else 0)
-
-    def scale(self, amount: int) -> int:
-        """Pico-dollars × (1 + percent/100), to the pico-dollar, half-even (as `_usd`)."""
-        quotient, remainder = divmod(amount * self.numerator, self.denominator)
-        twice = 2 * remainder
-        if twice > self.denominator or (twice == self.denominator and quotient % 2):
-            quotient += 1
-        return quotient
-
-    def describe(self) -> str:
-        scope = self.provider + (f" {self.family}" if self.family else "")
-        if self.project_id is not None:
-            scope += " (this project)"
-        sign = "−" if self.percent < 0 else "+"
-        return (
-            f"{sign}{abs(self.percent).normalize():f} % negotiated on list for {scope} "
-            f"from {self.effective_from:%Y-%m-%d}"
-        )
-
-
-def adjustment_from_row(row: PriceAdjustment) -> Adjustment:
-    return Adjustment(
-        id=row.pk,
-        provider=row.provider.strip().lower(),
-        family=row.family.strip().lower(),
-        project_id=row.project_id,
-        percent=row.percent,
-        effective_from=datetime.combine(row.effective_from, time.min, tzinfo=UTC),
-    )
-
-
-@lru_cache(maxsize=4096)
-def home_provider(model: str) -> str | None:
-    """The provider genai-prices would pick for a bare model name (claude-… → anthropic)."""
-    from genai_prices import data_snapshot
-
-    try:
-        return data_snapshot.get_snapshot().find_provider(model, None, None).id
-    except LookupError:
-        return None
-
-
-@lru_cache(maxsize=1024)
-def canonical_provider(name: str) -> str:
-    """A provider as named by a client (`Anthropic`, `aws.bedrock`, `azure.ai.openai`) → the
-    rate table's id (`anthropic`, `aws`, `azure`); unknown names pass through lower-cased."""
-    from genai_prices import data_snapshot
-
-    lowered = name.strip().lower()
-    if not lowered:
-        return ""
-    found = data_snapshot.find_provider_by_id(data_snapshot.get_snapshot().providers, lowered)
-    if found is None and "." in lowered:
-        found = data_snapshot.find_provider_by_id(
-            data_snapshot.get_snapshot().providers, lowered.split(".")[0]
-        )
-    return found.id if found is not None else lowered
-
-
-def model_aliases(model: str) -> list[str]:
-    """Other names a model is known by: without a provider prefix, without a date suffix."""
-    names = []
-    bare = _PROVIDER_PREFIX.sub("", model)
-    if bare != model:
-        names.append(bare)
-    for name in [model, bare]:
-        undated = _DATED_SUFFIX.sub("", name)
-        while undated != name:
-            names.append(undated)
-            name = undated
-            undated = _DATED_SUFFIX.sub("", name)
-    seen: list[str] = []
-    for n in names:
-        if n and n not in seen and n != model:
-            seen.append(n)
-    return seen
 
 
 @dataclass(frozen=True, slots=True)

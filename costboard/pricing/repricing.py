@@ -34,10 +34,10 @@ from costboard.models import (
     UserDailyRollup,
 )
 from costboard.pricing.families import is_tool_model, price_families, step_classify
+from costboard.pricing.names import model_aliases
 from costboard.pricing.rates import (
     compiled_pattern,
     forget_rate_table,
-    model_aliases,
     rate_table,
     step_cost,
 )

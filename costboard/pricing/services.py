@@ -29,7 +29,8 @@ from costboard.models import (
 )
 from costboard.outbox import Attempt, outbox_add, outbox_handler
 from costboard.pricing.families import is_tool_model
-from costboard.pricing.rates import canonical_provider, micros_of_day, windows_overlap
+from costboard.pricing.names import canonical_provider
+from costboard.pricing.rates import micros_of_day, windows_overlap
 from costboard.pricing.repricing import PriceMatch, models_affected, steps_reprice
 
 log = logging.getLogger(__name__)

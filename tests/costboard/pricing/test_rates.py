@@ -7,7 +7,8 @@ import pytest
 from genai_prices import Usage, calc_price
 
 from costboard.models import DailyRollup, ModelPrice, Session, Step
-from costboard.pricing.rates import model_aliases, rate_table
+from costboard.pricing.names import model_aliases
+from costboard.pricing.rates import rate_table
 from costboard.pricing.sync import prices_sync
 from tests.conftest import Agent, add_price, usd
 
