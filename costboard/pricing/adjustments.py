@@ -1,6 +1,6 @@
 """A negotiated rate as the rate table applies it: one PriceAdjustment row, its percentage
-as an exact ratio, its scope's specificity and its words (docs/pricing.md, "Negotiated
-rates")."""
+as an exact ratio, its scope's specificity and its words
+(docs/pricing.md, "Negotiated rates")."""
 
 from __future__ import annotations
 
