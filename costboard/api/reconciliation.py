@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import csv
 import io
-from datetime import date, timedelta
+from datetime import date
 from typing import Annotated, Any, cast
 
 from django.http import HttpRequest, HttpResponse
-from django.utils import timezone
 from pydantic import BaseModel, ConfigDict, Field
 
 from costboard.api.boundary import (
@@ -25,13 +24,12 @@ from costboard.api.boundary import (
     parse_query,
 )
 from costboard.api.schemas import Answer
-from costboard.api.spend import FIRST_DAY, LAST_DAY, READERS, IsoDay
+from costboard.api.spend import FIRST_DAY, LAST_DAY, READERS, IsoDay, day_window
 from costboard.billing.reconcile import GROUPS, Figures, Wanted, grouped, reconcile, total
 from costboard.exports import csv_cell
 from costboard.json_types import Count, Money
 from costboard.models import usd
 
-DEFAULT_DAYS = 30
 MAX_DAYS = 366
 FIGURES = (
     "estimated_cost_usd",
@@ -138,17 +136,6 @@ def _groups(text: str) -> list[str]:
     return names
 
 
-def _days(asked: ReconciliationQuery) -> tuple[date, date]:
-    today = timezone.now().date()
-    until = asked.until or today
-    since = asked.since or max(FIRST_DAY, until - timedelta(days=DEFAULT_DAYS - 1))
-    if since > until:
-        raise ApiError(422, "since", f"{since} is after until ({until}): swap them")
-    if (until - since).days >= MAX_DAYS:
-        raise ApiError(422, "since", f"at most {MAX_DAYS} days at once: narrow since..until")
-    return since, until
-
-
 def figures(made: Figures) -> dict[str, Any]:
     """The figures as the API writes them: USD and percent as decimal strings."""
     pct = made.drift_pct
@@ -168,7 +155,7 @@ def reconciliation(request: HttpRequest) -> HttpResponse:
     project = cast(ApiRequest, request).project
     asked = parse_query(request, ReconciliationQuery)
     names = _groups(asked.group_by)
-    since, until = _days(asked)
+    since, until = day_window(asked.since, asked.until, max_days=MAX_DAYS)
     lines = reconcile(Wanted([project.pk], since, until))
     groups = grouped(lines, names)
     rows = [{**group.values, **figures(group)} for group in groups]

@@ -174,15 +174,20 @@ def _groups(text: str) -> list[str]:
     return seen
 
 
-def _days(asked: SpendQuery) -> tuple[date, date]:
-    # each day given is within FIRST_DAY..LAST_DAY (IsoDay), and so is the default since
+def day_window(
+    since: date | None, until: date | None, *, max_days: int = MAX_DAYS
+) -> tuple[date, date]:
+    """The days a windowed read asks for (spend, reconciliation): until today and the 30
+    days before, unless given; refused (422 naming `since`) when since is after until or the
+    window is longer than `max_days`. Each day given is within FIRST_DAY..LAST_DAY (IsoDay),
+    and so is the default since."""
     today = timezone.now().date()
-    until = asked.until or today
-    since = asked.since or max(FIRST_DAY, until - timedelta(days=DEFAULT_DAYS - 1))
+    until = until or today
+    since = since or max(FIRST_DAY, until - timedelta(days=DEFAULT_DAYS - 1))
     if since > until:
         raise ApiError(422, "since", f"{since} is after until ({until}): swap them")
-    if (until - since).days >= MAX_DAYS:
-        raise ApiError(422, "since", f"at most {MAX_DAYS} days at once: narrow since..until")
+    if (until - since).days >= max_days:
+        raise ApiError(422, "since", f"at most {max_days} days at once: narrow since..until")
     return since, until
 
 
@@ -284,7 +289,7 @@ def spend(request: HttpRequest) -> HttpResponse:
     project = cast(ApiRequest, request).project
     asked = parse_query(request, SpendQuery)
     names = _groups(asked.group_by)
-    since, until = _days(asked)
+    since, until = day_window(asked.since, asked.until)
     rows = _rows(project.pk, names, since, until)
     total = _total(rows)
     for row in rows:

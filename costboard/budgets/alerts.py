@@ -49,7 +49,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -137,7 +137,7 @@ def alert_addresses(text: str) -> list[str]:
 
 @dataclass(frozen=True, slots=True)
 class _Key:
-    event_id: int
+    source_id: int  # the budget event's or the billing drift's
     channel: str
     target: str
 
@@ -185,29 +185,7 @@ def alerts_dispatch(event_ids: list[int]) -> int:
             )
             for address in addresses[project.pk]
         )
-    existing = {
-        _Key(*row)
-        for row in AlertDelivery.objects.filter(budget_event__in=events).values_list(
-            "budget_event_id", "channel", "target"
-        )
-    }
-    new = [
-        d for d in deliveries if _Key(d.budget_event_id or 0, d.channel, d.target) not in existing
-    ]
-    if not new:
-        return 0
-    AlertDelivery.objects.bulk_create(new, ignore_conflicts=True)  # a racing run: no second
-    created = AlertDelivery.objects.filter(
-        budget_event__in=events, status=AlertDelivery.Status.PENDING, attempts=0
-    ).values_list("pk", "project_id", "budget_event_id", "channel", "target")
-    wanted = {_Key(d.budget_event_id or 0, d.channel, d.target) for d in new}
-    queued = [
-        Item(DELIVER, {"delivery_id": pk}, project_id)
-        for pk, project_id, event_id, channel, target in created.order_by("pk")
-        if _Key(event_id, channel, target) in wanted
-    ]
-    outbox_add_many(queued)
-    return len(queued)
+    return _deliveries_made(deliveries, "budget_event", events)
 
 
 @outbox_handler(DISPATCH)
@@ -250,26 +228,38 @@ def drifts_dispatch(drift_ids: list[int]) -> int:
             )
             for address in alert_addresses(project.alert_emails)
         )
+    return _deliveries_made(deliveries, "billing_drift", drifts)
+
+
+def _deliveries_made(
+    deliveries: list[AlertDelivery], source: str, sources: Sequence[BudgetEvent | BillingDrift]
+) -> int:
+    """Store the deliveries not made before (by their source — `source` names the link, a
+    budget event's or a billing drift's — channel and target) and queue an attempt at each
+    new one; a racing run makes no second. Returns how many were queued."""
+    source_id = f"{source}_id"
     existing = {
         _Key(*row)
-        for row in AlertDelivery.objects.filter(billing_drift__in=drifts).values_list(
-            "billing_drift_id", "channel", "target"
+        for row in AlertDelivery.objects.filter(**{f"{source}__in": sources}).values_list(
+            source_id, "channel", "target"
         )
     }
     new = [
-        d for d in deliveries if _Key(d.billing_drift_id or 0, d.channel, d.target) not in existing
+        d
+        for d in deliveries
+        if _Key(getattr(d, source_id) or 0, d.channel, d.target) not in existing
     ]
     if not new:
         return 0
-    AlertDelivery.objects.bulk_create(new, ignore_conflicts=True)  # a racing run: no second
-    wanted = {_Key(d.billing_drift_id or 0, d.channel, d.target) for d in new}
+    AlertDelivery.objects.bulk_create(new, ignore_conflicts=True)
+    wanted = {_Key(getattr(d, source_id) or 0, d.channel, d.target) for d in new}
     created = AlertDelivery.objects.filter(
-        billing_drift__in=drifts, status=AlertDelivery.Status.PENDING, attempts=0
-    ).values_list("pk", "project_id", "billing_drift_id", "channel", "target")
+        **{f"{source}__in": sources}, status=AlertDelivery.Status.PENDING, attempts=0
+    ).values_list("pk", "project_id", source_id, "channel", "target")
     queued = [
         Item(DELIVER, {"delivery_id": pk}, project_id)
-        for pk, project_id, drift_id, channel, target in created.order_by("pk")
-        if _Key(drift_id, channel, target) in wanted
+        for pk, project_id, source_pk, channel, target in created.order_by("pk")
+        if _Key(source_pk, channel, target) in wanted
     ]
     outbox_add_many(queued)
     return len(queued)
