@@ -10,9 +10,10 @@ both steps and a bill (billed and estimated above $0; several lines of a family 
 summed) are walked back from the latest: the run goes on while every day's drift_pct stays
 within 1 point of every other day's in it (max − min ≤ 1). A day with a line that does not
 qualify — billed with no step (uninstrumented), steps billed $0 — ends the run; a calendar day
-with no line of the family at all (no traffic, or no bill imported) is skipped, neither
-counted nor ending it. A run of at least MIN_DAYS such days proposes, from its first day, the
-percent on list that makes the estimate equal the bill over the run:
+with no line of the family at all (no traffic, or no bill imported), or only $0 on both
+sides, is skipped, neither counted nor ending it. A run of at least MIN_DAYS such days
+proposes, from its first day, the percent on list that makes the estimate equal the bill
+over the run:
 
     percent = ((1 + in_force/100) × billed/estimated − 1) × 100, to 4 places (half-even)
 
@@ -127,6 +128,8 @@ def _proposal(
     low = high = None
     for day in sorted(days, reverse=True):
         figures = days[day]
+        if figures.estimated == 0 and figures.billed == 0:
+            continue  # steps that cost nothing, billed nothing: nothing to compare
         pct = figures.pct
         if not figures.qualifies or pct is None:
             break

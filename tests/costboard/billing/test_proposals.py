@@ -338,3 +338,10 @@ def test_the_page_proposes_nothing_for_a_bill_that_is_not_steady(db: None, staff
     assert len(response.context["gaps"]) == 8
     assert response.context["proposals"] == []
     assert 'id="proposals"' not in response.content.decode()
+
+
+def test_a_day_of_nothing_on_both_sides_is_skipped() -> None:
+    lines = under(["12"] * 8)
+    lines.append(line(DAYS[-1] + timedelta(days=1), "0", "0"))  # steps that cost $0, billed $0
+    [proposal] = drift_proposals(lines)
+    assert (proposal.until, proposal.days) == (DAYS[-1], 8)
