@@ -404,7 +404,7 @@ def test_the_demo_bill_reconciles_with_a_proposal_and_an_uninstrumented_day(
             Decimal("1e-12")
         ), line
     openai = [line for line in lines if line.provider == "openai" and line.billed_cost_usd]
-    assert openai and all(abs(line.drift_pct or 0) <= 3 for line in openai)
+    assert openai and all(abs(o.drift_pct or Decimal(0)) <= 3 for o in openai)
     [mistral] = [line for line in lines if line.provider == "mistral"]
     assert mistral.uninstrumented and mistral.billed_cost_usd == Decimal("3.40")
     assert "billed" in seeded and "one mistral day with no step" in seeded
