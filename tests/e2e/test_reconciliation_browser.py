@@ -152,6 +152,8 @@ def test_a_proposal_is_applied_with_one_click_in_chromium(live_server: Any, page
 
     outbox_dispatch()  # the worker's part: reprice the steps the adjustment covers
     page.reload()
+    page.wait_for_selector('[data-chart="daily"] svg.main-svg', state="attached")
+    page.wait_for_load_state("networkidle")  # no request of the page's left in the server
     assert page.locator("#proposals").count() == 0
     assert page.text_content("[data-total-estimated]") == "$31.68"
     assert page.text_content("[data-total-drift]") == "$0.00"
