@@ -35,7 +35,7 @@ from costboard.billing.reconcile import Line, drift_pct
 from costboard.models import OutboxItem
 from costboard.pricing.families import model_family
 from costboard.pricing.rates import rate_table
-from costboard.pricing.services import REPRICE_ADJUSTED
+from costboard.pricing.services import REPRICE, REPRICE_ADJUSTED
 
 MIN_DAYS = 7
 STEADY_POINTS = Decimal(1)  # every day's drift_pct within this of every other day's
@@ -177,8 +177,9 @@ def adjustment_in_force(project_id: int, provider: str, family: str, day: date) 
 
 
 def repricing_pending() -> bool:
-    """An adjustment's repricing is queued and not yet carried out: until it is, the
-    estimate is not what the adjustments in force say, and no proposal can be trusted."""
+    """A repricing (an adjustment's or a price row's) is queued and not yet carried out:
+    until it is, the estimate is not what the rate table says, and no proposal can be
+    trusted."""
     return OutboxItem.objects.filter(
-        kind=REPRICE_ADJUSTED, status=OutboxItem.Status.PENDING
+        kind__in=[REPRICE_ADJUSTED, REPRICE], status=OutboxItem.Status.PENDING
     ).exists()
