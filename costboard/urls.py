@@ -33,6 +33,11 @@ urlpatterns = [
     path("budgets/", budgets.budgets_page, name="budgets"),
     path("budgets/<int:pk>/", budgets.budget_page, name="budget"),
     path("reconciliation/", reconciliation_views.reconciliation_page, name="reconciliation"),
+    path(
+        "reconciliation/adjust/",
+        reconciliation_views.reconciliation_adjust,
+        name="reconciliation-adjust",
+    ),
     path("flagged/", flagged.flagged_page, name="flagged"),
     path("flagged/<int:pk>/raise-cap/", actions.flagged_raise_cap, name="flagged-raise-cap"),
     path("flagged/<int:pk>/acknowledge/", actions.flagged_acknowledge, name="flagged-acknowledge"),

@@ -28,15 +28,19 @@ import random
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime, timedelta
-from decimal import ROUND_CEILING, ROUND_DOWN, Decimal
+from datetime import UTC, date, datetime, timedelta
+from decimal import ROUND_CEILING, ROUND_DOWN, ROUND_HALF_EVEN, Decimal
 from enum import StrEnum
 from typing import Any
 
 from django.db import transaction
 from django.db.models import Sum
+from django.db.models.functions import TruncDate
 from django.utils import timezone
 
+from costboard.billing.reconcile import step_provider
+from costboard.billing.services import billing_rows_replace
+from costboard.billing.uploads import UploadRow
 from costboard.budgets.caps import caps_for
 from costboard.budgets.period_services import period_budget_create, period_budget_update
 from costboard.budgets.periods import ledger_now
@@ -44,11 +48,14 @@ from costboard.ingest.schemas import MAX_EVENTS, Event, SessionEvent, StepEvent,
 from costboard.ingest.service import events_ingest
 from costboard.models import (
     SYSTEM_SESSION_ID,
+    TOOL_MODEL,
+    BilledUsage,
     BudgetEvent,
     ModelPrice,
     PeriodBudget,
     Project,
     Session,
+    Step,
     Turn,
 )
 from costboard.pricing.rates import RateTable, rate_table
@@ -186,6 +193,11 @@ def demo_seed(
         _memories_seed(feed.project, theme, seed, sources=found, unsourced_at=window.start)
         for feed, theme, found in zip(feeds, themes, sources, strict=True)
     )
+    billed = _billing_seed(feeds[0].project, now=now)
+    say(
+        f"billed {billed} rows for {feeds[0].project.slug}: anthropic {DEMO_UNDER_LIST}% of "
+        f"list, openai within a few %, one {UNINSTRUMENTED_PROVIDER} day with no step"
+    )
     cost = Session.objects.filter(project__in=[f.project for f in feeds]).aggregate(
         total=Sum("cost_usd")
     )["total"]
@@ -206,6 +218,71 @@ def demo_seed(
 
 def _silent(line: str) -> None:
     return None
+
+
+# --- what the providers billed (docs/billing.md) ----------------------------------------------
+
+DEMO_UNDER_LIST = Decimal(-10)  # anthropic bills the demo project 10 % under list: a proposal
+OPENAI_WOBBLE = (Decimal("1.5"), Decimal(-2), Decimal(3), Decimal("-0.5"), Decimal("2.5"))
+UNINSTRUMENTED_PROVIDER = "mistral"  # a day billed with no step: an uninstrumented job
+UNINSTRUMENTED = ("mistral-large-latest", Decimal("3.40"), 5)  # model, cost, days before today
+PICO = Decimal("1e-12")
+
+
+def _billing_seed(project: Project, *, now: datetime) -> int:
+    """The bill of the project's UTC days before today, sent by hand (source `api`) as a
+    provider's invoice would be: every anthropic model at exactly 90 % of Costboard's
+    estimate (steady: /reconciliation/ proposes −10 %), every openai model within a few
+    percent of it, varying day to day (no proposal, no drift alert), and one mistral day with
+    no step at all (uninstrumented spend). Each day is replaced, so a second run changes
+    nothing. Returns the rows sent."""
+    today = now.astimezone(UTC).date()
+    start = datetime.combine(today - timedelta(days=366), datetime.min.time(), tzinfo=UTC)
+    end = datetime.combine(today, datetime.min.time(), tzinfo=UTC)
+    estimated = (
+        Step.objects.filter(project=project, timestamp__gte=start, timestamp__lt=end)
+        .exclude(model=TOOL_MODEL)
+        .annotate(utc_day=TruncDate("timestamp", tzinfo=UTC))
+        .values("utc_day", "model", "provider", "price__provider")
+        .annotate(cost=Sum("cost_usd"), tokens=Sum("input_tokens"))
+        .order_by("utc_day", "model")
+    )
+    rows: dict[tuple[date, str, str], UploadRow] = {}
+    for found in estimated:
+        provider = step_provider(found["price__provider"], found["provider"], found["model"])
+        if provider == "anthropic":
+            factor = 1 + DEMO_UNDER_LIST / 100
+        elif provider == "openai":
+            wobble = OPENAI_WOBBLE[found["utc_day"].toordinal() % len(OPENAI_WOBBLE)]
+            factor = 1 + wobble / 100
+        else:
+            continue  # the demo's other providers send no bill
+        cost = found["cost"] or Decimal(0)
+        key = (found["utc_day"], provider, found["model"])
+        billed = (cost * factor).quantize(PICO, rounding=ROUND_HALF_EVEN)
+        before = rows.get(key)
+        rows[key] = UploadRow(
+            day=found["utc_day"],
+            provider=provider,
+            model=found["model"],
+            project_id=project.pk,
+            cost_usd=billed + (before.cost_usd if before else 0),
+            input_tokens=(found["tokens"] or 0) + ((before.input_tokens or 0) if before else 0),
+            output_tokens=None,
+        )
+    model, cost, days_ago = UNINSTRUMENTED
+    day = today - timedelta(days=days_ago)
+    rows[(day, UNINSTRUMENTED_PROVIDER, model)] = UploadRow(
+        day=day,
+        provider=UNINSTRUMENTED_PROVIDER,
+        model=model,
+        project_id=project.pk,
+        cost_usd=cost,
+        input_tokens=1_200_000,
+        output_tokens=None,
+    )
+    billing_rows_replace(list(rows.values()), source=BilledUsage.Source.API)
+    return len(rows)
 
 
 def _hour_start(moment: datetime) -> datetime:

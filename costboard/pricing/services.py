@@ -18,6 +18,7 @@ from decimal import Decimal
 from typing import Any
 
 from django.db import transaction
+from django.db.models import Q
 
 from costboard.models import (
     STANDARD_TIER,
@@ -228,6 +229,38 @@ def adjustment_save(*, adjustment: PriceAdjustment) -> None:
                 scopes.append(_scope(old))
         adjustment.save()
         outbox_add(REPRICE_ADJUSTED, {"scopes": scopes})
+
+
+def adjustment_set(
+    *,
+    provider: str,
+    family: str,
+    project_id: int | None,
+    percent: Decimal,
+    effective_from: date,
+    note: str = "",
+) -> PriceAdjustment:
+    """Record the adjustment of this scope from this day — the one already there edited,
+    else a new one — and reprice as `adjustment_save` does (a proposal applied from
+    /reconciliation/, docs/billing.md "Proposed adjustments"). PriceError, nothing saved,
+    for a fault."""
+    with transaction.atomic():
+        adjustment = (
+            PriceAdjustment.objects.filter(
+                provider=canonical_provider(provider),
+                family=family.strip().lower(),
+                effective_from=effective_from,
+            )
+            .filter(Q(project__isnull=True) if project_id is None else Q(project_id=project_id))
+            .order_by("pk")
+            .first()
+        ) or PriceAdjustment(
+            provider=provider, family=family, project_id=project_id, effective_from=effective_from
+        )
+        adjustment.percent = percent
+        adjustment.note = note[:200]
+        adjustment_save(adjustment=adjustment)
+    return adjustment
 
 
 def adjustments_delete(*, adjustments: Iterable[PriceAdjustment]) -> int:

@@ -8,8 +8,11 @@ from io import StringIO
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.test import Client
 from django.utils import timezone
 
+from costboard.billing.proposals import drift_proposals
+from costboard.billing.reconcile import Wanted, reconcile
 from costboard.budgets.caps import session_caps
 from costboard.models import (
     SYSTEM_SESSION_ID,
@@ -383,3 +386,36 @@ def test_every_replacement_is_dated_after_what_it_replaces(seeded: str) -> None:
         assert new.turn.started_at > old.turn.started_at, (new.content, old.content)
         proposed = MemoryEvent.objects.get(memory=new, action=MemoryEvent.Action.PROPOSED)
         assert proposed.at > old.created_at
+
+
+def test_the_demo_bill_reconciles_with_a_proposal_and_an_uninstrumented_day(
+    seeded: str, staff: Client
+) -> None:
+    """The first project's bill: anthropic at exactly 90 % of the estimate every day (a −10 %
+    proposal per family), openai within a few percent (none), a mistral day with no step."""
+    project = Project.objects.get(slug="support-bot")
+    today = timezone.now().date()
+    lines = reconcile(Wanted([project.pk], today - timedelta(days=40), today))
+    assert lines and max(line.day for line in lines) < today  # billed through yesterday
+    anthropic = [line for line in lines if line.provider == "anthropic"]
+    assert anthropic and all(line.steps > 0 for line in anthropic)
+    for line in anthropic:  # each day and model: 90 % of the steps' cost, to 12 places
+        assert line.billed_cost_usd == (line.estimated_cost_usd * Decimal("0.9")).quantize(
+            Decimal("1e-12")
+        ), line
+    openai = [line for line in lines if line.provider == "openai" and line.billed_cost_usd]
+    assert openai and all(abs(o.drift_pct or Decimal(0)) <= 3 for o in openai)
+    [mistral] = [line for line in lines if line.provider == "mistral"]
+    assert mistral.uninstrumented and mistral.billed_cost_usd == Decimal("3.40")
+    assert "billed" in seeded and "one mistral day with no step" in seeded
+
+    proposals = drift_proposals(lines)
+    assert proposals and {p.provider for p in proposals} == {"anthropic"}
+    for proposal in proposals:
+        assert proposal.days >= 7
+        assert -10 - Decimal("0.0001") <= proposal.percent <= -10 + Decimal("0.0001")
+    page = staff.get("/reconciliation/", {"project": "support-bot"})
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert 'id="proposals"' in html and "under list for claude-" in html
+    assert 'id="uninstrumented"' in html and "mistral-large-latest" in html

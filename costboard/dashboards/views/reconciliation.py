@@ -7,17 +7,29 @@ from __future__ import annotations
 
 import re
 from datetime import date, timedelta
+from decimal import Decimal, InvalidOperation
 
 from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser, PermissionsMixin
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
+from django.urls import reverse
 from django.utils import timezone
+from django.views.decorators.http import require_POST
 
+from costboard.billing.proposals import (
+    Proposal,
+    adjustment_in_force,
+    drift_proposals,
+    repricing_pending,
+)
 from costboard.billing.reconcile import Line, Wanted, grouped, reconcile, total
 from costboard.dashboards import charts
 from costboard.dashboards.params import Checks
 from costboard.dashboards.scope import scope_for
 from costboard.dashboards.views.shared import figures, period_start, read_period
+from costboard.pricing.services import PriceError, adjustment_set
 
 MAX_DAYS = 366
 GAPS_SHOWN = 100
@@ -43,8 +55,22 @@ def _day(checks: Checks, since: date, until: date) -> date | None:
     return day
 
 
+def can_adjust_prices(user: AbstractBaseUser | AnonymousUser) -> bool:
+    """Applying a proposed adjustment: staff who may add and change price adjustments in the
+    admin (a superuser may)."""
+    return (
+        getattr(user, "is_staff", False)
+        and isinstance(user, PermissionsMixin)
+        and user.has_perms(["costboard.add_priceadjustment", "costboard.change_priceadjustment"])
+    )
+
+
 @login_required
 def reconciliation_page(request: HttpRequest) -> HttpResponse:
+    return _page(request)
+
+
+def _page(request: HttpRequest, apply_error: str = "", status: int = 200) -> HttpResponse:
     scope = scope_for(request)
     checks = Checks(request.GET)
     period = read_period(checks.params)
@@ -78,6 +104,10 @@ def reconciliation_page(request: HttpRequest) -> HttpResponse:
     gaps = sorted(shown, key=lambda line: (-abs(line.drift_usd), line.day, line.provider))
     uninstrumented = [line for line in shown if line.uninstrumented]
     names = {p.pk: p.name for p in scope.projects}
+    pending = repricing_pending()
+    # the proposals read the whole period's days (never one day's drill-down)
+    proposals: list[Proposal] = [] if pending else drift_proposals(lines, adjustment_in_force)
+    slugs = {p.pk: p.slug for p in scope.projects}
     context = {
         "scope": scope,
         "since": since,
@@ -96,10 +126,57 @@ def reconciliation_page(request: HttpRequest) -> HttpResponse:
         "several_projects": len({line.project_id for line in lines}) > 1,
         "project_names": names,
         "filter_errors": checks.errors,
+        "proposals": proposals,
+        "repricing_pending": pending,
+        "can_adjust": can_adjust_prices(request.user),
+        "project_slugs": slugs,
+        "apply_error": apply_error,
         "figures": figures(
             daily=charts.estimated_vs_billed(
                 [(str(g.values["day"]), g.estimated_cost_usd, g.billed_cost_usd) for g in by_day]
             )
         ),
     }
-    return render(request, "costboard/reconciliation.html", context, status=checks.status)
+    return render(
+        request, "costboard/reconciliation.html", context, status=max(checks.status, status)
+    )
+
+
+@login_required
+@require_POST
+def reconciliation_adjust(request: HttpRequest) -> HttpResponse:
+    """Apply a proposed adjustment (the page's button): record it through the pricing
+    services, which reprice the steps it covers through the outbox; back to the page."""
+    if not can_adjust_prices(request.user):
+        raise PermissionDenied("Applying an adjustment needs the right to add price adjustments.")
+    scope = scope_for(request)
+    form = request.POST
+    project = next((p for p in scope.projects if p.slug == form.get("adjust_project")), None)
+    error = ""
+    try:
+        percent = Decimal(form.get("percent", ""))
+        since = date.fromisoformat(form.get("since", ""))
+    except (InvalidOperation, ValueError):
+        error = "percent: a percentage on list such as -12, and since: a day YYYY-MM-DD"
+    else:
+        if project is None:
+            error = "adjust_project: no such project; reload the page and apply again"
+        elif not form.get("family", "").strip():
+            error = "family: the model family the proposal names, e.g. claude-sonnet-4-5"
+        else:
+            try:
+                adjustment_set(
+                    provider=form.get("provider", ""),
+                    family=form.get("family", ""),
+                    project_id=project.pk,
+                    percent=percent,
+                    effective_from=since,
+                    note=form.get("note", "")[:200] or "proposed by /reconciliation/",
+                )
+            except PriceError as fault:
+                error = f"{fault.field}: {fault.message}"
+    if error:
+        return _page(request, apply_error=error, status=422)
+    back = reverse("reconciliation")
+    query = request.GET.urlencode()
+    return HttpResponseRedirect(f"{back}?{query}" if query else back, status=303)
