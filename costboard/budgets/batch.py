@@ -45,7 +45,7 @@ from costboard.models import SYSTEM_SESSION_ID, BudgetEvent, PeriodBudget, Perio
 from costboard.models import Session as SessionRow
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class SessionSpend:
     """A touched session as ingest hands it over: its ledger as locked (`before`), the caps
     it had and the caps it has after the batch's session events (its own: None for its

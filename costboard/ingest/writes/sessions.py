@@ -223,7 +223,7 @@ def session_spends(
     return adds
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class SessionAdd:
     """A touched session's share of the batch: what the budgets read (`spend`), its inserted
     steps and their column sums (`counted`, steps_sum's order)."""
