@@ -16,6 +16,22 @@ from typing import Any
 
 from tests.waiting import wait_until
 
+
+def serve(handler: type[BaseHTTPRequestHandler]) -> tuple[str, Callable[[], None]]:
+    """A local HTTP server of `handler` on a free port, in a thread: its base URL and the
+    function that stops it (shut down, closed, its thread joined)."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+
+    def stop() -> None:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+    return f"http://127.0.0.1:{server.server_address[1]}", stop
+
+
 NOTHING_SAVED = ["--save", "", "--appendonly", "no"]
 HOLD_AT_MOST = 60.0  # a Receiver's held reply goes out then, released or not: no test hangs
 
@@ -115,17 +131,7 @@ class Receiver:
             def log_message(self, format: str, *args: Any) -> None:
                 pass
 
-        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.base_url = f"http://127.0.0.1:{server.server_address[1]}"
-        thread = threading.Thread(target=server.serve_forever, daemon=True)
-        thread.start()
-
-        def stop() -> None:
-            server.shutdown()
-            server.server_close()
-            thread.join(timeout=5)
-
-        self._stop = stop
+        self.base_url, self._stop = serve(Handler)
         return self
 
     def stop(self) -> None:
