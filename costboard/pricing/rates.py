@@ -414,26 +414,24 @@ class RateTable:
         cache_creation_input_tokens: int,
         cache_creation_1h_input_tokens: int = 0,
         service_tier: str = STANDARD_TIER,
-        project_id: int | None = None,
-        families: dict[int, str] | None = None,
     ) -> StepCost:
-        """A step's cost in USD: ingest's pico-dollar arithmetic, as Decimals (repricing and
-        the benchmark's check use this, so both price exactly as ingest did). With a
-        project and the table's families, negotiated adjustments apply."""
-        cost = self.price_pico(
-            model,
-            provider,
-            when,
-            input_tokens,
-            output_tokens,
-            cache_read_input_tokens,
-            cache_creation_input_tokens,
-            cache_creation_1h_input_tokens,
-            service_tier,
+        """A step's list cost in USD: ingest's pico-dollar arithmetic, as Decimals (a step's
+        price explanation and the benchmarks' checks use this, so they price as ingest did;
+        a negotiated adjustment is `families.step_classify`'s, which ingest and repricing
+        call)."""
+        return step_cost(
+            self.price_pico(
+                model,
+                provider,
+                when,
+                input_tokens,
+                output_tokens,
+                cache_read_input_tokens,
+                cache_creation_input_tokens,
+                cache_creation_1h_input_tokens,
+                service_tier,
+            )
         )
-        if project_id is not None and families is not None and cost[0] is not None:
-            cost = self.adjust(cost, project_id, provider, families[cost[0]], when)
-        return step_cost(cost)
 
     def price_pico(
         self,
