@@ -49,7 +49,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -135,6 +135,10 @@ def alert_addresses(text: str) -> list[str]:
     return addresses
 
 
+# what an alert is delivered for: a budget event or a billing drift (AlertDelivery links one)
+AlertSource = BudgetEvent | BillingDrift
+
+
 @dataclass(frozen=True, slots=True)
 class _Key:
     source_id: int  # the budget event's or the billing drift's
@@ -152,40 +156,7 @@ def alerts_dispatch(event_ids: list[int]) -> int:
     )
     if not events:
         return 0
-    endpoints: dict[int, list[WebhookEndpoint]] = defaultdict(list)
-    for endpoint in WebhookEndpoint.objects.filter(
-        project_id__in={e.project_id for e in events}, active=True
-    ).order_by("pk"):
-        endpoints[endpoint.project_id].append(endpoint)
-    addresses: dict[int, list[str]] = {}
-
-    deliveries: list[AlertDelivery] = []
-    for event in events:
-        project: Project = event.project
-        for endpoint in endpoints[project.pk]:
-            kinds = endpoint.kinds if isinstance(endpoint.kinds, list) else []
-            if event.kind in kinds:
-                deliveries.append(
-                    AlertDelivery(
-                        project=project,
-                        budget_event=event,
-                        channel=AlertDelivery.Channel.WEBHOOK,
-                        endpoint=endpoint,
-                        target=endpoint.url,
-                    )
-                )
-        if project.pk not in addresses:
-            addresses[project.pk] = alert_addresses(project.alert_emails)
-        deliveries.extend(
-            AlertDelivery(
-                project=project,
-                budget_event=event,
-                channel=AlertDelivery.Channel.EMAIL,
-                target=address,
-            )
-            for address in addresses[project.pk]
-        )
-    return _deliveries_made(deliveries, "budget_event", events)
+    return _alerts_made(events, "budget_event", lambda event: event.kind)
 
 
 @outbox_handler(DISPATCH)
@@ -200,39 +171,50 @@ def drifts_dispatch(drift_ids: list[int]) -> int:
     drifts = list(BillingDrift.objects.filter(pk__in=drift_ids).select_related("project"))
     if not drifts:
         return 0
+    return _alerts_made(drifts, "billing_drift", lambda drift: DRIFT_KIND)
+
+
+def _alerts_made(sources: Sequence[AlertSource], link: str, kind_of: Callable[[Any], str]) -> int:
+    """The deliveries of these alert sources (`link`: "budget_event" or "billing_drift") —
+    each active webhook of the source's project whose `kinds` include its kind (`kind_of`),
+    each address of `Project.alert_emails` — made once each (_deliveries_made)."""
     endpoints: dict[int, list[WebhookEndpoint]] = defaultdict(list)
     for endpoint in WebhookEndpoint.objects.filter(
-        project_id__in={d.project_id for d in drifts}, active=True
+        project_id__in={s.project_id for s in sources}, active=True
     ).order_by("pk"):
-        if DRIFT_KIND in (endpoint.kinds if isinstance(endpoint.kinds, list) else []):
-            endpoints[endpoint.project_id].append(endpoint)
+        endpoints[endpoint.project_id].append(endpoint)
+    addresses: dict[int, list[str]] = {}
     deliveries: list[AlertDelivery] = []
-    for drift in drifts:
-        project: Project = drift.project
+    for source in sources:
+        project: Project = source.project
+        kind = kind_of(source)
+        for endpoint in endpoints[project.pk]:
+            if kind in (endpoint.kinds if isinstance(endpoint.kinds, list) else []):
+                deliveries.append(
+                    AlertDelivery(
+                        project=project,
+                        channel=AlertDelivery.Channel.WEBHOOK,
+                        endpoint=endpoint,
+                        target=endpoint.url,
+                        **{link: source},
+                    )
+                )
+        if project.pk not in addresses:
+            addresses[project.pk] = alert_addresses(project.alert_emails)
         deliveries.extend(
             AlertDelivery(
                 project=project,
-                billing_drift=drift,
-                channel=AlertDelivery.Channel.WEBHOOK,
-                endpoint=endpoint,
-                target=endpoint.url,
-            )
-            for endpoint in endpoints[project.pk]
-        )
-        deliveries.extend(
-            AlertDelivery(
-                project=project,
-                billing_drift=drift,
                 channel=AlertDelivery.Channel.EMAIL,
                 target=address,
+                **{link: source},
             )
-            for address in alert_addresses(project.alert_emails)
+            for address in addresses[project.pk]
         )
-    return _deliveries_made(deliveries, "billing_drift", drifts)
+    return _deliveries_made(deliveries, link, sources)
 
 
 def _deliveries_made(
-    deliveries: list[AlertDelivery], source: str, sources: Sequence[BudgetEvent | BillingDrift]
+    deliveries: list[AlertDelivery], source: str, sources: Sequence[AlertSource]
 ) -> int:
     """Store the deliveries not made before (by their source — `source` names the link, a
     budget event's or a billing drift's — channel and target) and queue an attempt at each
