@@ -398,6 +398,10 @@ if COSTBOARD_BASE_URL and not COSTBOARD_BASE_URL.startswith(("http://", "https:/
         f"COSTBOARD_BASE_URL={COSTBOARD_BASE_URL!r} must start with http:// or https://, "
         "e.g. https://costboard.example.com."
     )
+# PagerDuty's Events API v2 (a test points it at a local receiver)
+COSTBOARD_PAGERDUTY_EVENTS_URL = env_base_url(
+    "COSTBOARD_PAGERDUTY_EVENTS_URL", "https://events.pagerduty.com/v2/enqueue"
+)
 COSTBOARD_ALERT_TIMEOUT_SECONDS = env_int("COSTBOARD_ALERT_TIMEOUT_SECONDS", 5, minimum=1)
 # A failed delivery is retried after 30 s, 60 s, 120 s, … until this many attempts.
 COSTBOARD_ALERT_RETRY_SECONDS = env_int("COSTBOARD_ALERT_RETRY_SECONDS", 30, minimum=0)

@@ -79,6 +79,8 @@ class AlertDelivery(models.Model):
     class Channel(models.TextChoices):
         WEBHOOK = "webhook"
         EMAIL = "email"
+        SLACK = "slack"
+        PAGERDUTY = "pagerduty"
 
     class Status(models.TextChoices):
         PENDING = "pending"

@@ -14,6 +14,13 @@ from django.utils import timezone
 
 from costboard.models.fields import cap_field
 
+ALERT_CHANNELS = ("webhook", "email", "slack", "pagerduty")
+
+
+def default_alert_channels() -> list[str]:
+    """A project's channels until someone picks: the two it had before Slack and PagerDuty."""
+    return ["webhook", "email"]
+
 
 class Project(models.Model):
     name = models.CharField(max_length=200)
@@ -86,6 +93,41 @@ class Project(models.Model):
         blank=True,
         help_text="Budget alerts (soft warned, exhausted, runaway) by email too: addresses, "
         "one per line or comma-separated.",
+    )
+    # Where alerts go beyond the signed webhooks and email (docs/budgets.md, "Alerts"): a
+    # Slack incoming webhook, a PagerDuty Events API v2 routing key, and which channels a
+    # budget without its own list uses.
+    slack_webhook_url = models.URLField(
+        "Slack incoming-webhook URL",
+        max_length=500,
+        blank=True,
+        help_text="https://hooks.slack.com/services/…: alerts and spend reports as Slack "
+        "messages; blank: no Slack.",
+    )
+    pagerduty_routing_key = models.CharField(
+        "PagerDuty routing key",
+        max_length=64,
+        blank=True,
+        help_text="An Events API v2 integration key: a budget exhausted triggers an incident, "
+        "resolved when the period rolls over or the limit is raised; blank: no PagerDuty.",
+    )
+    alert_channels = models.JSONField(
+        default=default_alert_channels,
+        blank=True,
+        help_text='The channels of budgets that name none: any of "webhook", "email", '
+        '"slack", "pagerduty".',
+    )
+    # The weekly and monthly showback (docs/budgets.md)
+    report_recipients = models.TextField(
+        blank=True,
+        help_text="Who gets the weekly and monthly spend report by email: addresses, one per "
+        "line or comma-separated; blank: nobody (the page /reports/ is there either way).",
+    )
+    report_tag_key = models.CharField(
+        max_length=64,
+        blank=True,
+        help_text='The tag key the report groups spend by (e.g. "customer"); blank: the '
+        "report has no tag table.",
     )
     reconciliation_drift_pct = models.DecimalField(
         "reconciliation drift alert (%)",
