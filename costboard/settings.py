@@ -165,6 +165,7 @@ MIDDLEWARE = [
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
+    "costboard.replicas.ReadYourWritesMiddleware",  # after a write, pages read the primary
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
     # last, as django-axes asks: it answers a locked-out login with the lockout page
@@ -247,6 +248,45 @@ if _db["ENGINE"] == "django.db.backends.sqlite3":
     # The covering indexes' INCLUDE columns are PostgreSQL's; SQLite's plain index does.
     SILENCED_SYSTEM_CHECKS = ["models.W040"]
 DATABASES = {"default": _db}
+
+# --- read replicas (docs/operations.md, "Read replicas") -----------------------------------
+# DATABASE_REPLICA_URLS, comma-separated: each becomes DATABASES["replica_1"], … The router
+# (costboard/replicas.py) sends a read there only for the views that ask (pages, the spend and
+# reconciliation APIs, the exports), and only while the replica is within
+# COSTBOARD_REPLICA_MAX_LAG_S seconds of the primary; everything else reads the primary.
+_replica_urls = env_list("DATABASE_REPLICA_URLS", "")
+if _replica_urls and _db["ENGINE"] != "django.db.backends.postgresql":
+    raise ImproperlyConfigured(
+        "DATABASE_REPLICA_URLS is set but DATABASE_URL is not PostgreSQL: replicas stream from "
+        "a PostgreSQL primary; unset DATABASE_REPLICA_URLS or point DATABASE_URL at the primary."
+    )
+for _number, _replica_url in enumerate(_replica_urls, start=1):
+    try:
+        _replica = dj_database_url.parse(_replica_url, conn_max_age=None, conn_health_checks=True)
+    except Exception as exc:  # dj-database-url raises several types for a bad URL
+        raise ImproperlyConfigured(
+            f"DATABASE_REPLICA_URLS: {_replica_url!r} is not a database URL ({exc}); use e.g. "
+            "postgres://user@replica-1:5432/costboard,postgres://user@replica-2:5432/costboard."
+        ) from None
+    if _replica.get("ENGINE") != "django.db.backends.postgresql":
+        raise ImproperlyConfigured(
+            f"DATABASE_REPLICA_URLS: {_replica_url!r} is not a PostgreSQL URL; a replica is a "
+            "PostgreSQL standby of DATABASE_URL's server, e.g. postgres://user@replica-1:5432/"
+            "costboard."
+        )
+    _replica_options = _replica.setdefault("OPTIONS", {})
+    _replica_options.setdefault("options", "-c random_page_cost=1.1")  # as the primary's
+    # A replica that does not answer costs a page at most this long once per lag check (it
+    # then reads the primary), not libpq's default of waiting for ever.
+    _replica_options.setdefault("connect_timeout", 3)
+    # In tests a replica reads the test database: a real standby streams it from the
+    # primary; otherwise it is the same database under a second connection.
+    _replica["TEST"] = {"MIRROR": "default"}
+    DATABASES[f"replica_{_number}"] = _replica
+DATABASE_ROUTERS = ["costboard.replicas.ReplicaRouter"]
+# Past this many seconds behind the primary a replica is not read (the pages say their data is
+# current, read from the primary); 0 reads only a replica that has replayed all it received.
+COSTBOARD_REPLICA_MAX_LAG_S = env_decimal("COSTBOARD_REPLICA_MAX_LAG_S", "10")
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [

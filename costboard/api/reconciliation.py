@@ -29,6 +29,7 @@ from costboard.billing.reconcile import GROUPS, Figures, Wanted, grouped, reconc
 from costboard.exports import csv_cell
 from costboard.json_types import Count, Money
 from costboard.models import usd
+from costboard.replicas import replica_reads
 
 MAX_DAYS = 366
 FIGURES = (
@@ -151,6 +152,7 @@ def figures(made: Figures) -> dict[str, Any]:
 
 
 @endpoint(RECONCILIATION)
+@replica_reads
 def reconciliation(request: HttpRequest) -> HttpResponse:
     project = cast(ApiRequest, request).project
     asked = parse_query(request, ReconciliationQuery)

@@ -35,6 +35,7 @@ from costboard.ingest.schemas import FIRST_YEAR, LAST_YEAR
 from costboard.json_types import Count as CountField
 from costboard.json_types import Money
 from costboard.models import DailyRollup, TagDailyRollup, UserDailyRollup, usd
+from costboard.replicas import replica_reads
 
 READERS = ("read", "admin")
 DEFAULT_DAYS = 30
@@ -285,6 +286,7 @@ def _total(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 @endpoint(SPEND)
+@replica_reads
 def spend(request: HttpRequest) -> HttpResponse:
     project = cast(ApiRequest, request).project
     asked = parse_query(request, SpendQuery)

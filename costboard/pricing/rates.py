@@ -552,7 +552,8 @@ def _version() -> tuple[int, Any]:
 
 
 def rate_table() -> RateTable:
-    """The current rate table (one cheap query to check it is current)."""
+    """The current rate table (one cheap query to check it is current), read from the primary
+    on every page (costboard/replicas.py): it is one table for the whole process."""
     global _cached
     version = _version()
     cached = _cached
@@ -561,7 +562,12 @@ def rate_table() -> RateTable:
     with _lock:
         if _cached is not None and _cached[0] == version:
             return _cached[1]
-        table = build_rate_table(ModelPrice.objects.all(), PriceAdjustment.objects.all())
+        # from the primary, as the version is: on a page that reads a replica, a table built
+        # there could be older than the version it is kept under, and kept for good
+        table = build_rate_table(
+            ModelPrice.objects.using(connection.alias).all(),
+            PriceAdjustment.objects.using(connection.alias).all(),
+        )
         _cached = (version, table)
         return table
 

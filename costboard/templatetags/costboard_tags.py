@@ -10,6 +10,7 @@ from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.safestring import mark_safe
 
+from costboard import replicas
 from costboard.dashboards.selectors.flagged import CapUse
 from costboard.models import TOOL_MODEL, BudgetEvent
 from costboard.numbers import count_text, tokens_short, usd_text
@@ -232,3 +233,24 @@ def event_detail(event: BudgetEvent) -> list[tuple[str, str]]:
                 pairs.append((label, show(detail[key])))
     pairs.extend((_label(str(k)), _plain(v)) for k, v in detail.items() if k not in used)
     return pairs
+
+
+@register.simple_tag
+def read_source_note() -> str:
+    """Where the page's data was read, on a page that may read a replica (costboard/replicas.py;
+    nothing on the others, nor when no replica is configured)."""
+    source = replicas.read_source()
+    if source is None:
+        return ""
+    if source.replica:
+        lag = source.lag or Decimal(0)
+        return format_html(
+            '<p class="read-source muted" data-read-source="replica">'
+            "Read from a replica, {} s behind the primary.</p>",
+            f"{lag:.1f}",
+        )
+    return format_html(
+        '<p class="read-source muted" data-read-source="{}">'
+        "Data is current (read from the primary).</p>",
+        "primary",
+    )

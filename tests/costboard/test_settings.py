@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -33,6 +34,9 @@ ROOT = Path(__file__).resolve().parents[2]
         ("DATABASE_URL", "mysql://root@localhost/x"),
         ("COSTBOARD_OPENAI_API_BASE", "api.openai.com"),
         ("COSTBOARD_ANTHROPIC_API_BASE", "ftp://proxy.example"),
+        ("DATABASE_REPLICA_URLS", "postgres://u@replica:port/costboard"),
+        ("COSTBOARD_REPLICA_MAX_LAG_S", "soon"),
+        ("COSTBOARD_REPLICA_MAX_LAG_S", "-1"),
     ],
 )
 def test_startup_fails_naming_the_variable(name: str, value: str) -> None:
@@ -121,3 +125,58 @@ def test_postgres_reads_are_priced_as_in_memory_unless_the_url_says_otherwise() 
     assert _random_page_cost(url) == "1.1"
     joiner = "&" if "?" in url else "?"
     assert _random_page_cost(f"{url}{joiner}options=-c%20random_page_cost%3D2") == "2"
+
+
+def _replica_settings(**env: str) -> subprocess.CompletedProcess[str]:
+    code = (
+        "import json, django; django.setup(); from django.conf import settings; "
+        "print(json.dumps({a: [d['HOST'], d['PORT'], d['NAME'], d['TEST'].get('MIRROR'), "
+        "d['OPTIONS'].get('connect_timeout'), d['CONN_MAX_AGE']] "
+        "for a, d in settings.DATABASES.items() if a != 'default'}))"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env={**os.environ, "DJANGO_SETTINGS_MODULE": "costboard.settings", **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_each_replica_url_is_a_database_mirroring_the_primary_in_tests() -> None:
+    result = _replica_settings(
+        DATABASE_URL="postgres://costboard@primary:5432/costboard",
+        DATABASE_REPLICA_URLS=(
+            " postgres://costboard@replica-a:5433/costboard , "
+            "postgres://costboard@replica-b/costboard?connect_timeout=1"
+        ),
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == {
+        "replica_1": ["replica-a", 5433, "costboard", "default", 3, None],
+        "replica_2": ["replica-b", "", "costboard", "default", 1, None],
+    }
+
+
+@pytest.mark.parametrize(
+    ("env", "says"),
+    [
+        (
+            {"DATABASE_URL": "", "DATABASE_REPLICA_URLS": "postgres://u@replica/costboard"},
+            "DATABASE_URL is not PostgreSQL",
+        ),
+        (
+            {
+                "DATABASE_URL": "postgres://u@primary/costboard",
+                "DATABASE_REPLICA_URLS": "sqlite:///replica.sqlite3",
+            },
+            "is not a PostgreSQL URL",
+        ),
+    ],
+)
+def test_a_replica_that_cannot_be_one_stops_start_up(env: dict[str, str], says: str) -> None:
+    result = _replica_settings(**env)
+    assert result.returncode != 0
+    assert "ImproperlyConfigured: DATABASE_REPLICA_URLS" in result.stderr
+    assert says in result.stderr

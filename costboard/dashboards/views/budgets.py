@@ -15,9 +15,11 @@ from costboard.dashboards.selectors.budgets import (
     budgets_stopped_counts,
 )
 from costboard.dashboards.views.shared import stops_now
+from costboard.replicas import replica_reads
 
 
 @login_required
+@replica_reads
 def budgets_page(request: HttpRequest) -> HttpResponse:
     """Every period budget of the projects in scope in its current period: its state, spent
     against its limits, its forecast, and how many sessions it stops."""
@@ -31,6 +33,7 @@ def budgets_page(request: HttpRequest) -> HttpResponse:
 
 
 @login_required
+@replica_reads
 def budget_page(request: HttpRequest, pk: int) -> HttpResponse:
     """One period budget: its current period and forecast, its past periods, its crossings
     and the sessions it stops (404 outside the projects in scope)."""

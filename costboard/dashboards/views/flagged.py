@@ -27,6 +27,7 @@ from costboard.dashboards.selectors.flagged import (
 from costboard.dashboards.selectors.sessions import SessionStop, session_stop
 from costboard.dashboards.views.shared import PAGE_SIZE, HtmxHttpRequest, stops_now
 from costboard.models import PeriodBudget, Session
+from costboard.replicas import replica_reads
 
 
 def can_act_on_sessions(user: AbstractBaseUser | AnonymousUser) -> bool:
@@ -79,6 +80,7 @@ def flag_row(
 
 
 @login_required
+@replica_reads
 def flagged_page(request: HtmxHttpRequest) -> HttpResponse:
     return flagged_render(request, scope_for(request))
 

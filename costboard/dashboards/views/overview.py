@@ -23,9 +23,11 @@ from costboard.dashboards.selectors.overview import (
     usage_breakdown,
 )
 from costboard.dashboards.views.shared import figures, period_start, stops_now, tag_breakdown
+from costboard.replicas import replica_reads
 
 
 @login_required
+@replica_reads
 def overview(request: HttpRequest) -> HttpResponse:
     scope = scope_for(request)
     checks = Checks(request.GET)

@@ -30,6 +30,7 @@ from costboard.dashboards.params import Checks
 from costboard.dashboards.scope import scope_for
 from costboard.dashboards.views.shared import figures, period_start, read_period
 from costboard.pricing.services import PriceError, adjustment_set
+from costboard.replicas import replica_reads
 
 MAX_DAYS = 366
 GAPS_SHOWN = 100
@@ -66,6 +67,7 @@ def can_adjust_prices(user: AbstractBaseUser | AnonymousUser) -> bool:
 
 
 @login_required
+@replica_reads
 def reconciliation_page(request: HttpRequest) -> HttpResponse:
     return _page(request)
 

@@ -17,6 +17,7 @@ from costboard.dashboards.views.flagged import flag_row
 from costboard.dashboards.views.shared import figures, stops_now
 from costboard.models import PeriodBudget, Session
 from costboard.pricing.explain import price_explanations
+from costboard.replicas import replica_reads
 
 
 def session_in_scope(scope: Scope, pk: int) -> Session:
@@ -36,6 +37,7 @@ def stop_holding(session: Session) -> PeriodBudget | None:
 
 
 @login_required
+@replica_reads
 def session_page(request: HttpRequest, pk: int) -> HttpResponse:
     scope = scope_for(request)
     return session_render(request, scope, session_in_scope(scope, pk))

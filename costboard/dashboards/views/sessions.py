@@ -33,6 +33,7 @@ from costboard.dashboards.views.shared import (
     read_period,
     stops_now,
 )
+from costboard.replicas import replica_reads
 
 
 def _session_filters(
@@ -65,6 +66,7 @@ def _session_filters(
 
 
 @login_required
+@replica_reads
 def sessions_list(request: HtmxHttpRequest) -> HttpResponse:
     scope = scope_for(request)
     checks = Checks(request.GET)
@@ -106,6 +108,7 @@ def sessions_list(request: HtmxHttpRequest) -> HttpResponse:
 
 
 @login_required
+@replica_reads
 def sessions_csv(request: HttpRequest) -> HttpResponseBase:
     scope = scope_for(request)
     checks = Checks(request.GET)

@@ -28,9 +28,11 @@ from costboard.dashboards.views.shared import (
     tag_breakdown,
 )
 from costboard.models import MAX_TIER_LENGTH, TIER_WORD, service_tier_word
+from costboard.replicas import replica_reads
 
 
 @login_required
+@replica_reads
 def steps_page(request: HtmxHttpRequest) -> HttpResponse:
     """The steps of a period by step type and model; the table, its charts and the tag
     breakdown all of the steps the filters keep."""

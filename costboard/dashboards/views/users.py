@@ -15,9 +15,11 @@ from costboard.dashboards.scope import scope_for
 from costboard.dashboards.selectors.shared import ZERO
 from costboard.dashboards.selectors.users import USER_SORTS, users_spend
 from costboard.dashboards.views.shared import csv_refused, period_start, read_period
+from costboard.replicas import replica_reads
 
 
 @login_required
+@replica_reads
 def users_csv(request: HttpRequest) -> HttpResponse:
     """/users/'s rows as CSV, for the same period and order."""
     scope = scope_for(request)
@@ -42,6 +44,7 @@ def _users_period(checks: Checks) -> tuple[date, date, str]:
 
 
 @login_required
+@replica_reads
 def users_page(request: HttpRequest) -> HttpResponse:
     """Spend, tokens, sessions and steps per end user over a period, sortable; each user
     linked to their sessions."""
