@@ -73,6 +73,47 @@ def _suite_settings() -> Iterator[None]:
         yield
 
 
+# COSTBOARD_TEST_PGBOUNCER=1 (with COSTBOARD_DB_POOLER=pgbouncer; .ci/run's PgBouncer leg): the
+# tests reach PostgreSQL through a PgBouncer in transaction mode (tests/servers.py) that this
+# session starts. The test databases are made and dropped directly: PgBouncer keeps its server
+# connections open, which DROP DATABASE refuses, until it stops.
+THROUGH_PGBOUNCER = os.environ.get("COSTBOARD_TEST_PGBOUNCER") == "1"
+
+if THROUGH_PGBOUNCER:
+
+    @pytest.fixture(scope="session")
+    def django_db_setup(django_db_setup: None, django_db_blocker: Any) -> Iterator[None]:
+        from tests.servers import PgBouncer
+
+        if connections["default"].vendor != "postgresql":
+            pytest.skip("COSTBOARD_TEST_PGBOUNCER: PgBouncer stands in front of PostgreSQL")
+        if settings.COSTBOARD_DB_POOLER != "pgbouncer":
+            pytest.fail("COSTBOARD_TEST_PGBOUNCER=1 needs COSTBOARD_DB_POOLER=pgbouncer too")
+        db = connections["default"].settings_dict
+        bouncer = PgBouncer(host=db["HOST"], port=int(db["PORT"] or 5432), user=db["USER"])
+        bouncer.start()
+        direct = {
+            alias: (
+                connections[alias].settings_dict["HOST"],
+                connections[alias].settings_dict["PORT"],
+            )
+            for alias in connections
+        }
+        connections.close_all()
+        for alias in connections:  # the dict every thread's connection is made from
+            connections[alias].settings_dict.update(HOST="127.0.0.1", PORT=str(bouncer.port))
+        try:
+            with django_db_blocker.unblock(), connections["default"].cursor() as cursor:
+                cursor.execute("SELECT 1")  # and PgBouncer logged it: the way really is through
+            assert "login attempt: db=test_" in bouncer.log(), bouncer.log()
+            yield
+        finally:
+            connections.close_all()
+            for alias, (host, port) in direct.items():
+                connections[alias].settings_dict.update(HOST=host, PORT=port)
+            bouncer.stop()
+
+
 @pytest.fixture(autouse=True)
 def _eager_celery() -> Iterator[None]:
     celery_app.conf.task_always_eager = True
