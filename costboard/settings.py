@@ -363,7 +363,8 @@ CELERY_TIMEZONE = "UTC"
 # (costboard/outbox.py); `celery` takes the rest.
 CELERY_TASK_DEFAULT_QUEUE = "celery"
 CELERY_TASK_QUEUES = [
-    Queue(name) for name in ("celery", "alerts", "memory", "repricing", "billing")
+    Queue(name)  # type: ignore[no-untyped-call]  # kombu has no type hints
+    for name in ("celery", "alerts", "memory", "repricing", "billing")
 ]
 CELERY_TASK_ROUTES = {
     "costboard.tasks.outbox_alerts": {"queue": "alerts"},

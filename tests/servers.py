@@ -272,7 +272,7 @@ class PgBouncer:
         ini = Path(self.directory) / "pgbouncer.ini"
         ini.write_text(self._config())
         if as_root:
-            for path in [self.directory, *Path(self.directory).iterdir()]:
+            for path in [Path(self.directory), *Path(self.directory).iterdir()]:
                 shutil.chown(path, user="postgres", group="postgres")
         self.process = subprocess.Popen(
             [self.binary, *(["-u", "postgres"] if as_root else []), str(ini)],

@@ -14,7 +14,7 @@ import pytest
 from django.conf import settings
 
 from costboard.budgets.alerts import DELIVER, DISPATCH, DRIFT_DISPATCH
-from costboard.budgets.services import RECHECK
+from costboard.budgets.services import RECHECK, session_recheck
 from costboard.celery import app as celery_app
 from costboard.models import (
     AlertDelivery,
@@ -162,14 +162,13 @@ def test_an_alert_goes_out_on_its_first_attempt_while_a_repricing_holds_its_work
     agent.events(*[step(f"old-{n}", 1000, 100) for n in range(20)])  # what gets repriced
 
     holding, release = threading.Event(), threading.Event()
-    recheck = repricing.session_recheck
 
     rechecked: list[int] = []  # the sessions the repricing has rechecked, in order
 
     def held_recheck(**kwargs: Any) -> Any:
         holding.set()
         release.wait(timeout=60)  # bounded: a failing test never hangs the suite
-        result = recheck(**kwargs)
+        result = session_recheck(**kwargs)
         rechecked.append(kwargs["session_id"])
         return result
 
