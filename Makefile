@@ -7,7 +7,7 @@ PORT ?= 8000
 STAGE := $(PYTHON) devtools/stage.py
 PIP := $(VENV)/bin/pip install --quiet --disable-pip-version-check
 
-.PHONY: install install-dev static run test test-fast lint bench
+.PHONY: install install-dev static run test test-fast test-pgbouncer lint bench
 
 # The client is its own distribution, not on PyPI: installed from the checkout, beside the
 # server. `make run` needs only the server's packages; the test and lint tools come with
@@ -62,6 +62,17 @@ test: install-dev
 # the fuzzers); under two minutes.
 test-fast: install-dev
 	$(PYTEST) -m "not slow"
+
+# Ingest, the 16-client budget test and the pages through a PgBouncer in transaction mode that
+# the tests start (docs/operations.md, "Connection pooler"): PostgreSQL (DATABASE_URL) and
+# Debian's pgbouncer needed; CI runs it after `make test` on PostgreSQL.
+POOLED_TESTS := tests/costboard/ingest/test_concurrency.py \
+	tests/costboard/budgets/test_period_decisions.py::test_sixteen_concurrent_clients_cross_once \
+	tests/costboard/dashboards/test_pages.py \
+	tests/costboard/dashboards/test_dashboards.py::test_csv_export_of_the_filtered_list
+
+test-pgbouncer: install-dev
+	COSTBOARD_DB_POOLER=pgbouncer COSTBOARD_TEST_PGBOUNCER=1 $(PYTEST) $(POOLED_TESTS)
 
 lint: install-dev
 	$(PY) manage.py makemigrations --check --dry-run

@@ -23,6 +23,12 @@ deduplicated per event and target, and receivers dedupe on X-Costboard-Delivery)
 
 Handlers register by kind at import time (`outbox_handler`); the cost app's are in the modules
 that own the work, memory_ui's in memory_ui/hooks.py, so the cost app never imports memory_ui.
+
+Each kind names the Celery queue that carries it out (docs/operations.md, "Queues"): alerts,
+memory detection and repricing have their own, so a worker busy with an hour's repricing never
+holds up an alert. `outbox_dispatch(queue=…)` takes only that queue's kinds (the default
+queue's takes every kind no other queue claims, an unknown kind included, which fails there);
+without a queue it takes every kind, as guard_sweep does without a broker.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from costboard.models import OutboxItem
@@ -42,6 +49,13 @@ from costboard.models import OutboxItem
 log = logging.getLogger(__name__)
 
 _ERROR_CHARS = 300
+
+# The Celery queues of the outbox's work (costboard/settings.py routes a task to each)
+ALERTS_QUEUE = "alerts"
+MEMORY_QUEUE = "memory"
+REPRICING_QUEUE = "repricing"
+DEFAULT_QUEUE = "celery"
+QUEUES = (ALERTS_QUEUE, MEMORY_QUEUE, REPRICING_QUEUE, DEFAULT_QUEUE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +78,7 @@ class Handler:
     retry_seconds: Callable[[], float]
     lease_seconds: int  # longer than the work can take, so a live attempt is never taken over
     atomic: bool  # the work and the item's delete commit together (exactly once)
+    queue: str  # the Celery queue whose dispatcher carries it out
 
 
 _HANDLERS: dict[str, Handler] = {}
@@ -76,8 +91,11 @@ def outbox_handler(
     retry_seconds: float | Callable[[], float] = 10.0,
     lease_seconds: int = 300,
     atomic: bool = True,
+    queue: str = DEFAULT_QUEUE,
 ) -> Callable[[Run], Run]:
-    """Register `run(payload, attempt)` as what carries out items of `kind`."""
+    """Register `run(payload, attempt)` as what carries out items of `kind`, on `queue`."""
+    if queue not in QUEUES:
+        raise ValueError(f"outbox kind {kind!r}: queue {queue!r} is not one of {QUEUES}")
 
     def register(run: Run) -> Run:
         _HANDLERS[kind] = Handler(
@@ -87,6 +105,7 @@ def outbox_handler(
             retry_seconds=retry_seconds if callable(retry_seconds) else (lambda: retry_seconds),
             lease_seconds=lease_seconds,
             atomic=atomic,
+            queue=queue,
         )
         return run
 
@@ -145,12 +164,24 @@ def _lease(kind: str) -> int:
     return handler.lease_seconds if handler else 60
 
 
-def _claim(limit: int, now: datetime) -> list[OutboxItem]:
+def _kinds_of(queue: str | None) -> Q:
+    """The items a dispatcher of `queue` takes (None: every one)."""
+    if queue is None:
+        return Q()
+    if queue not in QUEUES:
+        raise ValueError(f"no outbox queue {queue!r}; use one of {QUEUES}")
+    if queue == DEFAULT_QUEUE:  # every kind no other queue takes, one without a handler too
+        others = [k for k, h in _HANDLERS.items() if h.queue != DEFAULT_QUEUE]
+        return ~Q(kind__in=others)
+    return Q(kind__in=[k for k, h in _HANDLERS.items() if h.queue == queue])
+
+
+def _claim(limit: int, now: datetime, kinds: Q | None = None) -> list[OutboxItem]:
     """Take up to `limit` due items for this dispatcher (others skip them)."""
     with transaction.atomic():
         items = list(
             OutboxItem.objects.select_for_update(skip_locked=True)
-            .filter(status=OutboxItem.Status.PENDING, next_attempt_at__lte=now)
+            .filter(kinds or Q(), status=OutboxItem.Status.PENDING, next_attempt_at__lte=now)
             .order_by("next_attempt_at", "pk")[:limit]
         )
         for item in items:
@@ -206,13 +237,17 @@ def _carry_out(item: OutboxItem, result: Dispatched) -> None:
     result.retried += 1
 
 
-def outbox_dispatch(*, limit: int = 20, seconds: float | None = None) -> Dispatched:
-    """Carry out due items, `limit` claimed at a time, until none is due or `seconds` have
-    passed. Safe to run in any number of processes at once."""
+def outbox_dispatch(
+    *, limit: int = 20, seconds: float | None = None, queue: str | None = None
+) -> Dispatched:
+    """Carry out due items (of `queue`'s kinds; None: of every kind), `limit` claimed at a
+    time, until none is due or `seconds` have passed. Safe to run in any number of processes
+    at once."""
     result = Dispatched()
     started = time.monotonic()
+    kinds = _kinds_of(queue)
     while True:
-        items = _claim(limit, timezone.now())
+        items = _claim(limit, timezone.now(), kinds)
         if not items:
             return result
         for item in items:

@@ -18,6 +18,7 @@ import dj_database_url
 import django_stubs_ext
 from csp.constants import NONE, SELF
 from django.core.exceptions import ImproperlyConfigured
+from kombu import Queue
 
 # Django's generic classes (ModelAdmin, ModelForm, Paginator…) take their type argument at run
 # time too, as they do in django-stubs: `class ProjectAdmin(admin.ModelAdmin[Project])` under
@@ -289,6 +290,40 @@ DATABASE_ROUTERS = ["costboard.replicas.ReplicaRouter"]
 COSTBOARD_REPLICA_MAX_LAG_S = env_decimal("COSTBOARD_REPLICA_MAX_LAG_S", "10")
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
+# --- behind a connection pooler (docs/operations.md, "Connection pooler") --------------------
+# PgBouncer in transaction mode gives each transaction whichever server connection is free:
+# nothing may outlive a transaction on its connection. Costboard's own SQL keeps to that (SET
+# LOCAL, set_config(…, true), pg_advisory_xact_lock; tests/costboard/test_pooler.py scans for
+# it); what Django and psycopg would keep on a connection is turned off here. Explicit only:
+# nothing on a connection tells PgBouncer from PostgreSQL cheaply and for certain.
+DB_POOLERS = ("", "pgbouncer")
+COSTBOARD_DB_POOLER = env_str("COSTBOARD_DB_POOLER").strip().lower()
+if COSTBOARD_DB_POOLER not in DB_POOLERS:
+    raise ImproperlyConfigured(
+        f"COSTBOARD_DB_POOLER={COSTBOARD_DB_POOLER!r} is not a pooler Costboard knows; use "
+        "pgbouncer (PgBouncer in transaction mode), or leave it unset to connect directly."
+    )
+if COSTBOARD_DB_POOLER == "pgbouncer":
+    for _alias, _pooled in DATABASES.items():
+        if _pooled["ENGINE"] != "django.db.backends.postgresql":
+            raise ImproperlyConfigured(
+                f"COSTBOARD_DB_POOLER=pgbouncer needs PostgreSQL, but DATABASES[{_alias!r}] is "
+                f"{_pooled['ENGINE']}; set DATABASE_URL=postgres://… to PgBouncer's address, or "
+                "unset COSTBOARD_DB_POOLER."
+            )
+        _pooled_options = _pooled.setdefault("OPTIONS", {})
+        # A prepared statement lives in one server session, the next execution may reach
+        # another: psycopg prepares none (Django's default, held here whatever OPTIONS say).
+        _pooled_options["prepare_threshold"] = None
+        # A startup `options` packet is refused by PgBouncer ("unsupported startup parameter"):
+        # the planner's random_page_cost goes on the database instead (ALTER DATABASE … SET).
+        if _pooled_options.get("options") == "-c random_page_cost=1.1":
+            del _pooled_options["options"]
+        # `.iterator()` would DECLARE a cursor WITH HOLD in one session and FETCH in another.
+        _pooled["DISABLE_SERVER_SIDE_CURSORS"] = True
+        # Persistent connections (CONN_MAX_AGE) stay: one idle at PgBouncer holds no server
+        # connection, and its health check is a round trip to PgBouncer.
+
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]
@@ -361,14 +396,39 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TIMEZONE = "UTC"
+# Queues that don't block each other (docs/operations.md, "Queues"): a worker per queue, so an
+# hour's repricing never holds up an alert. A worker started without -Q consumes every queue
+# listed here (one box: `celery -A costboard worker --beat`). The outbox's items are carried
+# out by one task per queue, each taking only the kinds registered on its queue
+# (costboard/outbox.py); `celery` takes the rest.
+CELERY_TASK_DEFAULT_QUEUE = "celery"
+CELERY_TASK_QUEUES = [
+    Queue(name)  # type: ignore[no-untyped-call]  # kombu has no type hints
+    for name in ("celery", "alerts", "memory", "repricing", "billing")
+]
+CELERY_TASK_ROUTES = {
+    "costboard.tasks.outbox_alerts": {"queue": "alerts"},
+    "costboard.tasks.outbox_memory": {"queue": "memory"},
+    "costboard.tasks.outbox_repricing": {"queue": "repricing"},
+    "costboard.tasks.billing_import": {"queue": "billing"},
+}
 # Periodic jobs (`celery -A costboard worker --beat`, or a separate `celery beat`); each is
 # safe to run twice. Without a broker, `manage.py guard_sweep --every 60` does the same.
 CELERY_BEAT_SCHEDULE = {
-    # alerts, memory detection, repricing: the outbox's items (costboard/outbox.py)
+    # alerts, memory detection, repricing, the rest: the outbox's items (costboard/outbox.py),
+    # each queue's own; ticks queued behind a long run are dropped (expires), not piled up
+    **{
+        f"outbox-{queue}": {
+            "task": f"costboard.tasks.outbox_{queue}",
+            "schedule": 1.0,
+            "options": {"expires": 10},
+        }
+        for queue in ("alerts", "memory", "repricing")
+    },
     "outbox": {
         "task": "costboard.tasks.outbox_dispatch",
         "schedule": 1.0,
-        "options": {"expires": 10},  # ticks queued behind a long run are dropped, not piled up
+        "options": {"expires": 10},
     },
     "runaway-sweep": {"task": "costboard.tasks.runaway_sweep", "schedule": 60.0},
     "period-forecast": {"task": "costboard.tasks.period_forecast_sweep", "schedule": 900.0},

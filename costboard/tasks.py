@@ -17,15 +17,41 @@ from costboard.pricing import services as pricing_services  # noqa: F401  (outbo
 log = logging.getLogger(__name__)
 
 
-# Beat runs it every second; the time limit lets a long repricing finish (its lease is longer).
+def _outbox_run(queue: str) -> dict[str, int]:
+    result = outbox.outbox_dispatch(seconds=50, queue=queue)
+    if result.claimed:
+        log.info("%s (queue %s)", result, queue)
+    return {"done": result.done, "retried": result.retried, "failed": result.failed}
+
+
+# One task per queue (settings.CELERY_TASK_ROUTES), each run by beat every second and taking
+# only its queue's kinds: a worker of one queue never waits on another's work. The time limits
+# let a long repricing finish (its lease is longer).
 @shared_task(soft_time_limit=3500, time_limit=3550, acks_late=True)  # type: ignore[untyped-decorator]
 def outbox_dispatch() -> dict[str, int]:
-    """Carry out the outbox's due items (alerts, memory detection, repricing, rechecks) until
-    none is due. Safe in any number of workers at once: each item is claimed by one."""
-    result = outbox.outbox_dispatch(seconds=50)
-    if result.claimed:
-        log.info("%s", result)
-    return {"done": result.done, "retried": result.retried, "failed": result.failed}
+    """Carry out the outbox's due items that no other queue takes (budget rechecks, and any
+    kind without a queue of its own) until none is due. Safe in any number of workers at
+    once: each item is claimed by one."""
+    return _outbox_run(outbox.DEFAULT_QUEUE)
+
+
+@shared_task(soft_time_limit=3500, time_limit=3550, acks_late=True)  # type: ignore[untyped-decorator]
+def outbox_alerts() -> dict[str, int]:
+    """The `alerts` queue: alerts made from budget events and billing drifts, and their
+    deliveries (webhook, email, Slack, PagerDuty)."""
+    return _outbox_run(outbox.ALERTS_QUEUE)
+
+
+@shared_task(soft_time_limit=3500, time_limit=3550, acks_late=True)  # type: ignore[untyped-decorator]
+def outbox_memory() -> dict[str, int]:
+    """The `memory` queue: memory detection in newly ingested turns."""
+    return _outbox_run(outbox.MEMORY_QUEUE)
+
+
+@shared_task(soft_time_limit=3500, time_limit=3550, acks_late=True)  # type: ignore[untyped-decorator]
+def outbox_repricing() -> dict[str, int]:
+    """The `repricing` queue: steps repriced after a price or an adjustment changed."""
+    return _outbox_run(outbox.REPRICING_QUEUE)
 
 
 @shared_task(soft_time_limit=50, time_limit=55, acks_late=True)  # type: ignore[untyped-decorator]
@@ -61,8 +87,8 @@ def step_partitions_ahead() -> list[str]:
 
 @shared_task(soft_time_limit=1800, time_limit=1900, acks_late=True)  # type: ignore[untyped-decorator]
 def billing_import() -> list[str]:
-    """Every day: yesterday's and today's bills of each provider with an admin key
-    (docs/billing.md). Safe to run twice: each day's rows are replaced whole."""
+    """Every day, on the `billing` queue: yesterday's and today's bills of each provider with
+    an admin key (docs/billing.md). Safe to run twice: each day's rows are replaced whole."""
     lines = billing_services.scheduled_import()
     for line in lines:
         log.info("%s", line)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from costboard.hooks import Ingested
-from costboard.outbox import Attempt, outbox_add, outbox_handler
+from costboard.outbox import MEMORY_QUEUE, Attempt, outbox_add, outbox_handler
 from memory_ui.lifecycle import lifecycle_run
 from memory_ui.tasks import memory_detect
 
@@ -21,7 +21,7 @@ def memory_detect_after_ingest(ingested: Ingested) -> None:
         outbox_add(DETECT, {"turn_ids": turn_ids}, project_id=ingested.project.pk)
 
 
-@outbox_handler(DETECT)
+@outbox_handler(DETECT, queue=MEMORY_QUEUE)
 def _detect_item(payload: dict[str, Any], attempt: Attempt) -> None:
     memory_detect([int(i) for i in payload["turn_ids"]])
 

@@ -11,13 +11,14 @@ import os
 import threading
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
 import pytest
-from celery.contrib.testing.worker import start_worker
-from django.conf import global_settings
+from celery.contrib.testing.worker import TestWorkController, start_worker
+from django.conf import global_settings, settings
 from django.contrib.auth import get_user_model
 from django.db import connections
 from django.http import HttpResponseBase, StreamingHttpResponse
@@ -70,6 +71,47 @@ FAST_PASSWORD_HASHERS = [
 def _suite_settings() -> Iterator[None]:
     with override_settings(STORAGES=UNHASHED_STATIC, PASSWORD_HASHERS=FAST_PASSWORD_HASHERS):
         yield
+
+
+# COSTBOARD_TEST_PGBOUNCER=1 (with COSTBOARD_DB_POOLER=pgbouncer; .ci/run's PgBouncer leg): the
+# tests reach PostgreSQL through a PgBouncer in transaction mode (tests/servers.py) that this
+# session starts. The test databases are made and dropped directly: PgBouncer keeps its server
+# connections open, which DROP DATABASE refuses, until it stops.
+THROUGH_PGBOUNCER = os.environ.get("COSTBOARD_TEST_PGBOUNCER") == "1"
+
+if THROUGH_PGBOUNCER:
+
+    @pytest.fixture(scope="session")
+    def django_db_setup(django_db_setup: None, django_db_blocker: Any) -> Iterator[None]:
+        from tests.servers import PgBouncer
+
+        if connections["default"].vendor != "postgresql":
+            pytest.skip("COSTBOARD_TEST_PGBOUNCER: PgBouncer stands in front of PostgreSQL")
+        if settings.COSTBOARD_DB_POOLER != "pgbouncer":
+            pytest.fail("COSTBOARD_TEST_PGBOUNCER=1 needs COSTBOARD_DB_POOLER=pgbouncer too")
+        db = connections["default"].settings_dict
+        bouncer = PgBouncer(host=db["HOST"], port=int(db["PORT"] or 5432), user=db["USER"])
+        bouncer.start()
+        direct = {
+            alias: (
+                connections[alias].settings_dict["HOST"],
+                connections[alias].settings_dict["PORT"],
+            )
+            for alias in connections
+        }
+        connections.close_all()
+        for alias in connections:  # the dict every thread's connection is made from
+            connections[alias].settings_dict.update(HOST="127.0.0.1", PORT=str(bouncer.port))
+        try:
+            with django_db_blocker.unblock(), connections["default"].cursor() as cursor:
+                cursor.execute("SELECT 1")  # and PgBouncer logged it: the way really is through
+            assert "login attempt: db=test_" in bouncer.log(), bouncer.log()
+            yield
+        finally:
+            connections.close_all()
+            for alias, (host, port) in direct.items():
+                connections[alias].settings_dict.update(HOST=host, PORT=port)
+            bouncer.stop()
 
 
 @pytest.fixture(autouse=True)
@@ -171,37 +213,85 @@ def usd(tokens: int, rate: Decimal) -> Decimal:
     return Decimal(tokens) * rate / Decimal(1_000_000)
 
 
-@pytest.fixture
-def celery_worker(transactional_db: None) -> Iterator[str]:
-    """A real Celery worker on the configured broker (Redis in CI), on a queue of its own."""
-    queue = f"test-{uuid.uuid4().hex[:8]}"
-    celery_app.conf.task_always_eager = False
-    celery_app.conf.task_default_queue = queue
+# The outbox's dispatchers, one per queue (costboard/tasks.py), as beat sends them.
+OUTBOX_TASKS = ("outbox_dispatch", "outbox_alerts", "outbox_memory", "outbox_repricing")
+
+
+@contextmanager
+def own_queues() -> Iterator[dict[str, str]]:
+    """Every queue of settings.CELERY_TASK_QUEUES renamed to one of this test's own (another
+    test process on the same Redis takes nothing of it), routes and the default queue with
+    them: queue name -> this test's name for it. Tasks leave for a broker while it lasts."""
+    prefix = f"test-{uuid.uuid4().hex[:8]}"
+    names = {queue.name: f"{prefix}-{queue.name}" for queue in settings.CELERY_TASK_QUEUES}
+    conf = celery_app.conf
+    conf.task_always_eager = False
+    conf.task_default_queue = names[settings.CELERY_TASK_DEFAULT_QUEUE]
+    conf.task_routes = {
+        task: {"queue": names[route["queue"]]}
+        for task, route in settings.CELERY_TASK_ROUTES.items()
+    }
+    _routes_reread()
     try:
-        with start_worker(
-            celery_app,
-            queues=[queue],
-            perform_ping_check=False,
-            shutdown_timeout=30,
-            loglevel="WARNING",
-        ):
-            yield queue
+        yield names
     finally:
-        celery_app.conf.task_default_queue = "celery"
-        celery_app.conf.task_always_eager = True
+        conf.task_default_queue = settings.CELERY_TASK_DEFAULT_QUEUE
+        conf.task_routes = settings.CELERY_TASK_ROUTES
+        _routes_reread()
+        conf.task_always_eager = True
+
+
+def _routes_reread() -> None:
+    """Celery reads task_routes once into its router: make it read them again."""
+    celery_app.amqp.flush_routes()
+    celery_app.amqp.router = celery_app.amqp.Router()
+
+
+class OwnLoopWorker(TestWorkController):
+    """A worker that drains its own broker connection (Celery's synchronous loop). On the
+    event loop, a second worker in this process would take over the first one's (kombu keeps
+    one per process), and a task holding one worker up would hold up the other."""
+
+    def should_use_eventloop(self) -> bool:
+        return False
+
+
+@contextmanager
+def worker_on(*queues: str) -> Iterator[Any]:
+    """A real Celery worker in a thread of this process, consuming these queues (Redis when
+    CELERY_BROKER_URL is set, as in CI; else Celery's in-memory transport)."""
+    with start_worker(
+        celery_app,
+        queues=list(queues),
+        WorkController=OwnLoopWorker,
+        perform_ping_check=False,
+        shutdown_timeout=30,
+        loglevel="WARNING",
+    ) as worker:
+        yield worker
 
 
 @pytest.fixture
-def outbox_beat(celery_worker: str) -> Iterator[None]:
-    """What Celery beat does in production: send `outbox_dispatch` to the worker every
-    100 ms (CELERY_BEAT_SCHEDULE says every second)."""
-    from costboard.tasks import outbox_dispatch
+def celery_worker(transactional_db: None) -> Iterator[dict[str, str]]:
+    """A real Celery worker on every queue, as `celery -A costboard worker` without -Q runs
+    on one box; the queues are this test's own (`own_queues`)."""
+    with own_queues() as names, worker_on(*names.values()):
+        yield names
 
+
+@contextmanager
+def beating() -> Iterator[None]:
+    """What Celery beat does in production: send each queue's outbox dispatcher every 100 ms
+    (CELERY_BEAT_SCHEDULE says every second), each routed to its queue."""
+    from costboard import tasks
+
+    dispatchers = [getattr(tasks, name) for name in OUTBOX_TASKS]
     stop = threading.Event()
 
     def beat() -> None:
         while not stop.is_set():
-            outbox_dispatch.apply_async(expires=10)
+            for dispatcher in dispatchers:
+                dispatcher.apply_async(expires=10)
             stop.wait(0.1)
 
     thread = threading.Thread(target=beat, daemon=True)
@@ -211,6 +301,12 @@ def outbox_beat(celery_worker: str) -> Iterator[None]:
     finally:
         stop.set()
         thread.join(timeout=5)
+
+
+@pytest.fixture
+def outbox_beat(celery_worker: dict[str, str]) -> Iterator[None]:
+    with beating():
+        yield
 
 
 @pytest.fixture

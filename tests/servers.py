@@ -1,17 +1,20 @@
-"""Real servers a test starts and stops: a Redis broker of its own, HTTP receivers, and a relay
-to a server that a test can cut."""
+"""Real servers a test starts and stops: a Redis broker of its own, HTTP receivers, a relay
+to a server that a test can cut, and a PgBouncer in front of the test database."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
+import tempfile
 import threading
 import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 from tests.waiting import wait_until
@@ -222,3 +225,85 @@ class Relay:
                 self._thread.join(timeout=5)
             self._server = self._thread = None
         wait_for_port(self.port, up=False)
+
+
+class PgBouncer:
+    """Debian's PgBouncer in transaction mode on a free port of 127.0.0.1, in front of the
+    PostgreSQL at `host:port`: every database name goes to the same name there (a `*` entry,
+    so pytest-xdist's test_<db>_gw<N> databases pass too), every user trusted as PostgreSQL
+    trusts it. PgBouncer refuses to run as root: as root it runs as `postgres`, its files in a
+    directory of that user's."""
+
+    def __init__(self, *, host: str, port: int, user: str) -> None:
+        binary = shutil.which("pgbouncer") or shutil.which("pgbouncer", path="/usr/sbin")
+        if binary is None:
+            raise AssertionError("pgbouncer is not installed: apt-get install pgbouncer")
+        self.binary = binary
+        self.upstream = (host, port)
+        self.user = user
+        self.port = free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+        self.directory = ""
+
+    def _config(self) -> str:
+        host, port = self.upstream
+        return "\n".join(
+            [
+                "[databases]",
+                f"* = host={host} port={port}",
+                "[pgbouncer]",
+                "pool_mode = transaction",
+                "listen_addr = 127.0.0.1",
+                f"listen_port = {self.port}",
+                "unix_socket_dir =",
+                "auth_type = trust",
+                f"auth_file = {self.directory}/users.txt",
+                "max_client_conn = 200",
+                "default_pool_size = 20",
+                f"logfile = {self.directory}/pgbouncer.log",
+                "",
+            ]
+        )
+
+    def start(self) -> PgBouncer:
+        self.directory = tempfile.mkdtemp(prefix="pgbouncer-")
+        as_root = os.geteuid() == 0
+        (Path(self.directory) / "users.txt").write_text(f'"{self.user}" ""\n')
+        ini = Path(self.directory) / "pgbouncer.ini"
+        ini.write_text(self._config())
+        if as_root:
+            for path in [Path(self.directory), *Path(self.directory).iterdir()]:
+                shutil.chown(path, user="postgres", group="postgres")
+        self.process = subprocess.Popen(
+            [self.binary, *(["-u", "postgres"] if as_root else []), str(ini)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        wait_until(
+            lambda: reachable(self.port) or self.process is None or self.exited(),
+            what=f"pgbouncer on port {self.port} (log: {self.directory}/pgbouncer.log)",
+            every=0.02,
+        )
+        if self.exited():
+            raise AssertionError(f"pgbouncer stopped: {self.log()}")
+        return self
+
+    def exited(self) -> bool:
+        return self.process is not None and self.process.poll() is not None
+
+    def log(self) -> str:
+        path = Path(self.directory) / "pgbouncer.log"
+        return path.read_text() if path.exists() else ""
+
+    def stop(self) -> None:
+        """Stop it at once (SIGTERM), closing its connections to PostgreSQL."""
+        if self.process is not None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=10)
+            self.process = None
+        if self.directory:
+            shutil.rmtree(self.directory, ignore_errors=True)

@@ -77,8 +77,8 @@ from costboard.models import (
     Project,
     WebhookEndpoint,
 )
+from costboard.outbox import ALERTS_QUEUE, Item, outbox_add, outbox_add_many, outbox_handler
 from costboard.outbox import Attempt as OutboxAttempt
-from costboard.outbox import Item, outbox_add, outbox_add_many, outbox_handler
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +159,7 @@ def alerts_dispatch(event_ids: list[int]) -> int:
     return _alerts_made(events, "budget_event", lambda event: event.kind)
 
 
-@outbox_handler(DISPATCH)
+@outbox_handler(DISPATCH, queue=ALERTS_QUEUE)
 def _dispatch_item(payload: dict[str, Any], attempt: OutboxAttempt) -> None:
     alerts_dispatch([int(i) for i in payload["event_ids"]])
 
@@ -247,7 +247,7 @@ def _deliveries_made(
     return len(queued)
 
 
-@outbox_handler(DRIFT_DISPATCH)
+@outbox_handler(DRIFT_DISPATCH, queue=ALERTS_QUEUE)
 def _drift_item(payload: dict[str, Any], attempt: OutboxAttempt) -> None:
     drifts_dispatch([int(i) for i in payload["drift_ids"]])
 
@@ -351,6 +351,7 @@ def alert_deliver(delivery_id: int, *, final: bool = True) -> str:
     retry_seconds=lambda: float(settings.COSTBOARD_ALERT_RETRY_SECONDS),
     lease_seconds=CLAIM_LEASE_SECONDS,
     atomic=False,  # the delivery row records each attempt itself
+    queue=ALERTS_QUEUE,
 )
 def _deliver_item(payload: dict[str, Any], attempt: OutboxAttempt) -> None:
     alert_deliver(int(payload["delivery_id"]), final=attempt.final)

@@ -28,7 +28,7 @@ from costboard.models import (
     PriceAdjustment,
     service_tier_word,
 )
-from costboard.outbox import Attempt, outbox_add, outbox_handler
+from costboard.outbox import REPRICING_QUEUE, Attempt, outbox_add, outbox_handler
 from costboard.pricing.families import is_tool_model
 from costboard.pricing.names import canonical_provider
 from costboard.pricing.rates import micros_of_day, windows_overlap
@@ -49,7 +49,7 @@ def prices_reprice_later(matches: Iterable[PriceMatch]) -> None:
 
 
 # Not atomic: it commits chunk by chunk, and a second run recomputes the same costs.
-@outbox_handler(REPRICE, lease_seconds=3600, atomic=False)
+@outbox_handler(REPRICE, lease_seconds=3600, atomic=False, queue=REPRICING_QUEUE)
 def _reprice_item(payload: dict[str, Any], attempt: Attempt) -> None:
     models = models_affected([PriceMatch.from_dict(m) for m in payload["matches"]])
     result = steps_reprice(models=models)
@@ -286,7 +286,7 @@ def adjusted_models(*, family: str, project_id: int | None, since: date) -> list
 
 
 # Not atomic: it commits chunk by chunk, and a second run recomputes the same costs.
-@outbox_handler(REPRICE_ADJUSTED, lease_seconds=3600, atomic=False)
+@outbox_handler(REPRICE_ADJUSTED, lease_seconds=3600, atomic=False, queue=REPRICING_QUEUE)
 def _reprice_adjusted(payload: dict[str, Any], attempt: Attempt) -> None:
     for scope in payload["scopes"]:
         since = date.fromisoformat(scope["since"])

@@ -32,6 +32,15 @@ pytestmark = [
 ]  # the worker process reads what we commit
 
 
+# Beat's outbox dispatchers (costboard/tasks.py) and their queues (settings.CELERY_TASK_ROUTES)
+BEAT_TASKS = [
+    ("costboard.tasks.outbox_dispatch", "celery"),
+    ("costboard.tasks.outbox_alerts", "alerts"),
+    ("costboard.tasks.outbox_memory", "memory"),
+    ("costboard.tasks.outbox_repricing", "repricing"),
+]
+
+
 def worker_database_url() -> str:
     """This test's database as the worker process is told it: the same PostgreSQL database,
     or the same SQLite file (a test process's own: `make test` without DATABASE_URL)."""
@@ -104,7 +113,8 @@ def test_a_broker_outage_mid_stream_loses_nothing_and_sends_each_alert_once(
     def beat() -> None:
         while not stop.is_set():
             try:
-                beat_app.send_task("costboard.tasks.outbox_dispatch", expires=10, retry=False)
+                for task, queue in BEAT_TASKS:  # each to its queue: the worker takes all
+                    beat_app.send_task(task, queue=queue, expires=10, retry=False)
             except Exception as exc:  # the broker is down
                 refused[type(exc).__name__] += 1
             stop.wait(0.2)

@@ -265,7 +265,7 @@ def test_two_sweeps_racing_flag_once(priced: Any) -> None:
 
 
 @pytest.mark.slow
-def test_a_worker_runs_the_sweep(celery_worker: str, priced: Any) -> None:
+def test_a_worker_runs_the_sweep(celery_worker: dict[str, str], priced: Any) -> None:
     """The beat's task through the broker: a long session started 9 hours ago is flagged."""
     agent = make_agent("worker")
     now = datetime.now(UTC)
