@@ -11,6 +11,7 @@ from django.http import HttpRequest
 
 from costboard.admin.forms import WebhookEndpointForm
 from costboard.admin.site import ReadOnlyAdmin
+from costboard.budgets.alert_senders import shown_target
 from costboard.budgets.alerts import alert_deliveries_retry
 from costboard.models import AlertDelivery, OutboxItem, Project, WebhookEndpoint
 from costboard.outbox import outbox_retry
@@ -70,7 +71,8 @@ class AlertDeliveryAdmin(ReadOnlyAdmin[AlertDelivery]):
         "created_at",
         "project",
         "channel",
-        "target",
+        "action",
+        "target_shown",
         "event_kind",
         "event_session",
         "status",
@@ -78,7 +80,7 @@ class AlertDeliveryAdmin(ReadOnlyAdmin[AlertDelivery]):
         "response_code",
         "delivered_at",
     )
-    list_filter = ("status", "channel", "project")
+    list_filter = ("status", "channel", "action", "project")
     search_fields = ("target",)
     list_select_related = ("project", "budget_event__session", "billing_drift")
     date_hierarchy = "created_at"
@@ -87,8 +89,9 @@ class AlertDeliveryAdmin(ReadOnlyAdmin[AlertDelivery]):
         "budget_event",
         "billing_drift",
         "channel",
+        "action",
         "endpoint",
-        "target",
+        "target_shown",
         "status",
         "attempts",
         "response_code",
@@ -99,6 +102,11 @@ class AlertDeliveryAdmin(ReadOnlyAdmin[AlertDelivery]):
     )
     readonly_fields = fields
     actions = ["retry_deliveries"]
+
+    @admin.display(description="target", ordering="target")
+    def target_shown(self, obj: AlertDelivery) -> str:
+        """A routing key by its last characters, a Slack URL without its secret path."""
+        return shown_target(obj.channel, obj.target)
 
     @admin.display(description="event", ordering="budget_event__kind")
     def event_kind(self, obj: AlertDelivery) -> str:

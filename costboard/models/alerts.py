@@ -73,8 +73,9 @@ class WebhookEndpoint(models.Model):
 
 class AlertDelivery(models.Model):
     """One budget event or billing drift sent (or being sent) through one channel to one
-    target: the delivery log. Unique per event and target, so an event never goes out
-    twice. Exactly one of `budget_event` and `billing_drift` is set."""
+    target: the delivery log. Unique per event, target and action, so an event never goes
+    out twice, and a PagerDuty incident is resolved once. Exactly one of `budget_event` and
+    `billing_drift` is set."""
 
     class Channel(models.TextChoices):
         WEBHOOK = "webhook"
@@ -86,6 +87,12 @@ class AlertDelivery(models.Model):
         PENDING = "pending"
         DELIVERED = "delivered"
         FAILED = "failed"
+
+    class Action(models.TextChoices):
+        TRIGGER = "trigger", "trigger: the alert"
+        # PagerDuty's resolve of the incident its trigger (same event, channel and target)
+        # opened: the period rolled over, the limit was raised, the session acknowledged
+        RESOLVE = "resolve", "resolve: the incident the alert opened"
 
     project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="+")
     # no database constraint: budget events are keyed by (id, project_id) (docs/operations.md,
@@ -109,7 +116,13 @@ class AlertDelivery(models.Model):
         on_delete=models.SET_NULL,
         related_name="deliveries",
     )
-    target = models.CharField(max_length=500, help_text="The URL or email address.")
+    target = models.CharField(
+        max_length=500,
+        help_text="The URL, email address, Slack incoming-webhook URL or PagerDuty routing key.",
+    )
+    action = models.CharField(
+        max_length=8, choices=Action.choices, default=Action.TRIGGER, db_default=Action.TRIGGER
+    )
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
     attempts = models.PositiveIntegerField(default=0)
     response_code = models.PositiveIntegerField(null=True, blank=True)
@@ -122,10 +135,10 @@ class AlertDelivery(models.Model):
         verbose_name_plural = "alert deliveries"
         constraints = [
             models.UniqueConstraint(
-                fields=["budget_event", "channel", "target"], name="delivery_once"
+                fields=["budget_event", "channel", "target", "action"], name="delivery_once"
             ),
             models.UniqueConstraint(
-                fields=["billing_drift", "channel", "target"],
+                fields=["billing_drift", "channel", "target", "action"],
                 condition=models.Q(billing_drift__isnull=False),
                 name="drift_delivery_once",
             ),
