@@ -11,7 +11,6 @@ from django.http import HttpRequest
 
 from costboard.admin.forms import WebhookEndpointForm
 from costboard.admin.site import ReadOnlyAdmin
-from costboard.budgets.alert_senders import shown_target
 from costboard.budgets.alerts import alert_deliveries_retry
 from costboard.models import AlertDelivery, OutboxItem, Project, WebhookEndpoint
 from costboard.outbox import outbox_retry
@@ -106,7 +105,7 @@ class AlertDeliveryAdmin(ReadOnlyAdmin[AlertDelivery]):
     @admin.display(description="target", ordering="target")
     def target_shown(self, obj: AlertDelivery) -> str:
         """A routing key by its last characters, a Slack URL without its secret path."""
-        return shown_target(obj.channel, obj.target)
+        return obj.target_shown
 
     @admin.display(description="event", ordering="budget_event__kind")
     def event_kind(self, obj: AlertDelivery) -> str:

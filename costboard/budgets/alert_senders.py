@@ -24,7 +24,6 @@ import urllib.request
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
-from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -54,6 +53,7 @@ from costboard.egress import (
     webhook_opener,
 )
 from costboard.models import AlertDelivery, Project, WebhookEndpoint
+from costboard.models.alerts import shown_target
 
 log = logging.getLogger(__name__)
 
@@ -84,17 +84,6 @@ def alert_addresses(text: str) -> list[str]:
             continue
         addresses.append(item)
     return addresses
-
-
-def shown_target(channel: str, target: str) -> str:
-    """A delivery's target as logs and the admin show it: a PagerDuty routing key by its
-    last four characters, a Slack URL without its secret path."""
-    if channel == AlertDelivery.Channel.PAGERDUTY:
-        return f"routing key …{target[-4:]}"
-    if channel == AlertDelivery.Channel.SLACK:
-        parts = urlsplit(target)
-        return f"{parts.scheme}://{parts.netloc}/…"
-    return target
 
 
 # --- one POST ---------------------------------------------------------------------------------

@@ -58,7 +58,6 @@ from costboard.budgets.alert_senders import (
     alert_addresses,
     channel_send,
     describe,
-    shown_target,
 )
 from costboard.models import (
     AlertDelivery,
@@ -422,7 +421,7 @@ def alert_deliver(delivery_id: int, *, final: bool = True) -> str:
         error=attempt.error[:_ERROR_CHARS],
         delivered_at=timezone.now() if attempt.ok else None,
     )
-    target = shown_target(delivery.channel, delivery.target)  # never a key or a Slack URL
+    target = delivery.target_shown  # never a routing key or a Slack URL in the log
     if attempt.ok:
         log.info("alert delivery %s: %s to %s delivered", delivery_id, delivery.channel, target)
         return status

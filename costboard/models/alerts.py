@@ -4,6 +4,7 @@ repricing, …), and the budget alerts it delivers: webhook endpoints and the de
 from __future__ import annotations
 
 from collections.abc import Collection
+from urllib.parse import urlsplit
 
 from django.core.exceptions import ValidationError
 from django.db import models
@@ -69,6 +70,16 @@ class WebhookEndpoint(models.Model):
                 ]
         if errors:
             raise ValidationError(errors)
+
+
+def shown_target(channel: str, target: str) -> str:
+    """A delivery's target as logs and the admin show it (AlertDelivery.target_shown)."""
+    if channel == "pagerduty":
+        return f"routing key …{target[-4:]}"
+    if channel == "slack":
+        parts = urlsplit(target)
+        return f"{parts.scheme}://{parts.netloc}/…"
+    return target
 
 
 class AlertDelivery(models.Model):
@@ -151,7 +162,13 @@ class AlertDelivery(models.Model):
         indexes = [models.Index(fields=["project", "-created_at"], name="delivery_recent")]
 
     def __str__(self) -> str:
-        return f"{self.channel} {self.target} {self.status}"
+        return f"{self.channel} {self.target_shown} {self.status}"
+
+    @property
+    def target_shown(self) -> str:
+        """The target as logs and the admin show it: a PagerDuty routing key by its last
+        four characters, a Slack URL without its secret path."""
+        return shown_target(self.channel, self.target)
 
     @property
     def kind(self) -> str:
