@@ -1,6 +1,9 @@
-"""Budget alerts: a project's webhooks and email addresses hear of its sessions' soft_warned,
-exhausted and runaway events (cap_changed is not alerted), its period budgets' forecasts, and
-its providers' days billed past its drift threshold (`billing_drift`, docs/billing.md).
+"""Budget alerts: a project's channels — webhooks, email, Slack, PagerDuty (docs/budgets.md,
+"Channels") — hear of its sessions' soft_warned, exhausted and runaway events (cap_changed is
+not alerted), its period budgets' crossings and forecasts, and its providers' days billed
+past its drift threshold (`billing_drift`, docs/billing.md). A period budget's own
+`channels`, else the project's `alert_channels`, say which; PagerDuty is paged for exhausted
+only (PAGED_KINDS), and its incident resolved when that is over (`incidents_resolve`).
 
 Flow
 ----
@@ -11,16 +14,23 @@ Flow
    A billing drift is queued the same way by the billing import (`alerts.billing_drift`,
    carried out by `drifts_dispatch`, its deliveries unique per drift and target).
 2. The dispatcher carries it out (`alerts_dispatch`): one AlertDelivery per event and target
-   — each active webhook of the project whose `kinds` include the event's kind, and each
-   valid address of `Project.alert_emails` — and one `alert.deliver` item per new delivery,
-   in one transaction with the item's delete. The unique constraint `delivery_once` (event,
-   channel, target) makes a second run create nothing.
+   of its channels — each active webhook of the project whose `kinds` include the event's
+   kind, each valid address of `Project.alert_emails`, the Slack URL, the PagerDuty routing
+   key — and one `alert.deliver` item per new delivery, in one transaction with the item's
+   delete. The unique constraint `delivery_once` (event, channel, target, action) makes a
+   second run create nothing.
 3. `alert.deliver` claims its delivery with a conditional UPDATE (only a pending delivery
    with no attempt in flight, so two dispatchers never send it at once), makes one attempt
    and records it in the delivery log; a retryable failure is tried again by the outbox.
+4. A PagerDuty incident is over when the budget's period ended or its ledger is no longer
+   exhausted, or the session is no longer exhausted or was acknowledged since: the sweep
+   (every minute), a budget's update and an acknowledgement call `incidents_resolve`, which
+   makes one `resolve` delivery per trigger (the same constraint) and queues it. A resolve
+   whose trigger is still pending waits for it (queued again a retry later), so PagerDuty
+   never hears the resolve first.
 
-What a webhook request and an email say (the payload, the signature, the email's text) is
-costboard/budgets/alert_messages.py's.
+What each channel says is costboard/budgets/alert_messages.py's; the senders (one POST
+through the egress rules, an email) are costboard/budgets/alert_senders.py's.
 
 Retry policy
 ------------
