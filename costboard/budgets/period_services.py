@@ -186,15 +186,19 @@ def _warn_at(fields: BudgetFields) -> Decimal:
     return (Decimal("0.8") if fraction is None else fraction).quantize(Decimal("0.001"))
 
 
-def _channels(project: Project, fields: BudgetFields) -> list[str] | None:
+def _channels(
+    project: Project, fields: BudgetFields, stored: PeriodBudget | None
+) -> list[str] | None:
     """The budget's own channels, each once in ALERT_CHANNELS' order; None (the project's
-    defaults) for none. Slack and PagerDuty need the project's URL and routing key."""
+    defaults) for none. Slack and PagerDuty chosen need the project's URL and routing key
+    (channels kept as stored are not refused for a setup removed since: the send skips)."""
     chosen = fields.channels
     if not chosen:
         return None
     if len(set(chosen)) != len(chosen):
         raise BudgetInputError("channels", "names a channel twice: list each once")
-    found = channel_setup_fault(project, chosen)
+    kept = stored is not None and stored.pk is not None and stored.channels == list(chosen)
+    found = None if kept else channel_setup_fault(project, chosen)
     if found is not None:
         raise BudgetInputError("channels", found[1])
     return [channel for channel in ALERT_CHANNELS if channel in chosen]
@@ -243,7 +247,7 @@ def budget_check(
         "cost_limit_usd": cost_limit,
         "warn_at_pct": _warn_at(fields),
         "action": _chosen(fields, "action", PeriodBudget.Action.WARN, PeriodBudget.Action.values),
-        "channels": _channels(project, fields),
+        "channels": _channels(project, fields, stored),
     }
 
 

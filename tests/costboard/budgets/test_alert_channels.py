@@ -559,6 +559,13 @@ def test_budget_channels_are_checked_and_shown_by_the_api(agent: Agent, hook: Ho
         headers=headers,
     )
     assert cleared.status_code == 200 and cleared.json()["channels"] is None
+    # the Slack URL removed later: the budget that names slack can still be renamed
+    again = period_budget_update(
+        PeriodBudget.objects.get(pk=budget_id), changes={"channels": ["slack"]}
+    )
+    Project.objects.filter(pk=agent.project.pk).update(slack_webhook_url="")
+    renamed = period_budget_update(again, changes={"name": "renamed"})
+    assert (renamed.name, renamed.channels) == ("renamed", ["slack"])
 
 
 # --- the project's fields -----------------------------------------------------------------------
