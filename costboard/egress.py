@@ -265,6 +265,14 @@ def webhook_destination(url: str, *, allow: AllowList | None = None) -> Destinat
     return Destination(host, port, addresses)
 
 
+def trusted_destination(url: str) -> Destination:
+    """Where a URL of the operator's settings (COSTBOARD_PAGERDUTY_EVENTS_URL) connects: its
+    host resolved once, no address refused — it is not typed into the admin."""
+    host, port = _host_and_port(url)
+    literal = _ip_literal(host)
+    return Destination(host, port, (literal,) if literal else _resolve(host, port))
+
+
 @dataclass(frozen=True, slots=True)
 class UrlCheck:
     refusal: str | None = None  # why the URL may not be saved

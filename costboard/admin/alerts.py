@@ -70,7 +70,8 @@ class AlertDeliveryAdmin(ReadOnlyAdmin[AlertDelivery]):
         "created_at",
         "project",
         "channel",
-        "target",
+        "action",
+        "target_shown",
         "event_kind",
         "event_session",
         "status",
@@ -78,7 +79,7 @@ class AlertDeliveryAdmin(ReadOnlyAdmin[AlertDelivery]):
         "response_code",
         "delivered_at",
     )
-    list_filter = ("status", "channel", "project")
+    list_filter = ("status", "channel", "action", "project")
     search_fields = ("target",)
     list_select_related = ("project", "budget_event__session", "billing_drift")
     date_hierarchy = "created_at"
@@ -87,8 +88,9 @@ class AlertDeliveryAdmin(ReadOnlyAdmin[AlertDelivery]):
         "budget_event",
         "billing_drift",
         "channel",
+        "action",
         "endpoint",
-        "target",
+        "target_shown",
         "status",
         "attempts",
         "response_code",
@@ -99,6 +101,11 @@ class AlertDeliveryAdmin(ReadOnlyAdmin[AlertDelivery]):
     )
     readonly_fields = fields
     actions = ["retry_deliveries"]
+
+    @admin.display(description="target", ordering="target")
+    def target_shown(self, obj: AlertDelivery) -> str:
+        """A routing key by its last characters, a Slack URL without its secret path."""
+        return obj.target_shown
 
     @admin.display(description="event", ordering="budget_event__kind")
     def event_kind(self, obj: AlertDelivery) -> str:

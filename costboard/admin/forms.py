@@ -1,6 +1,7 @@
 """The admin's forms: decimals shown as written, a price's tiers and daily window checked
-with the API's rules, a webhook's write-only secret, a new key's few fields, and a period
-budget checked as POST /api/v1/budgets checks it."""
+with the API's rules, a webhook's write-only secret, a project's alert channels and
+write-only PagerDuty routing key, a new key's few fields, and a period budget checked as
+POST /api/v1/budgets checks it."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from costboard.models import (
     WebhookEndpoint,
     service_tier_word,
 )
+from costboard.models.projects import ALERT_CHANNELS
 from costboard.pricing import services as pricing_services
 
 RATE_FIELDS = (
@@ -235,6 +237,66 @@ class WebhookEndpointForm(forms.ModelForm[WebhookEndpoint]):
         )
 
 
+CHANNEL_CHOICES = [(channel, channel) for channel in ALERT_CHANNELS]
+
+
+class ProjectForm(forms.ModelForm[Project]):
+    """The alert channels as checkboxes; the PagerDuty routing key write-only (never rendered
+    back; blank keeps it, the checkbox below removes it). Project.clean_fields checks them."""
+
+    alert_channels = forms.MultipleChoiceField(
+        choices=CHANNEL_CHOICES,
+        required=False,
+        widget=forms.CheckboxSelectMultiple,
+        help_text="Where alerts of budgets that choose no channels go, and session and "
+        "billing alerts; PagerDuty is paged only when a budget or session is exhausted.",
+    )
+    slack_webhook_url = forms.URLField(
+        label="Slack incoming-webhook URL",
+        required=False,
+        max_length=500,
+        assume_scheme="https",
+        help_text="https://hooks.slack.com/services/…: alerts as Slack messages; blank: no "
+        "Slack. Checked as webhooks are (loopback, private and metadata addresses refused "
+        "unless the host is in COSTBOARD_WEBHOOK_ALLOW_HOSTS).",
+    )
+    pagerduty_routing_key = forms.CharField(
+        label="PagerDuty routing key",
+        required=False,
+        max_length=64,
+        strip=True,
+        widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "new-password"}),
+        help_text="The Integration Key of a PagerDuty service's Events API v2 integration: an "
+        "exhausted budget or session triggers an incident, resolved when the period rolls "
+        "over, the limit is raised or the session is acknowledged. Not shown again; leave "
+        "blank to keep the current one.",
+    )
+    pagerduty_routing_key_remove = forms.BooleanField(
+        label="Remove the PagerDuty routing key", required=False
+    )
+
+    class Meta:
+        model = Project
+        # the admin's fieldsets name the rest
+        fields = ("name", "slug", "alert_channels", "slack_webhook_url", "pagerduty_routing_key")
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        key = self.instance.pagerduty_routing_key if self.instance.pk else ""
+        field = self.fields.get("pagerduty_routing_key")
+        if field is not None and key:
+            field.help_text += f" Current: …{key[-4:]}."
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
+        if "pagerduty_routing_key" in self.fields:
+            if cleaned.get("pagerduty_routing_key_remove"):
+                cleaned["pagerduty_routing_key"] = ""
+            elif not cleaned.get("pagerduty_routing_key") and self.instance.pk:
+                cleaned["pagerduty_routing_key"] = self.instance.pagerduty_routing_key
+        return cleaned
+
+
 class ApiKeyForm(forms.ModelForm[ApiKey]):
     class Meta:
         model = ApiKey
@@ -246,6 +308,13 @@ class PeriodBudgetForm(forms.ModelForm[PeriodBudget]):
     admin saves) and checked by the same `budget_check`."""
 
     budget_fields: BudgetFields | None = None
+    channels = forms.MultipleChoiceField(
+        choices=CHANNEL_CHOICES,
+        required=False,
+        widget=forms.CheckboxSelectMultiple,
+        help_text="Where its alerts go; none ticked: the project's default channels. Slack "
+        "and PagerDuty need the project's Slack URL and routing key (Projects).",
+    )
 
     class Meta:
         model = PeriodBudget

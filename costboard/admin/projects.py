@@ -1,5 +1,6 @@
 """Projects in the admin, with their members, keys and webhooks inline: caps saved through
-the budget service (sessions rechecked), keys issued once and revoked, never edited."""
+the budget service (sessions rechecked), keys issued once and revoked, never edited; the
+alert channels set up here, and tried with "Send a test alert"."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ from django.http import HttpRequest
 from django.utils import timezone
 
 from costboard.admin.alerts import WebhookEndpointInline, url_note_show
-from costboard.admin.forms import DECIMAL_OVERRIDES, ApiKeyForm
+from costboard.admin.forms import DECIMAL_OVERRIDES, ApiKeyForm, ProjectForm
 from costboard.budgets import services as budget_services
+from costboard.budgets.alert_senders import channels_test
 from costboard.budgets.services import PROJECT_CAP_FIELDS as CAP_FIELDS
 from costboard.models import ApiKey, Membership, Project, WebhookEndpoint
 from costboard.projects import api_keys_revoke
@@ -46,7 +48,9 @@ class MembershipAdmin(admin.ModelAdmin[Membership]):
 
 @admin.register(Project)
 class ProjectAdmin(admin.ModelAdmin[Project]):
+    form = ProjectForm
     formfield_overrides = DECIMAL_OVERRIDES
+    actions = ["send_test_alert"]
     list_display = ("name", "slug", "token_cap", "cost_cap_usd", "warn_at_pct", "created_at")
     search_fields = ("name", "slug")
     prepopulated_fields = {"slug": ("name",)}
@@ -85,7 +89,19 @@ class ProjectAdmin(admin.ModelAdmin[Project]):
         ),
         (
             "Alerts and retention",
-            {"fields": ("alert_emails", "reconciliation_drift_pct", "retention_days")},
+            {
+                "description": "Webhooks are below; Slack and PagerDuty here. Try them "
+                "with the list's action “Send a test alert to each channel”.",
+                "fields": (
+                    "alert_channels",
+                    "alert_emails",
+                    "slack_webhook_url",
+                    "pagerduty_routing_key",
+                    "pagerduty_routing_key_remove",
+                    "reconciliation_drift_pct",
+                    "retention_days",
+                ),
+            },
         ),
         ("API", {"fields": ("api_rate_limit", "api_max_in_flight")}),
     ]
@@ -99,8 +115,34 @@ class ProjectAdmin(admin.ModelAdmin[Project]):
         # rechecked after commit); the other fields as the admin saves them
         budget_services.project_caps_set(project=obj, changes=caps)
         super().save_model(request, obj, form, change)
+        if obj.slack_url_note:
+            messages.warning(request, f"Slack URL: {obj.slack_url_note}.")
         if caps:
             messages.info(request, "Session budgets of this project are being rechecked.")
+
+    @admin.action(description="Send a test alert to each channel", permissions=["change"])
+    def send_test_alert(self, request: HttpRequest, queryset: QuerySet[Project]) -> None:
+        """Now, in this request (a few seconds per channel at most): each set-up channel's
+        answer shown, nothing recorded."""
+        for project in queryset.order_by("slug"):
+            sent = channels_test(project, now=timezone.now())
+            if not sent:
+                messages.warning(
+                    request,
+                    f"{project.slug}: no channel is set up (webhooks, alert emails, a Slack "
+                    "URL, a PagerDuty routing key).",
+                )
+            for one in sent:
+                attempt = one.attempt
+                code = f" (HTTP {attempt.response_code})" if attempt.response_code else ""
+                if attempt.ok:
+                    messages.success(
+                        request, f"{project.slug}: {one.channel} {one.target}: sent{code}."
+                    )
+                else:
+                    messages.error(
+                        request, f"{project.slug}: {one.channel} {one.target}: {attempt.error}."
+                    )
 
     def save_formset(self, request: HttpRequest, form: Any, formset: Any, change: bool) -> None:
         super().save_formset(request, form, formset, change)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
@@ -76,6 +76,18 @@ class SessionAdmin(admin.ModelAdmin[Session]):
     readonly_fields = tuple(f for f in fields if f not in {"token_cap", "cost_cap_usd"})
     inlines = [BudgetEventInline]
     date_hierarchy = "last_active_at"
+    actions = ["acknowledge"]
+
+    @admin.action(description="Acknowledge selected sessions", permissions=["change"])
+    def acknowledge(self, request: HttpRequest, queryset: QuerySet[Session]) -> None:
+        """As the flagged page's Acknowledge: each leaves the flagged list, a runaway held at
+        exhausted may go on, its PagerDuty incident is resolved."""
+        ids = list(queryset.order_by("pk").values_list("pk", flat=True))
+        for session_id in ids:
+            budget_services.session_acknowledge(
+                session_id=session_id, by=request.user.get_username(), at=timezone.now()
+            )
+        messages.success(request, f"Acknowledged {len(ids)} session(s).")
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # sessions come from agents

@@ -85,6 +85,9 @@ class PeriodBudgetAnswer(Answer):
     action: Literal["warn", "stop"] = Field(
         description="stop: the sessions it covers report exhausted, stopped_by budget:<id>"
     )
+    channels: list[Literal["webhook", "email", "slack", "pagerduty"]] | None = Field(
+        description="where its alerts go; null: the project's default channels"
+    )
     warned_at: IsoTime | None
     exhausted_at: IsoTime | None
     forecast_cost_usd: Money | None = Field(

@@ -1,6 +1,7 @@
-"""What an alert says: the JSON body a webhook receives and its signature, and the subject and
-text of an alert email, each made from one payload (`alert_payload`). Sending them, and when,
-is costboard/budgets/alerts.py's.
+"""What an alert says: the JSON body a webhook receives and its signature, the subject and
+text of an alert email, a Slack message and a PagerDuty event, each made from one payload
+(`alert_payload`). Sending them, and when, is costboard/budgets/alerts.py's; the Slack and
+PagerDuty bodies are shown in docs/budgets.md, "Alerts".
 
 Webhook requests
 ----------------
@@ -22,6 +23,9 @@ provider's UTC day was billed how far from Costboard's estimate::
 
 `event_id` is then the drift's id (its own sequence, not a budget event's).
 
+A period budget's crossing has `"session_id": null`, the budget in its period under `budget`
+(`<period budget>`, docs/api.md), `member` and `budget_url` (its page).
+
 `tokens_used` and `cost_usd` are the session's at the crossing; the caps are those crossed
 (the session's current caps for a runaway event); `state` and `runaway` are the session's when
 sent. USD amounts are decimal strings, as in the API's `<budget>`. `session_url` is absolute
@@ -42,9 +46,10 @@ import hashlib
 import hmac
 import json
 import time
+from datetime import datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import urlencode, urlsplit
 
 from django.conf import settings
 from django.urls import reverse
@@ -53,7 +58,15 @@ from django.utils import timezone
 from costboard.budgets.caps import session_budget
 from costboard.budgets.engine import reached
 from costboard.budgets.periods import member_days, period_budget_view
-from costboard.models import AlertDelivery, BillingDrift, BudgetEvent, Project, Session, usd
+from costboard.models import (
+    AlertDelivery,
+    BillingDrift,
+    BudgetEvent,
+    PeriodBudget,
+    Project,
+    Session,
+    usd,
+)
 
 SIGNATURE_TOLERANCE_SECONDS = 300
 
@@ -64,6 +77,10 @@ SIGNATURE_TOLERANCE_SECONDS = 300
 def session_url(session: Session, project: Project) -> str:
     path = f"{reverse('session', args=[session.pk])}?project={project.slug}"
     return f"{settings.COSTBOARD_BASE_URL.rstrip('/')}{path}"
+
+
+def budget_url(budget_id: int) -> str:
+    return f"{settings.COSTBOARD_BASE_URL.rstrip('/')}{reverse('budget', args=[budget_id])}"
 
 
 def _caps_crossed(
@@ -107,6 +124,7 @@ def _period_payload(delivery: AlertDelivery, event: BudgetEvent) -> dict[str, An
         "cost_cap_usd": usd(budget.cost_limit_usd),
         "detail": event.detail,
         "session_url": None,
+        "budget_url": budget_url(budget.pk),
     }
 
 
@@ -302,3 +320,200 @@ def alert_email(payload: dict[str, Any]) -> tuple[str, str]:
         "These emails go to the addresses in the project's alert emails (admin, Projects).",
     ]
     return subject, "\n".join(lines) + "\n"
+
+
+def probe_payload(project: Project, *, at: datetime) -> dict[str, Any]:
+    """What "Send a test alert" (the project admin) sends through each channel."""
+    return {
+        "delivery_id": None,
+        "event_id": None,
+        "kind": "test",
+        "at": at.isoformat(),
+        "project": project.slug,
+        "message": "A test alert from Costboard's admin: this channel reaches you.",
+    }
+
+
+def probe_email(payload: dict[str, Any]) -> tuple[str, str]:
+    return (
+        f"[Costboard] {payload['project']}: a test alert",
+        f"{payload['message']}\n\nSent at {payload['at']} for project {payload['project']}.\n",
+    )
+
+
+def alert_summary(payload: dict[str, Any]) -> str:
+    """One line: what happened to what ("acme: budget 'monthly' (month from …) exhausted its
+    cost cap"), the email's subject without its tag."""
+    if payload["kind"] == "test":
+        return f"{payload['project']}: a test alert from Costboard"
+    subject, _ = alert_email(payload)
+    return subject.removeprefix("[Costboard] ")
+
+
+def alert_link(payload: dict[str, Any]) -> str | None:
+    """The page of what the alert is about (absolute when COSTBOARD_BASE_URL is set)."""
+    for key in ("budget_url", "session_url", "reconciliation_url", "url"):
+        if isinstance(payload.get(key), str):
+            return str(payload[key])
+    return None
+
+
+def _money(amount: Any) -> str:
+    return "—" if amount is None else f"${amount}"
+
+
+def alert_facts(payload: dict[str, Any]) -> list[tuple[str, str]]:
+    """The alert's facts as (label, text) pairs: what a Slack message shows as fields and a
+    PagerDuty event carries as custom details."""
+    budget = payload.get("budget")
+    facts: list[tuple[str, str]] = []
+    if isinstance(budget, dict):
+        scope = budget["scope"] + (f" {budget['scope_value']}" if budget["scope_value"] else "")
+        if budget.get("member"):
+            scope += f" (member {budget['member']})"
+        facts.append(("Budget", f"{budget['name']} (id {budget['id']})"))
+        facts.append(("Scope", scope))
+        facts.append(
+            ("Spend / limit", f"{_money(budget['cost_usd'])} / {_money(budget['cost_limit_usd'])}")
+        )
+        if budget["token_limit"] is not None:
+            facts.append(
+                ("Tokens / limit", f"{budget['tokens_used']:,} / {budget['token_limit']:,}")
+            )
+        if budget.get("forecast_cost_usd") is not None:
+            facts.append(("Forecast", f"{_money(budget['forecast_cost_usd'])} by the period's end"))
+        facts.append(("Period", f"{budget['period']} from {budget['period_start']}"))
+    elif payload.get("session_id") is not None:
+        facts.append(("Session", str(payload["session_id"])))
+        facts.append(
+            ("Spend / cap", f"{_money(payload['cost_usd'])} / {_money(payload['cost_cap_usd'])}")
+        )
+        facts.append(("Tokens / cap", f"{payload['tokens_used']:,} / {payload['token_cap']:,}"))
+        facts.append(("State", payload["state"] + (", runaway" if payload["runaway"] else "")))
+    elif payload["kind"] == "billing_drift":
+        facts.append(("Provider", f"{payload['provider']}, {payload['day']} (UTC)"))
+        facts.append(
+            (
+                "Billed / estimated",
+                f"{_money(payload['billed_cost_usd'])} / {_money(payload['estimated_cost_usd'])}",
+            )
+        )
+        facts.append(("Drift", f"{_money(payload['drift_usd'])} ({payload['drift_pct']}%)"))
+    facts.append(("Project", str(payload["project"])))
+    return facts
+
+
+# --- Slack ------------------------------------------------------------------------------------
+
+
+def _slack_escaped(text: str) -> str:
+    """Text as Slack's mrkdwn reads it literally (its three control characters escaped)."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def slack_message(payload: dict[str, Any]) -> dict[str, Any]:
+    """The JSON an incoming webhook receives: `text` (the notification's line) and Block Kit
+    blocks — the headline, the facts as fields (budget, scope and member, spend / limit, the
+    forecast when known) and the link (absolute when COSTBOARD_BASE_URL is set)."""
+    summary = alert_summary(payload)
+    link = alert_link(payload)
+    headline = f"*{_slack_escaped(summary)}*"
+    if payload["kind"] == "test":
+        headline += f"\n{_slack_escaped(payload['message'])}"
+    blocks: list[dict[str, Any]] = [
+        {"type": "section", "text": {"type": "mrkdwn", "text": headline[:3000]}}
+    ]
+    facts = alert_facts(payload) if payload["kind"] != "test" else []
+    if facts:
+        blocks.append(
+            {
+                "type": "section",
+                "fields": [
+                    {"type": "mrkdwn", "text": f"*{label}*\n{_slack_escaped(text)}"[:2000]}
+                    for label, text in facts[:10]
+                ],
+            }
+        )
+    context = f"Costboard · {payload['kind']} at {payload['at']}"
+    if link is not None and link.startswith(("http://", "https://")):
+        context += f" · <{link}|Open in Costboard>"
+    elif link is not None:
+        context += f" · {_slack_escaped(link)}"
+    blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": context}]})
+    text = summary if link is None else f"{summary} {link}"
+    return {"text": text, "blocks": blocks}
+
+
+# --- PagerDuty --------------------------------------------------------------------------------
+
+DEDUP_KEY_CHARS = 255  # the Events API v2's limit
+
+
+def dedup_key(parts: list[str]) -> str:
+    """`costboard:<part>:…`; past PagerDuty's 255 characters, the long tail hashed."""
+    key = ":".join(["costboard", *parts])
+    if len(key) <= DEDUP_KEY_CHARS:
+        return key
+    digest = hashlib.sha256(key.encode()).hexdigest()
+    return f"{key[: DEDUP_KEY_CHARS - len(digest) - 1]}:{digest}"
+
+
+def pagerduty_trigger(
+    payload: dict[str, Any], *, routing_key: str, dedup: str, severity: str
+) -> dict[str, Any]:
+    """An Events API v2 `trigger` event: the summary, Costboard's host as the source, the
+    event's time, the facts as custom details and the link (when absolute)."""
+    base = settings.COSTBOARD_BASE_URL
+    link = alert_link(payload)
+    event: dict[str, Any] = {
+        "routing_key": routing_key,
+        "event_action": "trigger",
+        "dedup_key": dedup,
+        "payload": {
+            "summary": alert_summary(payload)[:1024],
+            "source": urlsplit(base).hostname or "costboard",
+            "severity": severity,
+            "timestamp": payload["at"],
+            "component": str(payload["budget"]["name"])
+            if isinstance(payload.get("budget"), dict)
+            else "sessions",
+            "group": str(payload["project"]),
+            "class": str(payload["kind"]),
+            "custom_details": dict(alert_facts(payload)),
+        },
+        "client": "Costboard",
+    }
+    if base:
+        event["client_url"] = base
+    if link is not None and link.startswith(("http://", "https://")):
+        event["links"] = [{"href": link, "text": "Open in Costboard"}]
+    return event
+
+
+def pagerduty_resolve(*, routing_key: str, dedup: str) -> dict[str, Any]:
+    """An Events API v2 `resolve` event: the incident its `dedup_key` opened."""
+    return {"routing_key": routing_key, "event_action": "resolve", "dedup_key": dedup}
+
+
+def incident_dedup_key(delivery: AlertDelivery) -> str:
+    """The PagerDuty incident a delivery triggers or resolves: one per budget, member and
+    period (`costboard:<project>:budget:<id>:<member>:<period start>`), per session
+    (`costboard:<project>:session:<id>`), else per alert."""
+    slug = delivery.project.slug
+    event = delivery.budget_event
+    if event is not None and event.ledger is not None:
+        ledger = event.ledger
+        start = ledger.period_start.isoformat()
+        return dedup_key([slug, "budget", str(ledger.budget_id), ledger.member, start])
+    if event is not None and event.session_id is not None:
+        return dedup_key([slug, "session", str(event.session_id)])
+    return dedup_key([slug, delivery.kind, str(delivery.budget_event_id or delivery.pk)])
+
+
+def incident_severity(delivery: AlertDelivery) -> str:
+    """critical when agents are told to stop (a stop budget, a session), else error."""
+    event = delivery.budget_event
+    if event is not None and event.ledger is not None:
+        stops = event.ledger.budget.action == PeriodBudget.Action.STOP
+        return "critical" if stops else "error"
+    return "critical"

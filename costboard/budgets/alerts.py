@@ -1,6 +1,9 @@
-"""Budget alerts: a project's webhooks and email addresses hear of its sessions' soft_warned,
-exhausted and runaway events (cap_changed is not alerted), its period budgets' forecasts, and
-its providers' days billed past its drift threshold (`billing_drift`, docs/billing.md).
+"""Budget alerts: a project's channels — webhooks, email, Slack, PagerDuty (docs/budgets.md,
+"Channels") — hear of its sessions' soft_warned, exhausted and runaway events (cap_changed is
+not alerted), its period budgets' crossings and forecasts, and its providers' days billed
+past its drift threshold (`billing_drift`, docs/billing.md). A period budget's own
+`channels`, else the project's `alert_channels`, say which; PagerDuty is paged for exhausted
+only (PAGED_KINDS), and its incident resolved when that is over (`incidents_resolve`).
 
 Flow
 ----
@@ -11,16 +14,23 @@ Flow
    A billing drift is queued the same way by the billing import (`alerts.billing_drift`,
    carried out by `drifts_dispatch`, its deliveries unique per drift and target).
 2. The dispatcher carries it out (`alerts_dispatch`): one AlertDelivery per event and target
-   — each active webhook of the project whose `kinds` include the event's kind, and each
-   valid address of `Project.alert_emails` — and one `alert.deliver` item per new delivery,
-   in one transaction with the item's delete. The unique constraint `delivery_once` (event,
-   channel, target) makes a second run create nothing.
+   of its channels — each active webhook of the project whose `kinds` include the event's
+   kind, each valid address of `Project.alert_emails`, the Slack URL, the PagerDuty routing
+   key — and one `alert.deliver` item per new delivery, in one transaction with the item's
+   delete. The unique constraint `delivery_once` (event, channel, target, action) makes a
+   second run create nothing.
 3. `alert.deliver` claims its delivery with a conditional UPDATE (only a pending delivery
    with no attempt in flight, so two dispatchers never send it at once), makes one attempt
    and records it in the delivery log; a retryable failure is tried again by the outbox.
+4. A PagerDuty incident is over when the budget's period ended or its ledger is no longer
+   exhausted, or the session is no longer exhausted or was acknowledged since: the sweep
+   (every minute), a budget's update and an acknowledgement call `incidents_resolve`, which
+   makes one `resolve` delivery per trigger (the same constraint) and queues it. A resolve
+   whose trigger is still pending waits for it (queued again a retry later), so PagerDuty
+   never hears the resolve first.
 
-What a webhook request and an email say (the payload, the signature, the email's text) is
-costboard/budgets/alert_messages.py's.
+What each channel says is costboard/budgets/alert_messages.py's; the senders (one POST
+through the egress rules, an email) are costboard/budgets/alert_senders.py's.
 
 Retry policy
 ------------
@@ -41,13 +51,7 @@ none), so the request that crossed the budget never waits for a receiver.
 
 from __future__ import annotations
 
-import http.client
-import json
 import logging
-import re
-import time
-import urllib.error
-import urllib.request
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -55,30 +59,29 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.core.exceptions import ValidationError
-from django.core.mail import send_mail
-from django.core.validators import validate_email
 from django.db import transaction
-from django.db.models import F, Q
+from django.db.models import Exists, F, OuterRef, Q, QuerySet
 from django.utils import timezone
 
-from costboard.budgets.alert_messages import alert_email, alert_payload, signature
-from costboard.egress import (
-    WebhookRefused,
-    short,
-    status_reason,
-    webhook_destination,
-    webhook_opener,
+from costboard.budgets.alert_senders import (
+    Attempt,
+    alert_addresses,
+    channel_send,
+    describe,
 )
 from costboard.models import (
     AlertDelivery,
     BillingDrift,
     BudgetEvent,
+    OutboxItem,
     Project,
     WebhookEndpoint,
 )
+from costboard.models.projects import ALERT_CHANNELS, default_alert_channels
 from costboard.outbox import ALERTS_QUEUE, Item, outbox_add, outbox_add_many, outbox_handler
 from costboard.outbox import Attempt as OutboxAttempt
+
+__all__ = ["Attempt", "alert_addresses"]  # the senders' names, imported from here too
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +93,9 @@ ALERTED_KINDS = frozenset(
         BudgetEvent.Kind.FORECAST,
     }
 )
+# What pages (PagerDuty): a budget or session exhausted — a runaway that stops its session is
+# one too (its exhausted event) — never a warning, a forecast or a drift.
+PAGED_KINDS = frozenset({BudgetEvent.Kind.EXHAUSTED})
 # A claimed attempt with no outcome after this long is taken to have died with its worker.
 # Longer than the task's hard time limit, so a live attempt is never taken over.
 CLAIM_LEASE_SECONDS = 300
@@ -100,6 +106,8 @@ DELIVER = "alert.deliver"
 # a provider's day billed past a project's drift threshold (costboard/billing/services.py)
 DRIFT_DISPATCH = "alerts.billing_drift"
 DRIFT_KIND = "billing_drift"
+PAGERDUTY = AlertDelivery.Channel.PAGERDUTY
+TRIGGER, RESOLVE = AlertDelivery.Action.TRIGGER, AlertDelivery.Action.RESOLVE
 
 
 # --- announcing: inside the transaction that recorded the events ----------------------------
@@ -119,22 +127,6 @@ def announce(events: Iterable[BudgetEvent]) -> None:
 # --- dispatching: one delivery per event and target ------------------------------------------
 
 
-def alert_addresses(text: str) -> list[str]:
-    """The valid addresses of `Project.alert_emails` (split on commas, semicolons and
-    whitespace), each once; an invalid one is skipped with a log line."""
-    addresses: list[str] = []
-    for item in re.split(r"[\s,;]+", text):
-        if not item or item in addresses:
-            continue
-        try:
-            validate_email(item)
-        except ValidationError:
-            log.warning("alert email %r is not a valid address; skipped", item)
-            continue
-        addresses.append(item)
-    return addresses
-
-
 # what an alert is delivered for: a budget event or a billing drift (AlertDelivery links one)
 AlertSource = BudgetEvent | BillingDrift
 
@@ -151,7 +143,7 @@ def alerts_dispatch(event_ids: list[int]) -> int:
     queue an attempt at each new one. Returns how many were queued."""
     events = list(
         BudgetEvent.objects.filter(pk__in=event_ids, kind__in=ALERTED_KINDS).select_related(
-            "project"
+            "project", "ledger__budget"
         )
     )
     if not events:
@@ -165,19 +157,35 @@ def _dispatch_item(payload: dict[str, Any], attempt: OutboxAttempt) -> None:
 
 
 def drifts_dispatch(drift_ids: list[int]) -> int:
-    """Create the deliveries of these billing drifts — each active webhook of the project
-    whose `kinds` include `billing_drift`, each address of `Project.alert_emails` — once each
-    however often this runs, and queue an attempt at each new one. Returns how many."""
+    """Create the deliveries of these billing drifts — through the project's default
+    channels (_alerts_made) — once each however often this runs, and queue an attempt at
+    each new one. Returns how many."""
     drifts = list(BillingDrift.objects.filter(pk__in=drift_ids).select_related("project"))
     if not drifts:
         return 0
     return _alerts_made(drifts, "billing_drift", lambda drift: DRIFT_KIND)
 
 
+def alert_channels_of(source: Any) -> list[str]:
+    """The channels an alert goes through: its period budget's `channels`, else (none chosen,
+    or no budget: a session's event, a drift) its project's `alert_channels`."""
+    chosen: Any = None
+    if isinstance(source, BudgetEvent) and source.ledger_id is not None:
+        ledger = source.ledger
+        chosen = ledger.budget.channels if ledger is not None else None
+    if not chosen:
+        chosen = source.project.alert_channels
+    if not isinstance(chosen, list):
+        chosen = default_alert_channels()
+    return [channel for channel in ALERT_CHANNELS if channel in chosen]
+
+
 def _alerts_made(sources: Sequence[AlertSource], link: str, kind_of: Callable[[Any], str]) -> int:
-    """The deliveries of these alert sources (`link`: "budget_event" or "billing_drift") —
-    each active webhook of the source's project whose `kinds` include its kind (`kind_of`),
-    each address of `Project.alert_emails` — made once each (_deliveries_made)."""
+    """The deliveries of these alert sources (`link`: "budget_event" or "billing_drift")
+    through each source's channels (alert_channels_of): each active webhook of its project
+    whose `kinds` include its kind (`kind_of`), each address of `Project.alert_emails`, the
+    project's Slack URL, and its PagerDuty routing key for a kind that pages (PAGED_KINDS) —
+    made once each (_deliveries_made)."""
     endpoints: dict[int, list[WebhookEndpoint]] = defaultdict(list)
     for endpoint in WebhookEndpoint.objects.filter(
         project_id__in={s.project_id for s in sources}, active=True
@@ -188,29 +196,33 @@ def _alerts_made(sources: Sequence[AlertSource], link: str, kind_of: Callable[[A
     for source in sources:
         project: Project = source.project
         kind = kind_of(source)
-        for endpoint in endpoints[project.pk]:
-            if kind in (endpoint.kinds if isinstance(endpoint.kinds, list) else []):
-                deliveries.append(
-                    AlertDelivery(
-                        project=project,
-                        channel=AlertDelivery.Channel.WEBHOOK,
-                        endpoint=endpoint,
-                        target=endpoint.url,
-                        **{link: source},
+        channels = alert_channels_of(source)
+
+        if "webhook" in channels:
+            for endpoint in endpoints[project.pk]:
+                if kind in (endpoint.kinds if isinstance(endpoint.kinds, list) else []):
+                    deliveries.append(
+                        _delivery(source, link, "webhook", endpoint.url, endpoint=endpoint)
                     )
-                )
-        if project.pk not in addresses:
-            addresses[project.pk] = alert_addresses(project.alert_emails)
-        deliveries.extend(
-            AlertDelivery(
-                project=project,
-                channel=AlertDelivery.Channel.EMAIL,
-                target=address,
-                **{link: source},
+        if "email" in channels:
+            if project.pk not in addresses:
+                addresses[project.pk] = alert_addresses(project.alert_emails)
+            deliveries.extend(
+                _delivery(source, link, "email", address) for address in addresses[project.pk]
             )
-            for address in addresses[project.pk]
-        )
+        if "slack" in channels and project.slack_webhook_url:
+            deliveries.append(_delivery(source, link, "slack", project.slack_webhook_url))
+        if "pagerduty" in channels and project.pagerduty_routing_key and kind in PAGED_KINDS:
+            deliveries.append(_delivery(source, link, "pagerduty", project.pagerduty_routing_key))
     return _deliveries_made(deliveries, link, sources)
+
+
+def _delivery(
+    source: AlertSource, link: str, channel: str, target: str, **more: Any
+) -> AlertDelivery:
+    return AlertDelivery(
+        project=source.project, channel=channel, target=target, **{link: source}, **more
+    )
 
 
 def _deliveries_made(
@@ -220,12 +232,8 @@ def _deliveries_made(
     budget event's or a billing drift's — channel and target) and queue an attempt at each
     new one; a racing run makes no second. Returns how many were queued."""
     source_id = f"{source}_id"
-    existing = {
-        _Key(*row)
-        for row in AlertDelivery.objects.filter(**{f"{source}__in": sources}).values_list(
-            source_id, "channel", "target"
-        )
-    }
+    made = AlertDelivery.objects.filter(**{f"{source}__in": sources}, action=TRIGGER)
+    existing = {_Key(*row) for row in made.values_list(source_id, "channel", "target")}
     new = [
         d
         for d in deliveries
@@ -235,9 +243,9 @@ def _deliveries_made(
         return 0
     AlertDelivery.objects.bulk_create(new, ignore_conflicts=True)
     wanted = {_Key(getattr(d, source_id) or 0, d.channel, d.target) for d in new}
-    created = AlertDelivery.objects.filter(
-        **{f"{source}__in": sources}, status=AlertDelivery.Status.PENDING, attempts=0
-    ).values_list("pk", "project_id", source_id, "channel", "target")
+    created = made.filter(status=AlertDelivery.Status.PENDING, attempts=0).values_list(
+        "pk", "project_id", source_id, "channel", "target"
+    )
     queued = [
         Item(DELIVER, {"delivery_id": pk}, project_id)
         for pk, project_id, source_pk, channel, target in created.order_by("pk")
@@ -252,15 +260,111 @@ def _drift_item(payload: dict[str, Any], attempt: OutboxAttempt) -> None:
     drifts_dispatch([int(i) for i in payload["drift_ids"]])
 
 
+# --- resolving: PagerDuty's incidents closed when what paged is over --------------------------
+
+
+def _open_triggers() -> QuerySet[AlertDelivery]:
+    """PagerDuty triggers with no resolve made yet."""
+    resolves = AlertDelivery.objects.filter(
+        budget_event_id=OuterRef("budget_event_id"),
+        channel=PAGERDUTY,
+        target=OuterRef("target"),
+        action=RESOLVE,
+    )
+    return AlertDelivery.objects.filter(
+        channel=PAGERDUTY, action=TRIGGER, budget_event__isnull=False
+    ).exclude(Exists(resolves))
+
+
+def _over(now: datetime) -> Q:
+    """What paged is over: its budget's period ended or its ledger is no longer exhausted
+    (a limit raised); its session no longer exhausted or acknowledged since."""
+    ledger = Q(budget_event__ledger__isnull=False) & (
+        Q(budget_event__ledger__period_end__lte=now)
+        | ~Q(budget_event__ledger__state=BudgetEvent.Kind.EXHAUSTED)
+    )
+    session = Q(budget_event__session__isnull=False) & (
+        ~Q(budget_event__session__state=BudgetEvent.Kind.EXHAUSTED)
+        | Q(budget_event__session__acknowledged_at__gte=F("budget_event__at"))
+    )
+    return ledger | session
+
+
+def incidents_resolve(
+    *, now: datetime, budget_id: int | None = None, session_id: int | None = None
+) -> int:
+    """Queue a PagerDuty `resolve` for each trigger whose incident is over (_over), of one
+    budget or session or of all: once per trigger, whatever races (the unique constraint
+    `delivery_once` holds the resolve like the trigger). A resolve is a delivery as any
+    other, retried alike, and sent after its trigger. Called by the sweep (a period rolled
+    over), a budget's update (a limit raised) and an acknowledgement; returns how many."""
+    triggers = _open_triggers().filter(_over(now))
+    if budget_id is not None:
+        triggers = triggers.filter(budget_event__ledger__budget_id=budget_id)
+    if session_id is not None:
+        triggers = triggers.filter(budget_event__session_id=session_id)
+    found = list(triggers.order_by("pk").values_list("project_id", "budget_event_id", "target"))
+    if not found:
+        return 0
+    AlertDelivery.objects.bulk_create(
+        [
+            AlertDelivery(
+                project_id=project_id,
+                budget_event_id=event_id,
+                channel=PAGERDUTY,
+                target=target,
+                action=RESOLVE,
+            )
+            for project_id, event_id, target in found
+        ],
+        ignore_conflicts=True,
+    )
+    wanted = {(event_id, target) for _, event_id, target in found}
+    created = AlertDelivery.objects.filter(
+        channel=PAGERDUTY,
+        action=RESOLVE,
+        budget_event_id__in={event_id for event_id, _ in wanted},
+        status=AlertDelivery.Status.PENDING,
+        attempts=0,
+    ).values_list("pk", "project_id", "budget_event_id", "target")
+    queued = [
+        Item(DELIVER, {"delivery_id": pk}, project_id)
+        for pk, project_id, event_id, target in created.order_by("pk")
+        if (event_id, target) in wanted
+    ]
+    outbox_add_many(queued)
+    if queued:
+        log.info("PagerDuty: %s incident(s) to resolve", len(queued))
+    return len(queued)
+
+
+def _waits_for_trigger(delivery_id: int, now: datetime) -> bool:
+    """A resolve whose trigger is still being attempted waits for it (a resolve before its
+    trigger would leave the incident open): its attempt is queued again a retry later."""
+    resolve = (
+        AlertDelivery.objects.filter(pk=delivery_id, action=RESOLVE, status="pending")
+        .values_list("project_id", "budget_event_id", "channel", "target")
+        .first()
+    )
+    if resolve is None:
+        return False
+    project_id, event_id, channel, target = resolve
+    pending = AlertDelivery.objects.filter(
+        budget_event_id=event_id, channel=channel, target=target, action=TRIGGER, status="pending"
+    )
+    if not pending.exists():
+        return False
+    later = now + timedelta(seconds=max(float(settings.COSTBOARD_ALERT_RETRY_SECONDS), 1.0))
+    OutboxItem.objects.create(
+        kind=DELIVER,
+        payload={"delivery_id": delivery_id},
+        project_id=project_id,
+        next_attempt_at=later,
+    )
+    return True
+
+
 # --- delivering: one attempt per task run ----------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Attempt:
-    ok: bool
-    response_code: int | None = None
-    error: str = ""
-    permanent: bool = False  # retrying would fail the same way
 
 
 def _claim(delivery_id: int, now: datetime) -> int | None:
@@ -294,8 +398,11 @@ class DeliveryFailed(Exception):
 def alert_deliver(delivery_id: int, *, final: bool = True) -> str:
     """Make one attempt at a delivery and record it (see the module docstring). A retryable
     failure stays pending and raises DeliveryFailed, unless this is the `final` attempt.
-    Returns the delivery's status, or "skipped"."""
+    Returns the delivery's status, "waiting" (a resolve before its trigger went out) or
+    "skipped"."""
     now = timezone.now()
+    if _waits_for_trigger(delivery_id, now):
+        return "waiting"
     attempt_no = _claim(delivery_id, now)
     if attempt_no is None:
         return "skipped"
@@ -307,13 +414,10 @@ def alert_deliver(delivery_id: int, *, final: bool = True) -> str:
         "billing_drift",
     ).get(pk=delivery_id)
     try:
-        if delivery.channel == AlertDelivery.Channel.WEBHOOK:
-            attempt = _webhook_send(delivery)
-        else:
-            attempt = _email_send(delivery)
+        attempt = channel_send(delivery)
     except Exception as exc:  # recorded, never lost: the log shows what went wrong
         log.exception("alert delivery %s: unexpected error", delivery_id)
-        attempt = Attempt(ok=False, error=_describe(exc))
+        attempt = Attempt(ok=False, error=describe(exc))
 
     if attempt.ok:
         status = AlertDelivery.Status.DELIVERED
@@ -327,15 +431,14 @@ def alert_deliver(delivery_id: int, *, final: bool = True) -> str:
         error=attempt.error[:_ERROR_CHARS],
         delivered_at=timezone.now() if attempt.ok else None,
     )
+    target = delivery.target_shown  # never a routing key or a Slack URL in the log
     if attempt.ok:
-        log.info(
-            "alert delivery %s: %s to %s delivered", delivery_id, delivery.channel, delivery.target
-        )
+        log.info("alert delivery %s: %s to %s delivered", delivery_id, delivery.channel, target)
         return status
     log.warning(
         "alert delivery %s to %s: attempt %s failed (%s)%s",
         delivery_id,
-        delivery.target,
+        target,
         attempt_no,
         attempt.error,
         "" if status == AlertDelivery.Status.PENDING else "; giving up",
@@ -357,83 +460,25 @@ def _deliver_item(payload: dict[str, Any], attempt: OutboxAttempt) -> None:
     alert_deliver(int(payload["delivery_id"]), final=attempt.final)
 
 
-def _describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-
-
-# --- sending: a webhook request or an email ---------------------------------------------------
-
-
-def _webhook_send(delivery: AlertDelivery) -> Attempt:
-    endpoint = delivery.endpoint
-    if endpoint is None:
-        return Attempt(ok=False, error="the webhook endpoint was deleted", permanent=True)
-    if not endpoint.active:
-        return Attempt(ok=False, error="the webhook endpoint is inactive", permanent=True)
-    try:  # resolved once here; the request connects to these checked addresses only
-        destination = webhook_destination(delivery.target)
-    except WebhookRefused as exc:
-        return Attempt(ok=False, error=short(f"refused: {exc}"), permanent=True)
-    except (OSError, UnicodeError) as exc:  # the name does not resolve (now): retried
-        return Attempt(ok=False, error=short(f"cannot resolve the host: {_describe(exc)}"))
-    payload = alert_payload(delivery)
-    body = json.dumps(payload, separators=(",", ":"), ensure_ascii=False, default=str).encode()
-    timestamp = int(time.time())
-    request = urllib.request.Request(  # noqa: S310 — http(s) only: webhook_destination above
-        delivery.target,
-        data=body,
-        method="POST",
-        headers={
-            "Content-Type": "application/json",
-            "User-Agent": "Costboard",
-            "X-Costboard-Event": delivery.kind,
-            "X-Costboard-Delivery": str(delivery.pk),
-            "X-Costboard-Timestamp": str(timestamp),
-            "X-Costboard-Signature": signature(endpoint.secret, timestamp, body),
-        },
-    )
-    timeout = float(settings.COSTBOARD_ALERT_TIMEOUT_SECONDS)
-    try:
-        with webhook_opener(destination).open(request, timeout=timeout) as response:
-            code = response.status
-    except urllib.error.HTTPError as exc:  # every status outside 2xx
-        code = exc.code
-        exc.close()  # unread: a failure keeps its status, never the receiver's body
-        permanent = 400 <= code < 500 and code not in {408, 429}
-        return Attempt(ok=False, response_code=code, error=status_reason(code), permanent=permanent)
-    except urllib.error.URLError as exc:  # refused, timeout while connecting, TLS
-        return Attempt(ok=False, error=short(f"cannot connect: {exc.reason}"))
-    except http.client.HTTPException as exc:  # a malformed reply: its text is the receiver's
-        return Attempt(ok=False, error=f"bad HTTP reply ({type(exc).__name__})")
-    except (OSError, ValueError) as exc:  # timeout, reset, …
-        return Attempt(ok=False, error=short(_describe(exc)))
-    if 200 <= code < 300:
-        return Attempt(ok=True, response_code=code)
-    return Attempt(ok=False, response_code=code, error=status_reason(code))
-
-
-def _email_send(delivery: AlertDelivery) -> Attempt:
-    subject, body = alert_email(alert_payload(delivery))
-    try:
-        send_mail(subject, body, None, [delivery.target], fail_silently=False)
-    except Exception as exc:  # SMTP errors come in many types; each is retried
-        return Attempt(ok=False, error=_describe(exc))
-    return Attempt(ok=True)
-
-
 def alert_deliveries_retry(*, delivery_ids: list[int]) -> int:
     """Send failed deliveries again (the admin's retry action): each back to pending with its
-    attempts kept and a fresh round of outbox attempts. Others are left as they are. Returns
-    how many were queued."""
+    attempts kept and a fresh round of outbox attempts. Others are left as they are. A
+    PagerDuty trigger sent again has its resolve, if made, sent again after it (else the
+    incident it reopens would stay open). Returns how many were queued."""
     with transaction.atomic():
         failed = list(
             AlertDelivery.objects.select_for_update()
             .filter(pk__in=delivery_ids, status=AlertDelivery.Status.FAILED)
             .order_by("pk")
-            .values_list("pk", "project_id")
+            .values_list("pk", "project_id", "channel", "action", "budget_event_id", "target")
         )
-        AlertDelivery.objects.filter(pk__in=[pk for pk, _ in failed]).update(
-            status=AlertDelivery.Status.PENDING
-        )
-        outbox_add_many(Item(DELIVER, {"delivery_id": pk}, project) for pk, project in failed)
+        again = {pk: project for pk, project, *_ in failed}
+        for _, project_id, channel, action, event_id, target in failed:
+            if channel == PAGERDUTY and action == TRIGGER:
+                resolves = AlertDelivery.objects.filter(
+                    budget_event_id=event_id, channel=channel, target=target, action=RESOLVE
+                ).exclude(status=AlertDelivery.Status.PENDING)
+                again.update(dict.fromkeys(resolves.values_list("pk", flat=True), project_id))
+        AlertDelivery.objects.filter(pk__in=list(again)).update(status=AlertDelivery.Status.PENDING)
+        outbox_add_many(Item(DELIVER, {"delivery_id": pk}, again[pk]) for pk in sorted(again))
     return len(failed)

@@ -5,7 +5,8 @@ A budget's fields come typed, as `BudgetFields` (pydantic: types, choices and ra
 once where the input arrives: the API's body, the admin's form, a Python caller's mapping);
 `budget_check` adds the rules no single field holds — a name and a limit required, the
 scope's value for its scope (a key prefix the project has), a timezone that exists, a USD
-limit's range and decimals, and a per-member budget that stays one."""
+limit's range and decimals, a per-member budget that stays one, and channels the project
+has set up (a Slack URL for slack, a routing key for pagerduty)."""
 
 from __future__ import annotations
 
@@ -19,10 +20,11 @@ from django.db import transaction
 from django.utils import timezone
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, WithJsonSchema
 
-from costboard.budgets.alerts import announce
+from costboard.budgets.alerts import announce, incidents_resolve
 from costboard.budgets.period_ledgers import period_budget_recheck
 from costboard.budgets.periods import EVERY, per_member, zone
 from costboard.models import ApiKey, PeriodBudget, Project
+from costboard.models.projects import ALERT_CHANNELS, channel_setup_fault
 
 FIELDS = (
     "name",
@@ -34,6 +36,7 @@ FIELDS = (
     "cost_limit_usd",
     "warn_at_pct",
     "action",
+    "channels",
 )
 MAX_TOKEN_LIMIT = 10**15
 MAX_COST_LIMIT = Decimal("9999999999.9999")
@@ -78,6 +81,14 @@ class BudgetFields(BaseModel):
     )
     action: Literal["warn", "stop"] | None = Field(
         default=None, description="warn (the default) or stop: its sessions report exhausted"
+    )
+    channels: (
+        Annotated[list[Literal["webhook", "email", "slack", "pagerduty"]], Field(max_length=4)]
+        | None
+    ) = Field(
+        default=None,
+        description="where its alerts go: any of webhook, email, slack, pagerduty; null or "
+        "[] (the default): the project's default channels",
     )
 
     @classmethod
@@ -175,6 +186,24 @@ def _warn_at(fields: BudgetFields) -> Decimal:
     return (Decimal("0.8") if fraction is None else fraction).quantize(Decimal("0.001"))
 
 
+def _channels(
+    project: Project, fields: BudgetFields, stored: PeriodBudget | None
+) -> list[str] | None:
+    """The budget's own channels, each once in ALERT_CHANNELS' order; None (the project's
+    defaults) for none. Slack and PagerDuty chosen need the project's URL and routing key
+    (channels kept as stored are not refused for a setup removed since: the send skips)."""
+    chosen = fields.channels
+    if not chosen:
+        return None
+    if len(set(chosen)) != len(chosen):
+        raise BudgetInputError("channels", "names a channel twice: list each once")
+    kept = stored is not None and stored.pk is not None and stored.channels == list(chosen)
+    found = None if kept else channel_setup_fault(project, chosen)
+    if found is not None:
+        raise BudgetInputError("channels", found[1])
+    return [channel for channel in ALERT_CHANNELS if channel in chosen]
+
+
 def budget_check(
     project: Project, fields: BudgetFields, *, stored: PeriodBudget | None = None
 ) -> dict[str, Any]:
@@ -218,6 +247,7 @@ def budget_check(
         "cost_limit_usd": cost_limit,
         "warn_at_pct": _warn_at(fields),
         "action": _chosen(fields, "action", PeriodBudget.Action.WARN, PeriodBudget.Action.values),
+        "channels": _channels(project, fields, stored),
     }
 
 
@@ -253,6 +283,8 @@ def period_budget_update(
     locked.save()
     # its current period under the new limits, in this transaction; crossings to the outbox
     announce(period_budget_recheck(locked, now=locked.updated_at))
+    # a limit raised past the spend: its PagerDuty incidents resolved
+    incidents_resolve(now=locked.updated_at, budget_id=locked.pk)
     return locked
 
 

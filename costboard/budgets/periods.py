@@ -254,6 +254,7 @@ def period_budget_view(
         "cost_limit_usd": usd(budget.cost_limit_usd),
         "warn_at_pct": float(budget.warn_at_pct),
         "action": budget.action,
+        "channels": budget.channels or None,
         "warned_at": warned.isoformat() if warned else None,
         "exhausted_at": exhausted.isoformat() if exhausted else None,
         "forecast_cost_usd": usd(projected),

@@ -17,7 +17,7 @@ from typing import Any, Final
 from django.db import transaction
 from django.utils import timezone
 
-from costboard.budgets.alerts import announce
+from costboard.budgets.alerts import announce, incidents_resolve
 from costboard.budgets.caps import Caps, caps_for, environment_caps, session_caps
 from costboard.budgets.engine import Crossing, Flag, Ledger, Outcome, budget_decide
 from costboard.models import SYSTEM_SESSION_ID, BudgetEvent, EnvironmentCaps, Project, Session
@@ -175,13 +175,15 @@ def session_caps_set(
 
 
 def session_acknowledge(*, session_id: int, by: str, at: datetime) -> list[BudgetEvent]:
-    """A person saw the session's flags: it leaves the flagged list until flagged again, and
-    a runaway held at exhausted may go on."""
+    """A person saw the session's flags: it leaves the flagged list until flagged again, a
+    runaway held at exhausted may go on, and the PagerDuty incident it opened is resolved."""
     with transaction.atomic():
         session = _locked(session_id)
         outcome, caps = _decide(session, acknowledged_at=at, at=at)
         session.acknowledged_by = by[:150]
-        return _apply(session, outcome, caps, "acknowledged_by")
+        events = _apply(session, outcome, caps, "acknowledged_by")
+        incidents_resolve(now=at, session_id=session_id)
+        return events
 
 
 def session_flag_runaway(*, session_id: int, flag: Flag) -> BudgetEvent | None:

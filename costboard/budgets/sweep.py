@@ -10,6 +10,9 @@ The per-turn rules (retry loops, overlong turns) run inside ingest: ingest/turn_
 Only open sessions active within the window are read, and a session is flagged under its
 row lock (`session_flag_runaway`), so two sweeps at once flag it once.
 
+Each pass also resolves the PagerDuty incidents whose budget period rolled over (or whose
+budget or session is no longer exhausted): `alerts.incidents_resolve`.
+
 The project's normal rate is the tokens per active session-minute of its sessions seen in
 the last 7 days but not within the window (a session counts at least one minute), runaways
 left out.
@@ -28,6 +31,7 @@ from django.db.models import DurationField, ExpressionWrapper, F, Sum, Value
 from django.db.models.functions import Greatest
 from django.utils import timezone
 
+from costboard.budgets.alerts import incidents_resolve
 from costboard.budgets.caps import session_caps
 from costboard.budgets.engine import Flag
 from costboard.budgets.services import environment_caps_sync, session_flag_runaway
@@ -214,4 +218,5 @@ def runaway_sweep(now: datetime | None = None) -> SweepResult:
             flagged[rule] += count
     if flagged:
         log.info("runaway sweep flagged %s", dict(flagged))
+    incidents_resolve(now=now)  # periods rolled over since the last pass, and any race's
     return SweepResult(sessions_checked=checked, flagged=dict(flagged))

@@ -4,6 +4,7 @@ repricing, …), and the budget alerts it delivers: webhook endpoints and the de
 from __future__ import annotations
 
 from collections.abc import Collection
+from urllib.parse import urlsplit
 
 from django.core.exceptions import ValidationError
 from django.db import models
@@ -71,10 +72,21 @@ class WebhookEndpoint(models.Model):
             raise ValidationError(errors)
 
 
+def shown_target(channel: str, target: str) -> str:
+    """A delivery's target as logs and the admin show it (AlertDelivery.target_shown)."""
+    if channel == "pagerduty":
+        return f"routing key …{target[-4:]}"
+    if channel == "slack":
+        parts = urlsplit(target)
+        return f"{parts.scheme}://{parts.netloc}/…"
+    return target
+
+
 class AlertDelivery(models.Model):
     """One budget event or billing drift sent (or being sent) through one channel to one
-    target: the delivery log. Unique per event and target, so an event never goes out
-    twice. Exactly one of `budget_event` and `billing_drift` is set."""
+    target: the delivery log. Unique per event, target and action, so an event never goes
+    out twice, and a PagerDuty incident is resolved once. Exactly one of `budget_event` and
+    `billing_drift` is set."""
 
     class Channel(models.TextChoices):
         WEBHOOK = "webhook"
@@ -86,6 +98,12 @@ class AlertDelivery(models.Model):
         PENDING = "pending"
         DELIVERED = "delivered"
         FAILED = "failed"
+
+    class Action(models.TextChoices):
+        TRIGGER = "trigger", "trigger: the alert"
+        # PagerDuty's resolve of the incident its trigger (same event, channel and target)
+        # opened: the period rolled over, the limit was raised, the session acknowledged
+        RESOLVE = "resolve", "resolve: the incident the alert opened"
 
     project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="+")
     # no database constraint: budget events are keyed by (id, project_id) (docs/operations.md,
@@ -109,7 +127,13 @@ class AlertDelivery(models.Model):
         on_delete=models.SET_NULL,
         related_name="deliveries",
     )
-    target = models.CharField(max_length=500, help_text="The URL or email address.")
+    target = models.CharField(
+        max_length=500,
+        help_text="The URL, email address, Slack incoming-webhook URL or PagerDuty routing key.",
+    )
+    action = models.CharField(
+        max_length=8, choices=Action.choices, default=Action.TRIGGER, db_default=Action.TRIGGER
+    )
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
     attempts = models.PositiveIntegerField(default=0)
     response_code = models.PositiveIntegerField(null=True, blank=True)
@@ -122,10 +146,10 @@ class AlertDelivery(models.Model):
         verbose_name_plural = "alert deliveries"
         constraints = [
             models.UniqueConstraint(
-                fields=["budget_event", "channel", "target"], name="delivery_once"
+                fields=["budget_event", "channel", "target", "action"], name="delivery_once"
             ),
             models.UniqueConstraint(
-                fields=["billing_drift", "channel", "target"],
+                fields=["billing_drift", "channel", "target", "action"],
                 condition=models.Q(billing_drift__isnull=False),
                 name="drift_delivery_once",
             ),
@@ -138,7 +162,13 @@ class AlertDelivery(models.Model):
         indexes = [models.Index(fields=["project", "-created_at"], name="delivery_recent")]
 
     def __str__(self) -> str:
-        return f"{self.channel} {self.target} {self.status}"
+        return f"{self.channel} {self.target_shown} {self.status}"
+
+    @property
+    def target_shown(self) -> str:
+        """The target as logs and the admin show it: a PagerDuty routing key by its last
+        four characters, a Slack URL without its secret path."""
+        return shown_target(self.channel, self.target)
 
     @property
     def kind(self) -> str:

@@ -158,6 +158,15 @@ class PeriodBudget(models.Model):
         help_text="the fraction of a limit that warns (0.8: at 80 %)",
     )
     action = models.CharField(max_length=4, choices=Action.choices, default=Action.WARN)
+    # where its alerts go (docs/budgets.md, "Alerts"): any of costboard.models.projects.
+    # ALERT_CHANNELS; null: the project's default channels
+    channels = models.JSONField(
+        null=True,
+        blank=True,
+        default=None,
+        help_text='any of "webhook", "email", "slack", "pagerduty"; none: the project\'s '
+        "default channels",
+    )
 
     class Meta:
         ordering = ["project", "name", "id"]

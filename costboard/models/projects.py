@@ -4,17 +4,56 @@ hashes stored), and the people who may see its pages."""
 from __future__ import annotations
 
 import hashlib
+import re
 import secrets
+from collections.abc import Collection
 from decimal import Decimal
+from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.utils import timezone
 
+from costboard.egress import webhook_url_check
 from costboard.models.fields import cap_field
 
 ALERT_CHANNELS = ("webhook", "email", "slack", "pagerduty")
+# an Events API v2 integration key (a service's, or an event orchestration's "R0…")
+ROUTING_KEY = re.compile(r"[A-Za-z0-9]{32}")
+
+
+def alert_channels_fault(value: Any) -> str | None:
+    """What is wrong with a list of alert channels (a project's defaults, a budget's), or
+    None: a list of distinct names of ALERT_CHANNELS."""
+    names = ", ".join(f'"{name}"' for name in ALERT_CHANNELS)
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        return f'must be a list of channel names, e.g. ["webhook", "slack"]: any of {names}'
+    unknown = [item for item in value if item not in ALERT_CHANNELS]
+    if unknown:
+        return f"{unknown[0]!r} is not a channel: use any of {names}"
+    if len(set(value)) != len(value):
+        return "names a channel twice: list each once"
+    return None
+
+
+def channel_setup_fault(project: Project, channels: Collection[str]) -> tuple[str, str] | None:
+    """(the project field to set, why) when `channels` name Slack or PagerDuty and the
+    project has no Slack URL or routing key; else None."""
+    if "slack" in channels and not project.slack_webhook_url:
+        return (
+            "slack_webhook_url",
+            "slack needs the project's Slack incoming-webhook URL: set it on the project "
+            "(admin, Projects) or leave slack out",
+        )
+    if "pagerduty" in channels and not project.pagerduty_routing_key:
+        return (
+            "pagerduty_routing_key",
+            "pagerduty needs the project's PagerDuty routing key: set it on the project "
+            "(admin, Projects) or leave pagerduty out",
+        )
+    return None
 
 
 def default_alert_channels() -> list[str]:
@@ -159,8 +198,58 @@ class Project(models.Model):
     class Meta:
         ordering = ["name"]
 
+    # Not stored: what validation found worth telling whoever saves (a Slack host that does
+    # not resolve from here), for the admin to show.
+    slack_url_note = ""
+
     def __str__(self) -> str:
         return self.name
+
+    def clean_fields(self, exclude: Collection[str] | None = None) -> None:
+        """Also the alert channels' fields (docs/budgets.md, "Alerts"): the Slack URL through
+        the egress check (costboard/egress.py), the routing key's shape, the channel names."""
+        errors: dict[str, list[ValidationError]] = {}
+        try:
+            super().clean_fields(exclude)
+        except ValidationError as exc:
+            errors = exc.update_error_dict(errors)
+        skip = set(exclude or ())
+        if self.slack_webhook_url and not {"slack_webhook_url"} & (set(errors) | skip):
+            check = webhook_url_check(self.slack_webhook_url)
+            self.slack_url_note = check.note
+            if check.refusal:
+                errors["slack_webhook_url"] = [
+                    ValidationError(
+                        "This URL is refused: %(reason)s. Use the https://hooks.slack.com/… "
+                        "URL of the Slack app's incoming webhook.",
+                        code="egress",
+                        params={"reason": check.refusal},
+                    )
+                ]
+        key = self.pagerduty_routing_key
+        if key and "pagerduty_routing_key" not in skip and not ROUTING_KEY.fullmatch(key):
+            errors["pagerduty_routing_key"] = [
+                ValidationError(
+                    "Not a PagerDuty routing key: use the 32-letter-and-digit Integration Key "
+                    "of the service's Events API v2 integration (PagerDuty, Service, "
+                    "Integrations), or leave it blank.",
+                    code="routing_key",
+                )
+            ]
+        if "alert_channels" not in skip and "alert_channels" not in errors:
+            fault = alert_channels_fault(self.alert_channels)
+            if fault:
+                errors["alert_channels"] = [ValidationError(fault, code="channels")]
+        if errors:
+            raise ValidationError(errors)
+
+    def clean(self) -> None:
+        """Default channels that need a Slack URL or a routing key the project lacks."""
+        super().clean()
+        if alert_channels_fault(self.alert_channels) is None:
+            found = channel_setup_fault(self, self.alert_channels)
+            if found is not None:
+                raise ValidationError({"alert_channels": found[1]})
 
 
 def _key_hash(raw_key: str) -> str:

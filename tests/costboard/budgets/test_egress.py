@@ -31,7 +31,8 @@ from django.test import Client
 from django.utils import timezone
 from django.utils.html import escape
 
-from costboard.budgets.alerts import DISPATCH, _webhook_send, alerts_dispatch
+from costboard.budgets.alert_senders import webhook_send as _webhook_send
+from costboard.budgets.alerts import DISPATCH, alerts_dispatch
 from costboard.egress import (
     REASON_CHARS,
     webhook_allow_list,

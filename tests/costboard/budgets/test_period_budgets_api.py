@@ -69,6 +69,7 @@ def test_make_read_change_and_delete_a_budget(admin: Admin, agent: Agent) -> Non
         "cost_limit_usd": "5.00",
         "warn_at_pct": 0.8,
         "action": "stop",
+        "channels": None,
         "warned_at": None,
         "exhausted_at": None,
         "forecast_cost_usd": "0.00",
