@@ -14,7 +14,7 @@ from django.test import Client
 from costboard.models import usd
 from costboard.reports.periods import period_of
 from costboard.reports.selectors import SpendReport, Table, spend_report
-from tests.costboard.reports.conftest import SCRIPT, W46, W47, Showback
+from tests.costboard.reports.showback import SCRIPT, W46, W47, Showback
 
 pytestmark = pytest.mark.django_db
 

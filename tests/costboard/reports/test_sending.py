@@ -26,7 +26,7 @@ from costboard.outbox import outbox_dispatch
 from costboard.reports.periods import period_of
 from costboard.reports.services import spend_report_send, spend_reports_due
 from tests.conftest import make_agent, run_in_threads
-from tests.costboard.reports.conftest import NOW, SCRIPT, W46, W47, Showback, spend_two_weeks
+from tests.costboard.reports.showback import NOW, SCRIPT, W46, W47, Showback, spend_two_weeks
 from tests.costboard.reports.test_report import SUMS, api_spend
 from tests.servers import free_port, serve
 
