@@ -5,6 +5,7 @@ once per recipient however often it is run (docs/reports.md)."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -16,6 +17,9 @@ from costboard.reports.messages import report_text
 from costboard.reports.periods import KINDS, last_complete, project_timezone
 from costboard.reports.selectors import spend_report
 from costboard.reports.services import spend_report_send
+
+# a tag key as events carry them (docs/api.md, "Tags")
+TAG_KEY = re.compile(r"[a-z0-9_.-]{1,64}")
 
 
 class Command(BaseCommand):
@@ -52,8 +56,11 @@ class Command(BaseCommand):
             projects = projects.filter(slug=project)
             if not projects.exists():
                 raise CommandError(f"--project {project!r}: no such project (use its slug)")
-        if tag is not None and not tag.strip():
-            raise CommandError("--tag: name a tag key (e.g. customer), or leave it out")
+        if tag is not None and not TAG_KEY.fullmatch(tag.strip()):
+            raise CommandError(
+                f"--tag {tag[:70]!r} is not a tag key: up to 64 of a-z 0-9 _ . - (e.g. "
+                "customer), or leave it out for each project's report tag key"
+            )
         now = timezone.now()
         for each in projects:
             which = last_complete(period, now=now, tz_name=project_timezone(each))

@@ -18,7 +18,7 @@ import time_machine
 from django.core import mail
 from django.core.mail import EmailMessage
 from django.core.mail.backends.locmem import EmailBackend
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 from django.db import connection
 
 from costboard.models import OutboxItem, SpendReportDelivery
@@ -117,6 +117,15 @@ def test_tag_overrides_the_projects_tag_key(showback: Showback) -> None:
     printed = run("--period", "week", "--tag", "team")
     assert "By tag team" in printed and "By tag customer" not in printed
     assert "(untagged)" in printed  # nothing carries `team`: all of it untagged
+
+
+@pytest.mark.parametrize("bad", ["", "Customer", "a b", "x" * 65])
+def test_a_bad_tag_key_or_project_is_refused_naming_it(showback: Showback, bad: str) -> None:
+    with pytest.raises(CommandError, match=r"--tag .* is not a tag key"):
+        run("--period", "week", "--tag", bad)
+    with pytest.raises(CommandError, match="--project 'nope': no such project"):
+        run("--period", "week", "--project", "nope")
+    assert mail.outbox == [] and not SpendReportDelivery.objects.exists()
 
 
 def test_a_month_is_sent_once_too(showback: Showback) -> None:
