@@ -1,7 +1,8 @@
-"""`manage.py spend_report --period week|month [--tag KEY] [--project SLUG] [--send]`: each
-project's showback report of its last complete ISO week or calendar month in its budget
-timezone, printed, or with --send emailed to its report recipients (and posted to its Slack),
-once per recipient however often it is run (docs/reports.md)."""
+"""`manage.py spend_report --period week|month [--tag KEY] [--at PERIOD] [--project SLUG]
+[--send]`: each project's showback report of its last complete ISO week or calendar month in
+its budget timezone (or of a past one, --at), printed, or with --send emailed to its report
+recipients (and posted to its Slack), once per recipient however often it is run
+(docs/reports.md)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from django.utils import timezone
 from costboard.models import Project
 from costboard.outbox import outbox_dispatch_without_broker
 from costboard.reports.messages import report_text
-from costboard.reports.periods import KINDS, last_complete, project_timezone
+from costboard.reports.periods import KINDS, last_complete, period_parse, project_timezone
 from costboard.reports.selectors import spend_report
 from costboard.reports.services import spend_report_send
 
@@ -40,6 +41,12 @@ class Command(BaseCommand):
             help="the tag key to group by (default: the project's report tag key)",
         )
         parser.add_argument(
+            "--at",
+            default=None,
+            metavar="PERIOD",
+            help="a past period instead of the last complete one: 2026-W47 or 2026-11",
+        )
+        parser.add_argument(
             "--project", default=None, metavar="SLUG", help="one project (default: every one)"
         )
         parser.add_argument(
@@ -49,7 +56,14 @@ class Command(BaseCommand):
         )
 
     def handle(
-        self, *args: Any, period: str, tag: str | None, project: str | None, send: bool, **_: Any
+        self,
+        *args: Any,
+        period: str,
+        tag: str | None,
+        at: str | None,
+        project: str | None,
+        send: bool,
+        **_: Any,
     ) -> None:
         projects = Project.objects.order_by("slug")
         if project is not None:
@@ -61,9 +75,22 @@ class Command(BaseCommand):
                 f"--tag {tag[:70]!r} is not a tag key: up to 64 of a-z 0-9 _ . - (e.g. "
                 "customer), or leave it out for each project's report tag key"
             )
+        asked = None
+        if at is not None:
+            try:
+                asked = period_parse(period, at.strip())
+            except ValueError as exc:
+                raise CommandError(f"--at: {exc}") from None
         now = timezone.now()
         for each in projects:
             which = last_complete(period, now=now, tz_name=project_timezone(each))
+            if asked is not None:
+                if asked.first > which.first:
+                    raise CommandError(
+                        f"--at {asked.label} is not over yet for {each.slug}: "
+                        f"{which.label} or before"
+                    )
+                which = asked
             tag_key = each.report_tag_key if tag is None else tag.strip()
             if send:
                 self.stdout.write(

@@ -119,6 +119,18 @@ def test_tag_overrides_the_projects_tag_key(showback: Showback) -> None:
     assert "(untagged)" in printed  # nothing carries `team`: all of it untagged
 
 
+def test_a_past_period_is_sent_with_at(showback: Showback) -> None:
+    out = run("--period", "week", "--at", "2026-W46", "--send")
+    assert "acme: week 2026-W46: 2 queued" in out
+    assert {m.subject for m in mail.outbox} == {
+        "Costboard spend, week 2026-W46: Acme $4.50 (none the period before)"
+    }
+    with pytest.raises(CommandError, match="--at 2026-W48 is not over yet for acme"):
+        run("--period", "week", "--at", "2026-W48")
+    with pytest.raises(CommandError, match=r"--at: .* is not a month: write it as YYYY-MM"):
+        run("--period", "month", "--at", "2026-W46")
+
+
 @pytest.mark.parametrize("bad", ["", "Customer", "a b", "x" * 65])
 def test_a_bad_tag_key_or_project_is_refused_naming_it(showback: Showback, bad: str) -> None:
     with pytest.raises(CommandError, match=r"--tag .* is not a tag key"):
