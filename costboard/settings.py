@@ -440,6 +440,10 @@ CELERY_BEAT_SCHEDULE = {
     "memory-proposals": {"task": "memory_ui.lifecycle.memory_proposals_sweep", "schedule": 3600.0},
     # costboard/billing/: yesterday's and today's bills of each provider with an admin key
     "billing-import": {"task": "costboard.tasks.billing_import", "schedule": 86400.0},
+    # costboard/reports/: the weekly and monthly showback, hourly because a week ends at
+    # midnight in each project's budget timezone; each goes to a recipient once (Monday's
+    # first run after 00:00 UTC sends the UTC projects' week, the 1st's their month)
+    "spend-reports": {"task": "costboard.tasks.spend_reports", "schedule": 3600.0},
 }
 
 # --- billing import (docs/billing.md) ---------------------------------------------------------

@@ -13,6 +13,7 @@ from costboard.budgets import alerts, period_ledgers  # noqa: F401  (alerts: its
 from costboard.budgets import services as budget_services  # noqa: F401  (outbox handler)
 from costboard.budgets import sweep as guard
 from costboard.pricing import services as pricing_services  # noqa: F401  (outbox handler)
+from costboard.reports import services as report_services
 
 log = logging.getLogger(__name__)
 
@@ -92,4 +93,15 @@ def billing_import() -> list[str]:
     lines = billing_services.scheduled_import()
     for line in lines:
         log.info("%s", line)
+    return lines
+
+
+@shared_task(soft_time_limit=300, time_limit=330, acks_late=True)  # type: ignore[untyped-decorator]
+def spend_reports() -> list[str]:
+    """Every hour: each project with report recipients is sent its last complete week and
+    month within a day of its end in the project's budget timezone (docs/reports.md). Safe to
+    run twice: a report goes to each recipient once."""
+    lines = [str(queued) for queued in report_services.spend_reports_due(now=timezone.now())]
+    for line in lines:
+        log.info("spend report %s", line)
     return lines

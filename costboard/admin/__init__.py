@@ -3,7 +3,8 @@
 
 - site: the site's titles, and ReadOnlyAdmin, the base of the lists nobody edits
 - forms: the admin's forms and the decimal widgets the lists share
-- pricing, projects, usage, alerts, budgets, billing: the ModelAdmins of those models
+- pricing, projects, usage, alerts, budgets, billing, reports: the ModelAdmins of those
+  models
 - lockout: the login lockouts (axes' list, replaced)
 """
 
@@ -15,6 +16,7 @@ from costboard.admin import (  # noqa: F401
     lockout,
     pricing,
     projects,
+    reports,
     site,
     usage,
 )

@@ -103,6 +103,14 @@ class ProjectAdmin(admin.ModelAdmin[Project]):
                 ),
             },
         ),
+        (
+            "Spend report",
+            {
+                "description": "The weekly and monthly showback by email (and to Slack when "
+                "the project has a Slack webhook): docs/reports.md.",
+                "fields": ("report_recipients", "report_tag_key"),
+            },
+        ),
         ("API", {"fields": ("api_rate_limit", "api_max_in_flight")}),
     ]
 

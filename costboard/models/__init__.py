@@ -11,6 +11,7 @@
 - budgets: the default caps, period budgets and their ledgers, the budget events
 - alerts: the outbox, and the webhooks and deliveries of budget alerts
 - billing: what providers bill (BilledUsage) and their projects mapped to ours
+- reports: the showback report's sent-log (SpendReportDelivery)
 
 The modules import downwards in that order (fields first); none imports this package.
 """
@@ -43,6 +44,7 @@ from costboard.models.pricing import (
 )
 from costboard.models.projects import ApiKey, Membership, Project
 from costboard.models.receipts import EventReceipt, IdempotentRequest, StepReceipt
+from costboard.models.reports import SpendReportDelivery
 from costboard.models.rollups import (
     LATENCY_BUCKETS_PER_DECADE,
     DailyRollup,
@@ -101,6 +103,7 @@ __all__ = [
     "ProviderProject",
     "Session",
     "SessionModelUsage",
+    "SpendReportDelivery",
     "Step",
     "StepReceipt",
     "TagDailyRollup",

@@ -156,7 +156,7 @@ class Project(models.Model):
         help_text='The channels of budgets that name none: any of "webhook", "email", '
         '"slack", "pagerduty".',
     )
-    # The weekly and monthly showback (docs/budgets.md)
+    # The weekly and monthly showback (docs/reports.md)
     report_recipients = models.TextField(
         blank=True,
         help_text="Who gets the weekly and monthly spend report by email: addresses, one per "

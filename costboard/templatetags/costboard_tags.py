@@ -14,6 +14,7 @@ from costboard import replicas
 from costboard.dashboards.selectors.flagged import CapUse
 from costboard.models import TOOL_MODEL, BudgetEvent
 from costboard.numbers import count_text, tokens_short, usd_text
+from costboard.reports.messages import pct_change, usd_change
 
 register = template.Library()
 
@@ -22,6 +23,18 @@ register = template.Library()
 def usd(amount: Decimal | None) -> str:
     """$1,234.56 from a cent up; below, three significant digits ($0.0000844): numbers.py."""
     return usd_text(amount)
+
+
+@register.filter
+def usd_delta(amount: Decimal) -> str:
+    """+$1.20, -$0.30, $0.00: a change in USD (the showback report)."""
+    return usd_change(amount)
+
+
+@register.filter
+def pct_delta(pct: Decimal | None, new: bool = False) -> str:
+    """+25.0 %; "new" (when `new`) for spend with none the period before; else "—"."""
+    return pct_change(pct, new=bool(new))
 
 
 # A page about one thing of one project lists that kind of thing when the project changes.

@@ -1,4 +1,4 @@
-"""The admin's lists: each model keeps its list (fourteen of Costboard's, and the login
+"""The admin's lists: each model keeps its list (seventeen of Costboard's, and the login
 lockouts' that replaces axes' own), and with a row in every list, the index, each list, each
 row's page and each add page answer staff. Held across the admin's move into a package by
 domain (issue 32), where a module left unimported would drop its lists without an error."""
@@ -24,6 +24,7 @@ from costboard.models import (
     PeriodBudget,
     PriceAdjustment,
     ProviderProject,
+    SpendReportDelivery,
     WebhookEndpoint,
 )
 from tests.conftest import Agent, add_price
@@ -45,6 +46,7 @@ LISTS = {
     "costboard.Project": "ProjectAdmin",
     "costboard.ProviderProject": "ProviderProjectAdmin",
     "costboard.Session": "SessionAdmin",
+    "costboard.SpendReportDelivery": "SpendReportDeliveryAdmin",
     "costboard.Step": "StepAdmin",
     "costboard.Turn": "TurnAdmin",
     "costboard.WebhookEndpoint": "WebhookEndpointAdmin",
@@ -97,6 +99,13 @@ def a_row_in_every_list(agent: Agent) -> None:
         day=timezone.now().date(),
         drift_pct=Decimal("10"),
         threshold_pct=Decimal("5"),
+    )
+    SpendReportDelivery.objects.create(
+        project=project,
+        period="week",
+        period_start=timezone.now().date(),
+        channel="email",
+        target="ann@example.com",
     )
     AccessAttempt.objects.create(
         username="someone", ip_address="192.0.2.1", failures_since_start=1, user_agent="x"

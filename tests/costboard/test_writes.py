@@ -50,6 +50,7 @@ WRITERS = frozenset(
         "budgets/period_ledgers",
         "budgets/alerts",
         "billing/services",
+        "reports/services",
         "projects",
         "lockouts",
         "outbox",

@@ -13,6 +13,7 @@ from costboard.budgets.sweep import runaway_sweep
 from costboard.hooks import hourly_run
 from costboard.outbox import outbox_dispatch
 from costboard.partitions import step_partitions_ahead, step_statistics_refresh
+from costboard.reports.services import spend_reports_due
 from costboard.retention import retention_sweep
 
 RETENTION_EVERY_S = 3600
@@ -27,8 +28,8 @@ class Command(BaseCommand):
         "partitions ahead (PostgreSQL), retention and the memory lifecycle (TTL expiry; "
         "eviction, merge and compression proposals), and carry out the outbox (alerts, "
         "memory detection, repricing), once, or with --every N seconds in a loop (the outbox "
-        "every second; partitions, retention and the lifecycle hourly; the providers' bills "
-        "daily, when an admin key is set): Celery beat's "
+        "every second; partitions, retention, the lifecycle and the spend reports (sent once "
+        "each) hourly; the providers' bills daily, when an admin key is set): Celery beat's "
         "periodic jobs for a deployment without a broker (make run starts it)."
     )
 
@@ -84,4 +85,6 @@ class Command(BaseCommand):
             )
             for done in hourly_run():
                 line += f"; {done}"
+            for queued in spend_reports_due(now=timezone.now()):
+                line += f"; spend report {queued}"
         return line
