@@ -157,6 +157,7 @@ def test_the_pages_exports_and_reports_read_the_replica(
         "/budgets/",
         "/flagged/",
         "/reconciliation/",
+        "/reports/",
     ]
     for path in pages:
         body, server = read_by(primary, replica, browser, path)
@@ -165,7 +166,7 @@ def test_the_pages_exports_and_reports_read_the_replica(
         assert note is not None, path
         assert Decimal(note.group(1)) == Decimal("0.0")  # caught up
         assert PRIMARY_NOTE not in body
-    for path in ["/sessions/export.csv", "/users/export.csv"]:
+    for path in ["/sessions/export.csv", "/users/export.csv", "/reports/export.csv"]:
         body, server = read_by(primary, replica, browser, path)
         assert server == "replica", path
     assert "s1" in read_by(primary, replica, browser, "/sessions/export.csv")[0]

@@ -329,6 +329,8 @@ def test_exactly_the_pages_reports_and_exports_read_replicas() -> None:
         "budgets",
         "budget",
         "reconciliation",
+        "reports",
+        "reports-csv",
         "flagged",
         "api-spend",
         "api-reconciliation",

@@ -16,6 +16,7 @@ from costboard.dashboards.params import Checks
 from costboard.dashboards.scope import Scope, scope_for
 from costboard.dashboards.views.shared import csv_refused
 from costboard.models import Project
+from costboard.replicas import replica_reads
 from costboard.reports.messages import report_csv, report_csv_name, report_query
 from costboard.reports.periods import (
     KINDS,
@@ -77,6 +78,7 @@ def _asked(scope: Scope, checks: Checks) -> Asked | None:
 
 
 @login_required
+@replica_reads
 def reports_page(request: HttpRequest) -> HttpResponse:
     scope = scope_for(request)
     checks = Checks(request.GET)
@@ -89,6 +91,7 @@ def reports_page(request: HttpRequest) -> HttpResponse:
 
 
 @login_required
+@replica_reads
 def reports_csv(request: HttpRequest) -> HttpResponse:
     """The page's report as CSV: the email's attachment, for any past period."""
     scope = scope_for(request)
