@@ -87,6 +87,7 @@ class ProjectAdmin(admin.ModelAdmin[Project]):
             "Alerts and retention",
             {"fields": ("alert_emails", "reconciliation_drift_pct", "retention_days")},
         ),
+        ("Spend anomalies", {"fields": ("anomaly_k", "anomaly_floor_usd")}),
         ("API", {"fields": ("api_rate_limit", "api_max_in_flight")}),
     ]
 

@@ -1,6 +1,7 @@
 """Budget alerts: a project's webhooks and email addresses hear of its sessions' soft_warned,
-exhausted and runaway events (cap_changed is not alerted), its period budgets' forecasts, and
-its providers' days billed past its drift threshold (`billing_drift`, docs/billing.md).
+exhausted and runaway events (cap_changed is not alerted), its period budgets' forecasts, its
+providers' days billed past its drift threshold (`billing_drift`, docs/billing.md), and its
+days of unusual spend (`anomaly`, costboard/budgets/anomalies.py).
 
 Flow
 ----
@@ -9,7 +10,8 @@ Flow
    alertable events' ids (costboard/outbox.py). A rollback leaves none; nothing is sent from
    the request.
    A billing drift is queued the same way by the billing import (`alerts.billing_drift`,
-   carried out by `drifts_dispatch`, its deliveries unique per drift and target).
+   carried out by `drifts_dispatch`, its deliveries unique per drift and target), and a
+   spend anomaly by the sweep (`alerts.anomaly`, `anomalies_dispatch`).
 2. The dispatcher carries it out (`alerts_dispatch`): one AlertDelivery per event and target
    — each active webhook of the project whose `kinds` include the event's kind, and each
    valid address of `Project.alert_emails` — and one `alert.deliver` item per new delivery,
@@ -75,6 +77,7 @@ from costboard.models import (
     BillingDrift,
     BudgetEvent,
     Project,
+    SpendAnomaly,
     WebhookEndpoint,
 )
 from costboard.outbox import Attempt as OutboxAttempt
@@ -100,6 +103,9 @@ DELIVER = "alert.deliver"
 # a provider's day billed past a project's drift threshold (costboard/billing/services.py)
 DRIFT_DISPATCH = "alerts.billing_drift"
 DRIFT_KIND = "billing_drift"
+# a day's spend far above its trailing 14 days (costboard/budgets/anomalies.py)
+ANOMALY_DISPATCH = "alerts.anomaly"
+ANOMALY_KIND = "anomaly"
 
 
 # --- announcing: inside the transaction that recorded the events ----------------------------
@@ -135,13 +141,14 @@ def alert_addresses(text: str) -> list[str]:
     return addresses
 
 
-# what an alert is delivered for: a budget event or a billing drift (AlertDelivery links one)
-AlertSource = BudgetEvent | BillingDrift
+# what an alert is delivered for: a budget event, a billing drift or a spend anomaly
+# (AlertDelivery links one)
+AlertSource = BudgetEvent | BillingDrift | SpendAnomaly
 
 
 @dataclass(frozen=True, slots=True)
 class _Key:
-    source_id: int  # the budget event's or the billing drift's
+    source_id: int  # the budget event's, the billing drift's or the spend anomaly's
     channel: str
     target: str
 
@@ -175,7 +182,8 @@ def drifts_dispatch(drift_ids: list[int]) -> int:
 
 
 def _alerts_made(sources: Sequence[AlertSource], link: str, kind_of: Callable[[Any], str]) -> int:
-    """The deliveries of these alert sources (`link`: "budget_event" or "billing_drift") —
+    """The deliveries of these alert sources (`link`: "budget_event", "billing_drift" or
+    "spend_anomaly") —
     each active webhook of the source's project whose `kinds` include its kind (`kind_of`),
     each address of `Project.alert_emails` — made once each (_deliveries_made)."""
     endpoints: dict[int, list[WebhookEndpoint]] = defaultdict(list)
@@ -252,6 +260,20 @@ def _drift_item(payload: dict[str, Any], attempt: OutboxAttempt) -> None:
     drifts_dispatch([int(i) for i in payload["drift_ids"]])
 
 
+def anomalies_dispatch(anomaly_ids: list[int]) -> int:
+    """Create the deliveries of these spend anomalies (kind `anomaly`), once each however
+    often this runs, and queue an attempt at each new one. Returns how many."""
+    anomalies = list(SpendAnomaly.objects.filter(pk__in=anomaly_ids).select_related("project"))
+    if not anomalies:
+        return 0
+    return _alerts_made(anomalies, "spend_anomaly", lambda anomaly: ANOMALY_KIND)
+
+
+@outbox_handler(ANOMALY_DISPATCH)
+def _anomaly_item(payload: dict[str, Any], attempt: OutboxAttempt) -> None:
+    anomalies_dispatch([int(i) for i in payload["anomaly_ids"]])
+
+
 # --- delivering: one attempt per task run ----------------------------------------------------
 
 
@@ -305,6 +327,7 @@ def alert_deliver(delivery_id: int, *, final: bool = True) -> str:
         "budget_event__session",
         "budget_event__ledger__budget",
         "billing_drift",
+        "spend_anomaly",
     ).get(pk=delivery_id)
     try:
         if delivery.channel == AlertDelivery.Channel.WEBHOOK:

@@ -11,6 +11,7 @@
 - budgets: the default caps, period budgets and their ledgers, the budget events
 - alerts: the outbox, and the webhooks and deliveries of budget alerts
 - billing: what providers bill (BilledUsage) and their projects mapped to ours
+- anomalies: days whose spend rose far above their trailing 14 days (SpendAnomaly)
 
 The modules import downwards in that order (fields first); none imports this package.
 """
@@ -22,6 +23,7 @@ from costboard.models.alerts import (
     WebhookEndpoint,
     _alert_kinds,  # migrations 0007 and 0017 name it here as WebhookEndpoint.kinds' default
 )
+from costboard.models.anomalies import SpendAnomaly
 from costboard.models.billing import BilledUsage, BillingDrift, ProviderProject
 from costboard.models.budgets import (
     BudgetDay,
@@ -101,6 +103,7 @@ __all__ = [
     "ProviderProject",
     "Session",
     "SessionModelUsage",
+    "SpendAnomaly",
     "Step",
     "StepReceipt",
     "TagDailyRollup",
