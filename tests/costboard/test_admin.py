@@ -24,6 +24,7 @@ from costboard.models import (
     PeriodBudget,
     PriceAdjustment,
     ProviderProject,
+    SpendAnomaly,
     WebhookEndpoint,
 )
 from tests.conftest import Agent, add_price
@@ -45,6 +46,7 @@ LISTS = {
     "costboard.Project": "ProjectAdmin",
     "costboard.ProviderProject": "ProviderProjectAdmin",
     "costboard.Session": "SessionAdmin",
+    "costboard.SpendAnomaly": "SpendAnomalyAdmin",
     "costboard.Step": "StepAdmin",
     "costboard.Turn": "TurnAdmin",
     "costboard.WebhookEndpoint": "WebhookEndpointAdmin",
@@ -97,6 +99,14 @@ def a_row_in_every_list(agent: Agent) -> None:
         day=timezone.now().date(),
         drift_pct=Decimal("10"),
         threshold_pct=Decimal("5"),
+    )
+    SpendAnomaly.objects.create(
+        project=project,
+        day=timezone.now().date(),
+        history_days=14,
+        k=Decimal(3),
+        floor_usd=Decimal(5),
+        explanation="$41.20 today against $6.10 ± $2.30 over 14 days",
     )
     AccessAttempt.objects.create(
         username="someone", ip_address="192.0.2.1", failures_since_start=1, user_agent="x"

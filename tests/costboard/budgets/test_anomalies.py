@@ -25,7 +25,7 @@ from costboard.budgets.anomalies import anomaly_sweep, series_judged
 from costboard.models import AlertDelivery, OutboxItem, SpendAnomaly, WebhookEndpoint
 from costboard.outbox import outbox_dispatch
 from tests.conftest import Agent, add_price, make_agent, run_in_threads
-from tests.servers import serve
+from tests.servers import free_port, serve
 
 NOW = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)
 TODAY = NOW.date()
@@ -108,7 +108,7 @@ def hooks(settings: Any) -> Iterator[Hooks]:
 
 
 def test_a_spike_on_one_customer_raises_one_alert_naming_it(
-    spender: Agent, hooks: Hooks, mailoutbox: list[mail.EmailMessage]
+    spender: Agent, hooks: Hooks, mailoutbox: list[mail.EmailMessage], staff: Client
 ) -> None:
     WebhookEndpoint.objects.create(
         project=spender.project, url=hooks.url, secret=SECRET, kinds=["anomaly"]
@@ -175,6 +175,10 @@ def test_a_spike_on_one_customer_raises_one_alert_naming_it(
     # dispatched again: nothing sent twice
     outbox_dispatch()
     assert len(hooks.received) == 1 and len(mailoutbox) == 1
+    # the admin's delivery log and list of anomalies
+    log = staff.get("/admin/costboard/alertdelivery/").content.decode()
+    assert log.count("the project 2026-11-20") == 2  # the webhook's and the email's
+    assert text in staff.get("/admin/costboard/spendanomaly/").content.decode()
 
 
 def test_a_small_customer_spiking_in_a_big_project_is_alerted_on_its_own(
@@ -281,3 +285,19 @@ def test_two_sweeps_at_once_raise_one_anomaly() -> None:
     assert sorted(made) == [0, 1]
     assert SpendAnomaly.objects.count() == 1
     assert OutboxItem.objects.filter(kind="alerts.anomaly").count() == 1
+
+
+def test_an_anomaly_for_a_receiver_that_is_down_is_retried(spender: Agent, settings: Any) -> None:
+    settings.COSTBOARD_WEBHOOK_ALLOW_HOSTS = ["127.0.0.1"]
+    nobody = f"http://127.0.0.1:{free_port()}/anomalies"  # nothing listens there
+    WebhookEndpoint.objects.create(
+        project=spender.project, url=nobody, secret=SECRET, kinds=["anomaly"]
+    )
+    steady_history(spender)
+    spend(spender, 0, {"acme": Decimal("32.14"), "beta": Decimal("9.06")})
+    assert anomaly_sweep(now=NOW) == 1
+    outbox_dispatch()
+    [delivery] = AlertDelivery.objects.all()
+    assert (delivery.status, delivery.attempts) == ("pending", 1)
+    assert delivery.error.startswith("cannot connect")
+    assert OutboxItem.objects.filter(kind="alert.deliver", attempts=1).count() == 1  # retried
