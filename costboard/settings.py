@@ -432,6 +432,8 @@ CELERY_BEAT_SCHEDULE = {
     },
     "runaway-sweep": {"task": "costboard.tasks.runaway_sweep", "schedule": 60.0},
     "period-forecast": {"task": "costboard.tasks.period_forecast_sweep", "schedule": 900.0},
+    # costboard/budgets/anomalies.py: a day's spend far above its trailing 14 days
+    "spend-anomalies": {"task": "costboard.tasks.anomaly_sweep", "schedule": 300.0},
     "retention": {"task": "costboard.tasks.retention_sweep", "schedule": 3600.0},
     # costboard/partitions.py: the step table's month partitions, made ahead (PostgreSQL)
     "step-partitions": {"task": "costboard.tasks.step_partitions_ahead", "schedule": 3600.0},

@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from costboard import outbox, partitions, retention
 from costboard.billing import services as billing_services
-from costboard.budgets import alerts, period_ledgers  # noqa: F401  (alerts: its outbox handlers)
+from costboard.budgets import alerts, anomalies, period_ledgers  # noqa: F401  (alerts: handlers)
 from costboard.budgets import services as budget_services  # noqa: F401  (outbox handler)
 from costboard.budgets import sweep as guard
 from costboard.pricing import services as pricing_services  # noqa: F401  (outbox handler)
@@ -67,6 +67,13 @@ def period_forecast_sweep() -> int:
     """Every 15 minutes: a forecast alert, once per period, for each period budget projected
     at its recent daily rate to pass its USD limit."""
     return period_ledgers.period_forecast_sweep(now=timezone.now())
+
+
+@shared_task(soft_time_limit=240, time_limit=270, acks_late=True)  # type: ignore[untyped-decorator]
+def anomaly_sweep() -> int:
+    """Every 5 minutes: an anomaly alert, once per project or tag value and day, for a day's
+    spend far above its trailing 14 days (docs/budgets.md, "Spend anomalies")."""
+    return anomalies.anomaly_sweep(now=timezone.now())
 
 
 @shared_task(soft_time_limit=3000, time_limit=3300, acks_late=True)  # type: ignore[untyped-decorator]

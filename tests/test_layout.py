@@ -363,6 +363,7 @@ INSIDE_LAYERS = {
         ["costboard.models"],
         ["costboard.models.alerts"],
         [
+            "costboard.models.anomalies",
             "costboard.models.billing",
             "costboard.models.budgets",
             "costboard.models.receipts",

@@ -1,5 +1,6 @@
 """What goes out in the admin: webhook endpoints (secrets masked, the URL check's note
-shown), the delivery log and the outbox, their failed rows retried from the list."""
+shown), the delivery log and the outbox, their failed rows retried from the list, and the
+spend anomalies alerted."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from django.http import HttpRequest
 from costboard.admin.forms import WebhookEndpointForm
 from costboard.admin.site import ReadOnlyAdmin
 from costboard.budgets.alerts import alert_deliveries_retry
-from costboard.models import AlertDelivery, OutboxItem, Project, WebhookEndpoint
+from costboard.models import AlertDelivery, OutboxItem, Project, SpendAnomaly, WebhookEndpoint
 from costboard.outbox import outbox_retry
 
 
@@ -81,12 +82,13 @@ class AlertDeliveryAdmin(ReadOnlyAdmin[AlertDelivery]):
     )
     list_filter = ("status", "channel", "action", "project")
     search_fields = ("target",)
-    list_select_related = ("project", "budget_event__session", "billing_drift")
+    list_select_related = ("project", "budget_event__session", "billing_drift", "spend_anomaly")
     date_hierarchy = "created_at"
     fields = (
         "project",
         "budget_event",
         "billing_drift",
+        "spend_anomaly",
         "channel",
         "action",
         "endpoint",
@@ -115,6 +117,8 @@ class AlertDeliveryAdmin(ReadOnlyAdmin[AlertDelivery]):
     def event_session(self, obj: AlertDelivery) -> str:
         if obj.billing_drift is not None:
             return f"{obj.billing_drift.provider} {obj.billing_drift.day}"
+        if obj.spend_anomaly is not None:
+            return f"{obj.spend_anomaly.subject} {obj.spend_anomaly.day}"
         session = obj.budget_event.session if obj.budget_event is not None else None
         return session.external_id if session is not None else "—"
 
@@ -128,6 +132,18 @@ class AlertDeliveryAdmin(ReadOnlyAdmin[AlertDelivery]):
         skipped = len(chosen) - queued
         note = f"; {skipped} not failed, left as they are" if skipped else ""
         messages.success(request, f"Queued {queued} delivery(ies) again{note}.")
+
+
+@admin.register(SpendAnomaly)
+class SpendAnomalyAdmin(ReadOnlyAdmin[SpendAnomaly]):
+    """Days whose spend rose far above their trailing 14 days, each alerted once
+    (docs/budgets.md, "Spend anomalies")."""
+
+    list_display = ("day", "project", "subject", "explanation", "at")
+    list_filter = ("project",)
+    list_select_related = ("project",)
+    search_fields = ("tag_value", "explanation")
+    date_hierarchy = "day"
 
 
 @admin.register(OutboxItem)

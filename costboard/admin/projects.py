@@ -111,6 +111,7 @@ class ProjectAdmin(admin.ModelAdmin[Project]):
                 "fields": ("report_recipients", "report_tag_key"),
             },
         ),
+        ("Spend anomalies", {"fields": ("anomaly_k", "anomaly_floor_usd")}),
         ("API", {"fields": ("api_rate_limit", "api_max_in_flight")}),
     ]
 

@@ -26,6 +26,18 @@ provider's UTC day was billed how far from Costboard's estimate::
 A period budget's crossing has `"session_id": null`, the budget in its period under `budget`
 (`<period budget>`, docs/api.md), `member` and `budget_url` (its page).
 
+A spend anomaly (`"kind": "anomaly"`, docs/budgets.md, "Spend anomalies") says whose day's
+spend rose how far above its trailing days, in figures and in words (`event_id`: the
+anomaly's id; `tag` null for the whole project, whose `top_tag` names the tag value whose
+share rose most)::
+
+    {"delivery_id": 19, "event_id": 3, "kind": "anomaly", "at": "2026-11-20T12:00:00+00:00",
+     "project": "acme", "day": "2026-11-20", "tag": null, "spend_usd": "41.20",
+     "mean_usd": "6.10", "stddev_usd": "2.30", "history_days": 14, "k": "3.00",
+     "floor_usd": "5.00", "top_tag": "customer=acme", "top_share": "0.7800",
+     "explanation": "$41.20 today against $6.10 ± $2.30 over 14 days; 78 % from customer=acme",
+     "overview_url": "https://costboard.example/?project=acme"}
+
 `tokens_used` and `cost_usd` are the session's at the crossing; the caps are those crossed
 (the session's current caps for a runaway event); `state` and `runaway` are the session's when
 sent. USD amounts are decimal strings, as in the API's `<budget>`. `session_url` is absolute
@@ -65,6 +77,7 @@ from costboard.models import (
     PeriodBudget,
     Project,
     Session,
+    SpendAnomaly,
     usd,
 )
 
@@ -151,10 +164,36 @@ def _drift_payload(delivery: AlertDelivery, drift: BillingDrift) -> dict[str, An
     }
 
 
+def _anomaly_payload(delivery: AlertDelivery, anomaly: SpendAnomaly) -> dict[str, Any]:
+    project = delivery.project
+    return {
+        "delivery_id": delivery.pk,
+        "event_id": anomaly.pk,
+        "kind": "anomaly",
+        "at": anomaly.at.isoformat(),
+        "project": project.slug,
+        "day": anomaly.day.isoformat(),
+        "tag": f"{anomaly.tag_key}={anomaly.tag_value}" if anomaly.tag_key else None,
+        "spend_usd": usd(anomaly.spend_usd),
+        "mean_usd": usd(anomaly.mean_usd),
+        "stddev_usd": usd(anomaly.stddev_usd),
+        "history_days": anomaly.history_days,
+        "k": format(anomaly.k, "f"),
+        "floor_usd": usd(anomaly.floor_usd),
+        "top_tag": anomaly.top_tag or None,
+        "top_share": None if anomaly.top_share is None else format(anomaly.top_share, "f"),
+        "explanation": anomaly.explanation,
+        "overview_url": f"{settings.COSTBOARD_BASE_URL.rstrip('/')}{reverse('overview')}"
+        f"?{urlencode({'project': project.slug})}",
+    }
+
+
 def alert_payload(delivery: AlertDelivery) -> dict[str, Any]:
     """What a webhook receives and an email says (module docstring)."""
     if delivery.billing_drift is not None:
         return _drift_payload(delivery, delivery.billing_drift)
+    if delivery.spend_anomaly is not None:
+        return _anomaly_payload(delivery, delivery.spend_anomaly)
     event = delivery.budget_event
     assert event is not None  # noqa: S101 — narrows the type: a delivery has one of them
     session = event.session
@@ -288,10 +327,32 @@ def _drift_email(payload: dict[str, Any]) -> tuple[str, str]:
     return subject, "\n".join(lines) + "\n"
 
 
+def _anomaly_email(payload: dict[str, Any]) -> tuple[str, str]:
+    whose = payload["tag"] or "spend"
+    subject = (
+        f"[Costboard] {payload['project']}: {whose} on {payload['day']} far above its usual "
+        f"(${payload['spend_usd']})"
+    )
+    lines = [
+        f"Project {payload['project']}, {payload['day']} (UTC): {payload['explanation']}.",
+        "",
+        f"The alert: more than {payload['k']} standard deviations above the mean of the days "
+        f"before, and above ${payload['floor_usd']}.",
+        f"Overview:    {payload['overview_url']}",
+        "",
+        f"Costboard alert delivery {payload['delivery_id']} (spend anomaly {payload['event_id']}).",
+        "One alert per project or tag value and day.",
+        "These emails go to the addresses in the project's alert emails (admin, Projects).",
+    ]
+    return subject, "\n".join(lines) + "\n"
+
+
 def alert_email(payload: dict[str, Any]) -> tuple[str, str]:
     """The subject and plain-text body of an alert email."""
     if payload["kind"] == "billing_drift":
         return _drift_email(payload)
+    if payload["kind"] == "anomaly":
+        return _anomaly_email(payload)
     headline = alert_headline(payload)
     budget = payload.get("budget")
     if budget is not None:  # a period budget's crossing
@@ -352,7 +413,7 @@ def alert_summary(payload: dict[str, Any]) -> str:
 
 def alert_link(payload: dict[str, Any]) -> str | None:
     """The page of what the alert is about (absolute when COSTBOARD_BASE_URL is set)."""
-    for key in ("budget_url", "session_url", "reconciliation_url", "url"):
+    for key in ("budget_url", "session_url", "reconciliation_url", "overview_url", "url"):
         if isinstance(payload.get(key), str):
             return str(payload[key])
     return None
@@ -399,6 +460,11 @@ def alert_facts(payload: dict[str, Any]) -> list[tuple[str, str]]:
             )
         )
         facts.append(("Drift", f"{_money(payload['drift_usd'])} ({payload['drift_pct']}%)"))
+    elif payload["kind"] == "anomaly":
+        facts.append(
+            ("Day", f"{payload['day']} (UTC)" + (f", {payload['tag']}" if payload["tag"] else ""))
+        )
+        facts.append(("Spend", str(payload["explanation"])))
     facts.append(("Project", str(payload["project"])))
     return facts
 

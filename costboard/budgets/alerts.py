@@ -1,9 +1,10 @@
 """Budget alerts: a project's channels — webhooks, email, Slack, PagerDuty (docs/budgets.md,
 "Channels") — hear of its sessions' soft_warned, exhausted and runaway events (cap_changed is
-not alerted), its period budgets' crossings and forecasts, and its providers' days billed
-past its drift threshold (`billing_drift`, docs/billing.md). A period budget's own
-`channels`, else the project's `alert_channels`, say which; PagerDuty is paged for exhausted
-only (PAGED_KINDS), and its incident resolved when that is over (`incidents_resolve`).
+not alerted), its period budgets' crossings and forecasts, its providers' days billed past
+its drift threshold (`billing_drift`, docs/billing.md), and its days of unusual spend
+(`anomaly`, costboard/budgets/anomalies.py). A period budget's own `channels`, else the
+project's `alert_channels`, say which; PagerDuty is paged for exhausted only (PAGED_KINDS),
+and its incident resolved when that is over (`incidents_resolve`).
 
 Flow
 ----
@@ -12,7 +13,8 @@ Flow
    alertable events' ids (costboard/outbox.py). A rollback leaves none; nothing is sent from
    the request.
    A billing drift is queued the same way by the billing import (`alerts.billing_drift`,
-   carried out by `drifts_dispatch`, its deliveries unique per drift and target).
+   carried out by `drifts_dispatch`, its deliveries unique per drift and target), and a
+   spend anomaly by the sweep (`alerts.anomaly`, `anomalies_dispatch`).
 2. The dispatcher carries it out (`alerts_dispatch`): one AlertDelivery per event and target
    of its channels — each active webhook of the project whose `kinds` include the event's
    kind, each valid address of `Project.alert_emails`, the Slack URL, the PagerDuty routing
@@ -75,6 +77,7 @@ from costboard.models import (
     BudgetEvent,
     OutboxItem,
     Project,
+    SpendAnomaly,
     WebhookEndpoint,
 )
 from costboard.models.projects import ALERT_CHANNELS, default_alert_channels
@@ -108,6 +111,9 @@ DRIFT_DISPATCH = "alerts.billing_drift"
 DRIFT_KIND = "billing_drift"
 PAGERDUTY = AlertDelivery.Channel.PAGERDUTY
 TRIGGER, RESOLVE = AlertDelivery.Action.TRIGGER, AlertDelivery.Action.RESOLVE
+# a day's spend far above its trailing 14 days (costboard/budgets/anomalies.py)
+ANOMALY_DISPATCH = "alerts.anomaly"
+ANOMALY_KIND = "anomaly"
 
 
 # --- announcing: inside the transaction that recorded the events ----------------------------
@@ -127,13 +133,14 @@ def announce(events: Iterable[BudgetEvent]) -> None:
 # --- dispatching: one delivery per event and target ------------------------------------------
 
 
-# what an alert is delivered for: a budget event or a billing drift (AlertDelivery links one)
-AlertSource = BudgetEvent | BillingDrift
+# what an alert is delivered for: a budget event, a billing drift or a spend anomaly
+# (AlertDelivery links one)
+AlertSource = BudgetEvent | BillingDrift | SpendAnomaly
 
 
 @dataclass(frozen=True, slots=True)
 class _Key:
-    source_id: int  # the budget event's or the billing drift's
+    source_id: int  # the budget event's, the billing drift's or the spend anomaly's
     channel: str
     target: str
 
@@ -181,11 +188,11 @@ def alert_channels_of(source: Any) -> list[str]:
 
 
 def _alerts_made(sources: Sequence[AlertSource], link: str, kind_of: Callable[[Any], str]) -> int:
-    """The deliveries of these alert sources (`link`: "budget_event" or "billing_drift")
-    through each source's channels (alert_channels_of): each active webhook of its project
-    whose `kinds` include its kind (`kind_of`), each address of `Project.alert_emails`, the
-    project's Slack URL, and its PagerDuty routing key for a kind that pages (PAGED_KINDS) —
-    made once each (_deliveries_made)."""
+    """The deliveries of these alert sources (`link`: "budget_event", "billing_drift" or
+    "spend_anomaly") through each source's channels (alert_channels_of): each active webhook
+    of its project whose `kinds` include its kind (`kind_of`), each address of
+    `Project.alert_emails`, the project's Slack URL, and its PagerDuty routing key for a kind
+    that pages (PAGED_KINDS) — made once each (_deliveries_made)."""
     endpoints: dict[int, list[WebhookEndpoint]] = defaultdict(list)
     for endpoint in WebhookEndpoint.objects.filter(
         project_id__in={s.project_id for s in sources}, active=True
@@ -258,6 +265,20 @@ def _deliveries_made(
 @outbox_handler(DRIFT_DISPATCH, queue=ALERTS_QUEUE)
 def _drift_item(payload: dict[str, Any], attempt: OutboxAttempt) -> None:
     drifts_dispatch([int(i) for i in payload["drift_ids"]])
+
+
+def anomalies_dispatch(anomaly_ids: list[int]) -> int:
+    """Create the deliveries of these spend anomalies (kind `anomaly`), once each however
+    often this runs, and queue an attempt at each new one. Returns how many."""
+    anomalies = list(SpendAnomaly.objects.filter(pk__in=anomaly_ids).select_related("project"))
+    if not anomalies:
+        return 0
+    return _alerts_made(anomalies, "spend_anomaly", lambda anomaly: ANOMALY_KIND)
+
+
+@outbox_handler(ANOMALY_DISPATCH, queue=ALERTS_QUEUE)
+def _anomaly_item(payload: dict[str, Any], attempt: OutboxAttempt) -> None:
+    anomalies_dispatch([int(i) for i in payload["anomaly_ids"]])
 
 
 # --- resolving: PagerDuty's incidents closed when what paged is over --------------------------
@@ -412,6 +433,7 @@ def alert_deliver(delivery_id: int, *, final: bool = True) -> str:
         "budget_event__session",
         "budget_event__ledger__budget",
         "billing_drift",
+        "spend_anomaly",
     ).get(pk=delivery_id)
     try:
         attempt = channel_send(delivery)

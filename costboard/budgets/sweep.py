@@ -3,7 +3,10 @@
 
 - burn rate: a session's tokens per minute over the last W minutes far above the project's
   normal rate (and above a floor, so a quiet project's small sessions are never flagged);
-- projected overrun: at that rate the session reaches one of its caps within T minutes;
+- projected overrun: at that rate the session reaches one of its caps within T minutes —
+  judged only for a session with enough history to project from: at least
+  PROJECTION_MIN_STEPS steps over at least PROJECTION_MIN_MINUTES between its first and last
+  event (docs/budgets.md, "Runaway rules"); below it the session is watched, not stopped;
 - a long session: still active H hours after it started.
 
 The per-turn rules (retry loops, overlong turns) run inside ingest: ingest/turn_rules.py.
@@ -43,6 +46,10 @@ BURN_RATE = "burn_rate"
 PROJECTED_OVERRUN = "projected_overrun"
 LONG_SESSION = "long_session"
 NORMAL_RATE_DAYS = 7
+# A projection needs history: a burst (44k tokens in one second into a fresh session) says
+# nothing about the rate the session will keep.
+PROJECTION_MIN_STEPS = 5
+PROJECTION_MIN_MINUTES = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +94,15 @@ def _window_usage(session_ids: list[int], since: datetime) -> dict[int, tuple[in
         .values_list("session_id", "tokens", "cost")
     )
     return {sid: (tokens or 0, cost or Decimal(0)) for sid, tokens, cost in rows}
+
+
+def projectable(session: Session) -> bool:
+    """Enough history for a projected overrun: PROJECTION_MIN_STEPS steps and
+    PROJECTION_MIN_MINUTES between the session's first and last event."""
+    span = session.last_active_at - session.started_at
+    return session.step_count >= PROJECTION_MIN_STEPS and span >= timedelta(
+        minutes=PROJECTION_MIN_MINUTES
+    )
 
 
 def _overrun(
@@ -182,7 +198,8 @@ def _session_rules(
             times = f", {per_minute / normal:.0f}× normal" if normal else ""
             reason = f"burn rate: {per_minute:,.0f} tokens/min over {window} min{times}"
             return BURN_RATE, reason, evidence
-    if project.runaway_overrun_minutes and session.state != Session.State.EXHAUSTED:
+    overrun_rule = project.runaway_overrun_minutes and projectable(session)
+    if overrun_rule and session.state != Session.State.EXHAUSTED:
         overrun = _overrun(session, tokens, cost, window, project.runaway_overrun_minutes)
         if overrun is not None:
             reason = (

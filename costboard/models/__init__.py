@@ -12,6 +12,7 @@
 - alerts: the outbox, and the webhooks and deliveries of budget alerts
 - billing: what providers bill (BilledUsage) and their projects mapped to ours
 - reports: the showback report's sent-log (SpendReportDelivery)
+- anomalies: days whose spend rose far above their trailing 14 days (SpendAnomaly)
 
 The modules import downwards in that order (fields first); none imports this package.
 """
@@ -23,6 +24,7 @@ from costboard.models.alerts import (
     WebhookEndpoint,
     _alert_kinds,  # migrations 0007 and 0017 name it here as WebhookEndpoint.kinds' default
 )
+from costboard.models.anomalies import SpendAnomaly
 from costboard.models.billing import BilledUsage, BillingDrift, ProviderProject
 from costboard.models.budgets import (
     BudgetDay,
@@ -103,6 +105,7 @@ __all__ = [
     "ProviderProject",
     "Session",
     "SessionModelUsage",
+    "SpendAnomaly",
     "SpendReportDelivery",
     "Step",
     "StepReceipt",

@@ -11,13 +11,15 @@ from django.db import models
 from django.utils import timezone
 
 from costboard.egress import webhook_url_check
+from costboard.models.anomalies import SpendAnomaly
 from costboard.models.billing import BillingDrift
 from costboard.models.budgets import BudgetEvent
 from costboard.models.projects import Project
 
 # forecast: a period budget projected to pass its USD limit this period (once per period);
-# billing_drift: a provider's day billed past the project's drift threshold (docs/billing.md)
-ALERT_KINDS = ["soft_warned", "exhausted", "runaway", "forecast", "billing_drift"]
+# billing_drift: a provider's day billed past the project's drift threshold (docs/billing.md);
+# anomaly: a day's spend far above its trailing 14 days (docs/budgets.md, "Spend anomalies")
+ALERT_KINDS = ["soft_warned", "exhausted", "runaway", "forecast", "billing_drift", "anomaly"]
 
 
 def _alert_kinds() -> list[str]:
@@ -37,7 +39,7 @@ class WebhookEndpoint(models.Model):
         default=_alert_kinds,
         blank=True,
         help_text='Which alerts to send: any of "soft_warned", "exhausted", "runaway", '
-        '"forecast", "billing_drift".',
+        '"forecast", "billing_drift", "anomaly".',
     )
     active = models.BooleanField(default=True)
     created_at = models.DateTimeField(default=timezone.now)
@@ -83,10 +85,10 @@ def shown_target(channel: str, target: str) -> str:
 
 
 class AlertDelivery(models.Model):
-    """One budget event or billing drift sent (or being sent) through one channel to one
-    target: the delivery log. Unique per event, target and action, so an event never goes
-    out twice, and a PagerDuty incident is resolved once. Exactly one of `budget_event` and
-    `billing_drift` is set."""
+    """One budget event, billing drift or spend anomaly sent (or being sent) through one
+    channel to one target: the delivery log. Unique per source, channel, target and action,
+    so an alert never goes out twice, and a PagerDuty incident is resolved once. Exactly one
+    of `budget_event`, `billing_drift` and `spend_anomaly` is set."""
 
     class Channel(models.TextChoices):
         WEBHOOK = "webhook"
@@ -118,6 +120,9 @@ class AlertDelivery(models.Model):
     )
     billing_drift = models.ForeignKey(
         BillingDrift, null=True, blank=True, on_delete=models.CASCADE, related_name="deliveries"
+    )
+    spend_anomaly = models.ForeignKey(
+        SpendAnomaly, null=True, blank=True, on_delete=models.CASCADE, related_name="deliveries"
     )
     channel = models.CharField(max_length=10, choices=Channel.choices)
     endpoint = models.ForeignKey(
@@ -153,10 +158,28 @@ class AlertDelivery(models.Model):
                 condition=models.Q(billing_drift__isnull=False),
                 name="drift_delivery_once",
             ),
+            models.UniqueConstraint(
+                fields=["spend_anomaly", "channel", "target"],
+                condition=models.Q(spend_anomaly__isnull=False),
+                name="anomaly_delivery_once",
+            ),
             models.CheckConstraint(
-                condition=models.Q(budget_event__isnull=False, billing_drift__isnull=True)
-                | models.Q(budget_event__isnull=True, billing_drift__isnull=False),
-                name="delivery_event_or_drift",
+                condition=models.Q(
+                    budget_event__isnull=False,
+                    billing_drift__isnull=True,
+                    spend_anomaly__isnull=True,
+                )
+                | models.Q(
+                    budget_event__isnull=True,
+                    billing_drift__isnull=False,
+                    spend_anomaly__isnull=True,
+                )
+                | models.Q(
+                    budget_event__isnull=True,
+                    billing_drift__isnull=True,
+                    spend_anomaly__isnull=False,
+                ),
+                name="delivery_one_source",
             ),
         ]
         indexes = [models.Index(fields=["project", "-created_at"], name="delivery_recent")]
@@ -172,9 +195,11 @@ class AlertDelivery(models.Model):
 
     @property
     def kind(self) -> str:
-        """The alert's kind: its budget event's, or `billing_drift`."""
+        """The alert's kind: its budget event's, `billing_drift` or `anomaly`."""
         if self.budget_event_id is not None and self.budget_event is not None:
             return self.budget_event.kind
+        if self.spend_anomaly_id is not None:
+            return "anomaly"
         return "billing_drift"
 
 

@@ -180,6 +180,27 @@ class Project(models.Model):
         "from Costboard's estimate by more than this percentage of the billed cost, once per "
         'provider and day (docs/billing.md, "Reconciliation"); blank: no drift alerts.',
     )
+    # Spend anomalies (docs/budgets.md, "Spend anomalies"): checked by the sweep
+    anomaly_k = models.DecimalField(
+        "anomaly: standard deviations",
+        max_digits=6,
+        decimal_places=2,
+        null=True,
+        blank=True,
+        default=Decimal(3),
+        validators=[MinValueValidator(Decimal(0))],
+        help_text="Alert (anomaly) when a day's spend, the project's or one tag value's, is "
+        "more than this many standard deviations above its trailing 14 days' mean; blank: "
+        "no anomaly alerts.",
+    )
+    anomaly_floor_usd = models.DecimalField(
+        "anomaly floor (USD)",
+        max_digits=14,
+        decimal_places=4,
+        default=Decimal(5),
+        validators=[MinValueValidator(Decimal(0))],
+        help_text="…and above this many dollars: a small day is never an anomaly.",
+    )
     api_rate_limit = models.PositiveIntegerField(
         null=True,
         blank=True,

@@ -24,6 +24,7 @@ from costboard.models import (
     PeriodBudget,
     PriceAdjustment,
     ProviderProject,
+    SpendAnomaly,
     SpendReportDelivery,
     WebhookEndpoint,
 )
@@ -47,6 +48,7 @@ LISTS = {
     "costboard.ProviderProject": "ProviderProjectAdmin",
     "costboard.Session": "SessionAdmin",
     "costboard.SpendReportDelivery": "SpendReportDeliveryAdmin",
+    "costboard.SpendAnomaly": "SpendAnomalyAdmin",
     "costboard.Step": "StepAdmin",
     "costboard.Turn": "TurnAdmin",
     "costboard.WebhookEndpoint": "WebhookEndpointAdmin",
@@ -106,6 +108,14 @@ def a_row_in_every_list(agent: Agent) -> None:
         period_start=timezone.now().date(),
         channel="email",
         target="ann@example.com",
+    )
+    SpendAnomaly.objects.create(
+        project=project,
+        day=timezone.now().date(),
+        history_days=14,
+        k=Decimal(3),
+        floor_usd=Decimal(5),
+        explanation="$41.20 today against $6.10 ± $2.30 over 14 days",
     )
     AccessAttempt.objects.create(
         username="someone", ip_address="192.0.2.1", failures_since_start=1, user_agent="x"

@@ -49,6 +49,7 @@ WRITERS = frozenset(
         "budgets/period_services",
         "budgets/period_ledgers",
         "budgets/alerts",
+        "budgets/anomalies",
         "billing/services",
         "reports/services",
         "projects",

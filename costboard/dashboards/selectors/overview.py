@@ -1,5 +1,6 @@
 """The overview's reads: spend by period, the month's charts by model family, step type and
-token kind, the costliest sessions, and the models no price covers (staff only)."""
+token kind, the costliest sessions, the recent spend anomalies, and the models no price covers
+(staff only)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Any
 from django.db.models import Q, QuerySet, Sum
 
 from costboard.dashboards.selectors.shared import MILLION, ZERO, FamilyTally, FamilyUsage, day_start
-from costboard.models import DailyRollup, Session
+from costboard.models import DailyRollup, Session, SpendAnomaly
 from costboard.pricing.rates import rate_table
 
 
@@ -170,3 +171,14 @@ def models_unpriced(*, project_ids: list[int]) -> list[UnpricedModel]:
         .order_by("-calls")
     )
     return [UnpricedModel(r["model"], r["calls"], r["tokens"] or 0) for r in rows]
+
+
+def anomalies_recent(
+    *, project_ids: list[int], since: datetime, limit: int = 10
+) -> list[SpendAnomaly]:
+    """The latest spend anomalies raised since `since`, newest first (one query)."""
+    return list(
+        SpendAnomaly.objects.filter(project_id__in=project_ids, at__gte=since)
+        .select_related("project")
+        .order_by("-at", "-pk")[:limit]
+    )

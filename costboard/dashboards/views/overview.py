@@ -1,5 +1,6 @@
 """The overview (/): spend by period, the month's charts, the costliest and flagged sessions,
-the budgets, the tag breakdown and, for staff, the unpriced models; and /favicon.ico."""
+the spend anomalies of the last 7 days, the budgets, the tag breakdown and, for staff, the
+unpriced models; and /favicon.ico."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from costboard.dashboards.scope import scope_for
 from costboard.dashboards.selectors.budgets import budgets_current
 from costboard.dashboards.selectors.flagged import sessions_flagged
 from costboard.dashboards.selectors.overview import (
+    anomalies_recent,
     models_unpriced,
     sessions_costliest,
     spend_by_period,
@@ -43,6 +45,7 @@ def overview(request: HttpRequest) -> HttpResponse:
         "costliest": sessions_costliest(project_ids=ids, since=timezone.now() - timedelta(days=30)),
         "flagged": flagged,
         "flagged_total": flagged_total,
+        "anomalies": anomalies_recent(project_ids=ids, since=timezone.now() - timedelta(days=7)),
         "budgets": budgets_current(project_ids=ids, now=timezone.now()),
         **tag_breakdown(checks, ids, since, today),
         "unpriced": (models_unpriced(project_ids=ids) if request.user.is_staff else []),

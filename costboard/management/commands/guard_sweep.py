@@ -8,6 +8,7 @@ from django.db import close_old_connections
 from django.utils import timezone
 
 from costboard.billing.services import scheduled_import
+from costboard.budgets.anomalies import anomaly_sweep
 from costboard.budgets.period_ledgers import period_forecast_sweep
 from costboard.budgets.sweep import runaway_sweep
 from costboard.hooks import hourly_run
@@ -24,7 +25,8 @@ OUTBOX_SECONDS = 10.0  # one pass's budget, so a backlog never holds up the runa
 
 class Command(BaseCommand):
     help = (
-        "Run the runaway sweep (burn rate, projected overrun, long sessions), then the step "
+        "Run the runaway sweep (burn rate, projected overrun, long sessions) and the spend "
+        "anomalies, then the step "
         "partitions ahead (PostgreSQL), retention and the memory lifecycle (TTL expiry; "
         "eviction, merge and compression proposals), and carry out the outbox (alerts, "
         "memory detection, repricing), once, or with --every N seconds in a loop (the outbox "
@@ -72,6 +74,9 @@ class Command(BaseCommand):
         forecasts = period_forecast_sweep(now=timezone.now())
         if forecasts:
             line += f"; {forecasts} budgets projected past their limit"
+        anomalies = anomaly_sweep(now=timezone.now())
+        if anomalies:
+            line += f"; {anomalies} spend anomalies"
         if hourly:
             made = step_partitions_ahead(now=timezone.now())
             if made:

@@ -148,6 +148,49 @@ def test_the_same_rate_far_from_the_cap_is_quiet(agent: Agent, priced: Any, cloc
     assert runaway_sweep().flagged == {"projected_overrun": 1}
 
 
+def test_a_burst_into_a_fresh_session_is_watched_not_stopped(
+    agent: Agent, priced: Any, clock: Any
+) -> None:
+    """The smoke test a new user runs: 44,000 of a fresh session's 100,000 tokens within one
+    second. At the window's rate that is 4,400 a minute, the cap 12.7 minutes away — but two
+    steps one second apart are no history to project from (PROJECTION_MIN_STEPS steps over
+    PROJECTION_MIN_MINUTES, docs/budgets.md, "Runaway rules")."""
+    agent.events({"type": "session", "session_id": "smoke", "token_cap": 100_000})
+    agent.events(
+        *steps("smoke", 2, tokens=22_000, start=NOW - timedelta(seconds=1), every=timedelta(0))
+    )
+    # even five steps, all within that second, are one burst
+    agent.events(
+        *steps("burst", 5, tokens=8_800, start=NOW - timedelta(seconds=1), every=timedelta(0))
+    )
+    assert runaway_sweep().flagged == {}
+    for name in ("smoke", "burst"):
+        session = Session.objects.get(external_id=name)
+        assert (session.state, session.runaway_at) == ("ok", None)
+    assert agent.budget("smoke").json()["state"] == "ok"
+    # positive control: five steps over five minutes at the same pace toward the cap is history
+    agent.events({"type": "session", "session_id": "steady", "token_cap": 100_000})
+    agent.events(
+        *steps(
+            "steady",
+            5,
+            tokens=8_800,
+            start=NOW - timedelta(minutes=5),
+            every=timedelta(minutes=1.25),
+        )
+    )
+    assert runaway_sweep().flagged == {"projected_overrun": 1}
+    assert Session.objects.get(external_id="steady").runaway_at == NOW
+    # and a long span with too few steps is not: two steps ten minutes apart
+    agent.events({"type": "session", "session_id": "sparse", "token_cap": 100_000})
+    agent.events(
+        *steps(
+            "sparse", 2, tokens=22_000, start=NOW - timedelta(minutes=9), every=timedelta(minutes=9)
+        )
+    )
+    assert runaway_sweep().flagged == {}
+
+
 def test_a_session_active_for_more_than_eight_hours_is_flagged(
     agent: Agent, priced: Any, clock: Any
 ) -> None:

@@ -371,7 +371,7 @@ def test_query_counts_do_not_grow_with_the_data(
     for path, headers in pages:
         with django_assert_max_num_queries(counts[path]):
             get(path, headers)
-    assert max(counts.values()) <= 14
+    assert max(counts.values()) <= 15  # the overview: 14, and its spend anomalies (issue 34)
     assert DailyRollup.objects.count() >= 2
 
 
@@ -489,4 +489,4 @@ def test_every_benchmarked_page_runs_a_bounded_number_of_queries(
     for case in cases:
         with django_assert_max_num_queries(counts[case.path], info=case.path):
             get(case.path, case.htmx)
-    assert max(counts.values()) <= 14
+    assert max(counts.values()) <= 15  # the overview: 14, and its spend anomalies (issue 34)
