@@ -88,6 +88,7 @@ ALERTED_KINDS = frozenset(
         BudgetEvent.Kind.EXHAUSTED,
         BudgetEvent.Kind.RUNAWAY,
         BudgetEvent.Kind.FORECAST,
+        BudgetEvent.Kind.THRESHOLD,
     }
 )
 # A claimed attempt with no outcome after this long is taken to have died with its worker.

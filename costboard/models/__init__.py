@@ -26,6 +26,7 @@ from costboard.models.billing import BilledUsage, BillingDrift, ProviderProject
 from costboard.models.budgets import (
     BudgetDay,
     BudgetEvent,
+    BudgetHour,
     EnvironmentCaps,
     PeriodBudget,
     PeriodLedger,
@@ -85,6 +86,7 @@ __all__ = [
     "BillingDrift",
     "BudgetDay",
     "BudgetEvent",
+    "BudgetHour",
     "DailyRollup",
     "EnvironmentCaps",
     "EventReceipt",

@@ -15,8 +15,9 @@ from costboard.models.budgets import BudgetEvent
 from costboard.models.projects import Project
 
 # forecast: a period budget projected to pass its USD limit this period (once per period);
-# billing_drift: a provider's day billed past the project's drift threshold (docs/billing.md)
-ALERT_KINDS = ["soft_warned", "exhausted", "runaway", "forecast", "billing_drift"]
+# billing_drift: a provider's day billed past the project's drift threshold (docs/billing.md);
+# threshold: a period budget past one of its warn fractions (once per fraction and period)
+ALERT_KINDS = ["soft_warned", "exhausted", "runaway", "forecast", "billing_drift", "threshold"]
 
 
 def _alert_kinds() -> list[str]:
@@ -36,7 +37,7 @@ class WebhookEndpoint(models.Model):
         default=_alert_kinds,
         blank=True,
         help_text='Which alerts to send: any of "soft_warned", "exhausted", "runaway", '
-        '"forecast", "billing_drift".',
+        '"forecast", "billing_drift", "threshold".',
     )
     active = models.BooleanField(default=True)
     created_at = models.DateTimeField(default=timezone.now)

@@ -1,0 +1,123 @@
+"""Rolling budgets' windows (docs/budgets.md, "Rolling windows"): which of a batch's steps
+count toward a window, the hourly buckets (BudgetHour) ingest adds them to under the
+ledgers' locks, and a rolling ledger as the engine decides it — its window's totals, and a
+new episode once they fell back under the first warn fraction since a crossing.
+
+Called by period_ledgers.py inside the batch's transaction; the windows' sums are read by
+periods.window_totals."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from datetime import datetime
+from decimal import Decimal
+from typing import Any, Protocol, TypeVar
+
+from django.db import connection
+
+from costboard.budgets.engine import OK, Ledger
+from costboard.budgets.periods import PeriodLimits, hour_of, window_bounds
+from costboard.models import BudgetHour, PeriodBudget, PeriodLedger
+from costboard.money import pico_usd
+
+
+class SpendStep(Protocol):
+    """A stored step as a window reads it (period_ledgers.SpendStep has these and more)."""
+
+    @property
+    def at(self) -> datetime: ...
+    @property
+    def tokens(self) -> int: ...
+    @property
+    def cost_pico(self) -> int: ...  # USD × 10^12
+
+
+S = TypeVar("S", bound=SpendStep)
+
+# a ledger row's key: (budget id, period start, member ('' unless the budget is per member))
+LedgerKey = tuple[int, datetime, str]
+
+# a list of steps' id → the list (held, so no other list takes its id while the batch is
+# decided) and its first and last moment
+Spans = dict[int, tuple[Sequence[SpendStep], datetime, datetime]]
+
+
+def span(steps: Sequence[SpendStep], spans: Spans) -> tuple[datetime, datetime]:
+    """The first and last moment of `steps`, read once per list in a batch (`spans`): the
+    budgets that cover a whole batch share one list."""
+    known = spans.get(id(steps))
+    if known is None:
+        moments = [step.at for step in steps]
+        known = spans[id(steps)] = (steps, min(moments), max(moments))
+    return known[1], known[2]
+
+
+def in_window(budget: PeriodBudget, steps: Sequence[S], spans: Spans, now: datetime) -> Sequence[S]:
+    """The steps that count toward a rolling budget's window at `now`: those stamped from its
+    start on (mostly all of them, found from the first step alone)."""
+    start = window_bounds(budget.window_hours or 1, now)[0]
+    if span(steps, spans)[0] >= start:
+        return steps
+    return [step for step in steps if step.at >= start]
+
+
+def window_ledger(row: PeriodLedger, limits: PeriodLimits, totals: tuple[int, Decimal]) -> Ledger:
+    """A rolling ledger as the engine decides it: its window's totals (before the batch), and
+    when they fell back under the first warn fraction since a crossing, a new episode — its
+    state back to ok, its crossings recordable again (`row.episode` one more)."""
+    tokens, cost = totals
+    stored = Ledger.of(row)
+    if not limits.warned(tokens, cost) and (
+        stored.state != OK or stored.warned_at is not None or row.threshold_crossed is not None
+    ):
+        row.episode += 1
+        return Ledger(tokens_used=tokens, cost_usd=cost)
+    return replace(stored, tokens_used=tokens, cost_usd=cost)
+
+
+def hours_add(
+    project_id: int,
+    groups: dict[LedgerKey, Sequence[SpendStep]],
+    sums: dict[int, tuple[int, int]],
+    spans: Spans,
+) -> None:
+    """Add the batch to each rolling budget's (and member's) hours: one statement. A group
+    within one hour adds its sums as they are."""
+    adds: dict[tuple[int, str, datetime], list[int]] = {}
+    for (budget_id, _, member), steps in sorted(groups.items()):
+        if not steps:
+            continue
+        earliest, latest = span(steps, spans)
+        first, last = hour_of(earliest), hour_of(latest)
+        if first == last and id(steps) in sums:
+            adds[(budget_id, member, first)] = list(sums[id(steps)])
+            continue
+        for step in steps:
+            tally = adds.setdefault((budget_id, member, hour_of(step.at)), [0, 0])
+            tally[0] += step.tokens
+            tally[1] += step.cost_pico
+    if not adds:
+        return
+    table = BudgetHour._meta.db_table
+    ops = connection.ops
+    rows = sorted(adds.items())
+    values = ", ".join(["(%s, %s, %s, %s, %s, %s)"] * len(rows))
+    params: list[Any] = []
+    for (budget_id, member, hour), (tokens, pico) in rows:
+        params += [
+            project_id,
+            budget_id,
+            member,
+            ops.adapt_datetimefield_value(hour),
+            tokens,
+            ops.adapt_decimalfield_value(pico_usd(pico)),
+        ]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {table} (project_id, budget_id, member, hour, tokens_used, cost_usd) "
+            f"VALUES {values} ON CONFLICT (budget_id, member, hour, project_id) DO UPDATE SET "
+            f"tokens_used = {table}.tokens_used + excluded.tokens_used, "
+            f"cost_usd = {table}.cost_usd + excluded.cost_usd",
+            params,
+        )
