@@ -243,7 +243,8 @@ def alert_headline(payload: dict[str, Any]) -> str:
             share = Decimal(str(detail["threshold"]))
         except (KeyError, InvalidOperation):
             return "passed a warn threshold of its budget"
-        return f"passed {share * 100:g}% of its {_caps_reached(payload, share)}"
+        percent = format((share * 100).normalize(), "f")
+        return f"passed {percent}% of its {_caps_reached(payload, share)}"
     if kind == BudgetEvent.Kind.FORECAST:
         return (
             f"is projected to pass its cost cap on {detail.get('crossing_date')} "

@@ -451,13 +451,30 @@ def _fraction(budget: PeriodBudget, tokens: int, cost: Decimal) -> Decimal:
 def members_nearest_limit(
     budget: PeriodBudget, now: datetime, limit: int = 10
 ) -> list[MemberStanding]:
-    """The members of a per-member budget that spent in its period of `now`, nearest their
-    limit first (ties by member), at most `limit` of them (one query). The ordering is the
-    database's: max(tokens/T, cost/C) orders as max(tokens*C, cost*T), the limits being the
-    same for every member."""
+    """The members of a per-member budget that spent in its period of `now` (a rolling
+    budget: in its window, from its hours), nearest their limit first (ties by member), at
+    most `limit` of them (one query). The ordering is the database's: max(tokens/T, cost/C)
+    orders as max(tokens*C, cost*T), the limits being the same for every member."""
+    tokens_limit, cost_limit = budget.token_limit, budget.cost_limit_usd
+    if rolling(budget):  # its members' windows now, from their hours
+        spent = window_members([budget], now)[budget.pk]
+        standings = [
+            MemberStanding(
+                member=member,
+                tokens_used=tokens,
+                token_limit=tokens_limit,
+                cost_usd=cost,
+                cost_limit_usd=cost_limit,
+                fraction=_fraction(budget, tokens, cost),
+                state=state_of(budget, tokens, cost),
+            )
+            for member, (tokens, cost) in spent.items()
+            if member
+        ]
+        standings.sort(key=lambda standing: (-standing.fraction, standing.member))
+        return standings[: max(limit, 0)]
     start, _ = period_bounds(budget.period, budget.timezone, now)
     rows = PeriodLedger.objects.filter(budget=budget, period_start=start).exclude(member="")
-    tokens_limit, cost_limit = budget.token_limit, budget.cost_limit_usd
     nearness: Any
     if tokens_limit is not None and cost_limit is not None:
         nearness = Greatest(
