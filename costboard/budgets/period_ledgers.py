@@ -50,6 +50,7 @@ from costboard.budgets.periods import (
     member_days,
     period_bounds,
     rolling,
+    window_bounds,
     window_totals,
     zone,
 )
@@ -60,6 +61,8 @@ from costboard.budgets.windows import (
     in_window,
     span,
     window_ledger,
+    window_moved,
+    windows_set,
 )
 from costboard.model_rows import ModelColumns
 from costboard.models import (
@@ -210,9 +213,12 @@ def period_budgets_apply(
             sums[id(spends)] = (sum(s.tokens for s in spends), sum(s.cost_pico for s in spends))
     added = {key: sums[id(spends)] for key, spends in groups.items()}
     rows = _ledgers_add(project.pk, added, ends, now)
-    # a rolling ledger's window before the batch, read under its lock
-    window = window_totals([(by_id[pk], member) for pk, _, member in windows], now)
-    moved: list[PeriodLedger] = []  # the rolling ledgers, written in one statement
+    # a rolling ledger whose window moved to another hour since its last batch (or new):
+    # its totals summed again from its hours, under its lock (`window_moved`)
+    moved = window_moved(
+        [(by_id[pk], rows[(pk, start, member)]) for pk, start, member in windows], added, now
+    )
+    written: list[PeriodLedger] = []  # the rolling ledgers to write, in one statement
 
     events: list[BudgetEvent] = []
     for key in sorted(groups):
@@ -221,13 +227,13 @@ def period_budgets_apply(
         tokens, pico = added[key]
         cost = pico_usd(pico)
         limits = PeriodLimits.of(budget)
+        episode = row.episode
+        # the row holds the totals with this batch: the engine decides from those before it
+        totals = (row.tokens_used - tokens, row.cost_usd - cost)
         if key in windows:
-            before = window_ledger(row, limits, window[(row.budget_id, row.member)])
+            before = window_ledger(row, limits, totals)
         else:
-            # the row holds the totals with this batch: the engine decides from those before it
-            before = replace(
-                Ledger.of(row), tokens_used=row.tokens_used - tokens, cost_usd=row.cost_usd - cost
-            )
+            before = replace(Ledger.of(row), tokens_used=totals[0], cost_usd=totals[1])
         decided = budget_decide(
             ledger=before,
             limits=limits,
@@ -236,18 +242,17 @@ def period_budgets_apply(
             added=(tokens, cost),
             thresholds=limits.thresholds,
         )
-        if key in windows:
-            _ledger_set(row, decided, totals=True)
-            moved.append(row)
-        elif _ledger_set(row, decided, totals=False):
+        changed = _ledger_set(row, decided, totals=False)
+        if key in windows and (changed or key in moved or row.episode != episode):
+            written.append(row)
+        elif changed:
             row.save(update_fields=_STATE_FIELDS)
         events.extend(_crossings_recorded(project, budget, row, decided.crossings))
         outcome.ledgers.append((budget, row))
         if budget.action == PeriodBudget.Action.STOP and row.state == EXHAUSTED:
             for session_key in {step.session_key for step in windows.get(key, spends)}:
                 outcome.stopped.setdefault(session_key, budget.pk)
-    if moved:
-        PeriodLedger.objects.bulk_update(moved, ["tokens_used", "cost_usd", *_STATE_FIELDS])
+    windows_set(written)
     calendar = {key: steps for key, steps in groups.items() if key not in windows}
     _days_add(project.pk, by_id, calendar, sums, spans)
     hours_add(project.pk, {key: groups[key] for key in windows}, sums, spans)
@@ -258,12 +263,16 @@ def period_budgets_apply(
 _STATE_FIELDS = ["state", "warned_at", "exhausted_at", "threshold_crossed", "episode"]
 
 
+def _ledger_totals_set(row: PeriodLedger, decided: Outcome) -> None:
+    row.tokens_used, row.cost_usd = decided.ledger.tokens_used, decided.ledger.cost_usd
+
+
 def _ledger_set(row: PeriodLedger, decided: Outcome, *, totals: bool) -> bool:
     """The engine's ledger onto the row (with its totals: a rolling ledger's window); True if
     its state changed."""
     after = decided.ledger
     if totals:
-        row.tokens_used, row.cost_usd = after.tokens_used, after.cost_usd
+        _ledger_totals_set(row, decided)
     state = (after.state, after.warned_at, after.exhausted_at, after.threshold_crossed)
     if state == (row.state, row.warned_at, row.exhausted_at, row.threshold_crossed):
         return False
@@ -307,7 +316,8 @@ def _ledgers_add(
         f"SET tokens_used = {table}.tokens_used + excluded.tokens_used, "
         f"cost_usd = {table}.cost_usd + excluded.cost_usd, updated_at = excluded.updated_at "
         f"RETURNING id, project_id, budget_id, period_start, member, period_end, tokens_used, "
-        f"cost_usd, state, warned_at, exhausted_at, updated_at, threshold_crossed, episode"
+        f"cost_usd, state, warned_at, exhausted_at, updated_at, threshold_crossed, episode, "
+        f"window_start"
     )
     return {
         (row.budget_id, row.period_start, row.member): row
@@ -425,10 +435,14 @@ def period_budget_recheck(budget: PeriodBudget, *, now: datetime) -> list[Budget
         ledger = Ledger.of(row)
         if rolling(budget):  # its window now, under its lock
             ledger = window_ledger(row, limits, windows[(budget.pk, row.member)])
+            row.window_start = window_bounds(budget.window_hours or 1, now)[0]
         decided = budget_decide(ledger=ledger, limits=limits, at=now, thresholds=limits.thresholds)
-        _ledger_set(row, decided, totals=True)
+        _ledger_set(row, decided, totals=False)
         row.updated_at = now
-        row.save(update_fields=["tokens_used", "cost_usd", "updated_at", *_STATE_FIELDS])
+        _ledger_totals_set(row, decided)
+        row.save(
+            update_fields=["tokens_used", "cost_usd", "window_start", "updated_at", *_STATE_FIELDS]
+        )
         recorded += _crossings_recorded(budget.project, budget, row, decided.crossings)
     return recorded
 

@@ -17,7 +17,7 @@ from typing import Any, Protocol, TypeVar
 from django.db import connection
 
 from costboard.budgets.engine import OK, Ledger
-from costboard.budgets.periods import PeriodLimits, hour_of, window_bounds
+from costboard.budgets.periods import PeriodLimits, hour_of, window_bounds, window_totals
 from costboard.models import BudgetHour, PeriodBudget, PeriodLedger
 from costboard.money import pico_usd
 
@@ -76,6 +76,35 @@ def window_ledger(row: PeriodLedger, limits: PeriodLimits, totals: tuple[int, De
     return replace(stored, tokens_used=tokens, cost_usd=cost)
 
 
+def window_moved(
+    ledgers: Sequence[tuple[PeriodBudget, PeriodLedger]],
+    added: dict[LedgerKey, tuple[int, int]],
+    now: datetime,
+) -> set[LedgerKey]:
+    """A rolling ledger keeps its window's totals from `window_start` on, the batches' spend in
+    the window added by the upsert that locks it. The ledgers (as returned by that upsert,
+    this batch's `added` in) whose window has moved to another hour since — or that are new
+    — are summed again from their hours (before this batch's are added) plus this batch's
+    spend, in one query; their keys are returned (to be written)."""
+    stale = [
+        (budget, row)
+        for budget, row in ledgers
+        if row.window_start != window_bounds(budget.window_hours or 1, now)[0]
+    ]
+    if not stale:
+        return set()
+    sums = window_totals([(budget, row.member) for budget, row in stale], now)
+    keys = set()
+    for budget, row in stale:
+        key = (row.budget_id, row.period_start, row.member)
+        tokens, cost = sums[(row.budget_id, row.member)]
+        row.tokens_used = tokens + added[key][0]
+        row.cost_usd = cost + pico_usd(added[key][1])
+        row.window_start = window_bounds(budget.window_hours or 1, now)[0]
+        keys.add(key)
+    return keys
+
+
 def hours_add(
     project_id: int,
     groups: dict[LedgerKey, Sequence[SpendStep]],
@@ -119,5 +148,53 @@ def hours_add(
             f"VALUES {values} ON CONFLICT (budget_id, member, hour, project_id) DO UPDATE SET "
             f"tokens_used = {table}.tokens_used + excluded.tokens_used, "
             f"cost_usd = {table}.cost_usd + excluded.cost_usd",
+            params,
+        )
+
+
+def windows_set(rows: Sequence[PeriodLedger]) -> None:
+    """Write rolling ledgers as decided — their window's totals and start, state, crossings and
+    episode — in one statement: an upsert onto rows that exist (locked by this batch since its first
+    upsert), so every one takes the update, on PostgreSQL and SQLite alike."""
+    if not rows:
+        return
+    table = PeriodLedger._meta.db_table
+    ops = connection.ops
+    ordered = sorted(rows, key=lambda row: (row.budget_id, row.period_start, row.member))
+    values = ", ".join(["(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"] * len(ordered))
+    params: list[Any] = []
+    for row in ordered:
+        params += [
+            row.project_id,
+            row.budget_id,
+            ops.adapt_datetimefield_value(row.period_start),
+            row.member,
+            row.tokens_used,
+            ops.adapt_decimalfield_value(row.cost_usd),
+            row.state,
+            ops.adapt_datetimefield_value(row.warned_at),
+            ops.adapt_datetimefield_value(row.exhausted_at),
+            ops.adapt_decimalfield_value(row.threshold_crossed),
+            row.episode,
+            ops.adapt_datetimefield_value(row.updated_at),
+            ops.adapt_datetimefield_value(row.window_start),
+        ]
+    columns = (
+        "tokens_used",
+        "cost_usd",
+        "state",
+        "warned_at",
+        "exhausted_at",
+        "threshold_crossed",
+        "episode",
+        "updated_at",
+        "window_start",
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {table} (project_id, budget_id, period_start, member, "
+            f"{', '.join(columns)}) VALUES {values} "
+            f"ON CONFLICT (budget_id, period_start, member, project_id) DO UPDATE SET "
+            + ", ".join(f"{column} = excluded.{column}" for column in columns),
             params,
         )

@@ -72,6 +72,11 @@ class Migration(migrations.Migration):
         ),
         migrations.AddField(
             model_name='periodledger',
+            name='window_start',
+            field=models.DateTimeField(blank=True, null=True),
+        ),
+        migrations.AddField(
+            model_name='periodledger',
             name='episode',
             field=models.PositiveIntegerField(db_default=0, default=0),
         ),

@@ -233,6 +233,8 @@ class PeriodLedger(models.Model):
     # a rolling budget's episode: one more each time its window falls back under the first
     # warn fraction after a crossing (its crossings may then be recorded again)
     episode = models.PositiveIntegerField(default=0, db_default=0)
+    # a rolling ledger's window start (an hour) its totals count from (None: not rolling)
+    window_start = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints = [

@@ -7,6 +7,7 @@ turned by hand (time-machine): the window is decided at the batch's time."""
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -267,3 +268,20 @@ def test_the_budget_page_shows_the_window_and_the_fractions(
     html = page.content.decode()
     assert "in the last 24 hours (rolling)" in html
     assert "warns at 50%, 80%, 95%" in html
+
+
+def test_the_pages_hold_a_user_s_sessions_while_the_window_holds_the_spend(
+    agent: Agent, staff: Client
+) -> None:
+    b = rolling(agent)
+    at(T0, agent, session("ann-1", "ann"), session("bob-1", "bob"))
+    at(T0, agent, *steps("ann-1", 2, T0), *steps("bob-1", 1, T0))
+
+    def held_now(moment: datetime) -> list[str]:
+        with time_machine.travel(moment, tick=False):
+            html = staff.get(f"/budgets/{b.pk}/").content.decode()
+        stopped = re.search(r'<section class="card" id="stopped">.*?</section>', html, re.S)
+        return re.findall(r'<tr data-session="([^"]+)">', stopped.group(0)) if stopped else []
+
+    assert held_now(T0 + HOUR) == ["ann-1"]
+    assert held_now(T0 + 24 * HOUR) == []  # her spend has left the window
