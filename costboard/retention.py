@@ -5,7 +5,8 @@ their budget events and alert deliveries (the session row and its totals stay).
 Step receipts (the event_ids that make a replay a duplicate in any month) go with their
 steps. Idempotency-Key answers (costboard/ingest/idempotency.py) are deleted 48 hours after they
 were stored: the contract keeps them at least 24. Each project's tally of sessions is checked
-against its sessions (costboard/projects.py, sessions_tally_check) in the same sweep.
+against its sessions (costboard/projects.py, sessions_tally_check) in the same sweep. Rolling
+budgets' hourly buckets older than their windows are deleted (`budget_hours_prune`).
 
 On PostgreSQL the steps are partitioned by month (costboard/partitions.py): a month whose
 every step is past its project's retention is dropped whole (no row-by-row delete, no dead
@@ -27,7 +28,15 @@ from django.db import OperationalError, transaction
 from django.db.models import Model, QuerySet
 from django.utils import timezone
 
-from costboard.models import BudgetEvent, IdempotentRequest, Project, Step, StepReceipt
+from costboard.models import (
+    BudgetEvent,
+    BudgetHour,
+    IdempotentRequest,
+    PeriodBudget,
+    Project,
+    Step,
+    StepReceipt,
+)
 from costboard.partitions import (
     lock_busy,
     month_add,
@@ -94,6 +103,20 @@ def idempotency_prune(now: datetime) -> int:
     )
 
 
+def budget_hours_prune(now: datetime) -> int:
+    """Delete the rolling budgets' hours before their windows at `now` (a window is the hour
+    of `now` and the window_hours − 1 before it: costboard/budgets/periods.py, window_bounds),
+    and any of a budget no longer rolling. One DELETE per rolling budget; safe to run twice."""
+    current = now.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+    deleted = 0
+    rolling = PeriodBudget.objects.filter(period=PeriodBudget.Period.ROLLING)
+    for budget_id, hours in rolling.values_list("pk", "window_hours").order_by("pk"):
+        start = current - timedelta(hours=(hours or 1) - 1)
+        deleted += BudgetHour.objects.filter(budget_id=budget_id, hour__lt=start).delete()[0]
+    others = BudgetHour.objects.exclude(budget_id__in=rolling.values("pk"))
+    return deleted + others.delete()[0]
+
+
 def step_months_drop(now: datetime) -> int:
     """Drop the month partitions whose steps are all past their projects' retention (the
     month ends at or before each one's cutoff); return how many steps they held. A month
@@ -135,6 +158,7 @@ def retention_sweep(now: datetime | None = None) -> RetentionResult:
         steps += result.steps_deleted
         events += result.budget_events_deleted
     keys = idempotency_prune(now)
+    budget_hours_prune(now)
     sessions_tally_check()
     if steps or events or keys:
         log.info(

@@ -148,15 +148,22 @@ def _batch_events(
     *,
     warmup: bool,
     spread: int | None = None,
+    users: int = 0,
 ) -> list[dict[str, Any]]:
     """Batch `number` of a client: `size` steps spread over its current group of `spread`
     sessions (default: 20 steps each), a few turns further into each (turn numbers keep
-    growing across the group's batches)."""
+    growing across the group's batches). `users`: each session, in the group's first batch,
+    first gets a session event naming its end user (one of that many)."""
     spread = min(size, spread or max(1, size // STEPS_PER_SESSION_PER_BATCH))
     per_session = math.ceil(size / spread)
     group, round_ = divmod(number, BATCHES_PER_SESSION)
     ids = warmup_prefix(run) if warmup else f"{run}-"
-    events = []
+    events: list[dict[str, Any]] = []
+    if users and round_ == 0:
+        for j in range(spread):
+            user = (client * 7919 + group * spread + j) % users
+            session = f"{run}-c{client}-g{group}-s{j}"
+            events.append({"type": "session", "session_id": session, "user_id": f"u{user}"})
     for k in range(size):
         j, n = k % spread, k // spread
         step_no = round_ * per_session + n
@@ -170,6 +177,8 @@ def _batch_events(
 def _record(sent: Sent, events: list[dict[str, Any]]) -> None:
     table = rate_table()
     for e in events:
+        if e.get("type") == "session":
+            continue  # a session event names its user: no step
         sent.steps += 1
         sent.per_session[e["session_id"]] += 1
         for name in TOKEN_FIELDS:
@@ -201,6 +210,7 @@ def workload_build(
     warmup_batches: int,
     spread: int | None = None,
     single: int = 0,
+    users: int = 0,
     seed: int = 7,
 ) -> Workload:
     """Every request body, serialized before the clock starts."""
@@ -214,11 +224,11 @@ def workload_build(
         for number, size in enumerate([batch] * warmup_batches + sizes):
             warm = number < warmup_batches
             batch_events = _batch_events(
-                rng, run, client, number, size, start, warmup=warm, spread=spread
+                rng, run, client, number, size, start, warmup=warm, spread=spread, users=users
             )
             _record(sent, batch_events)
             body = json.dumps({"events": batch_events}, separators=(",", ":")).encode()
-            bodies.append(Batch(body=body, events=size))
+            bodies.append(Batch(body=body, events=len(batch_events)))
         warmup.append(bodies[:warmup_batches])
         measured.append(bodies[warmup_batches:])
     singles = []
@@ -598,9 +608,12 @@ BENCH_RATE_LIMIT = 1_000_000
 BENCH_MAX_IN_FLIGHT = 1_000
 
 
-def project_create(run: str, *, budgets: int = 0) -> tuple[Project, str]:
+def project_create(
+    run: str, *, budgets: int = 0, rolling_user_budget: bool = False
+) -> tuple[Project, str]:
     """The bench's project and key, with `budgets` period budgets over it (BENCH_BUDGETS in
-    turn), limits far above what the run spends: every batch decides them, none refuses."""
+    turn) and, `rolling_user_budget`, a rolling 24-hour budget per end user ("*"), limits far
+    above what the run spends: every batch decides them, none refuses."""
     project = Project.objects.create(
         name=f"Bench {run}",
         slug=run,
@@ -620,6 +633,20 @@ def project_create(run: str, *, budgets: int = 0) -> tuple[Project, str]:
                 "cost_limit_usd": Decimal(10**9),
                 "token_limit": 10**15,
                 "action": action,
+            },
+        )
+    if rolling_user_budget:
+        period_budget_create(
+            project=project,
+            fields={
+                "name": "bench: each user, 24 h",
+                "scope": "user",
+                "scope_value": "*",
+                "period": "rolling",
+                "window_hours": 24,
+                "cost_limit_usd": Decimal(10**9),
+                "warn_at": [Decimal("0.5"), Decimal("0.8"), Decimal("0.95")],
+                "action": "stop",
             },
         )
     return project, key
@@ -763,6 +790,8 @@ class BenchOptions:
     spread: int | None = None  # sessions per batch (None: 20 steps a session)
     single: int = 0  # one-step posts (and as many budget reads) before the batches
     minimal: bool = False  # the batches sent with Prefer: return=minimal
+    users: int = 0  # sessions' end users, named by a session event (0: none)
+    rolling_user_budget: bool = False  # a rolling 24-hour budget per end user
 
 
 @dataclass
@@ -798,7 +827,9 @@ def bench_run(options: BenchOptions, say: Callable[[str], None]) -> BenchResult:
     if prices_ensure():
         say("loaded the built-in prices (the rate table was empty)")
     run = datetime.now(UTC).strftime("bench-%Y%m%d-%H%M%S")
-    project, key = project_create(run, budgets=options.budgets)
+    project, key = project_create(
+        run, budgets=options.budgets, rolling_user_budget=options.rolling_user_budget
+    )
     with projects_removed([project], keep=options.keep, say=say):
         return _measure(run, project, key, options, say)
 
@@ -861,6 +892,7 @@ def _measure(
         warmup_batches=options.warmup,
         spread=options.spread,
         single=options.single,
+        users=options.users,
     )
     vacuum()
     with gunicorn(workers=options.workers, threads=options.threads) as server:
@@ -937,6 +969,8 @@ def report_lines(result: BenchResult) -> list[str]:
         f"of {o.batch} from {_spread(o)} sessions each ({o.clients} clients, {o.warmup} "
         "warm-up batches each, not timed)"
         + (f"; {o.budgets} period budgets over the project" if o.budgets else "")
+        + (f"; sessions of {o.users} end users" if o.users else "")
+        + ("; a rolling 24-hour budget per user" if o.rolling_user_budget else "")
         + ("; Prefer: return=minimal" if o.minimal else ""),
         f"server:     gunicorn, {o.workers} workers × {o.threads} threads, PostgreSQL "
         f"{connection.settings_dict.get('NAME')} (its tables vacuumed first, analyzed after the "

@@ -315,10 +315,28 @@ class PeriodBudgetForm(forms.ModelForm[PeriodBudget]):
         help_text="Where its alerts go; none ticked: the project's default channels. Slack "
         "and PagerDuty need the project's Slack URL and routing key (Projects).",
     )
+    # the warn fractions as people type them: "0.5, 0.8, 0.95" (stored as a list)
+    warn_at = forms.CharField(
+        initial="0.8",
+        required=False,
+        max_length=200,
+        help_text="the fractions of a limit that warn, ascending, comma-separated: "
+        "0.5, 0.8, 0.95 (each crossing alerted once; the first also soft_warned)",
+    )
 
     class Meta:
         model = PeriodBudget
         fields = ("project", *BUDGET_FIELDS)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.instance.pk is not None:
+            self.initial["warn_at"] = ", ".join(str(f) for f in self.instance.warn_at or [])
+
+    def clean_warn_at(self) -> list[str] | None:
+        text = str(self.cleaned_data.get("warn_at") or "")
+        fractions = [part.strip() for part in text.replace(";", ",").split(",") if part.strip()]
+        return fractions or None  # blank: the default, [0.8]
 
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean() or {}
@@ -327,7 +345,13 @@ class PeriodBudgetForm(forms.ModelForm[PeriodBudget]):
         if project is None or self.errors:
             return cleaned
         try:
-            typed = BudgetFields.model_validate({name: cleaned[name] for name in BUDGET_FIELDS})
+            typed = BudgetFields.model_validate(
+                {
+                    name: cleaned[name]
+                    for name in BUDGET_FIELDS
+                    if not (name == "warn_at" and cleaned[name] is None)
+                }
+            )
         except ValidationError as exc:
             for error in validation_errors(exc, BudgetFields):
                 field = error["field"]

@@ -39,7 +39,10 @@ class Errors(Answer):
 
 
 class BudgetEvent(Answer):
-    kind: str = Field(description="soft_warned, exhausted, runaway, cap_changed, …")
+    kind: str = Field(
+        description="soft_warned, exhausted, runaway, cap_changed, threshold (a period "
+        'budget\'s warn fraction: detail "threshold"), forecast, …'
+    )
     at: IsoTime
     tokens_used: Count = Field(description="the session's tokens then")
     cost_usd: Money = Field(description="the session's cost then")
@@ -72,16 +75,32 @@ class PeriodBudgetAnswer(Answer):
         "key prefix or tag value); null for other budgets, and for a per-member budget read "
         "as a whole"
     )
-    period: Literal["day", "week", "month", "total"]
+    period: Literal["day", "week", "month", "total", "rolling"]
+    window_hours: int | None = Field(
+        ge=1, le=720, description="a rolling budget's window in hours; null for the others"
+    )
     timezone: str = Field(description="where days, weeks and months begin")
-    period_start: IsoTime
-    period_end: IsoTime | None = Field(description="exclusive; null for a total budget")
+    period_start: IsoTime = Field(
+        description="the period's start; a rolling budget's window's: the hour the answer was "
+        "made in and the window_hours − 1 before it (UTC)"
+    )
+    period_end: IsoTime | None = Field(
+        description="exclusive; null for a total budget; a rolling window's: the end of the "
+        "current hour"
+    )
     state: Literal["ok", "warning", "exhausted"]
     tokens_used: Count = Field(description="input + output tokens in the period")
     token_limit: int | None
     cost_usd: Money
     cost_limit_usd: Money | None
-    warn_at_pct: float = Field(ge=0, le=1)
+    warn_at: list[float] = Field(
+        description="the fractions of a limit that warn, ascending: a threshold event each"
+    )
+    warn_at_pct: float = Field(ge=0, le=1, description="the first of warn_at (the older name)")
+    threshold_crossed: float | None = Field(
+        description="the highest of warn_at the period's totals (a rolling budget: its "
+        "window's) have reached; null below the first"
+    )
     action: Literal["warn", "stop"] = Field(
         description="stop: the sessions it covers report exhausted, stopped_by budget:<id>"
     )
@@ -131,8 +150,9 @@ class PeriodBudgetMember(Answer):
 
 class PeriodBudgetDetail(PeriodBudgetAnswer):
     events: list[PeriodBudgetEvent] = Field(
-        description="soft_warned and exhausted, once per period (and member) each, oldest "
-        "first; tokens_used and cost_usd are the period's then"
+        description="soft_warned, exhausted and one threshold per warn fraction, once per "
+        "period (and member; a rolling budget: per episode) each, oldest first; tokens_used "
+        "and cost_usd are the period's then"
     )
     members: list[PeriodBudgetMember] | None = Field(
         description="a per-member budget's members nearest their limits in the current "

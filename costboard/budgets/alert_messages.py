@@ -295,6 +295,13 @@ def alert_headline(payload: dict[str, Any]) -> str:
         except InvalidOperation:
             pct = settings.COSTBOARD_WARN_AT_PCT
         return f"passed {pct * 100:.0f}% of its {_caps_reached(payload, pct)}"
+    if kind == BudgetEvent.Kind.THRESHOLD:  # a period budget's warn fraction
+        try:
+            share = Decimal(str(detail["threshold"]))
+        except (KeyError, InvalidOperation):
+            return "passed a warn threshold of its budget"
+        percent = format((share * 100).normalize(), "f")
+        return f"passed {percent}% of its {_caps_reached(payload, share)}"
     if kind == BudgetEvent.Kind.FORECAST:
         return (
             f"is projected to pass its cost cap on {detail.get('crossing_date')} "

@@ -94,6 +94,7 @@ ALERTED_KINDS = frozenset(
         BudgetEvent.Kind.EXHAUSTED,
         BudgetEvent.Kind.RUNAWAY,
         BudgetEvent.Kind.FORECAST,
+        BudgetEvent.Kind.THRESHOLD,
     }
 )
 # What pages (PagerDuty): a budget or session exhausted — a runaway that stops its session is

@@ -39,7 +39,13 @@ from costboard.budgets.period_ledgers import (
     project_budgets,
     stopping_budgets,
 )
-from costboard.budgets.periods import StepScope, member_days, per_member, period_budget_view
+from costboard.budgets.periods import (
+    StepScope,
+    member_days,
+    per_member,
+    period_budget_view,
+    rolling,
+)
 from costboard.budgets.services import budget_events_of
 from costboard.models import SYSTEM_SESSION_ID, BudgetEvent, PeriodBudget, PeriodLedger, Project
 from costboard.models import Session as SessionRow
@@ -207,13 +213,16 @@ def _period_views(
     them by "<id>:<member>"."""
     if not ledgers:
         return {}
-    days = member_days([(budget.pk, ledger.member) for budget, ledger in ledgers], now)
+    # a rolling budget has no forecast: no days read for it
+    days = member_days(
+        [(budget.pk, ledger.member) for budget, ledger in ledgers if not rolling(budget)], now
+    )
     members = Counter(pk for pk, _ in {(b.pk, ledger.member) for b, ledger in ledgers})
     views = {}
     for budget, ledger in ledgers:
         several = per_member(budget) and members[budget.pk] > 1
         key = f"{budget.pk}:{ledger.member}" if several else str(budget.pk)
         views[key] = period_budget_view(
-            budget, ledger, now=now, days=days[(budget.pk, ledger.member)]
+            budget, ledger, now=now, days=days.get((budget.pk, ledger.member))
         )
     return views

@@ -37,6 +37,9 @@ class Caps:
     def exhausted(self, tokens_used: int, cost_usd: Decimal) -> bool:
         return limits_reached(tokens_used, cost_usd, self.token_cap, self.cost_cap_usd)
 
+    def reaches(self, tokens_used: int, cost_usd: Decimal, share: Decimal) -> bool:
+        return limits_reached(tokens_used, cost_usd, self.token_cap, self.cost_cap_usd, share)
+
     def describe(self) -> dict[str, object]:
         """The caps as a budget event's detail records them."""
         return {

@@ -20,6 +20,9 @@ The rules (docs/budgets.md, "States and budget events"):
   acknowledged, a repricing) is cleared, and may be crossed, and recorded, again.
 - `runaway` is recorded once per budget: a flag on a budget already flagged changes nothing.
 - `cap_changed` is recorded when the limits differ from the old ones given.
+- `threshold` (period budgets' warn fractions, `thresholds`): one crossing per fraction the
+  totals reach above the highest reached before (`threshold_crossed`), which is then the
+  highest they reach — cleared like the others when no longer true.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ SOFT_WARNED = "soft_warned"
 EXHAUSTED_KIND = "exhausted"
 RUNAWAY = "runaway"
 CAP_CHANGED = "cap_changed"
+THRESHOLD = "threshold"
 
 
 def reached(used: int | Decimal, limit: int | Decimal | None, share: Decimal | int = 1) -> bool:
@@ -74,6 +78,10 @@ class Limits(Protocol):
 
     def exhausted(self, tokens_used: int, cost_usd: Decimal) -> bool: ...
 
+    def reaches(self, tokens_used: int, cost_usd: Decimal, share: Decimal) -> bool:
+        """Either total at `share` of its limit (a warn fraction's crossing)."""
+        ...
+
     def describe(self) -> dict[str, object]: ...
 
 
@@ -89,6 +97,7 @@ class Ledger:
     runaway_at: datetime | None = None
     runaway_reason: str = ""
     acknowledged_at: datetime | None = None
+    threshold_crossed: Decimal | None = None  # the highest warn fraction reached
 
     @classmethod
     def of(cls, row: Any) -> Ledger:
@@ -221,12 +230,14 @@ def budget_decide(
     flag: Flag | None = None,
     acknowledged_at: datetime | None = None,
     stops_runaways: bool = True,
+    thresholds: Sequence[Decimal] = (),
 ) -> Outcome:
     """The ledger after `spends` (in any order: taken in time order), a limit change from
     `old_limits`, a runaway `flag` and an acknowledgement at `acknowledged_at`, and the
     crossings to record. `at` is when the decision is made: the time of a crossing no spend
     caused. `added`: the spends' tokens and cost when the caller has summed them already
-    (ingest, in integers); the spends are then read only to time a crossing."""
+    (ingest, in integers); the spends are then read only to time a crossing. `thresholds`:
+    a period budget's warn fractions, ascending (a `threshold` crossing each)."""
     before_tokens, before_cost = ledger.tokens_used, ledger.cost_usd
     if added is None:
         added = (sum(s.tokens for s in spends), sum((s.cost_usd for s in spends), Decimal(0)))
@@ -260,6 +271,19 @@ def budget_decide(
         warned_at = moment[0]
         crossings.append(Crossing(SOFT_WARNED, *moment))
 
+    threshold_crossed = None
+    for share in thresholds:  # ascending: the first not reached ends it
+        if not limits.reaches(tokens, cost, share):
+            break
+        threshold_crossed = share
+        if ledger.threshold_crossed is None or share > ledger.threshold_crossed:
+
+            def hit(t: int, c: Decimal, share: Decimal = share) -> bool:
+                return limits.reaches(t, c, share)
+
+            moment = _first_moment(spends, before_tokens, before_cost, hit, now)
+            crossings.append(Crossing(THRESHOLD, *moment, detail={"threshold": float(share)}))
+
     if runaway_moment is not None and flag is not None:
         crossings.append(Crossing(RUNAWAY, *runaway_moment, detail=flag.detail()))
 
@@ -287,6 +311,7 @@ def budget_decide(
         runaway_at=runaway_at,
         runaway_reason=runaway_reason,
         acknowledged_at=acknowledged,
+        threshold_crossed=threshold_crossed,
     )
     return Outcome(ledger=after, crossings=tuple(crossings))
 

@@ -21,16 +21,25 @@ from django.db.models.fields.json import KeyTextTransform
 from django.db.models.lookups import Exact, In
 
 from costboard.budgets.engine import EXHAUSTED
-from costboard.budgets.periods import StepScope, budget_member, per_member, period_bounds
+from costboard.budgets.periods import (
+    PeriodLimits,
+    StepScope,
+    budget_member,
+    per_member,
+    period_bounds,
+    rolling,
+    window_members,
+)
 from costboard.models import PeriodBudget, PeriodLedger, Session
 
 NOTHING = Q(pk__in=[])
 
 
 def stops_in_force(*, project_ids: Sequence[int], now: datetime) -> list[PeriodBudget]:
-    """The projects' exhausted stop-budgets in their current periods, by id (two queries;
-    one when no budget stops). Each carries `exhausted_members`: the members whose ledgers
-    are exhausted ('' alone for a budget that is not per member)."""
+    """The projects' exhausted stop-budgets in their current periods (a rolling budget: its
+    window at `now`, from its hours), by id (two queries, three with rolling budgets; one when
+    no budget stops). Each carries `exhausted_members`: the members whose ledgers are
+    exhausted ('' alone for a budget that is not per member)."""
     budgets = list(
         PeriodBudget.objects.filter(
             project_id__in=project_ids, action=PeriodBudget.Action.STOP
@@ -40,13 +49,20 @@ def stops_in_force(*, project_ids: Sequence[int], now: datetime) -> list[PeriodB
         return []
     current = NOTHING
     for budget in budgets:
-        start = period_bounds(budget.period, budget.timezone, now)[0]
-        current |= Q(budget=budget, period_start=start)
+        if not rolling(budget):
+            start = period_bounds(budget.period, budget.timezone, now)[0]
+            current |= Q(budget=budget, period_start=start)
     exhausted: dict[int, set[str]] = {}
     for budget_id, member in PeriodLedger.objects.filter(current, state=EXHAUSTED).values_list(
         "budget_id", "member"
     ):
         exhausted.setdefault(budget_id, set()).add(member)
+    windows = [budget for budget in budgets if rolling(budget)]
+    for budget_id, spent in window_members(windows, now).items():
+        limits = PeriodLimits.of(next(b for b in windows if b.pk == budget_id))
+        for member, (tokens, cost) in spent.items():
+            if limits.exhausted(tokens, cost):
+                exhausted.setdefault(budget_id, set()).add(member)
     found = []
     for budget in budgets:
         if budget.pk in exhausted:

@@ -8,9 +8,17 @@ period their timestamps fall in; the sums are added to each (budget, period, mem
 row in one upsert, made if missing, in one order (budget, period start, member), which locks
 the rows, so two batches never deadlock and never decide on stale totals; the budget engine
 decides each from its totals before the batch (the same `budget_decide` as a session's) and
-its crossings become BudgetEvents — soft_warned and exhausted once per ledger, so per budget,
-period and member (a unique constraint holds it under any race) — which the caller announces
-through the outbox.
+its crossings become BudgetEvents — soft_warned, exhausted and one `threshold` per warn
+fraction, once per ledger, so per budget, period and member (a unique constraint holds it
+under any race) — which the caller announces through the outbox.
+
+A rolling budget (docs/budgets.md, "Rolling windows") has one ledger per member (its period
+start the epoch, as a total budget's), locked the same way; under that lock the batch's
+steps in the window are added to its hourly buckets (BudgetHour), and the window's spend is
+the sum of the buckets from the window's start on — read before the batch's are added, so
+the engine decides from the window's totals at the batch's time, never from a sum of
+steps. When those fell back under the first warn fraction since a crossing, the ledger
+begins a new episode: its state back to ok, its crossings recordable again.
 """
 
 from __future__ import annotations
@@ -26,7 +34,14 @@ from django.db import connection, transaction
 from django.db.models import Q
 
 from costboard.budgets.alerts import announce
-from costboard.budgets.engine import EXHAUSTED, Crossing, Ledger, budget_decide
+from costboard.budgets.engine import (
+    EXHAUSTED,
+    THRESHOLD,
+    Crossing,
+    Ledger,
+    Outcome,
+    budget_decide,
+)
 from costboard.budgets.periods import (
     PeriodLimits,
     StepScope,
@@ -34,10 +49,30 @@ from costboard.budgets.periods import (
     forecast,
     member_days,
     period_bounds,
+    rolling,
+    window_bounds,
+    window_totals,
     zone,
 )
+from costboard.budgets.windows import (
+    LedgerKey,
+    Spans,
+    hours_add,
+    in_window,
+    span,
+    window_ledger,
+    window_moved,
+    windows_set,
+)
 from costboard.model_rows import ModelColumns
-from costboard.models import BudgetDay, BudgetEvent, PeriodBudget, PeriodLedger, Project, usd
+from costboard.models import (
+    BudgetDay,
+    BudgetEvent,
+    PeriodBudget,
+    PeriodLedger,
+    Project,
+    usd,
+)
 from costboard.money import pico_usd
 
 FORECAST = BudgetEvent.Kind.FORECAST
@@ -130,7 +165,7 @@ def _by_period(
 ) -> dict[datetime, tuple[datetime | None, Sequence[SpendStep]]]:
     """The steps grouped by the period of `budget` they fall in: start → (end, steps). A
     batch mostly falls in one, found from its first and last step alone."""
-    first, last = _span(steps, spans)
+    first, last = span(steps, spans)
     start, end = period_bounds(budget.period, budget.timezone, first)
     if end is None or last < end:
         return {start: (end, steps)}
@@ -139,21 +174,6 @@ def _by_period(
         start, end = period_bounds(budget.period, budget.timezone, step.at)
         groups.setdefault(start, (end, []))[1].append(step)
     return dict(groups)
-
-
-# a list of steps' id → the list (held, so no other list takes its id while the batch is
-# decided) and its first and last moment
-Spans = dict[int, tuple[Sequence[SpendStep], datetime, datetime]]
-
-
-def _span(steps: Sequence[SpendStep], spans: Spans) -> tuple[datetime, datetime]:
-    """The first and last moment of `steps`, read once per list in a batch (`spans`): the
-    budgets that cover a whole batch share one list."""
-    known = spans.get(id(steps))
-    if known is None:
-        moments = [step.at for step in steps]
-        known = spans[id(steps)] = (steps, min(moments), max(moments))
-    return known[1], known[2]
 
 
 def period_budgets_apply(
@@ -172,8 +192,15 @@ def period_budgets_apply(
     ends: dict[LedgerKey, datetime | None] = {}
     by_id = {budget.pk: budget for budget in budgets}
     spans: Spans = {}
+    # a rolling budget's ledgers: every step of its member (whose sessions it stops)
+    windows: dict[LedgerKey, Sequence[SpendStep]] = {}
     for budget in budgets:
         for member, covered in batch.members(budget).items():
+            if rolling(budget):
+                key = (budget.pk, period_bounds(budget.period, "UTC", now)[0], member)
+                groups[key], ends[key] = in_window(budget, covered, spans, now), None
+                windows[key] = covered
+                continue
             for start, (end, steps) in _by_period(budget, covered, spans).items():
                 groups[(budget.pk, start, member)] = steps
                 ends[(budget.pk, start, member)] = end
@@ -186,6 +213,12 @@ def period_budgets_apply(
             sums[id(spends)] = (sum(s.tokens for s in spends), sum(s.cost_pico for s in spends))
     added = {key: sums[id(spends)] for key, spends in groups.items()}
     rows = _ledgers_add(project.pk, added, ends, now)
+    # a rolling ledger whose window moved to another hour since its last batch (or new):
+    # its totals summed again from its hours, under its lock (`window_moved`)
+    moved = window_moved(
+        [(by_id[pk], rows[(pk, start, member)]) for pk, start, member in windows], added, now
+    )
+    written: list[PeriodLedger] = []  # the rolling ledgers to write, in one statement
 
     events: list[BudgetEvent] = []
     for key in sorted(groups):
@@ -193,34 +226,58 @@ def period_budgets_apply(
         budget, spends = by_id[row.budget_id], groups[key]
         tokens, pico = added[key]
         cost = pico_usd(pico)
+        limits = PeriodLimits.of(budget)
+        episode = row.episode
         # the row holds the totals with this batch: the engine decides from those before it
-        before = replace(
-            Ledger.of(row), tokens_used=row.tokens_used - tokens, cost_usd=row.cost_usd - cost
-        )
+        totals = (row.tokens_used - tokens, row.cost_usd - cost)
+        if key in windows:
+            before = window_ledger(row, limits, totals)
+        else:
+            before = replace(Ledger.of(row), tokens_used=totals[0], cost_usd=totals[1])
         decided = budget_decide(
             ledger=before,
-            limits=PeriodLimits.of(budget),
+            limits=limits,
             at=now,
             spends=spends,  # read only to time a crossing
             added=(tokens, cost),
+            thresholds=limits.thresholds,
         )
-        after = decided.ledger
-        state = (after.state, after.warned_at, after.exhausted_at)
-        if state != (row.state, row.warned_at, row.exhausted_at):
-            row.state, row.warned_at, row.exhausted_at = state
-            row.save(update_fields=["state", "warned_at", "exhausted_at"])
+        changed = _ledger_set(row, decided, totals=False)
+        if key in windows and (changed or key in moved or row.episode != episode):
+            written.append(row)
+        elif changed:
+            row.save(update_fields=_STATE_FIELDS)
         events.extend(_crossings_recorded(project, budget, row, decided.crossings))
         outcome.ledgers.append((budget, row))
         if budget.action == PeriodBudget.Action.STOP and row.state == EXHAUSTED:
-            for session_key in {step.session_key for step in spends}:
+            for session_key in {step.session_key for step in windows.get(key, spends)}:
                 outcome.stopped.setdefault(session_key, budget.pk)
-    _days_add(project.pk, by_id, groups, sums, spans)
+    windows_set(written)
+    calendar = {key: steps for key, steps in groups.items() if key not in windows}
+    _days_add(project.pk, by_id, calendar, sums, spans)
+    hours_add(project.pk, {key: groups[key] for key in windows}, sums, spans)
     outcome.events = events
     return outcome
 
 
-# a ledger row's key: (budget id, period start, member ('' unless the budget is per member))
-LedgerKey = tuple[int, datetime, str]
+_STATE_FIELDS = ["state", "warned_at", "exhausted_at", "threshold_crossed", "episode"]
+
+
+def _ledger_totals_set(row: PeriodLedger, decided: Outcome) -> None:
+    row.tokens_used, row.cost_usd = decided.ledger.tokens_used, decided.ledger.cost_usd
+
+
+def _ledger_set(row: PeriodLedger, decided: Outcome, *, totals: bool) -> bool:
+    """The engine's ledger onto the row (with its totals: a rolling ledger's window); True if
+    its state changed."""
+    after = decided.ledger
+    if totals:
+        _ledger_totals_set(row, decided)
+    state = (after.state, after.warned_at, after.exhausted_at, after.threshold_crossed)
+    if state == (row.state, row.warned_at, row.exhausted_at, row.threshold_crossed):
+        return False
+    row.state, row.warned_at, row.exhausted_at, row.threshold_crossed = state
+    return True
 
 
 def _ledgers_add(
@@ -259,7 +316,8 @@ def _ledgers_add(
         f"SET tokens_used = {table}.tokens_used + excluded.tokens_used, "
         f"cost_usd = {table}.cost_usd + excluded.cost_usd, updated_at = excluded.updated_at "
         f"RETURNING id, project_id, budget_id, period_start, member, period_end, tokens_used, "
-        f"cost_usd, state, warned_at, exhausted_at, updated_at"
+        f"cost_usd, state, warned_at, exhausted_at, updated_at, threshold_crossed, episode, "
+        f"window_start"
     )
     return {
         (row.budget_id, row.period_start, row.member): row
@@ -279,7 +337,7 @@ def _days_add(
     adds: dict[tuple[int, date, str], list[int]] = {}
     for (budget_id, _, member), steps in sorted(groups.items()):
         tz = zone(budgets[budget_id].timezone)
-        earliest, latest = _span(steps, spans)
+        earliest, latest = span(steps, spans)
         first, last = earliest.astimezone(tz).date(), latest.astimezone(tz).date()
 
         if first == last and id(steps) in sums:
@@ -316,14 +374,21 @@ def _crossings_recorded(
     extra: dict[str, object] | None = None,
 ) -> list[BudgetEvent]:
     """The crossings as BudgetEvents of the ledger (a per-member budget's: of its member, named
-    in the detail), each kind once per period: one already
+    in the detail), each kind (each warn fraction's `threshold`) once per period, and per
+    episode for a rolling budget: one already
     recorded (crossed before a limit was raised, then crossed again) is not recorded twice.
-    Returns those recorded now (to announce)."""
+    Returns those recorded now (to announce), but the first warn fraction's `threshold`:
+    its crossing is announced as its `soft_warned` (docs/budgets.md, "Thresholds")."""
     recorded = []
     for crossing in crossings:
+        threshold = Decimal(0)
+        if crossing.kind == THRESHOLD and crossing.detail is not None:
+            threshold = Decimal(str(crossing.detail["threshold"]))
         event, created = BudgetEvent.objects.get_or_create(
             ledger=ledger,
             kind=crossing.kind,
+            threshold=threshold,
+            episode=ledger.episode,
             defaults={
                 "project": project,
                 "at": crossing.at,
@@ -335,11 +400,19 @@ def _crossings_recorded(
                     **({"member": ledger.member} if ledger.member else {}),
                     **PeriodLimits.of(budget).describe(),
                     "warn_at_pct": str(budget.warn_at_pct),
+                    "warn_at": list(budget.warn_at),
+                    **(
+                        {"window_hours": budget.window_hours, "episode": ledger.episode}
+                        if rolling(budget)
+                        else {}
+                    ),
+                    **(crossing.detail or {}),
                     **(extra or {}),
                 },
             },
         )
-        if created:
+        # the first fraction's crossing is announced once, as its soft_warned
+        if created and not (crossing.kind == THRESHOLD and threshold == budget.thresholds[0]):
             recorded.append(event)
     return recorded
 
@@ -350,18 +423,26 @@ def period_budget_recheck(budget: PeriodBudget, *, now: datetime) -> list[Budget
     budget, in the caller's transaction, under the ledgers' locks (taken in member order).
     Returns the crossings recorded (to announce)."""
     start, _ = period_bounds(budget.period, budget.timezone, now)
-    rows = (
+    rows = list(
         PeriodLedger.objects.select_for_update()
         .filter(budget=budget, period_start=start)
         .order_by("member")
     )
+    limits = PeriodLimits.of(budget)
+    windows = window_totals([(budget, row.member) for row in rows], now) if rolling(budget) else {}
     recorded: list[BudgetEvent] = []
     for row in rows:
-        decided = budget_decide(ledger=Ledger.of(row), limits=PeriodLimits.of(budget), at=now)
-        after = decided.ledger
-        row.state, row.warned_at = after.state, after.warned_at
-        row.exhausted_at, row.updated_at = after.exhausted_at, now
-        row.save(update_fields=["state", "warned_at", "exhausted_at", "updated_at"])
+        ledger = Ledger.of(row)
+        if rolling(budget):  # its window now, under its lock
+            ledger = window_ledger(row, limits, windows[(budget.pk, row.member)])
+            row.window_start = window_bounds(budget.window_hours or 1, now)[0]
+        decided = budget_decide(ledger=ledger, limits=limits, at=now, thresholds=limits.thresholds)
+        _ledger_set(row, decided, totals=False)
+        row.updated_at = now
+        _ledger_totals_set(row, decided)
+        row.save(
+            update_fields=["tokens_used", "cost_usd", "window_start", "updated_at", *_STATE_FIELDS]
+        )
         recorded += _crossings_recorded(budget.project, budget, row, decided.crossings)
     return recorded
 
@@ -370,9 +451,9 @@ def stopping_budgets(
     budgets: Sequence[PeriodBudget], scopes: Mapping[str, StepScope], now: datetime
 ) -> dict[str, int]:
     """Each of `scopes` (a session's, by its key) that an exhausted stop-budget covers, in
-    the budget's current period → the first such budget's id. A per-member budget stops
-    only the scopes of its exhausted members. One query; none when no budget stops or
-    covers them."""
+    the budget's current period (a rolling budget: its window at `now`) → the first such
+    budget's id. A per-member budget stops only the scopes of its exhausted members. One
+    query (two with rolling budgets); none when no budget stops or covers them."""
     stops = [b for b in budgets if b.action == PeriodBudget.Action.STOP]
     if not stops or not scopes:
         return {}
@@ -386,14 +467,26 @@ def stopping_budgets(
                 members.setdefault(budget.pk, set()).add(member)
     if not members:
         return {}
-    current = Q()
+    current = Q(pk__in=[])
+    windows: list[tuple[PeriodBudget, str]] = []
     for budget in stops:
-        if budget.pk in members:
-            start = period_bounds(budget.period, budget.timezone, now)[0]
-            current |= Q(budget=budget, period_start=start, member__in=members[budget.pk])
-    exhausted = set(
-        PeriodLedger.objects.filter(current, state=EXHAUSTED).values_list("budget_id", "member")
-    )
+        if budget.pk not in members:
+            continue
+        if rolling(budget):  # decided against its window now, whatever was stored
+            windows += [(budget, member) for member in members[budget.pk]]
+            continue
+        start = period_bounds(budget.period, budget.timezone, now)[0]
+        current |= Q(budget=budget, period_start=start, member__in=members[budget.pk])
+    exhausted: set[tuple[int, str]] = set()
+    if len(windows) < sum(len(found) for found in members.values()):
+        exhausted |= set(
+            PeriodLedger.objects.filter(current, state=EXHAUSTED).values_list("budget_id", "member")
+        )
+    if windows:
+        by_id = {budget.pk: budget for budget in stops}
+        for (pk, member), (tokens, cost) in window_totals(windows, now).items():
+            if PeriodLimits.of(by_id[pk]).exhausted(tokens, cost):
+                exhausted.add((pk, member))
     found: dict[str, int] = {}
     for key, pairs in wanted.items():
         first = next((budget_id for budget_id, m in pairs if (budget_id, m) in exhausted), None)

@@ -5,8 +5,9 @@ A budget's fields come typed, as `BudgetFields` (pydantic: types, choices and ra
 once where the input arrives: the API's body, the admin's form, a Python caller's mapping);
 `budget_check` adds the rules no single field holds — a name and a limit required, the
 scope's value for its scope (a key prefix the project has), a timezone that exists, a USD
-limit's range and decimals, a per-member budget that stays one, and channels the project
-has set up (a Slack URL for slack, a routing key for pagerduty)."""
+limit's range and decimals, the warn fractions (`warn_at`, or the older one-fraction
+`warn_at_pct`), a rolling budget's window, a per-member or rolling budget that stays one, and
+channels the project has set up (a Slack URL for slack, a routing key for pagerduty)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import re
 from collections.abc import Mapping
 from datetime import datetime
 from decimal import Decimal
+from itertools import pairwise
 from typing import Annotated, Any, Literal
 
 from django.db import transaction
@@ -22,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, WithJsonSchema
 
 from costboard.budgets.alerts import announce, incidents_resolve
 from costboard.budgets.period_ledgers import period_budget_recheck
-from costboard.budgets.periods import EVERY, per_member, zone
+from costboard.budgets.periods import EVERY, per_member, rolling, zone
 from costboard.models import ApiKey, PeriodBudget, Project
 from costboard.models.projects import ALERT_CHANNELS, channel_setup_fault
 
@@ -31,13 +33,17 @@ FIELDS = (
     "scope",
     "scope_value",
     "period",
+    "window_hours",
     "timezone",
     "token_limit",
     "cost_limit_usd",
-    "warn_at_pct",
+    "warn_at",
     "action",
     "channels",
 )
+MAX_THRESHOLDS = 10
+MAX_WINDOW_HOURS = 720
+_WARN_AT_EXAMPLE = "e.g. [0.5, 0.8, 0.95]"
 MAX_TOKEN_LIMIT = 10**15
 MAX_COST_LIMIT = Decimal("9999999999.9999")
 _TAG_KEY = re.compile(r"[a-z0-9_.-]{1,64}")
@@ -66,8 +72,13 @@ class BudgetFields(BaseModel):
         description='the user_id, the key prefix ("cb_AbCdEfG") or the tag ("feature=search"); '
         "absent for the project",
     )
-    period: Literal["day", "week", "month", "total"] | None = Field(
-        default=None, description="month (the default), day, week (from Monday) or total"
+    period: Literal["day", "week", "month", "total", "rolling"] | None = Field(
+        default=None,
+        description="month (the default), day, week (from Monday), total, or rolling: the "
+        "last window_hours hours",
+    )
+    window_hours: Annotated[StrictInt, Field(ge=1, le=MAX_WINDOW_HOURS)] | None = Field(
+        default=None, description="a rolling budget's window: 1 to 720 hours (rolling only)"
     )
     timezone: Annotated[str, Field(max_length=64)] | None = Field(
         default=None, description='an IANA name where periods begin: "UTC" (the default)'
@@ -76,8 +87,13 @@ class BudgetFields(BaseModel):
         default=None, description="input + output tokens in a period"
     )
     cost_limit_usd: Annotated[Decimal, WithJsonSchema(_MONEY_SCHEMA)] | None = None
+    warn_at: Annotated[list[Decimal], Field(max_length=MAX_THRESHOLDS)] | None = Field(
+        default=None,
+        description="the fractions of a limit that warn, ascending, each 0.01 to 1: [0.8] "
+        "(the default); each crossing is a `threshold` event, the first also `soft_warned`",
+    )
     warn_at_pct: Annotated[Decimal, Field(ge=Decimal("0.01"), le=1)] | None = Field(
-        default=None, description="the fraction of a limit that warns: 0.8 (the default)"
+        default=None, description="the older one-fraction form of warn_at: 0.8 is [0.8]"
     )
     action: Literal["warn", "stop"] | None = Field(
         default=None, description="warn (the default) or stop: its sessions report exhausted"
@@ -179,11 +195,67 @@ def _cost_limit(amount: Decimal | None) -> Decimal | None:
     return amount
 
 
-def _warn_at(fields: BudgetFields) -> Decimal:
-    fraction = fields.warn_at_pct
-    if fraction is None and "warn_at_pct" in fields.model_fields_set:
+def _warn_at(fields: BudgetFields) -> list[str]:
+    """The warn fractions as stored (decimal strings, ascending): `warn_at`, else
+    `warn_at_pct` as a list of one, else [0.8]."""
+    named = fields.model_fields_set
+    if fields.warn_at_pct is None and "warn_at_pct" in named:
         raise BudgetInputError("warn_at_pct", "must be a fraction from 0.01 to 1, e.g. 0.8")
-    return (Decimal("0.8") if fraction is None else fraction).quantize(Decimal("0.001"))
+    if fields.warn_at_pct is not None:
+        if fields.warn_at is not None and "warn_at" in named:
+            raise BudgetInputError(
+                "warn_at",
+                "give warn_at or the older warn_at_pct, not both: warn_at, " + _WARN_AT_EXAMPLE,
+            )
+        fractions: list[Any] = [fields.warn_at_pct]
+    elif fields.warn_at is None:
+        if "warn_at" in named:
+            raise BudgetInputError(
+                "warn_at", f"must be a list of fractions from 0.01 to 1, {_WARN_AT_EXAMPLE}"
+            )
+        fractions = [Decimal("0.8")]
+    else:
+        fractions = list(fields.warn_at)
+    if not 1 <= len(fractions) <= MAX_THRESHOLDS:
+        raise BudgetInputError(
+            "warn_at", f"give 1 to {MAX_THRESHOLDS} fractions from 0.01 to 1, {_WARN_AT_EXAMPLE}"
+        )
+    cleaned: list[Decimal] = []
+    for fraction in fractions:
+        value = Decimal(str(fraction))
+        if (
+            not value.is_finite()
+            or not Decimal("0.01") <= value <= 1
+            or value.as_tuple().exponent < -3  # type: ignore[operator]
+        ):
+            raise BudgetInputError(
+                "warn_at",
+                f"{str(fraction)[:20]} is not a fraction from 0.01 to 1 with at most 3 decimals: "
+                f"0.8 warns at 80 %, {_WARN_AT_EXAMPLE}",
+            )
+        cleaned.append(value)
+    if any(later <= earlier for earlier, later in pairwise(cleaned)):
+        raise BudgetInputError(
+            "warn_at", f"list each fraction once, smallest first, {_WARN_AT_EXAMPLE}"
+        )
+    return [format(value.normalize(), "f") for value in cleaned]
+
+
+def _window(fields: BudgetFields, period: str) -> int | None:
+    hours = fields.window_hours
+    if period == PeriodBudget.Period.ROLLING:
+        if hours is None:
+            raise BudgetInputError(
+                "window_hours",
+                f'is required for period "rolling": 1 to {MAX_WINDOW_HOURS} hours, e.g. 24',
+            )
+        return hours
+    if hours is not None:
+        raise BudgetInputError(
+            "window_hours",
+            'is for period "rolling" only: remove it, or set period to "rolling"',
+        )
+    return None
 
 
 def _channels(
@@ -228,8 +300,9 @@ def budget_check(
             "token_limit", "give a token_limit, a cost_limit_usd or both: a budget needs a limit"
         )
     scope_value = _scope_value(project, scope, fields.scope_value)
+    window_hours = _window(fields, period)
     if stored is not None and stored.pk is not None:
-        changed = PeriodBudget(scope=scope, scope_value=scope_value)
+        changed = PeriodBudget(scope=scope, scope_value=scope_value, period=period)
         if per_member(changed) != per_member(stored):
             # its ledgers are kept per member or not: they cannot be carried across
             raise BudgetInputError(
@@ -237,15 +310,23 @@ def budget_check(
                 'cannot change between "*" (each member on its own) and one value: make a '
                 "new budget and delete this one",
             )
+        if rolling(changed) != rolling(stored):
+            # a rolling budget's ledger holds its window, a calendar one's its periods
+            raise BudgetInputError(
+                "period",
+                'cannot change between "rolling" and a calendar period: make a new budget '
+                "and delete this one",
+            )
     return {
         "name": name.strip(),
         "scope": scope,
         "scope_value": scope_value,
         "period": period,
+        "window_hours": window_hours,
         "timezone": tz_name,
         "token_limit": token_limit,
         "cost_limit_usd": cost_limit,
-        "warn_at_pct": _warn_at(fields),
+        "warn_at": _warn_at(fields),
         "action": _chosen(fields, "action", PeriodBudget.Action.WARN, PeriodBudget.Action.values),
         "channels": _channels(project, fields, stored),
     }
@@ -255,7 +336,7 @@ def period_budget_create(
     *, project: Project, fields: BudgetFields | Mapping[str, Any], now: datetime | None = None
 ) -> PeriodBudget:
     """Make a budget of these fields (scope `project`, period `month`, action `warn` and
-    warning at 0.8 where they are not given)."""
+    warning at [0.8] where they are not given)."""
     cleaned = budget_check(project, _typed(fields))
     now = now or timezone.now()
     return PeriodBudget.objects.create(project=project, created_at=now, updated_at=now, **cleaned)
@@ -275,6 +356,8 @@ def period_budget_update(
     locked = PeriodBudget.objects.select_for_update().get(pk=budget.pk)
     # the stored fields were checked when stored: trusted, with the changes over them
     current = {name: getattr(locked, name) for name in FIELDS}
+    if "warn_at_pct" in given and "warn_at" not in given:
+        del current["warn_at"]  # the older one-fraction form replaces the stored list
     fields = BudgetFields.model_construct(**{**current, **given})
     cleaned = budget_check(locked.project, fields, stored=locked)
     for name, value in cleaned.items():

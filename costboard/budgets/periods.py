@@ -14,11 +14,11 @@ from decimal import Decimal
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from django.db.models import DecimalField, ExpressionWrapper, F, Value
+from django.db.models import DecimalField, ExpressionWrapper, F, Q, Sum, Value
 from django.db.models.functions import Greatest
 
-from costboard.budgets.engine import limits_reached, threshold_state
-from costboard.models import BudgetDay, PeriodBudget, PeriodLedger, usd
+from costboard.budgets.engine import EXHAUSTED, WARNING, limits_reached, threshold_state
+from costboard.models import BudgetDay, BudgetHour, PeriodBudget, PeriodLedger, usd
 
 # a total budget's one period begins here
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -37,8 +37,9 @@ def zone(name: str) -> ZoneInfo:
 def period_bounds(period: str, tz_name: str, at: datetime) -> tuple[datetime, datetime | None]:
     """The period of `at`: its start and end (exclusive; None for a total budget), in UTC.
     Days, weeks (from Monday) and months begin at midnight in the budget's timezone, so a
-    day of a DST change is 23 or 25 hours long."""
-    if period == PeriodBudget.Period.TOTAL:
+    day of a DST change is 23 or 25 hours long. A rolling budget's ledgers are kept like a
+    total budget's, one per member (its window: `window_bounds`)."""
+    if period in (PeriodBudget.Period.TOTAL, PeriodBudget.Period.ROLLING):
         return EPOCH, None
     tz = zone(tz_name)
     local = at.astimezone(tz).date()
@@ -57,6 +58,113 @@ def period_bounds(period: str, tz_name: str, at: datetime) -> tuple[datetime, da
 
 def _midnight(day: date, tz: ZoneInfo) -> datetime:
     return datetime.combine(day, time.min, tzinfo=tz).astimezone(UTC)
+
+
+HOUR = timedelta(hours=1)
+
+
+def hour_of(at: datetime) -> datetime:
+    """The start of the UTC hour `at` falls in: a rolling budget's bucket."""
+    return at.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+
+
+def window_bounds(window_hours: int, at: datetime) -> tuple[datetime, datetime]:
+    """A rolling window at `at`: the hour `at` falls in and the `window_hours` − 1 before it
+    (start inclusive, end exclusive, UTC). Spend stamped after `at` counts too (a client's
+    clock ahead of ours): the window's sum reads every hour from its start on."""
+    current = hour_of(at)
+    return current - (window_hours - 1) * HOUR, current + HOUR
+
+
+def rolling(budget: PeriodBudget) -> bool:
+    return budget.period == PeriodBudget.Period.ROLLING
+
+
+def window_totals(
+    keys: Collection[tuple[PeriodBudget, str]], now: datetime
+) -> dict[tuple[int, str], tuple[int, Decimal]]:
+    """Each (rolling budget, member)'s tokens and cost in its window at `now`: the sum of its
+    hours (one query; (0, 0) for a member with none)."""
+    found: dict[tuple[int, str], tuple[int, Decimal]] = {
+        (budget.pk, member): (0, Decimal(0)) for budget, member in keys
+    }
+    if not found:
+        return found
+    members: dict[int, set[str]] = {}
+    starts: dict[int, datetime] = {}
+    for budget, member in keys:
+        members.setdefault(budget.pk, set()).add(member)
+        starts[budget.pk] = window_bounds(budget.window_hours or 1, now)[0]
+    wanted = Q(pk__in=[])
+    for pk, start in starts.items():
+        wanted |= Q(budget_id=pk, member__in=members[pk], hour__gte=start)
+    rows = (
+        BudgetHour.objects.filter(wanted)
+        .values("budget_id", "member")
+        .annotate(tokens=Sum("tokens_used"), cost=Sum("cost_usd"))
+        .values_list("budget_id", "member", "tokens", "cost")
+    )
+    for budget_id, member, tokens, cost in rows:
+        found[(budget_id, member)] = (int(tokens or 0), cost or Decimal(0))
+    return found
+
+
+def window_members(
+    budgets: Collection[PeriodBudget], now: datetime
+) -> dict[int, dict[str, tuple[int, Decimal]]]:
+    """Each rolling budget's members with spend in its window at `now` → their tokens and
+    cost (member '' for a budget that is not per member; one query)."""
+    found: dict[int, dict[str, tuple[int, Decimal]]] = {b.pk: {} for b in budgets}
+    wanted = Q(pk__in=[])
+    for budget in budgets:
+        wanted |= Q(budget_id=budget.pk, hour__gte=window_bounds(budget.window_hours or 1, now)[0])
+    if not found:
+        return found
+    rows = (
+        BudgetHour.objects.filter(wanted)
+        .values("budget_id", "member")
+        .annotate(tokens=Sum("tokens_used"), cost=Sum("cost_usd"))
+        .values_list("budget_id", "member", "tokens", "cost")
+    )
+    for budget_id, member, tokens, cost in rows:
+        found[budget_id][member] = (int(tokens or 0), cost or Decimal(0))
+    return found
+
+
+def ledger_as_of(
+    budget: PeriodBudget, ledger: PeriodLedger, totals: tuple[int, Decimal]
+) -> PeriodLedger:
+    """A rolling budget's ledger with its window's `totals` now (not stored): its state and
+    the crossings still true by them; the rest as stored (a read between batches)."""
+    limits = PeriodLimits.of(budget)
+    tokens, cost = totals
+    state = threshold_state(limits, tokens, cost)
+    crossed = None
+    for share in limits.thresholds:
+        if not limits.reaches(tokens, cost, share):
+            break
+        crossed = share
+    return replace_ledger(
+        ledger,
+        tokens_used=tokens,
+        cost_usd=cost,
+        state=state,
+        warned_at=ledger.warned_at if state in (WARNING, EXHAUSTED) else None,
+        exhausted_at=ledger.exhausted_at if state == EXHAUSTED else None,
+        threshold_crossed=crossed,
+    )
+
+
+def replace_ledger(ledger: PeriodLedger, **values: Any) -> PeriodLedger:
+    """A copy of `ledger` (same id, unsaved) with these values."""
+    copy = PeriodLedger.from_db(
+        ledger._state.db,
+        [f.attname for f in PeriodLedger._meta.concrete_fields],
+        [getattr(ledger, f.attname) for f in PeriodLedger._meta.concrete_fields],
+    )
+    for name, value in values.items():
+        setattr(copy, name, value)
+    return copy
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,16 +221,21 @@ class PeriodLimits:
 
     token_limit: int | None
     cost_limit_usd: Decimal | None
-    warn_at: Decimal
+    warn_at: Decimal  # the first warn fraction: `warning` and `soft_warned`
+    thresholds: tuple[Decimal, ...] = ()  # every warn fraction, ascending
 
     @classmethod
     def of(cls, budget: PeriodBudget) -> PeriodLimits:
-        return cls(budget.token_limit, budget.cost_limit_usd, budget.warn_at_pct)
+        fractions = budget.thresholds
+        return cls(budget.token_limit, budget.cost_limit_usd, fractions[0], fractions)
 
     def warned(self, tokens_used: int, cost_usd: Decimal) -> bool:
         return limits_reached(
             tokens_used, cost_usd, self.token_limit, self.cost_limit_usd, self.warn_at
         )
+
+    def reaches(self, tokens_used: int, cost_usd: Decimal, share: Decimal) -> bool:
+        return limits_reached(tokens_used, cost_usd, self.token_limit, self.cost_limit_usd, share)
 
     def exhausted(self, tokens_used: int, cost_usd: Decimal) -> bool:
         return limits_reached(tokens_used, cost_usd, self.token_limit, self.cost_limit_usd)
@@ -222,21 +335,27 @@ def period_budget_view(
     for a per-member budget the ledger's member); `days` (its recent cost per day,
     `budget_days`) makes the forecast's range and crossing day, else the forecast is the
     rate so far."""
+    crossed: Decimal | None = None
     if ledger is not None:
         start, end = ledger.period_start, ledger.period_end
         tokens, cost = ledger.tokens_used, ledger.cost_usd
         warned, exhausted = ledger.warned_at, ledger.exhausted_at
-        state = ledger.state
+        state, crossed = ledger.state, ledger.threshold_crossed
     else:
         start, end = period_bounds(budget.period, budget.timezone, now)
         tokens, cost, warned, exhausted = 0, Decimal(0), None, None
         state = state_of(budget, 0, Decimal(0))
+    if rolling(budget):  # its period is the window at `now`
+        start, end = window_bounds(budget.window_hours or 1, now)
+        days = None
     ahead = (
         forecast(budget, cost, start=start, end=end, days=days, now=now)
         if days is not None
         else None
     )
     projected = ahead.cost_usd if ahead is not None else forecast_cost(cost, start, end, now)
+    if rolling(budget):
+        projected = None  # a window has no end to project to
     return {
         "id": budget.pk,
         "name": budget.name,
@@ -244,6 +363,7 @@ def period_budget_view(
         "scope_value": budget.scope_value or None,
         "member": (ledger.member or None) if ledger is not None else None,
         "period": budget.period,
+        "window_hours": budget.window_hours,
         "timezone": budget.timezone,
         "period_start": start.isoformat(),
         "period_end": end.isoformat() if end is not None else None,
@@ -252,7 +372,9 @@ def period_budget_view(
         "token_limit": budget.token_limit,
         "cost_usd": usd(cost),
         "cost_limit_usd": usd(budget.cost_limit_usd),
+        "warn_at": [float(fraction) for fraction in budget.thresholds],
         "warn_at_pct": float(budget.warn_at_pct),
+        "threshold_crossed": float(crossed) if crossed is not None else None,
         "action": budget.action,
         "channels": budget.channels or None,
         "warned_at": warned.isoformat() if warned else None,
@@ -266,9 +388,14 @@ def period_budget_view(
 
 def ledger_now(budget: PeriodBudget, now: datetime, member: str = "") -> PeriodLedger | None:
     """The ledger of the period `now` falls in (of `member`, for a per-member budget), if
-    anything counted toward it yet."""
+    anything counted toward it yet; a rolling budget's with its window's figures at `now`
+    (`ledger_as_of`)."""
     start, _ = period_bounds(budget.period, budget.timezone, now)
-    return PeriodLedger.objects.filter(budget=budget, period_start=start, member=member).first()
+    found = PeriodLedger.objects.filter(budget=budget, period_start=start, member=member).first()
+    if found is not None and rolling(budget):
+        totals = window_totals([(budget, member)], now)[(budget.pk, member)]
+        return ledger_as_of(budget, found, totals)
+    return found
 
 
 def budget_days(budgets: list[PeriodBudget], now: datetime) -> dict[int, dict[date, Decimal]]:
@@ -325,13 +452,30 @@ def _fraction(budget: PeriodBudget, tokens: int, cost: Decimal) -> Decimal:
 def members_nearest_limit(
     budget: PeriodBudget, now: datetime, limit: int = 10
 ) -> list[MemberStanding]:
-    """The members of a per-member budget that spent in its period of `now`, nearest their
-    limit first (ties by member), at most `limit` of them (one query). The ordering is the
-    database's: max(tokens/T, cost/C) orders as max(tokens*C, cost*T), the limits being the
-    same for every member."""
+    """The members of a per-member budget that spent in its period of `now` (a rolling
+    budget: in its window, from its hours), nearest their limit first (ties by member), at
+    most `limit` of them (one query). The ordering is the database's: max(tokens/T, cost/C)
+    orders as max(tokens*C, cost*T), the limits being the same for every member."""
+    tokens_limit, cost_limit = budget.token_limit, budget.cost_limit_usd
+    if rolling(budget):  # its members' windows now, from their hours
+        spent = window_members([budget], now)[budget.pk]
+        standings = [
+            MemberStanding(
+                member=member,
+                tokens_used=tokens,
+                token_limit=tokens_limit,
+                cost_usd=cost,
+                cost_limit_usd=cost_limit,
+                fraction=_fraction(budget, tokens, cost),
+                state=state_of(budget, tokens, cost),
+            )
+            for member, (tokens, cost) in spent.items()
+            if member
+        ]
+        standings.sort(key=lambda standing: (-standing.fraction, standing.member))
+        return standings[: max(limit, 0)]
     start, _ = period_bounds(budget.period, budget.timezone, now)
     rows = PeriodLedger.objects.filter(budget=budget, period_start=start).exclude(member="")
-    tokens_limit, cost_limit = budget.token_limit, budget.cost_limit_usd
     nearness: Any
     if tokens_limit is not None and cost_limit is not None:
         nearness = Greatest(

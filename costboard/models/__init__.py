@@ -29,6 +29,7 @@ from costboard.models.billing import BilledUsage, BillingDrift, ProviderProject
 from costboard.models.budgets import (
     BudgetDay,
     BudgetEvent,
+    BudgetHour,
     EnvironmentCaps,
     PeriodBudget,
     PeriodLedger,
@@ -89,6 +90,7 @@ __all__ = [
     "BillingDrift",
     "BudgetDay",
     "BudgetEvent",
+    "BudgetHour",
     "DailyRollup",
     "EnvironmentCaps",
     "EventReceipt",

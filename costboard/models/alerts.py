@@ -18,8 +18,17 @@ from costboard.models.projects import Project
 
 # forecast: a period budget projected to pass its USD limit this period (once per period);
 # billing_drift: a provider's day billed past the project's drift threshold (docs/billing.md);
-# anomaly: a day's spend far above its trailing 14 days (docs/budgets.md, "Spend anomalies")
-ALERT_KINDS = ["soft_warned", "exhausted", "runaway", "forecast", "billing_drift", "anomaly"]
+# anomaly: a day's spend far above its trailing 14 days (docs/budgets.md, "Spend anomalies");
+# threshold: a period budget past one of its warn fractions (once per fraction and period)
+ALERT_KINDS = [
+    "soft_warned",
+    "exhausted",
+    "runaway",
+    "forecast",
+    "billing_drift",
+    "anomaly",
+    "threshold",
+]
 
 
 def _alert_kinds() -> list[str]:
@@ -39,7 +48,7 @@ class WebhookEndpoint(models.Model):
         default=_alert_kinds,
         blank=True,
         help_text='Which alerts to send: any of "soft_warned", "exhausted", "runaway", '
-        '"forecast", "billing_drift", "anomaly".',
+        '"forecast", "billing_drift", "anomaly", "threshold".',
     )
     active = models.BooleanField(default=True)
     created_at = models.DateTimeField(default=timezone.now)

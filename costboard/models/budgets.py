@@ -42,6 +42,8 @@ class BudgetEvent(models.Model):
         CAP_CHANGED = "cap_changed"
         # a period budget projected, at its recent daily rate, to pass its limit this period
         FORECAST = "forecast"
+        # a period budget past one of its warn fractions (`threshold` names which)
+        THRESHOLD = "threshold"
 
     project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="+")
     # a session's crossing, or a period budget's (its ledger: the budget and the period)
@@ -67,6 +69,10 @@ class BudgetEvent(models.Model):
     cost_usd = money_field()
     detail = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
+    # a `threshold` event's warn fraction (0 for the other kinds): one event per fraction
+    threshold = models.DecimalField(max_digits=4, decimal_places=3, default=0, db_default=0)
+    # a rolling budget's episode (PeriodLedger.episode) it happened in; 0 for the others
+    episode = models.PositiveIntegerField(default=0, db_default=0)
 
     class Meta:
         ordering = ["at", "id"]
@@ -77,9 +83,10 @@ class BudgetEvent(models.Model):
                 | Q(session__isnull=True, ledger__isnull=False),
                 name="budgetevent_session_or_ledger",
             ),
-            # a period budget's crossing is recorded once per period, whatever races
+            # a period budget's crossing is recorded once per period (and member), warn
+            # fraction and rolling episode, whatever races
             models.UniqueConstraint(
-                fields=["ledger", "kind", "project"],
+                fields=["ledger", "kind", "threshold", "episode", "project"],
                 condition=Q(ledger__isnull=False),
                 name="budgetevent_once_per_period",
             ),
@@ -99,14 +106,18 @@ class BudgetEvent(models.Model):
         }
 
 
+def default_warn_at() -> list[str]:
+    return ["0.8"]
+
+
 class PeriodBudget(models.Model):
     """A budget above the session (docs/budgets.md, "Period budgets"): a project's, an end user's,
-    an API key's or a tag's spend in each day, week or month (in a timezone), or in total, held to a
-    token and/or USD limit. Every step whose scope matches counts toward it, in the period its
-    timestamp falls in (a PeriodLedger each); `stop` tells the agents of its sessions to stop when
-    it is exhausted, `warn` only warns. A `scope_value` of "*" (a tag's "key=*") makes it a
-    per-member budget: each user, key or tag value held to the limits on its own, with a
-    ledger of its own (`PeriodLedger.member`)."""
+    an API key's or a tag's spend in each day, week or month (in a timezone), in total, or in a
+    rolling window of the last N hours, held to a token and/or USD limit. Every step whose scope
+    matches counts toward it, in the period its timestamp falls in (a PeriodLedger each); `stop`
+    tells the agents of its sessions to stop when it is exhausted, `warn` only warns. A
+    `scope_value` of "*" (a tag's "key=*") makes it a per-member budget: each user, key or tag
+    value held to the limits on its own, with a ledger of its own (`PeriodLedger.member`)."""
 
     class Scope(models.TextChoices):
         PROJECT = "project", "the whole project"
@@ -119,6 +130,7 @@ class PeriodBudget(models.Model):
         WEEK = "week", "week (from Monday)"
         MONTH = "month"
         TOTAL = "total", "total (never resets)"
+        ROLLING = "rolling", "rolling (the last window_hours hours)"
 
     class Action(models.TextChoices):
         WARN = "warn", "warn: alert, never stop"
@@ -133,7 +145,13 @@ class PeriodBudget(models.Model):
         help_text="the user_id, the key prefix (cb_…) or the tag as key=value; empty for the "
         'project; "*" (a tag\'s "key=*"): each user, key or tag value on its own',
     )
-    period = models.CharField(max_length=5, choices=Period.choices, default=Period.MONTH)
+    period = models.CharField(max_length=8, choices=Period.choices, default=Period.MONTH)
+    window_hours = models.PositiveSmallIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1), MaxValueValidator(720)],
+        help_text="a rolling budget's window: the last 1 to 720 hours",
+    )
     # (before `timezone`, which names a field from there on in this class)
     created_at = models.DateTimeField(default=timezone.now, editable=False)
     updated_at = models.DateTimeField(default=timezone.now, editable=False)
@@ -150,12 +168,10 @@ class PeriodBudget(models.Model):
         blank=True,
         validators=[MinValueValidator(Decimal("0.0001"))],
     )
-    warn_at_pct = models.DecimalField(
-        max_digits=4,
-        decimal_places=3,
-        default=Decimal("0.8"),
-        validators=[MinValueValidator(Decimal("0.01")), MaxValueValidator(Decimal(1))],
-        help_text="the fraction of a limit that warns (0.8: at 80 %)",
+    # the fractions of a limit that warn, ascending, as decimal strings (["0.5", "0.8"]): each
+    # crossing a `threshold` event, the first also `soft_warned`
+    warn_at = models.JSONField(
+        default=default_warn_at, help_text="the fractions of a limit that warn, e.g. 0.5, 0.8"
     )
     action = models.CharField(max_length=4, choices=Action.choices, default=Action.WARN)
     # where its alerts go (docs/budgets.md, "Alerts"): any of costboard.models.projects.
@@ -176,10 +192,25 @@ class PeriodBudget(models.Model):
                 condition=Q(token_limit__isnull=False) | Q(cost_limit_usd__isnull=False),
                 name="periodbudget_has_a_limit",
             ),
+            models.CheckConstraint(
+                condition=Q(period="rolling", window_hours__isnull=False)
+                | (~Q(period="rolling") & Q(window_hours__isnull=True)),
+                name="periodbudget_window_if_rolling",
+            ),
         ]
 
     def __str__(self) -> str:
         return f"{self.name} ({self.project.slug})"
+
+    @property
+    def thresholds(self) -> tuple[Decimal, ...]:
+        """The warn fractions, ascending (`warn_at` as Decimals)."""
+        return tuple(Decimal(str(fraction)) for fraction in self.warn_at or ["0.8"])
+
+    @property
+    def warn_at_pct(self) -> Decimal:
+        """The first warn fraction: the one `soft_warned` and the state `warning` mean."""
+        return self.thresholds[0]
 
 
 class PeriodLedger(models.Model):
@@ -206,6 +237,13 @@ class PeriodLedger(models.Model):
     warned_at = models.DateTimeField(null=True, blank=True)
     exhausted_at = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField(default=timezone.now)
+    # the highest warn fraction its totals reach (None: below every one)
+    threshold_crossed = models.DecimalField(max_digits=4, decimal_places=3, null=True, blank=True)
+    # a rolling budget's episode: one more each time its window falls back under the first
+    # warn fraction after a crossing (its crossings may then be recorded again)
+    episode = models.PositiveIntegerField(default=0, db_default=0)
+    # a rolling ledger's window start (an hour) its totals count from (None: not rolling)
+    window_start = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints = [
@@ -248,3 +286,36 @@ class BudgetDay(models.Model):
 
     def __str__(self) -> str:
         return f"{self.budget_id} {self.member} {self.day}".replace("  ", " ")
+
+
+class BudgetHour(models.Model):
+    """What counted toward a rolling budget in one hour (UTC; of one member, for a per-member
+    budget): a rolling window's spend is the sum of its hours, never of its steps. Kept by
+    ingest with the ledgers, under their locks; hours older than the window are pruned by the
+    retention sweep."""
+
+    # the budget's project, copied: the distribution column (docs/operations.md, "Scaling out")
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="+", db_index=False)
+    # no lone index: its unique key leads with it
+    budget = models.ForeignKey(
+        PeriodBudget,
+        on_delete=models.CASCADE,
+        related_name="hours",
+        db_index=False,
+        db_constraint=False,
+    )
+    member = models.CharField(max_length=128, blank=True, default="", db_default="")
+    hour = models.DateTimeField()  # its start, on the hour, UTC
+    tokens_used = models.BigIntegerField(default=0)
+    cost_usd = money_field()
+
+    class Meta:
+        constraints = [
+            # leads with (budget, member): a window's sum reads a member's hours in a range
+            models.UniqueConstraint(
+                fields=["budget", "member", "hour", "project"], name="budgethour_hour"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.budget_id} {self.member} {self.hour:%Y-%m-%d %H:00}".replace("  ", " ")

@@ -48,6 +48,7 @@ WRITERS = frozenset(
         "budgets/services",
         "budgets/period_services",
         "budgets/period_ledgers",
+        "budgets/windows",
         "budgets/alerts",
         "budgets/anomalies",
         "billing/services",

@@ -19,7 +19,10 @@ from costboard.budgets.periods import (
     members_nearest_limit,
     per_member,
     period_bounds,
+    rolling,
     state_of,
+    window_bounds,
+    window_members,
     zone,
 )
 from costboard.dashboards.selectors.shared import ZERO
@@ -86,6 +89,7 @@ def _budget_rows(budgets: list[PeriodBudget], now: datetime) -> list[BudgetRow]:
         current |= Q(budget_id=b.pk, period_start=starts[b.pk][0])
     ledgers = {row.budget_id: row for row in _ledger_sums(current)} if budgets else {}
     days = budget_days(budgets, now)
+    windows = window_members([b for b in budgets if rolling(b)], now)
     rows = []
     for b in budgets:
         ledger = ledgers.get(b.pk)
@@ -93,6 +97,13 @@ def _budget_rows(budgets: list[PeriodBudget], now: datetime) -> list[BudgetRow]:
         tokens = ledger.tokens_used if ledger is not None else 0
         cost = ledger.cost_usd if ledger is not None else ZERO
         state = ledger.state if ledger is not None else state_of(b, 0, ZERO)
+        if b.pk in windows:  # a rolling budget: its window now, its members' worst state
+            members = windows[b.pk].values()
+            tokens = sum(t for t, _ in members)
+            cost = sum((c for _, c in members), ZERO)
+            states = [state_of(b, t, c) for t, c in members] or [state_of(b, 0, ZERO)]
+            state = max(states, key=_STATE_RANK.__getitem__)
+            start, end = window_bounds(b.window_hours or 1, now)
         rows.append(
             BudgetRow(
                 budget=b,
@@ -101,7 +112,7 @@ def _budget_rows(budgets: list[PeriodBudget], now: datetime) -> list[BudgetRow]:
                 cost_usd=cost,
                 # a per-member budget's forecasts are its members' (each its own days)
                 forecast=None
-                if per_member(b)
+                if per_member(b) or rolling(b)
                 else forecast(b, cost, start=start, end=end, days=days[b.pk], now=now),
                 period_end=end,
                 period_start=start,

@@ -64,6 +64,20 @@ class Command(BaseCommand):
         )
 
         parser.add_argument(
+            "--users",
+            type=int,
+            default=0,
+            help="give the sessions end users, this many (a session event naming the user "
+            "in each session's first batch); 0: none",
+        )
+        parser.add_argument(
+            "--rolling-user-budget",
+            action="store_true",
+            help='a rolling 24-hour stop-budget per end user ("*"), never reached, decided '
+            "by every batch (needs --users; compare with the same --users without it)",
+        )
+
+        parser.add_argument(
             "--minimal",
             action="store_true",
             help="send the batches with Prefer: return=minimal (the answer names only the "
@@ -88,6 +102,8 @@ class Command(BaseCommand):
             spread=options["spread"],
             single=options["single"],
             minimal=options["minimal"],
+            users=options["users"],
+            rolling_user_budget=options["rolling_user_budget"],
         )
         self._check(bench)
         try:
@@ -112,5 +128,9 @@ class Command(BaseCommand):
             raise CommandError("--single must be 0 or more")
         if bench.warmup < 0:
             raise CommandError("--warmup must be 0 or more")
+        if bench.users < 0:
+            raise CommandError("--users must be 0 or more")
+        if bench.rolling_user_budget and not bench.users:
+            raise CommandError("--rolling-user-budget needs --users N: sessions with end users")
         if bench.spread is not None and not 1 <= bench.spread <= bench.batch:
             raise CommandError("--spread must be 1 to --batch (sessions in a batch)")

@@ -201,7 +201,7 @@ def test_a_retry_after_chunk_3_of_5_failed_stores_every_span_once(
     assert ledger.state == "exhausted"
     # each crossing decided once, in the chunk that made it, never again on the retry
     events = BudgetEvent.objects.filter(ledger__budget=budget)
-    assert Counter(e.kind for e in events) == {"soft_warned": 1, "exhausted": 1}
+    assert Counter(e.kind for e in events) == {"soft_warned": 1, "threshold": 1, "exhausted": 1}
 
     # the turns are numbered as one clean export of the same spans numbers them
     clean = make_agent("clean")

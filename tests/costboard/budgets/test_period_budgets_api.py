@@ -59,6 +59,7 @@ def test_make_read_change_and_delete_a_budget(admin: Admin, agent: Agent) -> Non
         "scope_value": None,
         "member": None,
         "period": "month",
+        "window_hours": None,
         "timezone": "UTC",
         "period_start": start.isoformat(),
         "period_end": end.isoformat() if end else None,
@@ -67,7 +68,9 @@ def test_make_read_change_and_delete_a_budget(admin: Admin, agent: Agent) -> Non
         "token_limit": None,
         "cost_usd": "0.00",
         "cost_limit_usd": "5.00",
+        "warn_at": [0.8],
         "warn_at_pct": 0.8,
+        "threshold_crossed": None,
         "action": "stop",
         "channels": None,
         "warned_at": None,
@@ -93,6 +96,8 @@ def test_make_read_change_and_delete_a_budget(admin: Admin, agent: Agent) -> Non
     )
     assert user.status_code == 201, user.content
     assert (user.json()["period"], user.json()["timezone"]) == ("day", "Europe/Berlin")
+    # the older one-fraction warn_at_pct is a list of one
+    assert (user.json()["warn_at"], user.json()["warn_at_pct"]) == ([0.5], 0.5)
 
     listed = admin.call("GET", "/api/v1/budgets").json()["budgets"]
     assert [b["name"] for b in listed] == ["monthly", "per user"]

@@ -79,7 +79,7 @@ def test_a_monthly_stop_budget_warns_once_stops_once_and_names_itself(agent: Age
     assert second["budgets"][str(b.pk)]["state"] == "warning"
     assert second["budgets"][str(b.pk)]["warned_at"] is not None
     assert second["sessions"]["s2"]["state"] == "ok"  # warning a budget stops nothing
-    assert kinds(b) == ["soft_warned"]
+    assert kinds(b) == ["soft_warned", "threshold"]  # the first warn fraction: both
     warned = BudgetEvent.objects.get(ledger__budget=b, kind="soft_warned")
     assert (warned.cost_usd, warned.tokens_used) == (STEP_COST * 14, STEP_TOKENS * 14)
 
@@ -87,14 +87,14 @@ def test_a_monthly_stop_budget_warns_once_stops_once_and_names_itself(agent: Age
     assert third["budgets"][str(b.pk)]["state"] == "exhausted"
     assert third["sessions"]["s3"]["state"] == "exhausted"
     assert third["sessions"]["s3"]["stopped_by"] == f"budget:{b.pk}"
-    assert kinds(b) == ["soft_warned", "exhausted"]
+    assert kinds(b) == ["soft_warned", "threshold", "exhausted"]
     exhausted = BudgetEvent.objects.get(ledger__budget=b, kind="exhausted")
     assert exhausted.cost_usd == STEP_COST * 17 and exhausted.session_id is None
 
     later = agent.events(*steps("s1", 1))  # the budget holds: every later batch says so
     assert later["sessions"]["s1"]["state"] == "exhausted"
     assert later["sessions"]["s1"]["stopped_by"] == f"budget:{b.pk}"
-    assert kinds(b) == ["soft_warned", "exhausted"]  # recorded once
+    assert kinds(b) == ["soft_warned", "threshold", "exhausted"]  # recorded once
     ledger = PeriodLedger.objects.get(budget=b)
     stored = sum((s.cost_usd for s in Step.objects.all()), Decimal(0))
     assert ledger.cost_usd == stored == STEP_COST * 18
@@ -109,9 +109,11 @@ def test_a_monthly_stop_budget_warns_once_stops_once_and_names_itself(agent: Age
     )
     assert [(e["kind"], e["period_start"]) for e in read_budget["events"]] == [
         ("soft_warned", start.isoformat()),
+        ("threshold", start.isoformat()),
         ("exhausted", start.isoformat()),
     ]
-    assert Decimal(read_budget["events"][1]["cost_usd"]) == STEP_COST * 17
+    assert read_budget["events"][1]["detail"]["threshold"] == 0.8
+    assert Decimal(read_budget["events"][2]["cost_usd"]) == STEP_COST * 17
     # the session's own budget read says so too
     read = agent.budget("s1").json()
     assert (read["state"], read["stopped_by"]) == ("exhausted", f"budget:{b.pk}")
@@ -207,7 +209,7 @@ def test_a_warn_budget_never_stops(agent: Agent) -> None:
     assert answer["budgets"][str(b.pk)]["state"] == "exhausted"
     assert answer["sessions"]["s"]["state"] == "ok"
     assert answer["sessions"]["s"]["stopped_by"] is None
-    assert kinds(b) == ["soft_warned", "exhausted"]
+    assert kinds(b) == ["soft_warned", "threshold", "exhausted"]
 
 
 @pytest.mark.slow
@@ -225,7 +227,7 @@ def test_sixteen_concurrent_clients_cross_once() -> None:
 
     assert run_in_threads(16, client) == []
     assert len(answers) == 32
-    assert kinds(b) == ["soft_warned", "exhausted"]
+    assert kinds(b) == ["soft_warned", "threshold", "exhausted"]
     ledger = PeriodLedger.objects.get(budget=b)
     assert ledger.cost_usd == sum((s.cost_usd for s in Step.objects.all()), Decimal(0))
     assert ledger.cost_usd == STEP_COST * 64 and ledger.state == "exhausted"
@@ -274,7 +276,7 @@ def test_a_changed_limit_decides_the_current_period_again(agent: Agent) -> None:
     assert lowered["state"] == "exhausted"
     assert agent.budget("s").json()["stopped_by"] == f"budget:{b.pk}"
     # crossed twice in one period, recorded once each
-    assert kinds(b) == ["soft_warned", "exhausted"]
+    assert kinds(b) == ["soft_warned", "threshold", "exhausted"]
 
 
 def test_the_overview_lists_each_budget_in_its_period(agent: Agent, staff: Client) -> None:

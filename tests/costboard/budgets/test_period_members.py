@@ -132,7 +132,7 @@ def test_each_user_is_held_to_the_limit_on_their_own(agent: Agent) -> None:
     }
     assert ledgers(b) == {"u-a": STEP_COST * 3, "u-b": STEP_COST}
     # crossed once for u-a, whatever came after; not at all for u-b
-    assert kinds(b, "u-a") == ["soft_warned", "exhausted"]
+    assert kinds(b, "u-a") == ["soft_warned", "threshold", "exhausted"]
     assert kinds(b, "u-b") == []
     exhausted = BudgetEvent.objects.get(ledger__budget=b, kind="exhausted")
     assert exhausted.detail["member"] == "u-a"
@@ -165,7 +165,7 @@ def test_a_member_s_steps_count_in_the_periods_they_fall_in(agent: Agent) -> Non
         ("u-b", today - timedelta(days=1)): STEP_COST,
         ("u-a", today): STEP_COST * 2,
     }
-    assert kinds(b, "u-a") == ["soft_warned", "exhausted"]  # today's, at $0.60
+    assert kinds(b, "u-a") == ["soft_warned", "threshold", "exhausted"]  # today's, at $0.60
 
 
 def test_an_ordinary_budget_is_unchanged_beside_a_per_member_one(agent: Agent) -> None:
@@ -225,7 +225,7 @@ def test_each_api_key_is_held_to_the_limit_on_its_own(agent: Agent) -> None:
     assert agent.budget("k1").json()["stopped_by"] == f"budget:{b.pk}"
     assert ledgers(b) == {mine: STEP_COST * 3, theirs: STEP_COST}
     assert sum(ledgers(b).values()) == spent()
-    assert kinds(b, mine) == ["soft_warned", "exhausted"]
+    assert kinds(b, mine) == ["soft_warned", "threshold", "exhausted"]
     assert kinds(b, theirs) == []
 
 
@@ -252,7 +252,7 @@ def test_each_customer_is_held_to_the_limit_on_its_own(agent: Agent) -> None:
     assert agent.budget("untagged").json()["stopped_by"] is None
     assert ledgers(b) == {"acme": STEP_COST * 3, "globex": STEP_COST, "ini": STEP_COST}
     assert ledgers(b)["acme"] == spent(session__external_id="acme-1")
-    assert kinds(b, "acme") == ["soft_warned", "exhausted"]
+    assert kinds(b, "acme") == ["soft_warned", "threshold", "exhausted"]
     assert kinds(b, "globex") == kinds(b, "ini") == []
 
 
@@ -433,7 +433,7 @@ class TestScopeValues:
             headers={"Authorization": f"Bearer {admin_key}"},
         )
         assert changed.status_code == 200, changed.content
-        assert kinds(b, "u-a") == ["soft_warned", "exhausted"]
+        assert kinds(b, "u-a") == ["soft_warned", "threshold", "exhausted"]
         assert kinds(b, "u-b") == []  # $0.30 < 0.8 × $0.50
         assert agent.budget("a").json()["stopped_by"] == f"budget:{b.pk}"
         assert agent.budget("b").json()["stopped_by"] is None
@@ -485,7 +485,7 @@ def test_two_batches_of_one_member_at_once_lose_no_count() -> None:
     ledger = PeriodLedger.objects.get(budget=b)
     assert ledger.member == "u-a" and ledger.tokens_used == 16 * STEP_TOKENS
     assert ledger.cost_usd == spent() == STEP_COST * 16
-    assert kinds(b, "u-a") == ["soft_warned", "exhausted"]
+    assert kinds(b, "u-a") == ["soft_warned", "threshold", "exhausted"]
 
 
 def test_the_admin_keeps_a_budget_per_member_or_not(admin_client: Client, agent: Agent) -> None:

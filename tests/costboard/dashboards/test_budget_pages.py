@@ -302,7 +302,11 @@ def test_a_budget_page_shows_its_periods_sessions_and_crossings(
     # was sent now, its last activity), not bob's
     assert re.findall(r'<tr data-session="([^"]+)">', stopped.group(0)) == ["ann-old", "ann-1"]
     assert "2 sessions active this period are told to stop" in stopped.group(0)
-    assert re.findall(r'<tr data-event="([^"]+)">', html) == ["exhausted", "soft_warned"]
+    assert re.findall(r'<tr data-event="([^"]+)">', html) == [
+        "exhausted",
+        "threshold",
+        "soft_warned",
+    ]
 
 
 def test_budget_pages_are_scoped_to_the_users_projects(agent: Agent, held: PeriodBudget) -> None:
