@@ -11,11 +11,8 @@ The figures are read when the attempt is made, from the rollups (costboard/repor
 
 from __future__ import annotations
 
-import http.client
 import json
 import logging
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -26,14 +23,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from costboard.budgets.alerts import alert_addresses
-from costboard.egress import (
-    WebhookRefused,
-    short,
-    status_reason,
-    webhook_destination,
-    webhook_opener,
-)
+from costboard.budgets.alert_senders import alert_addresses, describe, post_json
 from costboard.models import Project, SpendReportDelivery
 from costboard.outbox import Attempt, Item, outbox_add_many, outbox_handler
 from costboard.reports.messages import (
@@ -158,48 +148,22 @@ def _email_send(
     try:
         message.send(fail_silently=False)
     except Exception as exc:  # SMTP errors come in many types; each is retried
-        return None, _describe(exc), False
+        return None, describe(exc), False
     return None, "", False
 
 
 def _slack_send(
     delivery: SpendReportDelivery, period: ReportPeriod
 ) -> tuple[int | None, str, bool]:
-    """(response code, error, permanent)."""
+    """(response code, error, permanent): one POST through the alerts' sender (the egress
+    check, the retry policy's reading of the answer)."""
     url = delivery.project.slack_webhook_url
     if not url:
         return None, "the project has no Slack webhook URL now", True
-    try:  # resolved once here; the request connects to these checked addresses only
-        destination = webhook_destination(url)
-    except WebhookRefused as exc:
-        return None, short(f"refused: {exc}"), True
-    except (OSError, UnicodeError) as exc:  # the name does not resolve (now): retried
-        return None, short(f"cannot resolve the host: {_describe(exc)}"), False
     report = spend_report(project=delivery.project, period=period, tag_key=delivery.tag_key)
     body = json.dumps(report_slack(report), ensure_ascii=False).encode()
-    request = urllib.request.Request(  # noqa: S310 — http(s) only: webhook_destination above
-        url,
-        data=body,
-        method="POST",
-        headers={"Content-Type": "application/json", "User-Agent": "Costboard"},
-    )
-    timeout = float(settings.COSTBOARD_ALERT_TIMEOUT_SECONDS)
-    try:
-        with webhook_opener(destination).open(request, timeout=timeout) as response:
-            code = response.status
-    except urllib.error.HTTPError as exc:  # every status outside 2xx
-        code = exc.code
-        exc.close()  # unread: a failure keeps its status, never the receiver's body
-        return code, status_reason(code), 400 <= code < 500 and code not in {408, 429}
-    except urllib.error.URLError as exc:  # refused, timeout while connecting, TLS
-        return None, short(f"cannot connect: {exc.reason}"), False
-    except http.client.HTTPException as exc:
-        return None, f"bad HTTP reply ({type(exc).__name__})", False
-    except (OSError, ValueError) as exc:  # timeout, reset, …
-        return None, short(_describe(exc)), False
-    if 200 <= code < 300:
-        return code, "", False
-    return code, status_reason(code), False
+    sent = post_json(url, body, {})
+    return sent.response_code, sent.error, sent.permanent
 
 
 def spend_report_deliver(delivery_id: int, *, final: bool = True) -> str:
@@ -221,7 +185,7 @@ def spend_report_deliver(delivery_id: int, *, final: bool = True) -> str:
             code, error, permanent = _email_send(delivery, period)
     except Exception as exc:  # recorded, never lost
         log.exception("spend report delivery %s: unexpected error", delivery_id)
-        code, error = None, _describe(exc)
+        code, error = None, describe(exc)
     if not error:
         status = SpendReportDelivery.Status.DELIVERED
     elif permanent or final:
@@ -250,7 +214,3 @@ def spend_report_deliver(delivery_id: int, *, final: bool = True) -> str:
 )
 def _deliver_item(payload: dict[str, Any], attempt: Attempt) -> None:
     spend_report_deliver(int(payload["delivery_id"]), final=attempt.final)
-
-
-def _describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
