@@ -68,6 +68,7 @@ test-fast: install-dev
 # Debian's pgbouncer needed; CI runs it after `make test` on PostgreSQL.
 POOLED_TESTS := tests/costboard/ingest/test_concurrency.py \
 	tests/costboard/budgets/test_period_decisions.py::test_sixteen_concurrent_clients_cross_once \
+	tests/costboard/budgets/test_period_thresholds.py::test_sixteen_concurrent_clients_cross_each_fraction_once \
 	tests/costboard/dashboards/test_pages.py \
 	tests/costboard/dashboards/test_dashboards.py::test_csv_export_of_the_filtered_list
 
