@@ -43,6 +43,7 @@ from costboard.budgets.engine import (
     budget_decide,
 )
 from costboard.budgets.periods import (
+    EPOCH,
     PeriodLimits,
     StepScope,
     budget_member,
@@ -55,11 +56,15 @@ from costboard.budgets.periods import (
     zone,
 )
 from costboard.budgets.windows import (
+    PICO,
+    Column,
     LedgerKey,
     Spans,
+    bound_cursor,
     hours_add,
     in_window,
     span,
+    upsert_rows,
     window_ledger,
     window_moved,
     windows_set,
@@ -195,12 +200,14 @@ def period_budgets_apply(
     # a rolling budget's ledgers: every step of its member (whose sessions it stops)
     windows: dict[LedgerKey, Sequence[SpendStep]] = {}
     for budget in budgets:
-        for member, covered in batch.members(budget).items():
-            if rolling(budget):
-                key = (budget.pk, period_bounds(budget.period, "UTC", now)[0], member)
-                groups[key], ends[key] = in_window(budget, covered, spans, now), None
+        if rolling(budget):  # one ledger per member, its window's start the budget's
+            start = window_bounds(budget.window_hours or 1, now)[0]
+            for member, covered in batch.members(budget).items():
+                key = (budget.pk, EPOCH, member)
+                groups[key], ends[key] = in_window(start, covered, spans), None
                 windows[key] = covered
-                continue
+            continue
+        for member, covered in batch.members(budget).items():
             for start, (end, steps) in _by_period(budget, covered, spans).items():
                 groups[(budget.pk, start, member)] = steps
                 ends[(budget.pk, start, member)] = end
@@ -221,12 +228,13 @@ def period_budgets_apply(
     written: list[PeriodLedger] = []  # the rolling ledgers to write, in one statement
 
     events: list[BudgetEvent] = []
+    limits_of = {pk: PeriodLimits.of(budget) for pk, budget in by_id.items()}
     for key in sorted(groups):
         row = rows[key]
         budget, spends = by_id[row.budget_id], groups[key]
         tokens, pico = added[key]
         cost = pico_usd(pico)
-        limits = PeriodLimits.of(budget)
+        limits = limits_of[row.budget_id]
         episode = row.episode
         # the row holds the totals with this batch: the engine decides from those before it
         totals = (row.tokens_used - tokens, row.cost_usd - cost)
@@ -247,7 +255,8 @@ def period_budgets_apply(
             written.append(row)
         elif changed:
             row.save(update_fields=_STATE_FIELDS)
-        events.extend(_crossings_recorded(project, budget, row, decided.crossings))
+        if decided.crossings:
+            events += _crossings_recorded(project, budget, row, decided.crossings)
         outcome.ledgers.append((budget, row))
         if budget.action == PeriodBudget.Action.STOP and row.state == EXHAUSTED:
             for session_key in {step.session_key for step in windows.get(key, spends)}:
@@ -290,39 +299,51 @@ def _ledgers_add(
     missing: one upsert, in (budget, period start, member) order so two batches never
     deadlock, which locks the rows until the commit and returns them with the sums added (so
     the engine reads the totals before the batch as these less what it added, no other batch
-    between)."""
+    between). Its rows go as one array per column on PostgreSQL (costboard/ingest/sql.py),
+    read back as the ORM would (`ModelColumns`) without its compiler."""
+    with_v, params = upsert_rows(
+        _LEDGER_ADD_COLUMNS,
+        [
+            [budget_id, start, member, ends[(budget_id, start, member)], tokens, pico]
+            for (budget_id, start, member), (tokens, pico) in sorted(added.items())
+        ],
+    )
+    with bound_cursor() as cursor:
+        cursor.execute(_ledgers_add_sql(with_v), [*params, project_id, _moment(now)])
+        rows = [_LEDGER.instance(values) for values in cursor.fetchall()]
+    return {(row.budget_id, row.period_start, row.member): row for row in rows}
+
+
+def _moment(at: datetime) -> Any:
+    return at if connection.vendor == "postgresql" else connection.ops.adapt_datetimefield_value(at)
+
+
+_LEDGER = ModelColumns(PeriodLedger, "l")
+
+_LEDGER_ADD_COLUMNS: list[Column] = [
+    ("budget_id", "bigint"),
+    ("period_start", "timestamptz"),
+    ("member", "text"),
+    ("period_end", "timestamptz"),
+    ("tokens_used", "bigint"),
+    ("cost_usd", PICO),
+]
+
+
+@lru_cache(maxsize=8)
+def _ledgers_add_sql(with_v: str) -> str:
     table = PeriodLedger._meta.db_table
-    keys = sorted(added)
-    ops = connection.ops
-    values = ", ".join(["(%s, %s, %s, %s, %s, %s, %s, 'ok', %s)"] * len(keys))
-    params: list[Any] = []
-    for key in keys:
-        budget_id, start, member = key
-        tokens, pico = added[key]
-        params += [
-            project_id,
-            budget_id,
-            ops.adapt_datetimefield_value(start),
-            member,
-            ops.adapt_datetimefield_value(ends[key]),
-            tokens,
-            ops.adapt_decimalfield_value(pico_usd(pico)),
-            ops.adapt_datetimefield_value(now),
-        ]
-    sql = (
-        f"INSERT INTO {table} (project_id, budget_id, period_start, member, period_end, "
-        f"tokens_used, cost_usd, state, updated_at) VALUES {values} "
+    returned = ", ".join(str(f.column) for f in _LEDGER.fields)
+    return (
+        f"{with_v} INSERT INTO {table} (project_id, budget_id, period_start, member, "
+        f"period_end, tokens_used, cost_usd, state, updated_at) "
+        f"SELECT %s, budget_id, period_start, member, period_end, tokens_used, cost_usd, 'ok', "
+        f"%s FROM v WHERE true "
         f"ON CONFLICT (budget_id, period_start, member, project_id) DO UPDATE "
         f"SET tokens_used = {table}.tokens_used + excluded.tokens_used, "
         f"cost_usd = {table}.cost_usd + excluded.cost_usd, updated_at = excluded.updated_at "
-        f"RETURNING id, project_id, budget_id, period_start, member, period_end, tokens_used, "
-        f"cost_usd, state, warned_at, exhausted_at, updated_at, threshold_crossed, episode, "
-        f"window_start"
+        f"RETURNING {returned}"
     )
-    return {
-        (row.budget_id, row.period_start, row.member): row
-        for row in PeriodLedger.objects.raw(sql, params)
-    }
 
 
 def _days_add(

@@ -14,12 +14,13 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any, Protocol, TypeVar
 
+import psycopg
 from django.db import connection
 
 from costboard.budgets.engine import OK, Ledger
 from costboard.budgets.periods import PeriodLimits, hour_of, window_bounds, window_totals
 from costboard.models import BudgetHour, PeriodBudget, PeriodLedger
-from costboard.money import pico_usd
+from costboard.money import pico_text, pico_usd
 
 
 class SpendStep(Protocol):
@@ -53,10 +54,9 @@ def span(steps: Sequence[SpendStep], spans: Spans) -> tuple[datetime, datetime]:
     return known[1], known[2]
 
 
-def in_window(budget: PeriodBudget, steps: Sequence[S], spans: Spans, now: datetime) -> Sequence[S]:
-    """The steps that count toward a rolling budget's window at `now`: those stamped from its
-    start on (mostly all of them, found from the first step alone)."""
-    start = window_bounds(budget.window_hours or 1, now)[0]
+def in_window(start: datetime, steps: Sequence[S], spans: Spans) -> Sequence[S]:
+    """The steps that count toward a rolling budget's window beginning at `start`: those
+    stamped from it on (mostly all of them, found from the first step alone)."""
     if span(steps, spans)[0] >= start:
         return steps
     return [step for step in steps if step.at >= start]
@@ -128,27 +128,22 @@ def hours_add(
             tally[1] += step.cost_pico
     if not adds:
         return
+    with_v, params = upsert_rows(
+        _HOUR_COLUMNS,
+        [
+            [budget_id, member, hour, tokens, pico]
+            for (budget_id, member, hour), (tokens, pico) in sorted(adds.items())
+        ],
+    )
     table = BudgetHour._meta.db_table
-    ops = connection.ops
-    rows = sorted(adds.items())
-    values = ", ".join(["(%s, %s, %s, %s, %s, %s)"] * len(rows))
-    params: list[Any] = []
-    for (budget_id, member, hour), (tokens, pico) in rows:
-        params += [
-            project_id,
-            budget_id,
-            member,
-            ops.adapt_datetimefield_value(hour),
-            tokens,
-            ops.adapt_decimalfield_value(pico_usd(pico)),
-        ]
-    with connection.cursor() as cursor:
+    with bound_cursor() as cursor:
         cursor.execute(
-            f"INSERT INTO {table} (project_id, budget_id, member, hour, tokens_used, cost_usd) "
-            f"VALUES {values} ON CONFLICT (budget_id, member, hour, project_id) DO UPDATE SET "
+            f"{with_v} INSERT INTO {table} (project_id, budget_id, member, hour, tokens_used, "
+            f"cost_usd) SELECT %s, budget_id, member, hour, tokens_used, cost_usd FROM v "
+            f"WHERE true ON CONFLICT (budget_id, member, hour, project_id) DO UPDATE SET "
             f"tokens_used = {table}.tokens_used + excluded.tokens_used, "
             f"cost_usd = {table}.cost_usd + excluded.cost_usd",
-            params,
+            [*params, project_id],
         )
 
 
@@ -198,3 +193,74 @@ def windows_set(rows: Sequence[PeriodLedger]) -> None:
             + ", ".join(f"{column} = excluded.{column}" for column in columns),
             params,
         )
+
+
+# --- the budgets' upserts as typed arrays ------------------------------------------------------
+
+# a column of a ledger-like upsert: its name and PostgreSQL type ("pico": USD as pico-dollar
+# ints, scaled to dollars in SQL, exactly)
+Column = tuple[str, str]
+PICO = "pico"
+
+
+def upsert_rows(columns: Sequence[Column], rows: Sequence[Sequence[Any]]) -> tuple[str, list[Any]]:
+    """`WITH v (…) AS (…)` over these rows (times aware, money in pico-dollars) and its
+    parameters. On PostgreSQL one array per column, unnested, the same SQL text whatever the
+    number of rows (as ingest's statements, costboard/ingest/sql.py): numbers as array
+    literals, text and times in psycopg's binary arrays; a column of NULLs as an empty array
+    (unnest pads it). On SQLite, rows of VALUES, the money as Decimal text."""
+    names = ", ".join(name for name, _ in columns)
+    if connection.vendor != "postgresql":
+        ops = connection.ops
+        params: list[Any] = []
+        for row in rows:
+            for (_, kind), value in zip(columns, row, strict=True):
+                if kind == PICO:
+                    value = pico_text(value)
+                elif kind == "timestamptz":
+                    value = ops.adapt_datetimefield_value(value)
+                params.append(value)
+        one = "(" + ", ".join(["%s"] * len(columns)) + ")"
+        return f"WITH v ({names}) AS (VALUES {', '.join([one] * len(rows))})", params
+    arrays: list[str] = []
+    params = []
+    for n, (_, kind) in enumerate(columns):
+        column = [row[n] for row in rows]
+        if kind in ("bigint", PICO):
+            arrays.append(f"%s::{'numeric' if kind == PICO else kind}[]")
+            params.append("{" + ",".join(map(str, column)) + "}")
+        elif column.count(None) == len(column):
+            arrays.append(f"%s::{kind}[]")
+            params.append("{}")
+        else:
+            arrays.append(f"%b::{kind}[]")
+            params.append(column)
+    values = ", ".join(
+        f"{name} * 0.000000000001" if kind == PICO else name for name, kind in columns
+    )
+    return (
+        f"WITH v ({names}) AS (SELECT {values} FROM unnest({', '.join(arrays)}) AS u ({names}))",
+        params,
+    )
+
+
+def bound_cursor() -> Any:
+    """A cursor in the current transaction; on PostgreSQL one that binds its parameters
+    server-side (Django's interpolates them into the text, which for arrays costs more than
+    the statement)."""
+    if connection.vendor != "postgresql":
+        return connection.cursor()
+    connection.ensure_connection()
+    raw: Any = psycopg.Cursor(connection.connection)
+    if connection.queries_logged:
+        return connection.make_debug_cursor(raw)
+    return connection.make_cursor(raw)
+
+
+_HOUR_COLUMNS: list[Column] = [
+    ("budget_id", "bigint"),
+    ("member", "text"),
+    ("hour", "timestamptz"),
+    ("tokens_used", "bigint"),
+    ("cost_usd", PICO),
+]
