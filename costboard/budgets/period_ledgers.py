@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import date, datetime
+from datetime import datetime
 from decimal import Decimal
 from functools import lru_cache
 from typing import Any, Protocol
@@ -53,25 +53,29 @@ from costboard.budgets.periods import (
     rolling,
     window_bounds,
     window_totals,
-    zone,
 )
-from costboard.budgets.windows import (
+from costboard.budgets.upserts import (
+    DAYS,
+    HOURS,
     PICO,
     Column,
+    adding,
+    bound_cursor,
+    day_rows,
+    hour_rows,
+    upsert_rows,
+)
+from costboard.budgets.windows import (
     LedgerKey,
     Spans,
-    bound_cursor,
-    hours_add,
     in_window,
     span,
-    upsert_rows,
     window_ledger,
     window_moved,
     windows_set,
 )
 from costboard.model_rows import ModelColumns
 from costboard.models import (
-    BudgetDay,
     BudgetEvent,
     PeriodBudget,
     PeriodLedger,
@@ -219,11 +223,19 @@ def period_budgets_apply(
         if id(spends) not in sums:
             sums[id(spends)] = (sum(s.tokens for s in spends), sum(s.cost_pico for s in spends))
     added = {key: sums[id(spends)] for key, spends in groups.items()}
-    rows = _ledgers_add(project.pk, added, ends, now)
+    calendar = {key: steps for key, steps in groups.items() if key not in windows}
+    rows = _ledgers_add(
+        project.pk,
+        added,
+        ends,
+        now,
+        days=day_rows(by_id, calendar, sums, spans),
+        hours=hour_rows({key: groups[key] for key in windows}, sums, spans),
+    )
     # a rolling ledger whose window moved to another hour since its last batch (or new):
     # its totals summed again from its hours, under its lock (`window_moved`)
     moved = window_moved(
-        [(by_id[pk], rows[(pk, start, member)]) for pk, start, member in windows], added, now
+        [(by_id[pk], rows[(pk, start, member)]) for pk, start, member in windows], now
     )
     written: list[PeriodLedger] = []  # the rolling ledgers to write, in one statement
 
@@ -262,9 +274,6 @@ def period_budgets_apply(
             for session_key in {step.session_key for step in windows.get(key, spends)}:
                 outcome.stopped.setdefault(session_key, budget.pk)
     windows_set(written)
-    calendar = {key: steps for key, steps in groups.items() if key not in windows}
-    _days_add(project.pk, by_id, calendar, sums, spans)
-    hours_add(project.pk, {key: groups[key] for key in windows}, sums, spans)
     outcome.events = events
     return outcome
 
@@ -294,23 +303,61 @@ def _ledgers_add(
     added: dict[LedgerKey, tuple[int, int]],
     ends: dict[LedgerKey, datetime | None],
     now: datetime,
+    *,
+    days: list[list[Any]],
+    hours: list[list[Any]],
 ) -> dict[LedgerKey, PeriodLedger]:
     """Add each (budget, period, member)'s tokens and pico-dollars to its ledger row, made if
-    missing: one upsert, in (budget, period start, member) order so two batches never
-    deadlock, which locks the rows until the commit and returns them with the sums added (so
-    the engine reads the totals before the batch as these less what it added, no other batch
-    between). Its rows go as one array per column on PostgreSQL (costboard/ingest/sql.py),
-    read back as the ORM would (`ModelColumns`) without its compiler."""
-    with_v, params = upsert_rows(
+    missing, in (budget, period start, member) order so two batches never deadlock, which
+    locks the rows until the commit and returns them with the sums added (so the engine reads
+    the totals before the batch as these less what it added, no other batch between); then,
+    under those locks, the batch's `days` (calendar budgets') and `hours` (rolling budgets')
+    to theirs. On PostgreSQL one statement, each table's rows one array per column: the days
+    and hours are written only once every ledger is locked (they wait for the ledgers' count);
+    on SQLite (the database locked whole) one statement each. The ledgers are read back as
+    the ORM would (`ModelColumns`), without its compiler."""
+    ledgers, params = upsert_rows(
+        "v",
         _LEDGER_ADD_COLUMNS,
         [
             [budget_id, start, member, ends[(budget_id, start, member)], tokens, pico]
             for (budget_id, start, member), (tokens, pico) in sorted(added.items())
         ],
     )
+    params += [project_id, _moment(now)]
+    table = PeriodLedger._meta.db_table
+    returned = ", ".join(str(f.column) for f in _LEDGER.fields)
+    ledgers_add = (
+        f"INSERT INTO {table} (project_id, budget_id, period_start, member, period_end, "
+        f"tokens_used, cost_usd, state, updated_at) SELECT %s, budget_id, period_start, member, "
+        f"period_end, tokens_used, cost_usd, 'ok', %s FROM v WHERE true "
+        f"ON CONFLICT (budget_id, period_start, member, project_id) DO UPDATE "
+        f"SET tokens_used = {table}.tokens_used + excluded.tokens_used, "
+        f"cost_usd = {table}.cost_usd + excluded.cost_usd, updated_at = excluded.updated_at "
+        f"RETURNING {returned}"
+    )
+    postgres = connection.vendor == "postgresql"
+    after = "(SELECT count(*) FROM led) > 0" if postgres else "true"
+    more: list[tuple[str, str, list[Any]]] = []  # each table's rows, upsert, parameters
+    for name, (target, columns, conflict), rows in (("d", DAYS, days), ("h", HOURS, hours)):
+        if rows:
+            with_rows, row_params = upsert_rows(name, columns, rows)
+            upsert = adding(target, name, columns, conflict, after)
+            more.append((with_rows, upsert, [*row_params, project_id]))
     with bound_cursor() as cursor:
-        cursor.execute(_ledgers_add_sql(with_v), [*params, project_id, _moment(now)])
-        rows = [_LEDGER.instance(values) for values in cursor.fetchall()]
+        if postgres:
+            parts = [ledgers, f"led AS ({ledgers_add})"]
+            for n, (with_rows, upsert, more_params) in enumerate(more):
+                parts += [with_rows, f"w{n} AS ({upsert})"]
+                params += more_params
+            cursor.execute(f"WITH {', '.join(parts)} SELECT * FROM led", params)
+            found = cursor.fetchall()
+        else:
+            cursor.execute(f"WITH {ledgers} {ledgers_add}", params)
+            found = cursor.fetchall()
+            for with_rows, upsert, more_params in more:
+                cursor.execute(f"WITH {with_rows} {upsert}", more_params)
+    rows = [_LEDGER.instance(values) for values in found]
     return {(row.budget_id, row.period_start, row.member): row for row in rows}
 
 
@@ -328,63 +375,6 @@ _LEDGER_ADD_COLUMNS: list[Column] = [
     ("tokens_used", "bigint"),
     ("cost_usd", PICO),
 ]
-
-
-@lru_cache(maxsize=8)
-def _ledgers_add_sql(with_v: str) -> str:
-    table = PeriodLedger._meta.db_table
-    returned = ", ".join(str(f.column) for f in _LEDGER.fields)
-    return (
-        f"{with_v} INSERT INTO {table} (project_id, budget_id, period_start, member, "
-        f"period_end, tokens_used, cost_usd, state, updated_at) "
-        f"SELECT %s, budget_id, period_start, member, period_end, tokens_used, cost_usd, 'ok', "
-        f"%s FROM v WHERE true "
-        f"ON CONFLICT (budget_id, period_start, member, project_id) DO UPDATE "
-        f"SET tokens_used = {table}.tokens_used + excluded.tokens_used, "
-        f"cost_usd = {table}.cost_usd + excluded.cost_usd, updated_at = excluded.updated_at "
-        f"RETURNING {returned}"
-    )
-
-
-def _days_add(
-    project_id: int,
-    budgets: dict[int, PeriodBudget],
-    groups: dict[LedgerKey, Sequence[SpendStep]],
-    sums: dict[int, tuple[int, int]],
-    spans: Spans,
-) -> None:
-    """Add the batch to each budget's (and member's) days, in its timezone: one statement.
-    A group within one day adds its sums as they are."""
-    adds: dict[tuple[int, date, str], list[int]] = {}
-    for (budget_id, _, member), steps in sorted(groups.items()):
-        tz = zone(budgets[budget_id].timezone)
-        earliest, latest = span(steps, spans)
-        first, last = earliest.astimezone(tz).date(), latest.astimezone(tz).date()
-
-        if first == last and id(steps) in sums:
-            adds[(budget_id, first, member)] = list(sums[id(steps)])
-            continue
-        for step in steps:
-            day = step.at.astimezone(tz).date()
-            tally = adds.setdefault((budget_id, day, member), [0, 0])
-            tally[0] += step.tokens
-            tally[1] += step.cost_pico
-    if not adds:
-        return
-    table = BudgetDay._meta.db_table
-    rows = sorted(adds.items())
-    values = ", ".join(["(%s, %s, %s, %s, %s, %s)"] * len(rows))
-    params: list[Any] = []
-    for (budget_id, day, member), (tokens, pico) in rows:
-        params += [project_id, budget_id, day, member, tokens, pico_usd(pico)]
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"INSERT INTO {table} (project_id, budget_id, day, member, tokens_used, cost_usd) "
-            f"VALUES {values} ON CONFLICT (budget_id, day, member, project_id) DO UPDATE SET "
-            f"tokens_used = {table}.tokens_used + excluded.tokens_used, "
-            f"cost_usd = {table}.cost_usd + excluded.cost_usd",
-            params,
-        )
 
 
 def _crossings_recorded(
