@@ -59,7 +59,6 @@ from costboard.budgets.upserts import (
     HOURS,
     PICO,
     Column,
-    adding,
     bound_cursor,
     day_rows,
     hour_rows,
@@ -339,9 +338,9 @@ def _ledgers_add(
     postgres = connection.vendor == "postgresql"
     after = "(SELECT count(*) FROM led) > 0" if postgres else "true"
     more: list[tuple[str, str, list[Any]]] = []  # each table's rows, upsert, parameters
-    for name, (target, columns, conflict), rows in (("d", DAYS, days), ("h", HOURS, hours)):
-        if rows:
-            with_rows, row_params = upsert_rows(name, columns, rows)
+    for name, (target, columns, conflict), adds in (("d", DAYS, days), ("h", HOURS, hours)):
+        if adds:
+            with_rows, row_params = upsert_rows(name, columns, adds)
             upsert = adding(target, name, columns, conflict, after)
             more.append((with_rows, upsert, [*row_params, project_id]))
     with bound_cursor() as cursor:
@@ -357,8 +356,20 @@ def _ledgers_add(
             found = cursor.fetchall()
             for with_rows, upsert, more_params in more:
                 cursor.execute(f"WITH {with_rows} {upsert}", more_params)
-    rows = [_LEDGER.instance(values) for values in found]
-    return {(row.budget_id, row.period_start, row.member): row for row in rows}
+    ledger_rows = [_LEDGER.instance(values) for values in found]
+    return {(row.budget_id, row.period_start, row.member): row for row in ledger_rows}
+
+
+def adding(table: str, source: str, columns: Sequence[Column], conflict: str, where: str) -> str:
+    """The upsert adding `source`'s rows (`columns`: the key columns, then the tokens and cost
+    they add) to `table`'s, for the project given as its one parameter."""
+    names = ", ".join(column for column, _ in columns)
+    return (
+        f"INSERT INTO {table} (project_id, {names}) SELECT %s, {names} FROM {source} "
+        f"WHERE {where} ON CONFLICT ({conflict}, project_id) DO UPDATE SET "
+        f"tokens_used = {table}.tokens_used + excluded.tokens_used, "
+        f"cost_usd = {table}.cost_usd + excluded.cost_usd"
+    )
 
 
 def _moment(at: datetime) -> Any:

@@ -5,7 +5,7 @@ on PostgreSQL (as ingest's statements), rows of VALUES on SQLite."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import date, datetime
 from typing import Any
 
@@ -79,18 +79,6 @@ def bound_cursor() -> Any:
     return connection.make_cursor(raw)
 
 
-def adding(table: str, source: str, columns: Sequence[Column], conflict: str, where: str) -> str:
-    """The upsert adding `source`'s rows (`columns`: the key columns, then the tokens and cost
-    they add) to `table`'s, for the project given as its one parameter."""
-    names = ", ".join(column for column, _ in columns)
-    return (
-        f"INSERT INTO {table} (project_id, {names}) SELECT %s, {names} FROM {source} "
-        f"WHERE {where} ON CONFLICT ({conflict}, project_id) DO UPDATE SET "
-        f"tokens_used = {table}.tokens_used + excluded.tokens_used, "
-        f"cost_usd = {table}.cost_usd + excluded.cost_usd"
-    )
-
-
 # a rolling budget's hours, as `adding` writes them: its columns and its unique key
 HOURS: tuple[str, list[Column], str] = (
     BudgetHour._meta.db_table,
@@ -121,7 +109,7 @@ DAYS: tuple[str, list[Column], str] = (
 
 def day_rows(
     budgets: dict[int, PeriodBudget],
-    groups: dict[LedgerKey, Sequence[SpendStep]],
+    groups: Mapping[LedgerKey, Sequence[SpendStep]],
     sums: dict[int, tuple[int, int]],
     spans: Spans,
 ) -> list[list[Any]]:
@@ -144,7 +132,7 @@ def day_rows(
 
 
 def hour_rows(
-    groups: dict[LedgerKey, Sequence[SpendStep]],
+    groups: Mapping[LedgerKey, Sequence[SpendStep]],
     sums: dict[int, tuple[int, int]],
     spans: Spans,
 ) -> list[list[Any]]:
