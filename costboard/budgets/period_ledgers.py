@@ -14,11 +14,12 @@ under any race) — which the caller announces through the outbox.
 
 A rolling budget (docs/budgets.md, "Rolling windows") has one ledger per member (its period
 start the epoch, as a total budget's), locked the same way; under that lock the batch's
-steps in the window are added to its hourly buckets (BudgetHour), and the window's spend is
-the sum of the buckets from the window's start on — read before the batch's are added, so
-the engine decides from the window's totals at the batch's time, never from a sum of
-steps. When those fell back under the first warn fraction since a crossing, the ledger
-begins a new episode: its state back to ok, its crossings recordable again.
+steps in the window are added to its hourly buckets (BudgetHour) — in the same statement as
+the ledgers on PostgreSQL, once they are locked — and the ledger keeps the window's totals,
+summed again from the buckets when the window has moved to another hour, so the engine
+decides from the window's totals at the batch's time, never from a sum of steps. When those
+fell back under the first warn fraction since a crossing, the ledger begins a new episode:
+its state back to ok, its crossings recordable again.
 """
 
 from __future__ import annotations
