@@ -45,6 +45,7 @@ from costboard.budgets.periods import (
     per_member,
     period_budget_view,
     rolling,
+    rolling_views,
 )
 from costboard.budgets.services import budget_events_of
 from costboard.models import SYSTEM_SESSION_ID, BudgetEvent, PeriodBudget, PeriodLedger, Project
@@ -218,10 +219,23 @@ def _period_views(
         [(budget.pk, ledger.member) for budget, ledger in ledgers if not rolling(budget)], now
     )
     members = Counter(pk for pk, _ in {(b.pk, ledger.member) for b, ledger in ledgers})
+    # a rolling budget's entries share all but the member's figures: built together, once
+    windows: dict[int, tuple[PeriodBudget, list[PeriodLedger]]] = {}
+    for budget, ledger in ledgers:
+        if rolling(budget):
+            windows.setdefault(budget.pk, (budget, []))[1].append(ledger)
+    rolled = {
+        id(ledger): view
+        for budget, group in windows.values()
+        for ledger, view in zip(group, rolling_views(budget, group, now), strict=True)
+    }
     views = {}
     for budget, ledger in ledgers:
         several = per_member(budget) and members[budget.pk] > 1
         key = f"{budget.pk}:{ledger.member}" if several else str(budget.pk)
+        if id(ledger) in rolled:
+            views[key] = rolled[id(ledger)]
+            continue
         views[key] = period_budget_view(
             budget, ledger, now=now, days=days.get((budget.pk, ledger.member))
         )

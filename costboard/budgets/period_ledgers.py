@@ -14,18 +14,19 @@ under any race) — which the caller announces through the outbox.
 
 A rolling budget (docs/budgets.md, "Rolling windows") has one ledger per member (its period
 start the epoch, as a total budget's), locked the same way; under that lock the batch's
-steps in the window are added to its hourly buckets (BudgetHour), and the window's spend is
-the sum of the buckets from the window's start on — read before the batch's are added, so
-the engine decides from the window's totals at the batch's time, never from a sum of
-steps. When those fell back under the first warn fraction since a crossing, the ledger
-begins a new episode: its state back to ok, its crossings recordable again.
+steps in the window are added to its hourly buckets (BudgetHour) — in the same statement as
+the ledgers on PostgreSQL, once they are locked — and the ledger keeps the window's totals,
+summed again from the buckets when the window has moved to another hour, so the engine
+decides from the window's totals at the batch's time, never from a sum of steps. When those
+fell back under the first warn fraction since a crossing, the ledger begins a new episode:
+its state back to ok, its crossings recordable again.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import date, datetime
+from datetime import datetime
 from decimal import Decimal
 from functools import lru_cache
 from typing import Any, Protocol
@@ -43,6 +44,7 @@ from costboard.budgets.engine import (
     budget_decide,
 )
 from costboard.budgets.periods import (
+    EPOCH,
     PeriodLimits,
     StepScope,
     budget_member,
@@ -52,12 +54,20 @@ from costboard.budgets.periods import (
     rolling,
     window_bounds,
     window_totals,
-    zone,
+)
+from costboard.budgets.upserts import (
+    DAYS,
+    HOURS,
+    PICO,
+    Column,
+    bound_cursor,
+    day_rows,
+    hour_rows,
+    upsert_rows,
 )
 from costboard.budgets.windows import (
     LedgerKey,
     Spans,
-    hours_add,
     in_window,
     span,
     window_ledger,
@@ -66,7 +76,6 @@ from costboard.budgets.windows import (
 )
 from costboard.model_rows import ModelColumns
 from costboard.models import (
-    BudgetDay,
     BudgetEvent,
     PeriodBudget,
     PeriodLedger,
@@ -195,12 +204,14 @@ def period_budgets_apply(
     # a rolling budget's ledgers: every step of its member (whose sessions it stops)
     windows: dict[LedgerKey, Sequence[SpendStep]] = {}
     for budget in budgets:
-        for member, covered in batch.members(budget).items():
-            if rolling(budget):
-                key = (budget.pk, period_bounds(budget.period, "UTC", now)[0], member)
-                groups[key], ends[key] = in_window(budget, covered, spans, now), None
+        if rolling(budget):  # one ledger per member, its window's start the budget's
+            start = window_bounds(budget.window_hours or 1, now)[0]
+            for member, covered in batch.members(budget).items():
+                key = (budget.pk, EPOCH, member)
+                groups[key], ends[key] = in_window(start, covered, spans), None
                 windows[key] = covered
-                continue
+            continue
+        for member, covered in batch.members(budget).items():
             for start, (end, steps) in _by_period(budget, covered, spans).items():
                 groups[(budget.pk, start, member)] = steps
                 ends[(budget.pk, start, member)] = end
@@ -212,21 +223,30 @@ def period_budgets_apply(
         if id(spends) not in sums:
             sums[id(spends)] = (sum(s.tokens for s in spends), sum(s.cost_pico for s in spends))
     added = {key: sums[id(spends)] for key, spends in groups.items()}
-    rows = _ledgers_add(project.pk, added, ends, now)
+    calendar = {key: steps for key, steps in groups.items() if key not in windows}
+    rows = _ledgers_add(
+        project.pk,
+        added,
+        ends,
+        now,
+        days=day_rows(by_id, calendar, sums, spans),
+        hours=hour_rows({key: groups[key] for key in windows}, sums, spans),
+    )
     # a rolling ledger whose window moved to another hour since its last batch (or new):
     # its totals summed again from its hours, under its lock (`window_moved`)
     moved = window_moved(
-        [(by_id[pk], rows[(pk, start, member)]) for pk, start, member in windows], added, now
+        [(by_id[pk], rows[(pk, start, member)]) for pk, start, member in windows], now
     )
     written: list[PeriodLedger] = []  # the rolling ledgers to write, in one statement
 
     events: list[BudgetEvent] = []
+    limits_of = {pk: PeriodLimits.of(budget) for pk, budget in by_id.items()}
     for key in sorted(groups):
         row = rows[key]
         budget, spends = by_id[row.budget_id], groups[key]
         tokens, pico = added[key]
         cost = pico_usd(pico)
-        limits = PeriodLimits.of(budget)
+        limits = limits_of[row.budget_id]
         episode = row.episode
         # the row holds the totals with this batch: the engine decides from those before it
         totals = (row.tokens_used - tokens, row.cost_usd - cost)
@@ -247,15 +267,13 @@ def period_budgets_apply(
             written.append(row)
         elif changed:
             row.save(update_fields=_STATE_FIELDS)
-        events.extend(_crossings_recorded(project, budget, row, decided.crossings))
+        if decided.crossings:
+            events += _crossings_recorded(project, budget, row, decided.crossings)
         outcome.ledgers.append((budget, row))
         if budget.action == PeriodBudget.Action.STOP and row.state == EXHAUSTED:
             for session_key in {step.session_key for step in windows.get(key, spends)}:
                 outcome.stopped.setdefault(session_key, budget.pk)
     windows_set(written)
-    calendar = {key: steps for key, steps in groups.items() if key not in windows}
-    _days_add(project.pk, by_id, calendar, sums, spans)
-    hours_add(project.pk, {key: groups[key] for key in windows}, sums, spans)
     outcome.events = events
     return outcome
 
@@ -285,85 +303,90 @@ def _ledgers_add(
     added: dict[LedgerKey, tuple[int, int]],
     ends: dict[LedgerKey, datetime | None],
     now: datetime,
+    *,
+    days: list[list[Any]],
+    hours: list[list[Any]],
 ) -> dict[LedgerKey, PeriodLedger]:
     """Add each (budget, period, member)'s tokens and pico-dollars to its ledger row, made if
-    missing: one upsert, in (budget, period start, member) order so two batches never
-    deadlock, which locks the rows until the commit and returns them with the sums added (so
-    the engine reads the totals before the batch as these less what it added, no other batch
-    between)."""
+    missing, in (budget, period start, member) order so two batches never deadlock, which
+    locks the rows until the commit and returns them with the sums added (so the engine reads
+    the totals before the batch as these less what it added, no other batch between); then,
+    under those locks, the batch's `days` (calendar budgets') and `hours` (rolling budgets')
+    to theirs. On PostgreSQL one statement, each table's rows one array per column: the days
+    and hours are written only once every ledger is locked (they wait for the ledgers' count);
+    on SQLite (the database locked whole) one statement each. The ledgers are read back as
+    the ORM would (`ModelColumns`), without its compiler."""
+    ledgers, params = upsert_rows(
+        "v",
+        _LEDGER_ADD_COLUMNS,
+        [
+            [budget_id, start, member, ends[(budget_id, start, member)], tokens, pico]
+            for (budget_id, start, member), (tokens, pico) in sorted(added.items())
+        ],
+    )
+    params += [project_id, _moment(now)]
     table = PeriodLedger._meta.db_table
-    keys = sorted(added)
-    ops = connection.ops
-    values = ", ".join(["(%s, %s, %s, %s, %s, %s, %s, 'ok', %s)"] * len(keys))
-    params: list[Any] = []
-    for key in keys:
-        budget_id, start, member = key
-        tokens, pico = added[key]
-        params += [
-            project_id,
-            budget_id,
-            ops.adapt_datetimefield_value(start),
-            member,
-            ops.adapt_datetimefield_value(ends[key]),
-            tokens,
-            ops.adapt_decimalfield_value(pico_usd(pico)),
-            ops.adapt_datetimefield_value(now),
-        ]
-    sql = (
+    returned = ", ".join(str(f.column) for f in _LEDGER.fields)
+    ledgers_add = (
         f"INSERT INTO {table} (project_id, budget_id, period_start, member, period_end, "
-        f"tokens_used, cost_usd, state, updated_at) VALUES {values} "
+        f"tokens_used, cost_usd, state, updated_at) SELECT %s, budget_id, period_start, member, "
+        f"period_end, tokens_used, cost_usd, 'ok', %s FROM v WHERE true "
         f"ON CONFLICT (budget_id, period_start, member, project_id) DO UPDATE "
         f"SET tokens_used = {table}.tokens_used + excluded.tokens_used, "
         f"cost_usd = {table}.cost_usd + excluded.cost_usd, updated_at = excluded.updated_at "
-        f"RETURNING id, project_id, budget_id, period_start, member, period_end, tokens_used, "
-        f"cost_usd, state, warned_at, exhausted_at, updated_at, threshold_crossed, episode, "
-        f"window_start"
+        f"RETURNING {returned}"
     )
-    return {
-        (row.budget_id, row.period_start, row.member): row
-        for row in PeriodLedger.objects.raw(sql, params)
-    }
+    postgres = connection.vendor == "postgresql"
+    after = "(SELECT count(*) FROM led) > 0" if postgres else "true"
+    more: list[tuple[str, str, list[Any]]] = []  # each table's rows, upsert, parameters
+    for name, (target, columns, conflict), adds in (("d", DAYS, days), ("h", HOURS, hours)):
+        if adds:
+            with_rows, row_params = upsert_rows(name, columns, adds)
+            upsert = adding(target, name, columns, conflict, after)
+            more.append((with_rows, upsert, [*row_params, project_id]))
+    with bound_cursor() as cursor:
+        if postgres:
+            parts = [ledgers, f"led AS ({ledgers_add})"]
+            for n, (with_rows, upsert, more_params) in enumerate(more):
+                parts += [with_rows, f"w{n} AS ({upsert})"]
+                params += more_params
+            cursor.execute(f"WITH {', '.join(parts)} SELECT * FROM led", params)
+            found = cursor.fetchall()
+        else:
+            cursor.execute(f"WITH {ledgers} {ledgers_add}", params)
+            found = cursor.fetchall()
+            for with_rows, upsert, more_params in more:
+                cursor.execute(f"WITH {with_rows} {upsert}", more_params)
+    ledger_rows = [_LEDGER.instance(values) for values in found]
+    return {(row.budget_id, row.period_start, row.member): row for row in ledger_rows}
 
 
-def _days_add(
-    project_id: int,
-    budgets: dict[int, PeriodBudget],
-    groups: dict[LedgerKey, Sequence[SpendStep]],
-    sums: dict[int, tuple[int, int]],
-    spans: Spans,
-) -> None:
-    """Add the batch to each budget's (and member's) days, in its timezone: one statement.
-    A group within one day adds its sums as they are."""
-    adds: dict[tuple[int, date, str], list[int]] = {}
-    for (budget_id, _, member), steps in sorted(groups.items()):
-        tz = zone(budgets[budget_id].timezone)
-        earliest, latest = span(steps, spans)
-        first, last = earliest.astimezone(tz).date(), latest.astimezone(tz).date()
+def adding(table: str, source: str, columns: Sequence[Column], conflict: str, where: str) -> str:
+    """The upsert adding `source`'s rows (`columns`: the key columns, then the tokens and cost
+    they add) to `table`'s, for the project given as its one parameter."""
+    names = ", ".join(column for column, _ in columns)
+    return (
+        f"INSERT INTO {table} (project_id, {names}) SELECT %s, {names} FROM {source} "
+        f"WHERE {where} ON CONFLICT ({conflict}, project_id) DO UPDATE SET "
+        f"tokens_used = {table}.tokens_used + excluded.tokens_used, "
+        f"cost_usd = {table}.cost_usd + excluded.cost_usd"
+    )
 
-        if first == last and id(steps) in sums:
-            adds[(budget_id, first, member)] = list(sums[id(steps)])
-            continue
-        for step in steps:
-            day = step.at.astimezone(tz).date()
-            tally = adds.setdefault((budget_id, day, member), [0, 0])
-            tally[0] += step.tokens
-            tally[1] += step.cost_pico
-    if not adds:
-        return
-    table = BudgetDay._meta.db_table
-    rows = sorted(adds.items())
-    values = ", ".join(["(%s, %s, %s, %s, %s, %s)"] * len(rows))
-    params: list[Any] = []
-    for (budget_id, day, member), (tokens, pico) in rows:
-        params += [project_id, budget_id, day, member, tokens, pico_usd(pico)]
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"INSERT INTO {table} (project_id, budget_id, day, member, tokens_used, cost_usd) "
-            f"VALUES {values} ON CONFLICT (budget_id, day, member, project_id) DO UPDATE SET "
-            f"tokens_used = {table}.tokens_used + excluded.tokens_used, "
-            f"cost_usd = {table}.cost_usd + excluded.cost_usd",
-            params,
-        )
+
+def _moment(at: datetime) -> Any:
+    return at if connection.vendor == "postgresql" else connection.ops.adapt_datetimefield_value(at)
+
+
+_LEDGER = ModelColumns(PeriodLedger, "l")
+
+_LEDGER_ADD_COLUMNS: list[Column] = [
+    ("budget_id", "bigint"),
+    ("period_start", "timestamptz"),
+    ("member", "text"),
+    ("period_end", "timestamptz"),
+    ("tokens_used", "bigint"),
+    ("cost_usd", PICO),
+]
 
 
 def _crossings_recorded(

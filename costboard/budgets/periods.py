@@ -7,7 +7,7 @@ costboard/budgets/period_services.py, the decisions the budget engine's (engine.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
@@ -384,6 +384,30 @@ def period_budget_view(
         "forecast_daily_usd": usd(ahead.daily_usd) if ahead else None,
         "crossing_date": ahead.crossing_day.isoformat() if ahead and ahead.crossing_day else None,
     }
+
+
+def rolling_views(
+    budget: PeriodBudget, ledgers: Sequence[PeriodLedger], now: datetime
+) -> list[dict[str, Any]]:
+    """`period_budget_view` of each of a rolling budget's ledgers at `now` (a batch's members):
+    what is the budget's and its window's — the same for every member, no forecast — built
+    once, each ledger's own figures set on a copy (the keys in the same order)."""
+    if not ledgers:
+        return []
+    shared = period_budget_view(budget, ledgers[0], now=now)
+    views = []
+    for ledger in ledgers:
+        view = shared.copy()
+        crossed, warned, exhausted = ledger.threshold_crossed, ledger.warned_at, ledger.exhausted_at
+        view["member"] = ledger.member or None
+        view["state"] = ledger.state
+        view["tokens_used"] = ledger.tokens_used
+        view["cost_usd"] = usd(ledger.cost_usd)
+        view["threshold_crossed"] = float(crossed) if crossed is not None else None
+        view["warned_at"] = warned.isoformat() if warned else None
+        view["exhausted_at"] = exhausted.isoformat() if exhausted else None
+        views.append(view)
+    return views
 
 
 def ledger_now(budget: PeriodBudget, now: datetime, member: str = "") -> PeriodLedger | None:

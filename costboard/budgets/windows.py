@@ -17,9 +17,8 @@ from typing import Any, Protocol, TypeVar
 from django.db import connection
 
 from costboard.budgets.engine import OK, Ledger
-from costboard.budgets.periods import PeriodLimits, hour_of, window_bounds, window_totals
-from costboard.models import BudgetHour, PeriodBudget, PeriodLedger
-from costboard.money import pico_usd
+from costboard.budgets.periods import PeriodLimits, window_bounds, window_totals
+from costboard.models import PeriodBudget, PeriodLedger
 
 
 class SpendStep(Protocol):
@@ -53,10 +52,9 @@ def span(steps: Sequence[SpendStep], spans: Spans) -> tuple[datetime, datetime]:
     return known[1], known[2]
 
 
-def in_window(budget: PeriodBudget, steps: Sequence[S], spans: Spans, now: datetime) -> Sequence[S]:
-    """The steps that count toward a rolling budget's window at `now`: those stamped from its
-    start on (mostly all of them, found from the first step alone)."""
-    start = window_bounds(budget.window_hours or 1, now)[0]
+def in_window(start: datetime, steps: Sequence[S], spans: Spans) -> Sequence[S]:
+    """The steps that count toward a rolling budget's window beginning at `start`: those
+    stamped from it on (mostly all of them, found from the first step alone)."""
     if span(steps, spans)[0] >= start:
         return steps
     return [step for step in steps if step.at >= start]
@@ -77,15 +75,13 @@ def window_ledger(row: PeriodLedger, limits: PeriodLimits, totals: tuple[int, De
 
 
 def window_moved(
-    ledgers: Sequence[tuple[PeriodBudget, PeriodLedger]],
-    added: dict[LedgerKey, tuple[int, int]],
-    now: datetime,
+    ledgers: Sequence[tuple[PeriodBudget, PeriodLedger]], now: datetime
 ) -> set[LedgerKey]:
     """A rolling ledger keeps its window's totals from `window_start` on, the batches' spend in
     the window added by the upsert that locks it. The ledgers (as returned by that upsert,
-    this batch's `added` in) whose window has moved to another hour since — or that are new
-    — are summed again from their hours (before this batch's are added) plus this batch's
-    spend, in one query; their keys are returned (to be written)."""
+    this batch's spend in) whose window has moved to another hour since — or that are new —
+    are summed again from their hours (this batch's in: added with the ledgers, under their
+    locks), in one query; their keys are returned (to be written)."""
     stale = [
         (budget, row)
         for budget, row in ledgers
@@ -97,59 +93,10 @@ def window_moved(
     keys = set()
     for budget, row in stale:
         key = (row.budget_id, row.period_start, row.member)
-        tokens, cost = sums[(row.budget_id, row.member)]
-        row.tokens_used = tokens + added[key][0]
-        row.cost_usd = cost + pico_usd(added[key][1])
+        row.tokens_used, row.cost_usd = sums[(row.budget_id, row.member)]
         row.window_start = window_bounds(budget.window_hours or 1, now)[0]
         keys.add(key)
     return keys
-
-
-def hours_add(
-    project_id: int,
-    groups: dict[LedgerKey, Sequence[SpendStep]],
-    sums: dict[int, tuple[int, int]],
-    spans: Spans,
-) -> None:
-    """Add the batch to each rolling budget's (and member's) hours: one statement. A group
-    within one hour adds its sums as they are."""
-    adds: dict[tuple[int, str, datetime], list[int]] = {}
-    for (budget_id, _, member), steps in sorted(groups.items()):
-        if not steps:
-            continue
-        earliest, latest = span(steps, spans)
-        first, last = hour_of(earliest), hour_of(latest)
-        if first == last and id(steps) in sums:
-            adds[(budget_id, member, first)] = list(sums[id(steps)])
-            continue
-        for step in steps:
-            tally = adds.setdefault((budget_id, member, hour_of(step.at)), [0, 0])
-            tally[0] += step.tokens
-            tally[1] += step.cost_pico
-    if not adds:
-        return
-    table = BudgetHour._meta.db_table
-    ops = connection.ops
-    rows = sorted(adds.items())
-    values = ", ".join(["(%s, %s, %s, %s, %s, %s)"] * len(rows))
-    params: list[Any] = []
-    for (budget_id, member, hour), (tokens, pico) in rows:
-        params += [
-            project_id,
-            budget_id,
-            member,
-            ops.adapt_datetimefield_value(hour),
-            tokens,
-            ops.adapt_decimalfield_value(pico_usd(pico)),
-        ]
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"INSERT INTO {table} (project_id, budget_id, member, hour, tokens_used, cost_usd) "
-            f"VALUES {values} ON CONFLICT (budget_id, member, hour, project_id) DO UPDATE SET "
-            f"tokens_used = {table}.tokens_used + excluded.tokens_used, "
-            f"cost_usd = {table}.cost_usd + excluded.cost_usd",
-            params,
-        )
 
 
 def windows_set(rows: Sequence[PeriodLedger]) -> None:
