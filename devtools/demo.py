@@ -407,6 +407,8 @@ def _project_for(theme: Theme, *, sessions: int) -> Project:
             "cost_cap_usd": theme.cost_cap_usd,
             "system_token_cap": max(100_000, SYSTEM_TOKENS_PER_SESSION * sessions),
             "system_cost_cap_usd": SYSTEM_USD_PER_HUNDRED_SESSIONS * hundreds,
+            # the showback report (/reports/) groups by the customer tag every session has
+            "report_tag_key": "customer",
         },
     )
     return project
