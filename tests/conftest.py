@@ -86,7 +86,10 @@ if THROUGH_PGBOUNCER:
         from tests.servers import PgBouncer
 
         if connections["default"].vendor != "postgresql":
-            pytest.skip("COSTBOARD_TEST_PGBOUNCER: PgBouncer stands in front of PostgreSQL")
+            pytest.fail(
+                "COSTBOARD_TEST_PGBOUNCER=1 needs DATABASE_URL=postgres://…: PgBouncer stands "
+                "in front of PostgreSQL"
+            )
         if settings.COSTBOARD_DB_POOLER != "pgbouncer":
             pytest.fail("COSTBOARD_TEST_PGBOUNCER=1 needs COSTBOARD_DB_POOLER=pgbouncer too")
         db = connections["default"].settings_dict

@@ -19,7 +19,6 @@ from django.core import mail
 from django.core.mail import EmailMessage
 from django.core.mail.backends.locmem import EmailBackend
 from django.core.management import CommandError, call_command
-from django.db import connection
 
 from costboard.models import OutboxItem, SpendReportDelivery
 from costboard.outbox import outbox_dispatch
@@ -367,8 +366,6 @@ def datetime_of(text: str) -> Any:
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_two_sends_at_once_make_one_delivery_per_recipient() -> None:
-    if connection.vendor != "postgresql":
-        pytest.skip("concurrent writers: PostgreSQL's (SQLite has one writer)")
     agent = make_agent("race", report_recipients="ann@example.com, boss@example.com")
     period = period_of("week", W47[0])
     queued: list[int] = []
