@@ -55,16 +55,7 @@ from costboard.budgets.periods import (
     window_bounds,
     window_totals,
 )
-from costboard.budgets.upserts import (
-    DAYS,
-    HOURS,
-    PICO,
-    Column,
-    bound_cursor,
-    day_rows,
-    hour_rows,
-    upsert_rows,
-)
+from costboard.budgets.upserts import DAYS, HOURS, day_rows, hour_rows, upsert_rows
 from costboard.budgets.windows import (
     LedgerKey,
     Spans,
@@ -83,6 +74,7 @@ from costboard.models import (
     usd,
 )
 from costboard.money import pico_usd
+from costboard.sql_arrays import USD_PICO, Column, Dialect
 
 FORECAST = BudgetEvent.Kind.FORECAST
 
@@ -316,7 +308,9 @@ def _ledgers_add(
     and hours are written only once every ledger is locked (they wait for the ledgers' count);
     on SQLite (the database locked whole) one statement each. The ledgers are read back as
     the ORM would (`ModelColumns`), without its compiler."""
+    sql = Dialect()
     ledgers, params = upsert_rows(
+        sql,
         "v",
         _LEDGER_ADD_COLUMNS,
         [
@@ -336,15 +330,15 @@ def _ledgers_add(
         f"cost_usd = {table}.cost_usd + excluded.cost_usd, updated_at = excluded.updated_at "
         f"RETURNING {returned}"
     )
-    postgres = connection.vendor == "postgresql"
+    postgres = sql.postgres
     after = "(SELECT count(*) FROM led) > 0" if postgres else "true"
     more: list[tuple[str, str, list[Any]]] = []  # each table's rows, upsert, parameters
     for name, (target, columns, conflict), adds in (("d", DAYS, days), ("h", HOURS, hours)):
         if adds:
-            with_rows, row_params = upsert_rows(name, columns, adds)
+            with_rows, row_params = upsert_rows(sql, name, columns, adds)
             upsert = adding(target, name, columns, conflict, after)
             more.append((with_rows, upsert, [*row_params, project_id]))
-    with bound_cursor() as cursor:
+    with sql.cursor() as cursor:
         if postgres:
             parts = [ledgers, f"led AS ({ledgers_add})"]
             for n, (with_rows, upsert, more_params) in enumerate(more):
@@ -385,7 +379,7 @@ _LEDGER_ADD_COLUMNS: list[Column] = [
     ("member", "text"),
     ("period_end", "timestamptz"),
     ("tokens_used", "bigint"),
-    ("cost_usd", PICO),
+    ("cost_usd", USD_PICO),
 ]
 
 

@@ -1,7 +1,7 @@
 """The rows a batch adds to the budgets' tables — period ledgers, calendar budgets' days
 (BudgetDay), rolling budgets' hours (BudgetHour) — as the upserts of period_ledgers.py's one
 statement write them: each table's rows a common table expression, one typed array per column
-on PostgreSQL (as ingest's statements), rows of VALUES on SQLite."""
+on PostgreSQL, rows of VALUES on SQLite (costboard/sql_arrays.py, as ingest's statements)."""
 
 from __future__ import annotations
 
@@ -9,74 +9,31 @@ from collections.abc import Mapping, Sequence
 from datetime import date, datetime
 from typing import Any
 
-import psycopg
-from django.db import connection
-
 from costboard.budgets.periods import hour_of, zone
 from costboard.budgets.windows import LedgerKey, Spans, SpendStep, span
 from costboard.models import BudgetDay, BudgetHour, PeriodBudget
-from costboard.money import pico_text
-
-# a column of a ledger-like upsert: its name and PostgreSQL type ("pico": USD as pico-dollar
-# ints, scaled to dollars in SQL, exactly)
-Column = tuple[str, str]
-PICO = "pico"
+from costboard.sql_arrays import USD_PICO, Column, Dialect
 
 
 def upsert_rows(
-    name: str, columns: Sequence[Column], rows: Sequence[Sequence[Any]]
+    sql: Dialect, name: str, columns: Sequence[Column], rows: Sequence[Sequence[Any]]
 ) -> tuple[str, list[Any]]:
     """`<name> (…) AS (…)`, a common table expression of these rows (times aware, money in
-    pico-dollars), and its parameters. On PostgreSQL one array per column, unnested, the same
-    SQL text whatever the number of rows (as ingest's statements): numbers as array literals,
-    text, days and times in psycopg's binary arrays, a column of NULLs as an empty array
-    (unnest pads it). On SQLite, rows of VALUES, the money as its decimal text."""
-    names = ", ".join(column for column, _ in columns)
-    if connection.vendor != "postgresql":
-        ops = connection.ops
-        params: list[Any] = []
-        for row in rows:
-            for (_, kind), value in zip(columns, row, strict=True):
-                if kind == PICO:
-                    value = pico_text(value)
-                elif kind == "timestamptz":
-                    value = ops.adapt_datetimefield_value(value)
-                params.append(value)
-        one = "(" + ", ".join(["%s"] * len(columns)) + ")"
-        return f"{name} ({names}) AS (VALUES {', '.join([one] * len(rows))})", params
-    arrays: list[str] = []
-    params = []
-    for n, (_, kind) in enumerate(columns):
-        column = [row[n] for row in rows]
-        if kind in ("bigint", PICO):
-            arrays.append(f"%s::{'numeric' if kind == PICO else kind}[]")
-            params.append("{" + ",".join(map(str, column)) + "}")
-        elif column.count(None) == len(column):
-            arrays.append(f"%s::{kind}[]")
-            params.append("{}")
-        else:
-            arrays.append(f"%b::{kind}[]")
-            params.append(column)
-    values = ", ".join(
-        f"{column} * 0.000000000001" if kind == PICO else column for column, kind in columns
-    )
-    return (
-        f"{name} ({names}) AS (SELECT {values} FROM unnest({', '.join(arrays)}) AS u ({names}))",
-        params,
-    )
-
-
-def bound_cursor() -> Any:
-    """A cursor in the current transaction; on PostgreSQL one that binds its parameters
-    server-side (Django's interpolates them into the text, which for arrays costs more than
-    the statement)."""
-    if connection.vendor != "postgresql":
-        return connection.cursor()
-    connection.ensure_connection()
-    raw: Any = psycopg.Cursor(connection.connection)
-    if connection.queries_logged:
-        return connection.make_debug_cursor(raw)
-    return connection.make_cursor(raw)
+    pico-dollars) and its parameters: `Dialect.cte`'s, with the money and times given as
+    the database takes them (`Dialect.money`, `Dialect.dt`)."""
+    if not sql.postgres:
+        rows = [
+            [
+                sql.money(value)
+                if kind == USD_PICO
+                else sql.dt(value)
+                if kind == "timestamptz"
+                else value
+                for (_, kind), value in zip(columns, row, strict=True)
+            ]
+            for row in rows
+        ]
+    return sql.cte(name, columns, rows)
 
 
 # a rolling budget's hours, as `adding` writes them: its columns and its unique key
@@ -87,7 +44,7 @@ HOURS: tuple[str, list[Column], str] = (
         ("member", "text"),
         ("hour", "timestamptz"),
         ("tokens_used", "bigint"),
-        ("cost_usd", PICO),
+        ("cost_usd", USD_PICO),
     ],
     "budget_id, member, hour",
 )
@@ -101,7 +58,7 @@ DAYS: tuple[str, list[Column], str] = (
         ("day", "date"),
         ("member", "text"),
         ("tokens_used", "bigint"),
-        ("cost_usd", PICO),
+        ("cost_usd", USD_PICO),
     ],
     "budget_id, day, member",
 )

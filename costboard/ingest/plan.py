@@ -13,12 +13,12 @@ from decimal import Decimal
 from typing import Any
 
 from costboard.ingest.schemas import Event, SessionEvent, StepEvent, TurnEvent, usage_tier
-from costboard.ingest.sql import Dialect
 from costboard.ingest.turn_rules import step_signature
 from costboard.models import STANDARD_TIER, SYSTEM_SESSION_ID, Project, service_tier_word
 from costboard.money import pico_usd
 from costboard.pricing.families import price_families, step_classify
 from costboard.pricing.rates import RateTable, rate_table
+from costboard.sql_arrays import Dialect
 
 
 @dataclass(slots=True)

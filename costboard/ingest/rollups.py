@@ -13,7 +13,7 @@ from typing import Any
 
 from costboard.ingest.latency import latency_bucket
 from costboard.ingest.plan import PricedStep, Totals, step_tags
-from costboard.ingest.sql import USAGE, USD_PICO, Column, Dialect, Statement
+from costboard.ingest.sql import USAGE, Statement
 from costboard.models import (
     DailyRollup,
     LatencyRollup,
@@ -22,6 +22,7 @@ from costboard.models import (
     TagDailyRollup,
     UserDailyRollup,
 )
+from costboard.sql_arrays import USD_PICO, Column, Dialect
 
 ROLLUP_TABLE = DailyRollup._meta.db_table
 

@@ -35,9 +35,10 @@ Numbers and plain text go as array literals, a column of NULLs as an empty array
 pads it): cheaper to build than psycopg's binary arrays, element by element in Python.
 
 This module only orchestrates, and answers. The modules it calls, each with one job: plan.py
-(pricing and the touches, before the transaction), sql.py (the dialect and the arrays),
-writes/ (receipts, sessions, turns, steps: each row written once) and rollups.py (the shared
-sums, run last); the budgets answer one question, costboard/budgets/batch.py's.
+(pricing and the touches, before the transaction), sql.py (the usage columns and the
+transaction's settings; the dialect and the arrays are costboard/sql_arrays.py's), writes/
+(receipts, sessions, turns, steps: each row written once) and rollups.py (the shared sums,
+run last); the budgets answer one question, costboard/budgets/batch.py's.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ from costboard.ingest.rollups import (
     model_usage_upsert,
 )
 from costboard.ingest.schemas import Event, SessionEvent, StepEvent, TurnEvent
-from costboard.ingest.sql import Dialect, ingest_settings
+from costboard.ingest.sql import ingest_settings
 from costboard.ingest.writes.receipts import receipts_insert
 from costboard.ingest.writes.sessions import session_spends, sessions_lock, sessions_update
 from costboard.ingest.writes.steps import steps_insert
@@ -76,6 +77,7 @@ from costboard.ingest.writes.turns import turns_ensure, turns_update
 from costboard.models import BudgetEvent, Project
 from costboard.partitions import step_partitions_cover
 from costboard.projects import ingest_tally_statement
+from costboard.sql_arrays import Dialect
 
 
 @dataclass

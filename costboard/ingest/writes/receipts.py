@@ -9,8 +9,8 @@ from typing import Any
 
 from costboard.ingest.plan import PricedStep
 from costboard.ingest.schemas import SessionEvent, TurnEvent
-from costboard.ingest.sql import Dialect
 from costboard.models import EventReceipt, Project, StepReceipt
+from costboard.sql_arrays import Dialect
 
 RECEIPT_TABLE = EventReceipt._meta.db_table
 

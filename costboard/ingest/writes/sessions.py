@@ -19,9 +19,10 @@ from django.utils import timezone
 from costboard.budgets.batch import SessionSpend
 from costboard.budgets.engine import Flag, Ledger
 from costboard.ingest.plan import PricedStep, SessionTouch, steps_sum
-from costboard.ingest.sql import USAGE, USAGE_COLUMNS, Column, Dialect, json_text
+from costboard.ingest.sql import USAGE, USAGE_COLUMNS, json_text
 from costboard.models import Project, Session
 from costboard.money import pico_usd
+from costboard.sql_arrays import Column, Dialect
 
 SESSION_TABLE = Session._meta.db_table
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 from costboard.ingest.plan import PricedStep, step_tags
-from costboard.ingest.sql import USD_PICO, Column, Dialect, json_text
+from costboard.ingest.sql import json_text
 from costboard.ingest.writes.receipts import step_receipts_insert
 from costboard.models import Project, Step
+from costboard.sql_arrays import USD_PICO, Column, Dialect
 
 STEP_TABLE = Step._meta.db_table
 

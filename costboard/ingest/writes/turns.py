@@ -11,9 +11,10 @@ from typing import Any
 
 from costboard.budgets.engine import Flag
 from costboard.ingest.plan import PricedStep, TurnTouch, steps_sum
-from costboard.ingest.sql import USAGE, USAGE_COLUMNS, Column, Dialect, json_text
+from costboard.ingest.sql import USAGE, USAGE_COLUMNS, json_text
 from costboard.ingest.turn_rules import TurnStreaks, turn_check
 from costboard.models import Project, Turn
+from costboard.sql_arrays import Column, Dialect
 
 TURN_TABLE = Turn._meta.db_table
 
