@@ -47,7 +47,7 @@ def replica_aliases() -> list[str]:
 
 # Caught up when it has replayed all the WAL it received: an idle primary sends no
 # transactions, so the last one replayed can be old with nothing behind it.
-_LAG_SQL = """
+LAG_SQL = """
 SELECT pg_is_in_recovery(),
        pg_last_wal_receive_lsn() IS NOT DISTINCT FROM pg_last_wal_replay_lsn(),
        EXTRACT(EPOCH FROM now() - pg_last_xact_replay_timestamp())
@@ -61,11 +61,16 @@ def lag_measured(alias: str) -> Decimal | None:
     connection = connections[alias]
     try:
         with connection.cursor() as cursor:
-            cursor.execute(_LAG_SQL)
+            cursor.execute(LAG_SQL)
             row = cursor.fetchone()
     except DatabaseError:
         connection.close()  # the next use connects again
         return None
+    return lag_of(row)
+
+
+def lag_of(row: tuple[bool, bool, Any]) -> Decimal:
+    """The lag in seconds that a row of LAG_SQL says (see lag_measured)."""
     in_recovery, caught_up, behind = row
     if not in_recovery or caught_up:
         return Decimal(0)

@@ -23,7 +23,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -57,6 +57,7 @@ from costboard.models import (
     UserDailyRollup,
 )
 from costboard.pricing.rates import rate_table
+from devtools.replica_lag import LagSampler, lag_line
 
 EVENTS_PATH = "/api/v1/events"
 STEPS_PER_TURN = 5
@@ -773,6 +774,10 @@ def _copy_once(conn: psycopg.Connection[Any], rows: list[Any], columns: str, kin
             conn.commit()
 
 
+# A replica's lag (--replica) is sampled this often, in seconds, while the posts run.
+LAG_EVERY = 0.1
+
+
 # --- the whole run ---------------------------------------------------------------------------
 
 
@@ -792,6 +797,7 @@ class BenchOptions:
     minimal: bool = False  # the batches sent with Prefer: return=minimal
     users: int = 0  # sessions' end users, named by a session event (0: none)
     rolling_user_budget: bool = False  # a rolling 24-hour budget per end user
+    replica: str = ""  # a streaming replica's URL: its lag sampled while the posts run
 
 
 @dataclass
@@ -808,6 +814,7 @@ class BenchResult:
     cpu: CpuMeter
     single_posts: list[float] = field(default_factory=list)
     budget_reads: list[float] = field(default_factory=list)
+    replica_lag: list[Decimal] = field(default_factory=list)
 
     @property
     def events_per_second(self) -> float:
@@ -908,7 +915,10 @@ def _measure(
         vacuum(analyze=True)
         connection.close()  # the server's connections are the ones that matter from here on
         say(f"posting {work.measured_events:,} events from {options.clients} clients …")
-        with cpu_meter(server) as cpu:
+        lag: AbstractContextManager[object] = (
+            LagSampler(options.replica, every=LAG_EVERY) if options.replica else nullcontext()
+        )
+        with lag, cpu_meter(server) as cpu:
             seconds, measured = clients_run(
                 server.port, key, work.measured, minimal=options.minimal
             )
@@ -932,6 +942,7 @@ def _measure(
         cpu=cpu,
         single_posts=posts.latencies,
         budget_reads=reads.latencies,
+        replica_lag=lag.samples if isinstance(lag, LagSampler) else [],
     )
 
 
@@ -992,6 +1003,8 @@ def report_lines(result: BenchResult) -> list[str]:
             f"budget:     {len(result.budget_reads)} budget reads in a row, "
             f"{_percentiles(result.budget_reads)}"
         )
+    if result.replica_lag:
+        lines.append(lag_line(result.replica_lag, LAG_EVERY))
     if result.cpu.used:
         lines.append(_cpu_line(result.cpu, result.events))
     if result.failures:

@@ -18,6 +18,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from django.contrib.auth import get_user_model
 from django.db import OperationalError, connections, router, transaction
@@ -29,8 +30,10 @@ from django.urls import URLPattern, URLResolver, get_resolver
 from costboard import replicas
 from costboard.models import ApiKey, Project
 from costboard.replicas import PRIMARY, WROTE_COOKIE, LagGauge, ReadSource, replica_reads
+from devtools.replica_lag import LagSampler, NotAReplica, lag_line, replica_connect
 from tests.conftest import make_agent
 from tests.pg_pair import Pair, pair_started, postgres_bin
+from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 REPLICA = "replica_1"
@@ -382,3 +385,38 @@ def test_pages_read_a_real_streaming_replica_and_fall_back_to_the_primary(pair: 
     )
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
     assert "6 passed" in result.stdout, result.stdout[-2000:]
+
+
+@pytest.mark.slow
+def test_bench_samples_a_real_replicas_lag_and_refuses_what_is_not_one(pair: Pair) -> None:
+    """`bench_ingest --replica`'s sampler reads the lag as the pages do, on the real replica,
+    while the primary commits; a primary, or a server that does not answer, is refused with
+    the URL named."""
+    with psycopg.connect(pair.replica_url, autocommit=True) as replica:
+        replica.execute("SELECT pg_wal_replay_resume()")  # whatever the checks above left
+        with LagSampler(pair.replica_url, every=0.01) as sampler:
+            with psycopg.connect(pair.primary_url, autocommit=True) as primary:
+                primary.execute("CREATE TABLE lag_probe (n int)")
+                for n in range(50):
+                    primary.execute("INSERT INTO lag_probe VALUES (%s)", [n])
+
+            def replayed() -> bool:
+                found = replica.execute(
+                    "SELECT count(*) FROM pg_class WHERE relname = 'lag_probe'"
+                ).fetchone()
+                if not found or not found[0]:
+                    return False
+                row = replica.execute("SELECT count(*) FROM lag_probe").fetchone()
+                return bool(row and row[0] == 50)
+
+            wait_until(replayed, what="the replica replaying the 50 inserts")
+    assert len(sampler.samples) >= 2
+    assert all(lag >= 0 for lag in sampler.samples)
+    assert sampler.samples[-1] == 0  # taken on leaving, with everything replayed
+    assert lag_line(sampler.samples, 0.01).startswith(
+        f"replica:    lag over {len(sampler.samples)} samples every 0.01 s: p50 "
+    )
+    with pytest.raises(NotAReplica, match=r"is not a standby \(pg_is_in_recovery\(\) is false\)"):
+        replica_connect(pair.primary_url)
+    with pytest.raises(NotAReplica, match=r"^--replica postgres://postgres@127\.0\.0\.1:1/x does"):
+        replica_connect("postgres://postgres@127.0.0.1:1/x")

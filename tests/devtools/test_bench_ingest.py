@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from decimal import Decimal
 from io import StringIO
 from typing import Any
 
@@ -11,6 +12,8 @@ from django.core.management import CommandError, call_command
 from django.db import connection
 
 from costboard.models import Project, Step
+from costboard.replicas import LAG_UNKNOWN
+from devtools.replica_lag import lag_line
 from tests.conftest import add_price
 
 on_postgres = pytest.mark.skipif(
@@ -63,3 +66,23 @@ def test_bench_ingest_refuses_another_database_with_the_fix(monkeypatch: Any) ->
     monkeypatch.setattr(connection, "vendor", "sqlite")
     with pytest.raises(CommandError, match="DATABASE_URL=postgres://"):
         call_command("bench_ingest", events=10)
+
+
+def test_the_replica_line_gives_the_lag_percentiles_and_counts_the_unknown_apart() -> None:
+    samples = [Decimal(0), Decimal("0.250"), Decimal("1.5"), LAG_UNKNOWN, Decimal(0)]
+    assert lag_line(samples, 0.1) == (
+        "replica:    lag over 5 samples every 0.1 s: p50 0.250 s, p95 1.500 s, max 1.500 s;"
+        " 1 with nothing replayed yet"
+    )
+    assert lag_line([LAG_UNKNOWN, LAG_UNKNOWN], 0.1) == (
+        "replica:    2 samples, none with a transaction replayed yet"
+    )
+
+
+@on_postgres
+def test_bench_ingest_refuses_a_replica_url_that_is_not_a_standby() -> None:
+    """Before anything is built or started: the test database's own server is a primary."""
+    settings = connection.settings_dict
+    url = f"postgres://{settings['USER']}@{settings['HOST']}:{settings['PORT']}/{settings['NAME']}"
+    with pytest.raises(CommandError, match=r"is not a standby .* pg_basebackup -R"):
+        call_command("bench_ingest", events=10, replica=url)

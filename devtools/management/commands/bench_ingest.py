@@ -11,6 +11,7 @@ from devtools.ingest_bench import (
     report_lines,
     require_postgres,
 )
+from devtools.replica_lag import NotAReplica, replica_connect
 
 
 class Command(BaseCommand):
@@ -78,6 +79,13 @@ class Command(BaseCommand):
         )
 
         parser.add_argument(
+            "--replica",
+            default="",
+            metavar="URL",
+            help="a streaming replica of DATABASE_URL's server (postgres://…): its lag, as the "
+            "pages measure it, sampled every 0.1 s while the batches are posted",
+        )
+        parser.add_argument(
             "--minimal",
             action="store_true",
             help="send the batches with Prefer: return=minimal (the answer names only the "
@@ -104,8 +112,14 @@ class Command(BaseCommand):
             minimal=options["minimal"],
             users=options["users"],
             rolling_user_budget=options["rolling_user_budget"],
+            replica=options["replica"],
         )
         self._check(bench)
+        if bench.replica:
+            try:
+                replica_connect(bench.replica).close()
+            except NotAReplica as exc:
+                raise CommandError(str(exc)) from None
         try:
             result = bench_run(bench, say=lambda line: self.stderr.write(line))
         except RuntimeError as exc:
