@@ -126,20 +126,17 @@ def events(request: HttpRequest) -> HttpResponse:
         raise
     prefix = cast(ApiRequest, request).api_key.prefix
     now = timezone.now()
-    if key is None:
-        response = JsonResponse(_ingested(project, batch, prefix, minimal, now))
-    else:
-        step_months_ready(batch, now)  # not inside the key's transaction (see there)
-        try:
-            response = idempotent_answer(
-                project=project,
-                key=key,
-                body=body,
-                answer=lambda: _ingested(project, batch, prefix, minimal, now),
-            )
-        except ApiError:  # the key was used with another body
-            ingest_tally(project.pk, refused=len(batch))
-            raise
+    step_months_ready(batch, now)  # before any transaction, an Idempotency-Key's (see there)
+    try:
+        response = idempotent_answer(
+            project=project,
+            key=key,
+            body=body,
+            answer=lambda: _ingested(project, batch, prefix, minimal, now),
+        )
+    except ApiError:  # the key was used with another body
+        ingest_tally(project.pk, refused=len(batch))
+        raise
     if minimal:
         response[APPLIED_HEADER] = "return=minimal"
     return response

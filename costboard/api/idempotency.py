@@ -40,10 +40,13 @@ def idempotency_key(request: HttpRequest) -> str | None:
 
 
 def idempotent_answer(
-    *, project: Project, key: str, body: bytes, answer: Callable[[], dict[str, Any]]
+    *, project: Project, key: str | None, body: bytes, answer: Callable[[], dict[str, Any]]
 ) -> JsonResponse:
-    """`answer()` (the ingest) once per key (`idempotent_run`), as JSON; a replay says so in
-    its header; the same key with another body is 422."""
+    """`answer()` (the ingest) as JSON: without a key, run now; with one, once per key
+    (`idempotent_run`), a replay saying so in its header, the same key with another body
+    422."""
+    if key is None:
+        return JsonResponse(answer())
     try:
         outcome = idempotent_run(project=project, key=key, body=body, answer=answer)
     except KeyReused as exc:

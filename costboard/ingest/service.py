@@ -15,16 +15,18 @@ One transaction, a fixed number of statements whatever the batch size:
    touched turn once — an update of those found, an insert of the new ones with their final
    values: the inserted steps' sums, its messages, and its retry-loop streaks advanced over
    those steps, checking the per-turn runaway rules (turn_rules);
-5. ask the budgets, once (costboard/budgets/batch.py, `batch_budgets`): every session's
+5. add the inserted steps to their sessions' per-model usage (the model mix: rows of
+   sessions this batch holds locked, so no other batch waits on them);
+6. ask the budgets, once (costboard/budgets/batch.py, `batch_budgets`): every session's
    caps and the budget engine's decision (state, crossings, runaway flag), the period
    budgets the steps count toward, the stop verdict; their crossings recorded as
    BudgetEvents and announced;
-6. write each touched session once: the inserted steps' sums and the new turns, with its
+7. write each touched session once: the inserted steps' sums and the new turns, with its
    budget as decided, returning the sessions' new state for the response;
-7. add the inserted steps to their sessions' per-model usage (the model mix);
-8. add them to the daily rollups and the latency histograms, and the batch's events to the
-   project's ingest tally (/metrics) — the hottest rows, touched last so their locks are
-   short. Every caller's events are counted (the API's, OTLP's, the demo's), once.
+8. add the inserted steps to the daily rollups and the latency histograms, with their users'
+   and tags' daily rollups, and the batch's events to the project's ingest tally (/metrics)
+   — the hottest rows, touched last so their locks are short. Every caller's events are
+   counted (the API's, OTLP's, the demo's), once.
 
 Everything is priced in Python before the transaction begins (a cached rate table), and each
 step given its model family (costboard/pricing/families.py); a step without a model (a tool
@@ -142,6 +144,8 @@ def events_ingest(
             hot = hot_statements(sql, project, inserted)
         runaways = turns_update(cursor, sql, project, session_ids, turns_now, turns, inserted)
         users = _users_of(rows, sessions)
+        model_usage_upsert(cursor, sql, project, session_ids, inserted)
+        hot += attribution_statements(sql, project, inserted, users, session_tags)
         adds = session_spends(rows, sessions, inserted, runaways, now)
         verdict = batch_budgets(
             BatchSpend(
@@ -158,8 +162,6 @@ def events_ingest(
         new_turns = Counter(turn.session_key for turn in turns_now.values() if turn.new)
         touched = sessions_update(cursor, sql, rows, sessions, adds, verdict.ledgers, new_turns)
         after_ingest_run(Ingested(project, _turns_with_text(accepted_others, turn_ids)))
-        model_usage_upsert(cursor, sql, project, session_ids, inserted)
-        hot += attribution_statements(sql, project, inserted, users, session_tags)
         accepted = len(others) - dup_others + len(inserted)
         day = now.astimezone(UTC).date()
         hot.append(
