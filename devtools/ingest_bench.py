@@ -815,6 +815,7 @@ class BenchResult:
     single_posts: list[float] = field(default_factory=list)
     budget_reads: list[float] = field(default_factory=list)
     replica_lag: list[Decimal] = field(default_factory=list)
+    replica_lost: str = ""  # why the replica stopped answering during the run, if it did
 
     @property
     def events_per_second(self) -> float:
@@ -943,6 +944,7 @@ def _measure(
         single_posts=posts.latencies,
         budget_reads=reads.latencies,
         replica_lag=lag.samples if isinstance(lag, LagSampler) else [],
+        replica_lost=lag.lost if isinstance(lag, LagSampler) else "",
     )
 
 
@@ -1004,7 +1006,7 @@ def report_lines(result: BenchResult) -> list[str]:
             f"{_percentiles(result.budget_reads)}"
         )
     if result.replica_lag:
-        lines.append(lag_line(result.replica_lag, LAG_EVERY))
+        lines.append(lag_line(result.replica_lag, LAG_EVERY, lost=result.replica_lost))
     if result.cpu.used:
         lines.append(_cpu_line(result.cpu, result.events))
     if result.failures:

@@ -37,13 +37,15 @@ def replica_connect(url: str) -> psycopg.Connection[Any]:
 class LagSampler:
     """`with LagSampler(url):` samples the replica's lag from entering to leaving: once on
     entering, every `every` seconds meanwhile, and once on leaving (so at least two samples).
-    Entering refuses a server that is not a standby (NotAReplica) or does not answer
-    (psycopg.OperationalError)."""
+    Entering refuses a server that is not a standby or does not answer (NotAReplica). A
+    replica that stops answering meanwhile ends the sampling, not the benchmark: `lost` says
+    why, and the samples taken until then stand."""
 
     def __init__(self, url: str, *, every: float = 0.1) -> None:
         self.url = url
         self.every = every
         self.samples: list[Decimal] = []
+        self.lost = ""  # why the replica stopped answering, if it did
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._connection: psycopg.Connection[Any] | None = None
@@ -57,8 +59,14 @@ class LagSampler:
         self.samples.append(lag_of(row))
 
     def _run(self) -> None:
-        while not self._stop.wait(self.every):
+        while not self.lost and not self._stop.wait(self.every):
+            self._sample_or_lose()
+
+    def _sample_or_lose(self) -> None:
+        try:
             self._sample()
+        except psycopg.Error as exc:
+            self.lost = str(exc).strip() or type(exc).__name__
 
     def __enter__(self) -> LagSampler:
         self._connection = replica_connect(self.url)
@@ -77,20 +85,23 @@ class LagSampler:
         if self._thread is not None:
             self._thread.join()
         try:
-            self._sample()
+            if not self.lost:
+                self._sample_or_lose()
         finally:
             if self._connection is not None:
                 self._connection.close()
                 self._connection = None
 
 
-def lag_line(samples: list[Decimal], every: float) -> str:
+def lag_line(samples: list[Decimal], every: float, *, lost: str = "") -> str:
     """The report line of a run's samples: p50, p95 and max in seconds, the samples taken
-    while the replica had replayed nothing yet counted apart."""
+    while the replica had replayed nothing yet counted apart, and why the replica stopped
+    answering (`lost`), if it did."""
     known = sorted(float(lag) for lag in samples if lag != LAG_UNKNOWN)
     unknown = len(samples) - len(known)
+    stopped = f"; then it stopped answering: {lost}" if lost else ""
     if not known:
-        return f"replica:    {len(samples)} samples, none with a transaction replayed yet"
+        return f"replica:    {len(samples)} samples, none with a transaction replayed yet{stopped}"
 
     def at(pct: float) -> float:
         return known[min(len(known) - 1, int(len(known) * pct / 100))]
@@ -99,4 +110,5 @@ def lag_line(samples: list[Decimal], every: float) -> str:
         f"replica:    lag over {len(samples)} samples every {every:g} s: p50 {at(50):.3f} s, "
         f"p95 {at(95):.3f} s, max {known[-1]:.3f} s"
         + (f"; {unknown} with nothing replayed yet" if unknown else "")
+        + stopped
     )

@@ -417,6 +417,13 @@ def test_bench_samples_a_real_replicas_lag_and_refuses_what_is_not_one(pair: Pai
     assert lag_line(sampler.samples, 0.01).startswith(
         f"replica:    lag over {len(sampler.samples)} samples every 0.01 s: p50 "
     )
+    # a replica that stops in the middle ends the sampling, not the run; it is said why
+    with LagSampler(pair.replica_url, every=0.01) as cut:
+        pair.stop_replica()
+        wait_until(lambda: cut.lost, what="the sampler noticing that the replica stopped")
+    pair.start_replica()
+    assert cut.samples[0] >= 0  # taken on entering, before the stop
+    assert "; then it stopped answering: " in lag_line(cut.samples, 0.01, lost=cut.lost)
     with pytest.raises(NotAReplica, match=r"is not a standby \(pg_is_in_recovery\(\) is false\)"):
         replica_connect(pair.primary_url)
     with pytest.raises(NotAReplica, match=r"^--replica postgres://postgres@127\.0\.0\.1:1/x does"):

@@ -77,6 +77,10 @@ def test_the_replica_line_gives_the_lag_percentiles_and_counts_the_unknown_apart
     assert lag_line([LAG_UNKNOWN, LAG_UNKNOWN], 0.1) == (
         "replica:    2 samples, none with a transaction replayed yet"
     )
+    assert lag_line([Decimal(0)], 0.1, lost="server closed the connection") == (
+        "replica:    lag over 1 samples every 0.1 s: p50 0.000 s, p95 0.000 s, max 0.000 s;"
+        " then it stopped answering: server closed the connection"
+    )
 
 
 @on_postgres
