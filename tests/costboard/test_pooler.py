@@ -62,7 +62,8 @@ def startup_error(**env: str) -> str:
 def test_behind_pgbouncer_nothing_is_kept_on_a_server_connection() -> None:
     url = "postgres://costboard@10.0.0.5:6432/costboard"  # never connected to: settings only
     direct = settings_of(DATABASE_URL=url, COSTBOARD_DB_POOLER="")
-    assert direct["OPTIONS"] == {"options": "-c random_page_cost=1.1"}
+    # connected directly, psycopg prepares a statement once it has run five times
+    assert direct["OPTIONS"] == {"options": "-c random_page_cost=1.1", "prepare_threshold": 5}
     assert "DISABLE_SERVER_SIDE_CURSORS" not in direct or not direct["DISABLE_SERVER_SIDE_CURSORS"]
 
     pooled = settings_of(DATABASE_URL=url, COSTBOARD_DB_POOLER="pgbouncer")

@@ -12,9 +12,11 @@ from typing import Any
 
 import pytest
 from django.db import connection
+from django.utils import timezone
 
 from costboard.ingest.schemas import parse_events
 from costboard.ingest.service import events_ingest
+from costboard.partitions import step_partitions_cover
 from tests.conftest import Agent
 
 on_postgres = pytest.mark.skipif(
@@ -143,3 +145,28 @@ def test_a_batch_writes_its_new_turns_once(agent: Agent) -> None:
     result = events_ingest(project=agent.project, events=parse_events(json.dumps(more).encode()))
     assert result.accepted == SESSIONS
     assert updates_of("costboard_turn")[0] - before == SESSIONS
+
+
+@on_postgres
+@pytest.mark.django_db
+def test_ingest_s_statements_are_prepared_on_a_direct_connection(agent: Agent) -> None:
+    """Connected directly, psycopg prepares a statement once it has run five times on the
+    connection with the same parameter types (settings.py): from then on a batch's
+    statements are neither parsed nor, mostly, planned again. Ingest's text is the same
+    every batch, its values bound server-side, so its statements qualify. (A session's
+    first batch sends some columns with other types; DDL, such as a month's partition,
+    makes psycopg forget what it counted.)"""
+    step_partitions_cover(days={timezone.now().date()}, now=timezone.now())
+    for turn in range(1, 8):
+        result = events_ingest(project=agent.project, events=parse_events(wide_batch("prep", turn)))
+        assert result.accepted == SESSIONS
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT generic_plans + custom_plans FROM pg_prepared_statements"
+            " WHERE statement LIKE '%UPDATE costboard_session SET%'"
+        )
+        runs = [row[0] for row in cursor.fetchall()]
+    assert len(runs) == 1 and runs[0] >= 1, runs  # prepared, and run as such
+    # the prepared statement's answer: the same sums as before it was prepared
+    assert result.sessions["prep-s7"]["tokens_used"] == 7 * (100 + 7 + 10)
