@@ -530,25 +530,21 @@ def compiled_pattern(pattern: str) -> re.Pattern[str]:
 
 
 _lock = Lock()
-_cached: tuple[tuple[int, Any], RateTable] | None = None
+_cached: tuple[int, RateTable] | None = None
 
 
-_VERSION_SQL = (
-    f"SELECT (SELECT COUNT(*) FROM {ModelPrice._meta.db_table}), "  # noqa: S608 — its table
-    f"(SELECT MAX(updated_at) FROM {ModelPrice._meta.db_table}), "
-    f"(SELECT COUNT(*) FROM {PriceAdjustment._meta.db_table}), "
-    f"(SELECT MAX(updated_at) FROM {PriceAdjustment._meta.db_table})"
-)
+# One row, counted up by triggers on every change to either table (migration 0040).
+_VERSION_SQL = "SELECT version FROM costboard_rate_version WHERE id = 1"
 
 
-def _version() -> tuple[int, Any]:
-    """(row count, latest updated_at) of the price and the adjustment tables: changes with
-    any insert, edit or delete. Index scans in one query (the ORM's aggregate costs more
-    than the query)."""
+def _version() -> int | None:
+    """The prices' and the adjustments' version: a new number with any insert, edit or delete
+    of either, committed with it. A key lookup (it was a count of both tables, ~1 ms on every
+    request). None if the row is gone: no table is kept then."""
     with connection.cursor() as cursor:
         cursor.execute(_VERSION_SQL)
-        count, latest, adjustments, adjusted = cursor.fetchone()
-    return count, (latest, adjustments, adjusted)
+        row = cursor.fetchone()
+    return None if row is None else int(row[0])
 
 
 def rate_table() -> RateTable:
@@ -557,10 +553,10 @@ def rate_table() -> RateTable:
     global _cached
     version = _version()
     cached = _cached
-    if cached is not None and cached[0] == version:
+    if cached is not None and version is not None and cached[0] == version:
         return cached[1]
     with _lock:
-        if _cached is not None and _cached[0] == version:
+        if _cached is not None and version is not None and _cached[0] == version:
             return _cached[1]
         # from the primary, as the version is: on a page that reads a replica, a table built
         # there could be older than the version it is kept under, and kept for good
@@ -568,7 +564,7 @@ def rate_table() -> RateTable:
             ModelPrice.objects.using(connection.alias).all(),
             PriceAdjustment.objects.using(connection.alias).all(),
         )
-        _cached = (version, table)
+        _cached = None if version is None else (version, table)
         return table
 
 

@@ -42,9 +42,14 @@ JOIN pg_database d ON d.oid = s.dbid
 WHERE d.datname = current_database()
   AND s.query LIKE '%costboard\\_%' AND s.query NOT LIKE '%pg_stat_statements%'
 """
-# Read from the primary whatever the page: the prices (the rate table is the process's:
-# costboard/pricing/rates.py) and, for the API, the key that says who asks.
-_ALWAYS_PRIMARY = ("costboard_modelprice", "costboard_priceadjustment", "costboard_apikey")
+# Read from the primary whatever the page: the prices and their version (the rate table is
+# the process's: costboard/pricing/rates.py) and, for the API, the key that says who asks.
+_ALWAYS_PRIMARY = (
+    "costboard_modelprice",
+    "costboard_priceadjustment",
+    "costboard_rate_version",
+    "costboard_apikey",
+)
 
 
 class Server:

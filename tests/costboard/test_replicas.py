@@ -179,12 +179,13 @@ def _routes(request: HttpRequest) -> HttpResponse:
     return HttpResponse(" ".join([*seen, *said]))
 
 
+RATE_TABLES = ("costboard_modelprice", "costboard_priceadjustment", "costboard_rate_version")
+
+
 def _pages_own(sql: str) -> bool:
-    """SQL over Costboard's tables but the prices': the rate table is the process's, always
-    read from the primary (costboard/pricing/rates.py)."""
-    return "costboard_" in sql and not any(
-        table in sql for table in ("costboard_modelprice", "costboard_priceadjustment")
-    )
+    """SQL over Costboard's tables but the prices' and their version: the rate table is the
+    process's, always read from the primary (costboard/pricing/rates.py)."""
+    return "costboard_" in sql and not any(table in sql for table in RATE_TABLES)
 
 
 def _page_reads(client: Client, path: str) -> tuple[str, list[str], list[str]]:

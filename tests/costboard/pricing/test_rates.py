@@ -1,12 +1,13 @@
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from decimal import Decimal
 
 import pytest
+from django.db import connection
 from genai_prices import Usage, calc_price
 
-from costboard.models import DailyRollup, ModelPrice, Session, Step
+from costboard.models import DailyRollup, ModelPrice, PriceAdjustment, Session, Step
 from costboard.pricing.names import model_aliases
 from costboard.pricing.rates import rate_table
 from costboard.pricing.sync import prices_sync
@@ -392,3 +393,75 @@ def test_a_rate_finer_than_a_picodollar_per_token_is_rounded_half_even(agent: Ag
     assert second.cost_input_usd == Decimal(0)
     assert second.cost_output_usd == Decimal("0.000003000002")
     assert Session.objects.get(external_id="system").cost_usd == Decimal("0.000004000004")
+
+
+# --- the cached rate table and its version (migration 0040) -----------------------------------
+
+
+def rate_version() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT version FROM costboard_rate_version WHERE id = 1")
+        return int(cursor.fetchone()[0])
+
+
+def test_every_change_to_the_prices_or_the_adjustments_moves_the_version(db: None) -> None:
+    """Whatever writes them (a save, a queryset's update or delete, a bulk insert), the
+    version moves with the change: a cached rate table is never kept past one."""
+    seen = [rate_version()]
+
+    def moved() -> bool:
+        seen.append(rate_version())
+        return seen[-1] > seen[-2]
+
+    price = add_price("test-sonnet")
+    assert moved()
+    price.input_mtok = Decimal("3.5")
+    price.save()
+    assert moved()
+    ModelPrice.objects.filter(pk=price.pk).update(output_mtok=Decimal("16"))
+    assert moved()
+    ModelPrice.objects.bulk_create(
+        [ModelPrice(model=f"bulk-{n}", provider="testco", input_mtok=Decimal(1)) for n in range(3)]
+    )
+    assert moved()
+    adjustment = PriceAdjustment.objects.create(
+        provider="testco", percent=Decimal("-10"), effective_from=date(2026, 1, 1)
+    )
+    assert moved()
+    adjustment.delete()
+    assert moved()
+    ModelPrice.objects.filter(model__startswith="bulk-").delete()
+    assert moved()
+    assert rate_table() is rate_table()  # nothing changed since: the same table, kept
+    assert not moved()
+
+
+def test_a_price_edited_between_two_requests_prices_the_second(agent: Agent) -> None:
+    price = add_price("test-sonnet")
+    agent.events(
+        {"session_id": "a", "step_type": "x", "model": "test-sonnet", "input_tokens": 1000}
+    )
+    kept = rate_table()
+
+    ModelPrice.objects.filter(pk=price.pk).update(input_mtok=Decimal("4"))
+    agent.events(
+        {"session_id": "b", "step_type": "x", "model": "test-sonnet", "input_tokens": 1000}
+    )
+
+    assert rate_table() is not kept
+    assert Step.objects.get(session__external_id="a").cost_usd == usd(1000, Decimal("3"))
+    assert Step.objects.get(session__external_id="b").cost_usd == usd(1000, Decimal("4"))
+
+
+def test_without_its_version_row_the_rate_table_is_read_every_time(agent: Agent) -> None:
+    """Someone deleted the row: nothing is cached (a table kept under no version could be
+    kept past a change), and prices stay right."""
+    price = add_price("test-sonnet")
+    with connection.cursor() as cursor:
+        cursor.execute("DELETE FROM costboard_rate_version")
+    assert rate_table() is not rate_table()
+    ModelPrice.objects.filter(pk=price.pk).update(input_mtok=Decimal("4"))
+    agent.events(
+        {"session_id": "b", "step_type": "x", "model": "test-sonnet", "input_tokens": 1000}
+    )
+    assert Step.objects.get().cost_usd == usd(1000, Decimal("4"))
