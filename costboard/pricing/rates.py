@@ -553,10 +553,10 @@ def rate_table() -> RateTable:
     global _cached
     version = _version()
     cached = _cached
-    if cached is not None and version is not None and cached[0] == version:
+    if cached is not None and cached[0] == version:  # never kept under None
         return cached[1]
     with _lock:
-        if _cached is not None and version is not None and _cached[0] == version:
+        if _cached is not None and _cached[0] == version:
             return _cached[1]
         # from the primary, as the version is: on a page that reads a replica, a table built
         # there could be older than the version it is kept under, and kept for good
