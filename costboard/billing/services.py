@@ -197,9 +197,13 @@ class Replaced:
     days: list[tuple[date, str]]  # (day, provider) named, in order
 
 
-def billing_rows_replace(rows: Iterable[UploadRow], *, source: str) -> Replaced:
+def billing_rows_replace(
+    rows: Iterable[UploadRow], *, source: str, project: Project | None = None
+) -> Replaced:
     """Rows sent by hand (source `api` or `csv`): each (day, provider) they name has its
-    rows of that source replaced by them, all in one transaction."""
+    rows of that source replaced by them, all in one transaction. `project`: the rows are
+    that project's alone (an API key's), and only its rows are replaced; None: a bill across
+    projects (the admin's upload), whose (day, provider)s are replaced whole."""
     if source not in (BilledUsage.Source.API, BilledUsage.Source.CSV):
         raise ValueError(f"rows sent by hand come from api or csv, not {source!r}")
     rows = list(rows)
@@ -209,9 +213,10 @@ def billing_rows_replace(rows: Iterable[UploadRow], *, source: str) -> Replaced:
         _days_locked()
         replaced = 0
         for day, provider in named:
-            replaced += BilledUsage.objects.filter(
-                source=source, day=day, provider=provider
-            ).delete()[0]
+            old = BilledUsage.objects.filter(source=source, day=day, provider=provider)
+            if project is not None:
+                old = old.filter(project=project)
+            replaced += old.delete()[0]
         BilledUsage.objects.bulk_create(
             BilledUsage(
                 provider=row.provider,

@@ -167,16 +167,22 @@ def _errors(exc: ValidationError, *, offset: int = 0) -> list[dict[str, Any]]:
     return errors
 
 
-def rows_from_json(payload: Any, *, default_project: Project | None) -> list[UploadRow]:
-    """`{"rows": [...]}` as validated rows, or UploadError."""
+def rows_from_json(
+    payload: Any, *, default_project: Project | None, key_project: bool = False
+) -> list[UploadRow]:
+    """`{"rows": [...]}` as validated rows, or UploadError. `key_project`: the rows come with
+    an API key, whose project is `default_project`: a row may name only that project (the key
+    decides the project; a bill across projects is uploaded in the admin)."""
     try:
         parsed = BillingRowsIn.model_validate(payload)
     except ValidationError as exc:
         raise UploadError(_errors(exc)) from None
-    return _resolved(parsed.rows, default_project)
+    return _resolved(parsed.rows, default_project, key_project=key_project)
 
 
-def rows_from_csv(text: str, *, default_project: Project | None) -> list[UploadRow]:
+def rows_from_csv(
+    text: str, *, default_project: Project | None, key_project: bool = False
+) -> list[UploadRow]:
     """A CSV with a header row of the columns (date, provider, cost_usd required; model,
     project, input_tokens, output_tokens optional) as validated rows, or UploadError; a
     row's index counts the data rows from 0 (the header is not one)."""
@@ -235,20 +241,35 @@ def rows_from_csv(text: str, *, default_project: Project | None) -> list[UploadR
         ) from None
     if not records:
         raise UploadError([{"index": None, "field": "rows", "message": "no rows under the header"}])
-    return rows_from_json({"rows": records}, default_project=default_project)
+    return rows_from_json(
+        {"rows": records}, default_project=default_project, key_project=key_project
+    )
 
 
-def _resolved(rows: list[BillingRowIn], default_project: Project | None) -> list[UploadRow]:
-    slugs = {row.project for row in rows if row.project}
-    found = dict(Project.objects.filter(slug__in=slugs).values_list("slug", "pk"))
+def _resolved(
+    rows: list[BillingRowIn], default_project: Project | None, *, key_project: bool
+) -> list[UploadRow]:
+    if key_project:
+        if default_project is None:
+            raise ValueError("rows sent with a key are its project's: name the project")
+        found = {default_project.slug: default_project.pk}
+        # the same answer whether another project exists or not: a key learns nothing of them
+        fault = (
+            f"is not this key's project ({default_project.slug}): a key sends its own "
+            "project's rows; leave project out, send another project's rows with a key of "
+            "that project, or upload a bill across projects in the admin (Billed usage → "
+            "Upload a CSV bill)"
+        )
+    else:
+        slugs = {row.project for row in rows if row.project}
+        found = dict(Project.objects.filter(slug__in=slugs).values_list("slug", "pk"))
+        fault = "is no project: name a project by its slug (the admin's Projects list), or " + (
+            f"leave it out for the project chosen beside the file ({default_project.slug})"
+            if default_project
+            else "leave it out for none"
+        )
     errors = [
-        {
-            "index": index,
-            "field": "project",
-            "message": f"no project {row.project!r}: name a project by its slug (the admin's "
-            "Projects list), or leave it out for "
-            + (f"the key's project ({default_project.slug})" if default_project else "none"),
-        }
+        {"index": index, "field": "project", "message": f"{row.project!r} {fault}"}
         for index, row in enumerate(rows)
         if row.project and row.project not in found
     ]

@@ -1,10 +1,12 @@
 """POST /api/v1/billing (admin keys): billed rows as JSON or CSV, stored exactly, validated
-whole (422 naming the row's index and field, nothing stored), each (date, provider) replaced
-by a second send; and the admin's CSV upload through the same checks and service."""
+whole (422 naming the row's index and field, nothing stored), each (date, provider) of the
+key's project replaced by a second send, another project's rows neither written nor replaced;
+and the admin's CSV upload (a bill across projects) through the same checks and service."""
 
 from __future__ import annotations
 
 import json
+from datetime import date
 from decimal import Decimal
 from typing import Any
 
@@ -12,7 +14,7 @@ import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import Client
 
-from costboard.models import ApiKey, BilledUsage, Project, ProviderProject
+from costboard.models import ApiKey, BilledUsage, ProviderProject
 from tests.conftest import Agent, make_agent
 
 pytestmark = pytest.mark.django_db
@@ -41,7 +43,6 @@ def rows() -> list[tuple[Any, ...]]:
 
 
 def test_json_rows_are_stored_exactly_with_the_keys_project_by_default(admin: Agent) -> None:
-    other = Project.objects.create(name="Other", slug="other")
     answer = post(
         admin,
         {
@@ -49,7 +50,7 @@ def test_json_rows_are_stored_exactly_with_the_keys_project_by_default(admin: Ag
                 {"date": "2026-11-01", "provider": "Mistral", "model": "mistral-large",
                  "cost_usd": "12.345678901234", "input_tokens": 1000, "output_tokens": 20},
                 {"date": "2026-11-01", "provider": "mistral", "model": "codestral",
-                 "project": "other", "cost_usd": 0.1},
+                 "project": admin.project.slug, "cost_usd": 0.1},
                 {"date": "2026-11-02", "provider": "groq", "cost_usd": "7"},
             ]
         },
@@ -66,7 +67,7 @@ def test_json_rows_are_stored_exactly_with_the_keys_project_by_default(admin: Ag
     project = admin.project.pk
     day1, day2 = BilledUsage.objects.order_by("day").values_list("day", flat=True).distinct()
     assert rows() == [
-        (day1, "mistral", "api", "codestral", other.pk, Decimal("0.1"), None, None),
+        (day1, "mistral", "api", "codestral", project, Decimal("0.1"), None, None),
         (day1, "mistral", "api", "mistral-large", project, Decimal("12.345678901234"), 1000, 20),
         (day2, "groq", "api", None, project, Decimal(7), None, None),
     ]
@@ -105,22 +106,69 @@ def test_rows_imported_or_uploaded_are_not_replaced_by_the_api(admin: Agent) -> 
     ]
 
 
+def another_admin(slug: str) -> Agent:
+    other = make_agent(slug)
+    _, key = ApiKey.issue(project=other.project, role="admin")
+    return Agent(project=other.project, key=key, client=Client())
+
+
+@pytest.mark.parametrize("content_type", ["application/json", "text/csv"])
+def test_a_key_names_no_other_project_and_learns_nothing_of_them(
+    admin: Agent, content_type: str
+) -> None:
+    beta = another_admin("beta")
+    assert post(beta, {"rows": [{"date": "2026-11-01", "provider": "openai", "cost_usd": "9"}]})
+    kept = rows()
+
+    def refusal(slug: str) -> dict[str, Any]:
+        if content_type == "text/csv":
+            body: Any = f"date,provider,project,cost_usd\n2026-11-01,openai,{slug},1\n"
+        else:
+            row = {"date": "2026-11-01", "provider": "openai", "project": slug, "cost_usd": "1"}
+            body = {"rows": [row]}
+        answer = post(admin, body, content_type)
+        assert answer.status_code == 422, answer.content
+        [error] = answer.json()["errors"]
+        return error
+
+    existing, missing = refusal("beta"), refusal("gamma")
+    assert (existing["index"], existing["field"]) == (0, "project")
+    own = admin.project.slug
+    assert existing["message"].startswith(f"'beta' is not this key's project ({own})")
+    assert "upload a bill across projects in the admin" in existing["message"]
+    # another project's existence is not told: the same words for one that is not there
+    assert missing["message"] == existing["message"].replace("'beta'", "'gamma'")
+    assert rows() == kept  # beta's row neither replaced nor joined by one
+
+
+def test_each_projects_key_replaces_only_its_own_rows_of_a_day(admin: Agent) -> None:
+    beta = another_admin("beta")
+    day = {"date": "2026-11-01", "provider": "openai"}
+    assert post(admin, {"rows": [{**day, "model": "gpt-4o", "cost_usd": "1"}]}).status_code == 200
+    second = post(beta, {"rows": [{**day, "model": "gpt-4o", "cost_usd": "2"}]})
+    assert (second.json()["stored"], second.json()["replaced"]) == (1, 0)
+    corrected = post(admin, {"rows": [{**day, "model": "gpt-4o", "cost_usd": "1.5"}]}).json()
+    assert (corrected["stored"], corrected["replaced"]) == (1, 1)
+    assert sorted(BilledUsage.objects.values_list("project__slug", "cost_usd")) == [
+        (admin.project.slug, Decimal("1.5")),
+        ("beta", Decimal(2)),
+    ]
+
+
 def test_csv_rows_are_stored_like_json(admin: Agent) -> None:
-    Project.objects.create(name="Other", slug="other")
     text = (
         "\ufeffdate,provider,model,project,cost_usd,input_tokens,output_tokens\r\n"
         "2026-11-01,mistral,mistral-large,,12.345678901234,1000,20\r\n"
-        "2026-11-01,mistral,codestral,other,0.1,,\r\n"
+        f"2026-11-01,mistral,codestral,{admin.project.slug},0.1,,\r\n"
         "\r\n"
         "2026-11-02,groq,,,7,,\r\n"
     )
     answer = post(admin, text, "text/csv")
     assert answer.status_code == 200, answer.content
     assert answer.json()["stored"] == 3
-    other = Project.objects.get(slug="other").pk
     day1, day2 = BilledUsage.objects.order_by("day").values_list("day", flat=True).distinct()
     assert rows() == [
-        (day1, "mistral", "api", "codestral", other, Decimal("0.1"), None, None),
+        (day1, "mistral", "api", "codestral", admin.project.pk, Decimal("0.1"), None, None),
         (day1, "mistral", "api", "mistral-large", admin.project.pk, Decimal("12.345678901234"),
          1000, 20),
         (day2, "groq", "api", None, admin.project.pk, Decimal(7), None, None),
@@ -141,7 +189,7 @@ GOOD = {"date": "2026-11-01", "provider": "mistral", "cost_usd": "1.00"}
         ({"provider": "Open AI"}, "provider", "not a provider name"),
         ({"input_tokens": -1}, "input_tokens", "greater than or equal to 0"),
         ({"output_tokens": "12"}, "output_tokens", "integer"),
-        ({"project": "nobody"}, "project", "no project 'nobody'"),
+        ({"project": "nobody"}, "project", "'nobody' is not this key's project"),
         ({"colour": "red"}, "colour", "Extra inputs"),
     ],
 )
@@ -230,6 +278,31 @@ def test_the_admin_csv_upload_stores_rows_through_the_same_checks(staff: Client)
     assert list(BilledUsage.objects.values_list("source", "model", "project_id", "cost_usd")) == [
         ("csv", "mistral-large", acme.pk, Decimal("12.34"))
     ]
+
+
+def test_the_admin_uploads_a_bill_across_projects_and_a_new_one_replaces_it_whole(
+    staff: Client,
+) -> None:
+    acme, beta = make_agent("acme").project, make_agent("beta").project
+    url = "/admin/costboard/billedusage/upload-csv/"
+    bill = (
+        "date,provider,project,cost_usd\n"
+        "2026-11-01,mistral,acme,1\n2026-11-01,mistral,beta,2\n2026-11-02,mistral,beta,3\n"
+    )
+    done = staff.post(url, {"file": SimpleUploadedFile("bill.csv", bill.encode())})
+    assert done.status_code == 302
+    # the corrected bill of the 1st names acme alone: beta's row of that day goes with it
+    fix = b"date,provider,project,cost_usd\n2026-11-01,mistral,acme,1.25\n"
+    assert staff.post(url, {"file": SimpleUploadedFile("bill.csv", fix)}).status_code == 302
+    assert sorted(BilledUsage.objects.values_list("day", "project_id", "cost_usd")) == [
+        (date(2026, 11, 1), acme.pk, Decimal("1.25")),
+        (date(2026, 11, 2), beta.pk, Decimal(3)),
+    ]
+    refused = staff.post(
+        url, {"file": SimpleUploadedFile("bill.csv", b"date,provider,project,cost_usd\n"
+                                         b"2026-11-01,mistral,nobody,1\n")}
+    )  # fmt: skip
+    assert b"&#x27;nobody&#x27; is no project" in refused.content
 
 
 def test_a_mapping_saved_in_the_admin_moves_the_imported_rows(staff: Client) -> None:
