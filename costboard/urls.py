@@ -51,12 +51,12 @@ urlpatterns = [
     path("favicon.ico", overview.favicon, name="favicon"),
     path("api/v1/events", api.events, name="api-events"),
     path(
-        "api/v1/sessions/<str:session_id>/budget",
+        "api/v1/sessions/<path:session_id>/budget",
         api.session_budget_view,
         name="api-session-budget",
     ),
     path(
-        "api/v1/sessions/<str:session_id>/context",
+        "api/v1/sessions/<path:session_id>/context",
         context.session_context_view,
         name="api-session-context",
     ),

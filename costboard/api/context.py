@@ -56,7 +56,7 @@ from costboard.api.boundary import (
     parse_query,
     path_text,
 )
-from costboard.api.schemas import Answer
+from costboard.api.schemas import SESSION_ID, Answer
 from costboard.json_types import Count as NonNegative
 from costboard.json_types import IsoTime
 from costboard.models import Session, Step, Turn
@@ -300,7 +300,7 @@ SESSION_CONTEXT = Operation(
     method="GET",
     summary="The session's newest turns that fit in a token budget, oldest first",
     query=ContextQuery,
-    path_parameters={"session_id": "the session_id your events use"},
+    path_parameters={"session_id": SESSION_ID},
     responses={
         200: Reply(
             "the loaded turns; loading stops at the first turn (newest first) that does not fit",

@@ -30,7 +30,7 @@ from costboard.api.idempotency import (
     idempotent_answer,
 )
 from costboard.api.openapi import openapi_document
-from costboard.api.schemas import SESSION_BUDGET_DETAIL, EventsResponse
+from costboard.api.schemas import SESSION_BUDGET_DETAIL, SESSION_ID, EventsResponse
 from costboard.budgets.caps import session_budget
 from costboard.budgets.period_ledgers import stopping_budget
 from costboard.ingest.schemas import (
@@ -45,7 +45,6 @@ from costboard.ingest.service import events_ingest, step_months_ready
 from costboard.models import BudgetEvent, Project, Session
 from costboard.projects import ingest_tally
 
-SESSION_ID = "the session_id your events use"
 PREFER_HEADER = "Prefer"
 APPLIED_HEADER = "Preference-Applied"
 

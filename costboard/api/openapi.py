@@ -29,6 +29,8 @@ REF = "#/components/schemas/{model}"
 PATH_SEGMENT = {"type": "string", "minLength": 1, "pattern": "^[^/]+$"}
 CONVERTERS: dict[str, dict[str, Any]] = {
     "str": PATH_SEGMENT,
+    # Django's `path` converter: any text, `/` included (sent as %2F or as it is)
+    "path": {"type": "string", "minLength": 1},
     "slug": {"type": "string", "pattern": "^[-a-zA-Z0-9_]+$"},
     "int": {"type": "integer", "minimum": 0},
 }

@@ -17,6 +17,9 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 from costboard.budgets.caps import SessionBudget
 from costboard.json_types import Count, IsoTime, Money
 
+# the path parameter of a session's endpoints (their routes take any text, `/` included)
+SESSION_ID = "the session_id your events use, percent-encoded (`/` as %2F, or as it is)"
+
 
 class Answer(BaseModel):
     """A response body."""

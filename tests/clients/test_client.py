@@ -159,6 +159,10 @@ def test_budget_asks_the_server_and_refreshes_the_cache(cb: Costboard, acme: Age
     with pytest.raises(BudgetExceeded):
         cb.step("s-b", "search", "m").__enter__()
     assert cb.budget("no-such-session") is None
+    # a session id with a slash, as the client sends it (%2F) to a real server
+    acme.events({"step_type": "search", "model": "m", "session_id": "t/s-b", "input_tokens": 7})
+    slashed = cb.budget("t/s-b")
+    assert slashed is not None and slashed["tokens_used"] == 7
 
 
 def test_a_base_url_other_than_http_is_refused_at_construction(tmp_path: Path) -> None:

@@ -340,6 +340,30 @@ def test_budget_endpoint(agent: Agent, priced: object) -> None:
     assert missing.json()["errors"][0]["field"] == "session_id"
 
 
+@pytest.mark.parametrize(
+    ("session_id", "path"),
+    [
+        ("team/alice", "team%2Falice"),
+        ("team/alice", "team/alice"),
+        ("a/b/budget", "a%2Fb%2Fbudget"),  # ends as the route does
+        ("50% off ü", "50%25%20off%20%C3%BC"),
+    ],
+)
+def test_any_session_id_events_take_is_read_back_percent_encoded(
+    agent: Agent, priced: object, session_id: str, path: str
+) -> None:
+    agent.events(step(session_id=session_id, input_tokens=10), step(session_id="team"))
+    headers = {"Authorization": f"Bearer {agent.key}"}
+    budget = agent.client.get(f"/api/v1/sessions/{path}/budget", headers=headers)
+    assert budget.status_code == 200, budget.content
+    assert budget.json()["tokens_used"] == 10
+    context = agent.client.get(f"/api/v1/sessions/{path}/context?budget=100", headers=headers)
+    assert context.status_code == 200, context.content
+    missing = agent.client.get(f"/api/v1/sessions/{path}x/budget", headers=headers)
+    assert missing.status_code == 404
+    assert missing.json()["errors"][0]["field"] == "session_id"
+
+
 def test_openapi_document_describes_the_api(client: object) -> None:
     response = client.get("/api/v1/openapi.json")  # type: ignore[attr-defined]
     assert response.status_code == 200
