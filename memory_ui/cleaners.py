@@ -19,8 +19,10 @@ from costboard.ingest.json_body import text_fault
 from memory_ui.models import MAX_CONTENT, Memory
 
 DEFAULT_IMPORTANCE = Decimal("0.5")
-# matched with fullmatch: `$` alone lets a trailing newline through ("user:a\n")
-SCOPE = re.compile(r"^(project|user:[\w.@+-]{1,128})$")
+# `user:` and any user_id events take (1 to 128 characters) but a control character: an
+# Auth0 `auth0|5f1a…`, a `tenant:42`, a `Jane Doe`. Matched with fullmatch: `$` alone lets a
+# trailing newline through ("user:a\n").
+SCOPE = re.compile(r"^(project|user:[^\x00-\x1f\x7f]{1,128})$")
 MAX_TAGS = 20
 MAX_TAG = 40  # a tag's characters: a longer one is cut
 MAX_TTL_DAYS = 36_500  # a hundred years
@@ -80,8 +82,12 @@ def clean_type(value: object) -> str:
 def clean_scope(value: object) -> str:
     if value is None or value == "":
         return "project"
-    if not isinstance(value, str) or not SCOPE.fullmatch(value):
-        raise MemoryInputError("scope", 'must be "project" or "user:<user_id>"')
+    if not isinstance(value, str) or not SCOPE.fullmatch(clean_text("scope", value)):
+        raise MemoryInputError(
+            "scope",
+            'must be "project" or "user:<user_id>" (a user_id of 1 to 128 characters, '
+            "no control character)",
+        )
     return value
 
 

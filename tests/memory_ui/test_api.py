@@ -113,6 +113,23 @@ def test_a_candidate_may_name_a_user_scope_and_a_session_of_the_project(agent: A
     assert (memory.scope, memory.session) == ("user:u-7", session)
 
 
+def test_a_user_scope_takes_any_user_id_and_md_and_search_read_it(agent: Agent) -> None:
+    scope = "user:auth0|5f1a9c tenant:42/ü"
+    response = post(agent, "candidates", {"content": "Prefers metric units", "type": "user",
+                                           "scope": scope})  # fmt: skip
+    assert response.status_code == 201, response.content
+    assert Memory.objects.get().scope == scope
+    approved(agent, "Answers in French", scope=scope, type="user")
+    assert get(agent, "MEMORY.md", scope=scope).content.decode() == "[user] Answers in French\n"
+    assert get(agent, "MEMORY.md").content.decode() == ""
+    found = get(agent, "search", q="French", scope=scope).json()
+    assert [hit["content"] for hit in found["results"]] == ["Answers in French"]
+    for bad in ("user:a\tb", "user:", "user:" + "x" * 129, "user:\ud800"):
+        refused = post(agent, "candidates", {"content": "x", "type": "user", "scope": bad})
+        assert error(refused)[:2] == (422, "scope"), bad
+    assert Memory.objects.count() == 2
+
+
 def test_an_unknown_session_is_422_on_session_id(agent: Agent) -> None:
     other = make_agent("other")
     Session.objects.create(project=other.project, external_id="theirs")

@@ -294,8 +294,17 @@ def test_a_user_id_a_scope_cannot_hold_skips_only_that_candidate(agent: Agent) -
     turn = _turn(
         agent,
         user_message="I prefer metric units. The staging DB is on port 5433.",
-        user_id="jane doe",
+        user_id="jane\tdoe",  # a control character: events take it, a scope does not
     )
     assert memory_detect([turn.id]) == 1
     (memory,) = Memory.objects.filter(project=agent.project)
     assert (memory.type, memory.scope) == ("reference", "project")
+
+
+@pytest.mark.parametrize(
+    "user_id", ["auth0|5f1a9c", "google-oauth2|1170", "tenant:42/u 7", "Jane Doe"]
+)
+def test_any_user_id_events_take_gets_its_user_scope(agent: Agent, user_id: str) -> None:
+    turn = _turn(agent, user_message="I prefer metric units.", user_id=user_id)
+    assert memory_detect([turn.id]) == 1
+    assert Memory.objects.get(project=agent.project).scope == f"user:{user_id}"

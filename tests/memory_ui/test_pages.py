@@ -534,7 +534,8 @@ def test_save_without_approving_keeps_it_pending(staff: Client, agent: Agent) ->
         (
             "scope",
             "team:a",
-            "Scope: must be &quot;project&quot; or &quot;user:&lt;user_id&gt;&quot;.",
+            "Scope: must be &quot;project&quot; or &quot;user:&lt;user_id&gt;&quot; (a user_id "
+            "of 1 to 128 characters, no control character).",
         ),
         ("importance", "1.5", "Importance: must be a number from 0 to 1, e.g. 0.7."),
         ("importance", "high", "Importance: must be a number from 0 to 1, e.g. 0.7."),
