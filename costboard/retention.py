@@ -3,10 +3,11 @@ deleted; the rollups (sessions, turns, daily and latency rollups, model mixes) s
 total and chart is unchanged. Ended sessions past retention also lose their budget state:
 their budget events and alert deliveries (the session row and its totals stay).
 Step receipts (the event_ids that make a replay a duplicate in any month) go with their
-steps. Idempotency-Key answers (costboard/ingest/idempotency.py) are deleted 48 hours after they
-were stored: the contract keeps them at least 24. Each project's tally of sessions is checked
-against its sessions (costboard/projects.py, sessions_tally_check) in the same sweep. Rolling
-budgets' hourly buckets older than their windows are deleted (`budget_hours_prune`).
+steps. Idempotency-Key answers (costboard/ingest/idempotency.py) are deleted 48 hours after
+they were stored: docs/api.md ("Idempotency") promises at least 24. Each project's tally of
+sessions is checked against its sessions (costboard/projects.py, sessions_tally_check) in the
+same sweep. Rolling budgets' hourly buckets older than their windows are deleted
+(`budget_hours_prune`).
 
 On PostgreSQL the steps are partitioned by month (costboard/partitions.py): a month whose
 every step is past its project's retention is dropped whole (no row-by-row delete, no dead

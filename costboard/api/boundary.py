@@ -8,7 +8,7 @@ resolves the key
 its requests in flight (costboard/api/inflight.py: the slot is held while the view runs, and
 given back however it ends) with a 429, refuses a body it cannot read (411 chunked, 415
 Content-Type), and turns
-every refusal the view raises into the contract's body
+every refusal the view raises into the API's error body
 `{"errors": [{"index", "field", "message"}]}` with its status: an `ApiError`, which `parse`
 makes of the client's pydantic `ValidationError`, or ingest's `BatchError`. A ValidationError
 that escapes a view is the server's own (an answer that broke its model): a 500, not a 422.
@@ -56,7 +56,7 @@ class ApiRequest(HttpRequest):
 
 
 class ApiError(Exception):
-    """A refusal: the HTTP status and the error items of the contract's body."""
+    """A refusal: the HTTP status and the error items of the API's error body."""
 
     def __init__(
         self,
@@ -94,7 +94,7 @@ def error_response(status: int, field: str | None, message: str) -> JsonResponse
 
 
 def refusal(exc: ApiError | BatchError | ValidationError) -> JsonResponse:
-    """The one error mapper: any refusal as the contract's error body and status."""
+    """The one error mapper: any refusal as the API's error body and status."""
     if isinstance(exc, ValidationError):
         return errors_response(422, validation_errors(exc))
     if isinstance(exc, BatchError):
@@ -202,7 +202,7 @@ RESOURCE_EXHAUSTED = 8
 def _too_many(
     request: HttpRequest, operation: Operation, message: str, retry_after: int
 ) -> HttpResponse:
-    """A 429 naming the key, in the contract's body; an OTLP endpoint's (one that reads
+    """A 429 naming the key, in the API's error body; an OTLP endpoint's (one that reads
     protobuf) as a google.rpc.Status in the request's format, as its other refusals are
     (costboard/api/otlp.py), the `errors` beside it in JSON."""
     headers = {"Retry-After": str(retry_after)}

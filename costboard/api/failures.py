@@ -1,7 +1,7 @@
 """What the server answers when a request never reaches an endpoint's own refusals: an unknown
 path, a request Django refuses itself, an unhandled exception, a database outage.
 
-Under the API's paths (/api/, OTLP's /v1/) every one of them is the contract's JSON body
+Under the API's paths (/api/, OTLP's /v1/) every one of them is the API's JSON error body
 `{"errors": [{"index", "field", "message"}]}` (docs/api.md, "Errors"); pages keep Django's
 HTML pages. A database that cannot be reached is not the server's bug: 503 with Retry-After,
 for the API and the pages alike, so clients and load balancers retry rather than give up. A
