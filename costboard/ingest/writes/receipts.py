@@ -25,7 +25,8 @@ def receipts_insert(
     others: list[SessionEvent | TurnEvent],
     now: datetime,
 ) -> tuple[list[SessionEvent | TurnEvent], int]:
-    """Record the event_ids of session and turn events; return those not seen before."""
+    """Record the event_ids of session and turn events; return those not seen before, as a
+    session or turn event's id or as a step's (an event_id is one event in its project)."""
     ids = sorted({e.event_id for e in others if e.event_id is not None})
     if not ids:
         return others, 0
@@ -34,11 +35,15 @@ def receipts_insert(
         f"""
         {with_v}
         INSERT INTO {RECEIPT_TABLE} (project_id, event_id, received_at)
-        SELECT %s, v.event_id, %s FROM v WHERE true
+        SELECT %s, v.event_id, %s FROM v
+        WHERE NOT EXISTS (
+            SELECT 1 FROM {STEP_RECEIPT_TABLE} s
+            WHERE s.project_id = %s AND s.event_id = v.event_id
+        )
         ON CONFLICT (project_id, event_id) DO NOTHING
         RETURNING event_id
         """,
-        [*params, project.pk, sql.dt(now)],
+        [*params, project.pk, sql.dt(now), project.pk],
     )
     fresh = {row[0] for row in cursor.fetchall()}
     accepted = [e for e in others if e.event_id is None or e.event_id in fresh]
@@ -49,7 +54,8 @@ def step_receipts_insert(
     cursor: Any, sql: Dialect, project: Project, steps: list[PricedStep]
 ) -> list[PricedStep]:
     """Record the event_ids of these steps (sorted by event_id, those without one last);
-    return the steps whose event_id was not seen before in the project, in any month.
+    return the steps whose event_id was not seen before in the project, in any month, as a
+    step's id or as a session or turn event's.
 
     The receipts' primary key is (project, event_id), one table beside the month partitions:
     a concurrent batch inserting the same event_id waits for this transaction and then finds
@@ -66,11 +72,14 @@ def step_receipts_insert(
         f"""
         {with_v}
         INSERT INTO {STEP_RECEIPT_TABLE} (project_id, event_id, "timestamp")
-        SELECT %s, v.event_id, v."timestamp" FROM v WHERE true
+        SELECT %s, v.event_id, v."timestamp" FROM v
+        WHERE NOT EXISTS (
+            SELECT 1 FROM {RECEIPT_TABLE} e WHERE e.project_id = %s AND e.event_id = v.event_id
+        )
         ON CONFLICT (project_id, event_id) DO NOTHING
         RETURNING event_id
         """,
-        [*params, project.pk],
+        [*params, project.pk, project.pk],
     )
     if sql.postgres and cursor.rowcount == len(ids):
         return steps  # all new: no need to read which (SQLite inserts as they are read)

@@ -114,6 +114,25 @@ def test_an_event_id_repeated_within_a_batch_counts_once(agent: Agent, priced: o
     assert Step.objects.count() == 1
 
 
+def test_an_event_id_is_one_event_whatever_its_kind_within_and_across_batches(
+    agent: Agent, priced: object
+) -> None:
+    session = {"type": "session", "session_id": "s1", "user_id": "u1", "event_id": "x"}
+    turn = {"type": "turn", "session_id": "s1", "turn": 1, "user_message": "hi", "event_id": "y"}
+    within = agent.events(session, step(input_tokens=10, event_id="x"))
+    assert (within["accepted"], within["duplicates"]) == (1, 1)
+    # across batches alike: a step after a session or turn event of its id, and the reverse
+    assert agent.events(turn)["accepted"] == 1
+    later = agent.events(step(input_tokens=10, event_id="x"), step(input_tokens=7, event_id="y"))
+    assert (later["accepted"], later["duplicates"]) == (0, 2)
+    agent.events(step(input_tokens=5, event_id="z"))
+    reverse = agent.events({**session, "user_id": "u2", "event_id": "z"})
+    assert (reverse["accepted"], reverse["duplicates"]) == (0, 1)
+    assert Step.objects.get().input_tokens == 5
+    assert Session.objects.get().user_id == "u1"
+    assert EventReceipt.objects.count() == 2
+
+
 def test_event_ids_are_scoped_to_the_project(agent: Agent, priced: object) -> None:
     other = make_agent("other")
     agent.events(step(input_tokens=10, event_id="same"))
