@@ -231,17 +231,24 @@ def billing_rows_replace(
             )
             for row in rows
         )
-        drifts_record([(provider, day) for day, provider in named])
+        # a key's send judges its own project alone: another's drift is its own bills' to raise
+        drifts_record(
+            [(provider, day) for day, provider in named],
+            project_ids=None if project is None else [project.pk],
+        )
     return Replaced(stored=len(rows), replaced=replaced, days=named)
 
 
-def drifts_record(days: Iterable[tuple[str, date]]) -> list[BillingDrift]:
+def drifts_record(
+    days: Iterable[tuple[str, date]], *, project_ids: list[int] | None = None
+) -> list[BillingDrift]:
     """Inside the transaction that stored these (provider, UTC day)s' billed rows: each
-    project whose billed cost for one of them drifted from Costboard's estimate by more than
-    its `reconciliation_drift_pct` of the billed cost gets a BillingDrift, once per project,
-    provider and day (a day imported again adds none), and its alert is queued through the
-    outbox. A day not over yet (today, UTC) is not judged: its bill and its steps are still
-    coming. Returns the drifts recorded now."""
+    project (of `project_ids`, the ones the rows were sent for; None: every project, for a
+    bill across projects) whose billed cost for one of them drifted from Costboard's
+    estimate by more than its `reconciliation_drift_pct` of the billed cost gets a
+    BillingDrift, once per project, provider and day (a day imported again adds none), and
+    its alert is queued through the outbox. A day not over yet (today, UTC) is not judged:
+    its bill and its steps are still coming. Returns the drifts recorded now."""
     today = timezone.now().date()
     pairs = sorted({(provider, day) for provider, day in days if day < today})
     if not pairs:
@@ -249,7 +256,8 @@ def drifts_record(days: Iterable[tuple[str, date]]) -> list[BillingDrift]:
     thresholds: dict[int, Decimal | None] = {}
     found: list[BillingDrift] = []
     for provider, day in pairs:
-        by_project = grouped(reconcile(Wanted(None, day, day, provider=provider)), ["project_id"])
+        wanted = Wanted(project_ids, day, day, provider=provider)
+        by_project = grouped(reconcile(wanted), ["project_id"])
         missing = [g.values["project_id"] for g in by_project]
         thresholds.update(
             Project.objects.filter(pk__in=[p for p in missing if p not in thresholds]).values_list(

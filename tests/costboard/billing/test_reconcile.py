@@ -522,6 +522,36 @@ def test_a_csv_bill_uploaded_in_the_admin_reconciles_the_same_way(
     }
 
 
+def test_a_keys_bill_judges_its_own_projects_drift_alone(acme: Agent) -> None:
+    other = Project.objects.get(slug="other")
+    acme.events(step(D1, "gpt-4o", 1_000_000, 0))  # $2.50
+
+    def send(project: Project, cost: str) -> None:
+        _, key = ApiKey.issue(project=project, role="admin")
+        answer = Client().post(
+            "/api/v1/billing",
+            json.dumps({"rows": [{"date": "2026-11-01", "provider": "openai", "cost_usd": cost}]}),
+            content_type="application/json",
+            headers={"Authorization": f"Bearer {key}"},
+        )
+        assert answer.status_code == 200, answer.content
+
+    # other's bill of the day, sent while other asked for no drift alert: nothing judged
+    Project.objects.filter(pk=other.pk).update(reconciliation_drift_pct=None)
+    send(other, "9")
+    Project.objects.filter(pk=other.pk).update(reconciliation_drift_pct=Decimal(5))
+    queued = OutboxItem.objects.filter(project=other).count()
+    # acme's bill of the same provider and day: acme's drift ($2.50 against $3) and no other's
+    send(acme.project, "3")
+    assert list(BillingDrift.objects.values_list("project__slug", "provider", "day")) == [
+        ("acme", "openai", D1)
+    ]
+    assert OutboxItem.objects.filter(project=other).count() == queued
+    # other's own next send judges other
+    send(other, "9")
+    assert BillingDrift.objects.filter(project=other, day=D1).exists()
+
+
 def test_a_hand_sent_bill_replaces_the_imported_rows_of_its_provider_day(
     fake: FakeBilling, acme: Agent
 ) -> None:
