@@ -26,7 +26,7 @@ explains it), or the percent falls outside what a PriceAdjustment accepts.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time
 from decimal import ROUND_HALF_EVEN, Decimal
@@ -176,10 +176,16 @@ def adjustment_in_force(project_id: int, provider: str, family: str, day: date) 
     return Decimal(0) if found is None else found.percent
 
 
-def repricing_pending() -> bool:
-    """A repricing (an adjustment's or a price row's) is queued and not yet carried out:
-    until it is, the estimate is not what the rate table says, and no proposal can be
-    trusted."""
-    return OutboxItem.objects.filter(
-        kind__in=[REPRICE_ADJUSTED, REPRICE], status=OutboxItem.Status.PENDING
-    ).exists()
+def repricing_pending(project_ids: Collection[int]) -> bool:
+    """A repricing of these projects' steps is queued and not yet carried out: a price row's
+    (every project's steps), or an adjustment's for every project or one of these. Until it
+    is, their estimate is not what the rate table says, and no proposal can be trusted;
+    another project's adjustment changes none of theirs."""
+    pending = OutboxItem.objects.filter(status=OutboxItem.Status.PENDING)
+    if pending.filter(kind=REPRICE).exists():
+        return True
+    for payload in pending.filter(kind=REPRICE_ADJUSTED).values_list("payload", flat=True):
+        for scope in payload.get("scopes", []):
+            if scope.get("project_id") is None or scope["project_id"] in project_ids:
+                return True
+    return False

@@ -106,7 +106,7 @@ def _page(request: HttpRequest, apply_error: str = "", status: int = 200) -> Htt
     gaps = sorted(shown, key=lambda line: (-abs(line.drift_usd), line.day, line.provider))
     uninstrumented = [line for line in shown if line.uninstrumented]
     names = {p.pk: p.name for p in scope.projects}
-    pending = repricing_pending()
+    pending = repricing_pending(scope.project_ids)
     # the proposals read the whole period's days (never one day's drill-down)
     proposals: list[Proposal] = [] if pending else drift_proposals(lines, adjustment_in_force)
     slugs = {p.pk: p.slug for p in scope.projects}

@@ -21,6 +21,7 @@ from costboard.billing.services import billing_rows_replace
 from costboard.billing.uploads import rows_from_json
 from costboard.models import ApiKey, PriceAdjustment, Step
 from costboard.outbox import outbox_dispatch
+from costboard.pricing.services import adjustment_set
 from tests.conftest import Agent, add_price, make_agent
 
 TODAY = timezone.now().date()
@@ -213,6 +214,25 @@ def apply(client: Client, proposal: Proposal) -> Any:
             "note": proposal.text,
         },
     )
+
+
+def test_only_a_repricing_of_its_own_steps_holds_a_projects_proposals_back(
+    acme: Agent, staff: Client
+) -> None:
+    other = make_agent("other").project
+    # another project's negotiated rate, queued: acme's estimate is not changed by it
+    adjustment_set(provider="anthropic", family="claude-sonnet-4-5", project_id=other.pk,
+                   percent=Decimal(-5), effective_from=DAYS[0])  # fmt: skip
+    shown = page(staff)
+    assert shown.context["repricing_pending"] is False
+    assert [p.percent for p in shown.context["proposals"]] == [Decimal(-12)]
+    # one for every project is acme's too: nothing proposed until it is carried out
+    adjustment_set(provider="anthropic", family="claude-sonnet-4-5", project_id=None,
+                   percent=Decimal(-1), effective_from=DAYS[0])  # fmt: skip
+    held = page(staff)
+    assert (held.context["repricing_pending"], held.context["proposals"]) == (True, [])
+    assert outbox_dispatch().kinds["prices.reprice_adjusted"] == 2
+    assert page(staff).context["repricing_pending"] is False
 
 
 def test_applying_the_proposal_reprices_and_the_drift_reads_zero(
