@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from decimal import Decimal
 from typing import Any
 
 MAX_DEPTH = 32  # docs/api.md, "Limits": metadata, context and usage nest at most this deep
+# the largest number a JSON parser's double holds (1.797…e308): past it, a fraction kept in
+# metadata would be written back as Infinity, which is not JSON
+_FLOAT_MAX = Decimal(sys.float_info.max)
 
 
 def json_number(text: str) -> int | Decimal:
@@ -22,7 +26,7 @@ def json_number(text: str) -> int | Decimal:
     if text[-1] != "0" and "e" not in text and "E" not in text and len(text) < 300:
         return Decimal(text)  # the common 2310.5: a last digit that is not 0 is a fraction
     number = Decimal(text)
-    if number.adjusted() > 308:
+    if number.adjusted() > 308 or abs(number) > _FLOAT_MAX:
         raise ValueError(f"the number {text[:24]} is beyond ±1e308, the range JSON parsers share")
     if number == number.to_integral_value():
         return int(number)

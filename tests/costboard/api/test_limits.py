@@ -67,6 +67,13 @@ def test_metadata_32_deep_is_stored(agent: Agent) -> None:
     [
         (b'{"step_type": "x", "model": "m", "duration_ms": NaN}', 400, "NaN is not JSON"),
         (b'{"step_type": "x", "model": "m", "duration_ms": 1e999999}', 400, "1e308"),
+        # past the largest double but under 1e309: metadata would have stored Infinity
+        (b'{"step_type": "x", "model": "m", "metadata": {"n": 1.9e308}}', 400, "1e308"),
+        (
+            b'{"step_type": "x", "model": "m", "metadata": {"n": 2' + b"0" * 308 + b".5}}",
+            400,
+            "1e308",
+        ),
         ('{"step_type": "x", "model": "\udcff"}'.encode("utf-8", "surrogatepass"), 400, "utf-8"),
         (b"[" * 100_000 + b"]" * 100_000, 422, "32 levels"),
     ],
