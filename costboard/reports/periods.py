@@ -19,8 +19,10 @@ from costboard.models import PeriodBudget, Project, SpendReportDelivery
 
 WEEK, MONTH = SpendReportDelivery.Period.WEEK.value, SpendReportDelivery.Period.MONTH.value
 KINDS = (WEEK, MONTH)
-_WEEK_LABEL = re.compile(r"(\d{4})-W(\d{2})")
-_MONTH_LABEL = re.compile(r"(\d{4})-(\d{2})")
+_WEEK_LABEL = re.compile(r"([0-9]{4})-W([0-9]{2})")
+_MONTH_LABEL = re.compile(r"([0-9]{4})-([0-9]{2})")
+# the years a period may be in: those every date of the API and the pages may be in
+YEARS = range(1970, 3000)
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,8 +101,12 @@ def past_periods(kind: str, *, now: datetime, tz_name: str, count: int) -> list[
 def period_parse(kind: str, label: str) -> ReportPeriod:
     """The period a label names (2026-W47 for a week, 2026-11 for a month); ValueError saying
     the form otherwise."""
+    found = (_WEEK_LABEL if kind == WEEK else _MONTH_LABEL).fullmatch(label)
+    if found and int(found[1]) not in YEARS:
+        raise ValueError(
+            f"“{label[:20]}” is not in the years {YEARS[0]} to {YEARS[-1]}: pick a {kind} in them"
+        )
     if kind == WEEK:
-        found = _WEEK_LABEL.fullmatch(label)
         if found:
             try:
                 monday = date.fromisocalendar(int(found[1]), int(found[2]), 1)
@@ -109,7 +115,6 @@ def period_parse(kind: str, label: str) -> ReportPeriod:
             else:
                 return period_of(WEEK, monday)
         raise ValueError(f"“{label[:20]}” is not a week: write it as YYYY-Www, e.g. 2026-W47")
-    found = _MONTH_LABEL.fullmatch(label)
-    if found and 1 <= int(found[2]) <= 12 and int(found[1]) >= 1:
+    if found and 1 <= int(found[2]) <= 12:
         return period_of(MONTH, date(int(found[1]), int(found[2]), 1))
     raise ValueError(f"“{label[:20]}” is not a month: write it as YYYY-MM, e.g. 2026-11")

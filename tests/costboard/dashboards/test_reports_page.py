@@ -74,6 +74,12 @@ def test_any_past_week_or_month(showback: Showback, staff: Client) -> None:
         ({"period": "year"}, "period"),
         ({"at": "2026-47"}, "at"),
         ({"at": "2026-W48"}, "at"),  # not over yet
+        # the ends of the calendar: a week or month past them went out of range (a 500)
+        ({"at": "0001-W01"}, "at"),
+        ({"at": "9999-W52"}, "at"),
+        ({"period": "month", "at": "0001-01"}, "at"),
+        ({"period": "month", "at": "9999-12"}, "at"),
+        ({"at": "١٩٧٠-W01"}, "at"),  # digits, but not ASCII ones
         ({"tag": "nope"}, "tag"),
     ],
 )
@@ -83,7 +89,8 @@ def test_a_bad_parameter_is_named(
     response = get(staff, project="acme", **params)
     assert response.status_code == 422
     assert list(response.context["filter_errors"]) == [field]
-    assert response.context["report"].period.label == "2026-W47"  # the page as without it
+    as_without = "2026-10" if params.get("period") == "month" else "2026-W47"
+    assert response.context["report"].period.label == as_without  # the page as without it
     csv_response = get(staff, "/reports/export.csv", project="acme", **params)
     assert csv_response.status_code == 422
 

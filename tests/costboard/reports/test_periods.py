@@ -97,6 +97,8 @@ def test_the_budget_timezone_is_the_project_budgets_else_utc() -> None:
         ("week", "2026-W54", "YYYY-Www"),
         ("month", "2026-13", "YYYY-MM"),
         ("month", "2026-W47", "YYYY-MM"),
+        ("week", "1969-W52", "1970 to 2999"),
+        ("month", "3000-01", "1970 to 2999"),
     ],
 )
 def test_a_label_not_a_period_says_the_form(kind: str, label: str, why: str) -> None:
