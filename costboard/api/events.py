@@ -133,7 +133,7 @@ def events(request: HttpRequest) -> HttpResponse:
             body=body,
             answer=lambda: _ingested(project, batch, prefix, minimal, now),
         )
-    except ApiError:  # the key was used with another body
+    except (ApiError, BatchError):  # the key was used with another body; sums out of range
         ingest_tally(project.pk, refused=len(batch))
         raise
     if minimal:

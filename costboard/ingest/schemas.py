@@ -343,6 +343,20 @@ class BatchError(Exception):
         self.event_count = event_count
 
 
+class SumsOutOfRange(BatchError):
+    """A batch whose steps would take a stored sum (a session's, a turn's, a day's rollup's)
+    past what its column holds: USD to 12 digits before the point, tokens to 2^63. No real
+    usage gets there; the batch is refused whole, with nothing stored."""
+
+    def __init__(self, event_count: int) -> None:
+        message = (
+            "the batch would take a stored sum past what Costboard keeps (USD below 10^12, "
+            "tokens below 2^63, for a session, a turn or a day): no real usage comes near; "
+            "check the batch's token counts and the model's price"
+        )
+        super().__init__(422, [_error(None, "events", message)], event_count=event_count)
+
+
 def _error(index: int | None, field: str | None, message: str) -> dict[str, Any]:
     return {"index": index, "field": field, "message": message}
 

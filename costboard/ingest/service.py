@@ -71,7 +71,7 @@ from costboard.ingest.rollups import (
     model_usage_upsert,
 )
 from costboard.ingest.schemas import Event, SessionEvent, StepEvent, TurnEvent
-from costboard.ingest.sql import ingest_settings
+from costboard.ingest.sql import ingest_settings, sums_in_range
 from costboard.ingest.writes.receipts import receipts_insert
 from costboard.ingest.writes.sessions import session_spends, sessions_lock, sessions_update
 from costboard.ingest.writes.steps import steps_insert
@@ -128,7 +128,7 @@ def events_ingest(
     if steps and sql.postgres:
         step_partitions_cover(days={step.day for step in steps}, now=now)
 
-    with transaction.atomic(), sql.cursor() as cursor:
+    with sums_in_range(len(events)), transaction.atomic(), sql.cursor() as cursor:
         ingest_settings(cursor)
         rows, sessions_made = sessions_lock(cursor, sql, project, sessions)
         accepted_others, dup_others = receipts_insert(cursor, sql, project, others, now)

@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
 from decimal import Decimal
 from typing import Any
 
 import psycopg
 from django.conf import settings
-from django.db import InterfaceError, OperationalError, connection
+from django.db import DataError, InterfaceError, OperationalError, connection
 
+from costboard.ingest.schemas import SumsOutOfRange
 from costboard.sql_arrays import USD_PICO, Column
 
 USAGE_COLUMNS = [
@@ -69,6 +72,19 @@ def ingest_settings(cursor: Any) -> None:
     if connection.vendor != "postgresql":
         return
     cursor.execute(_INGEST_SETTINGS, [str(settings.COSTBOARD_INGEST_STATEMENT_TIMEOUT_MS)])
+
+
+@contextmanager
+def sums_in_range(event_count: int) -> Iterator[None]:
+    """Around an ingest transaction (outside it, so it has rolled back): PostgreSQL refusing
+    a sum past its column (numeric(24, 12) USD, bigint tokens; SQLSTATE 22003) is the batch's
+    fault, a 422 naming it (SumsOutOfRange), not the server's 500. SQLite keeps any sum."""
+    try:
+        yield
+    except DataError as exc:
+        if isinstance(exc.__cause__, psycopg.errors.NumericValueOutOfRange):
+            raise SumsOutOfRange(event_count) from exc
+        raise
 
 
 _INGEST_SETTINGS = (

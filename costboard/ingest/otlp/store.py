@@ -2,7 +2,9 @@
 (turns.py), then the steps ingested in bounded chunks, each its own transaction, so one
 export never holds the locks of its sessions and rollups for all its spans (issue 31). A
 chunk the database cannot take is `OtlpUnavailable`, whose message says how many spans were
-stored: the exporter retries the export, its stored spans then duplicates.
+stored: the exporter retries the export, its stored spans then duplicates. A chunk that would
+take a stored sum out of range is the export's fault: its spans are rejected (partialSuccess
+counts them and says why), the other chunks stored.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from django.utils import timezone
 
 from costboard.ingest.otlp.mapping import OtlpMapping
 from costboard.ingest.otlp.turns import with_turns
-from costboard.ingest.schemas import Event, SessionEvent, StepEvent
+from costboard.ingest.schemas import Event, SessionEvent, StepEvent, SumsOutOfRange
 from costboard.ingest.service import events_ingest, step_months_ready
 from costboard.ingest.sql import database_outage, ingest_settings
 from costboard.models import Project
@@ -55,6 +57,12 @@ def otlp_store(project: Project, mapping: OtlpMapping, key_prefix: str) -> None:
     for number, chunk in enumerate(chunks, start=1):
         try:
             events_ingest(project=project, events=chunk.events, now=now, key_prefix=key_prefix)
+        except SumsOutOfRange as exc:
+            # the chunk's fault, not the database's: its spans are rejected (partialSuccess
+            # says so, and why), the others stored; a retry would be refused the same way
+            mapping.rejected += chunk.spans
+            mapping.errors.append(f"{chunk.spans} spans of chunk {number}: {exc}")
+            continue
         except OperationalError as exc:
             if not database_outage(exc):
                 raise

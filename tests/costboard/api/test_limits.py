@@ -4,15 +4,17 @@ refused with a 4xx naming the field, never a 500, and nothing is stored."""
 from __future__ import annotations
 
 import json
+from decimal import Decimal
 from typing import Any
 
 import pytest
+from django.db import connection
 from pydantic import ValidationError
 
 from costboard.api.boundary import MAX_QUERY_STRING
 from costboard.models import Session, Step
 from memory_ui.models import Memory
-from tests.conftest import Agent
+from tests.conftest import Agent, add_price
 
 pytestmark = pytest.mark.django_db
 
@@ -182,3 +184,19 @@ def test_an_answer_that_breaks_its_model_is_a_server_error_not_a_422(
     )
     with pytest.raises(ValidationError):  # Django's test client re-raises what became a 500
         agent.budget("s1")
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="SQLite keeps any sum")
+def test_a_batch_past_the_stored_sums_is_422_and_stores_nothing(agent: Agent) -> None:
+    # $400,000 a million output tokens (the rate table takes it) at 10^12 tokens a step (the
+    # most a step takes): $4·10^11 a step, so three in one session pass numeric(24, 12)
+    add_price("dear-model", output_mtok=Decimal(400_000))
+    step = {"step_type": "response", "model": "dear-model", "session_id": "s1",
+            "output_tokens": 10**12}  # fmt: skip
+    assert agent.events(step, step)["accepted"] == 2
+    kept = Session.objects.get().cost_usd
+    answer = agent.post({"events": [step, step]})
+    error = refused(answer, 422)
+    assert error["field"] == "events"
+    assert "past what Costboard keeps" in error["message"]
+    assert Step.objects.count() == 2 and Session.objects.get().cost_usd == kept

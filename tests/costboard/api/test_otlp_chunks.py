@@ -332,3 +332,54 @@ def test_earlier_turns_probe_the_otlp_index_per_trace_even_for_a_project_new_to_
     probes = [line for line in plan.splitlines() if "Index Cond" in line and "~>=~" in line]
     assert probes, plan
     assert f"loops={SPANS}" in plan
+
+
+# A rate the rate table takes ($400,000 a million output tokens) at the API's most tokens a
+# step (10^12): $4·10^11 a span, so a third in one session or day passes numeric(24, 12).
+DEAR_OUTPUT_MTOK = Decimal(400_000)
+HUGE = 10**12
+
+
+def dear(tracer: Tracer, session: str, k: int, model: str = "dear-model") -> None:
+    attrs = {
+        **CHAT,
+        "gen_ai.request.model": model,
+        "gen_ai.response.model": model,
+        "gen_ai.conversation.id": session,
+        "gen_ai.usage.input_tokens": 0,
+        "gen_ai.usage.cache_read.input_tokens": 0,
+        "gen_ai.usage.cache_creation.input_tokens": 0,
+        "gen_ai.usage.output_tokens": HUGE if model == "dear-model" else 50,
+    }
+    span(tracer, f"chat {model}", attrs, start=T0 + k * 10 * MS, ms=5)
+
+
+@on_postgres
+def test_a_chunk_past_the_sums_is_rejected_and_the_others_stored(
+    agent: Agent, settings: Any
+) -> None:
+    add_price("dear-model", output_mtok=DEAR_OUTPUT_MTOK)
+    add_price("test-sonnet")
+    settings.COSTBOARD_OTLP_CHUNK_SPANS = 2
+
+    def build(tracer: Tracer) -> None:
+        for k in range(4):  # conv-a: chunk 1 ($8·10^11) stored, chunk 2 would pass 10^12
+            dear(tracer, "conv-a", k)
+        for k in range(4, 6):  # conv-b, another model: chunk 3, stored
+            dear(tracer, "conv-b", k, model="test-sonnet")
+
+    spans = spans_of(build)
+    for attempt in range(2):  # the exporter's retry: refused the same way, nothing twice
+        answer = parsed(post_spans(agent, spans))
+        assert answer.partial_success.rejected_spans == 2, attempt
+        message = answer.partial_success.error_message
+        assert "2 spans of chunk 2: the batch would take a stored sum past" in message
+        assert Step.objects.count() == 4
+    conv_a = Session.objects.get(external_id="conv-a")
+    step_cost = HUGE * DEAR_OUTPUT_MTOK / 1_000_000
+    assert (
+        conv_a.cost_usd
+        == 2 * step_cost
+        == sum(Step.objects.filter(session=conv_a).values_list("cost_usd", flat=True))
+    )
+    assert Session.objects.get(external_id="conv-b").step_count == 2
