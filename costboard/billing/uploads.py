@@ -19,10 +19,12 @@ from pydantic import (
     Field,
     StrictInt,
     ValidationError,
+    ValidationInfo,
     WithJsonSchema,
     field_validator,
 )
 
+from costboard.ingest.json_body import text_fault
 from costboard.models import Project
 
 MAX_ROWS = 10_000
@@ -32,6 +34,10 @@ FIRST_DAY, LAST_DAY = date(1970, 1, 1), date(2999, 12, 31)
 _DAY = re.compile(r"\d{4}-\d{2}-\d{2}")
 _PROVIDER = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
 _MONEY = re.compile(r"[+-]?\d{1,12}(\.\d{1,12})?")
+# a CSV token cell read as a number: ASCII digits only (str.isdigit and \d take '²' and '١٢',
+# which int() refuses or reads), and few enough for int() (past 10^15 the model refuses it)
+_TOKEN_CELL = re.compile(r"[0-9]{1,20}")
+_TOKENS_FORM = "write a whole number (an integer from 0 to 10^15) in ASCII digits 0-9, e.g. 1200"
 EXAMPLE = (
     '{"rows": [{"date": "2026-11-01", "provider": "mistral", "model": "mistral-large", '
     '"cost_usd": "12.34"}]}'
@@ -134,6 +140,17 @@ class BillingRowIn(BaseModel):
                 )
         return value
 
+    @field_validator("input_tokens", "output_tokens", mode="before")
+    @classmethod
+    def _token_cell(cls, value: Any, info: ValidationInfo) -> Any:
+        """A CSV cell `rows_from_csv` left as text: not ASCII digits, or too many of them
+        (a JSON string is refused by the type, as JSON sends numbers)."""
+        if isinstance(value, str) and value.strip() and (info.context or {}).get("csv"):
+            cell = value.strip()
+            shown = repr(cell) if len(cell) <= 24 else f"{cell[:20]!r}… ({len(cell)} characters)"
+            raise ValueError(f"{shown} is not a token count: {_TOKENS_FORM}")
+        return value
+
 
 class BillingRowsIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -173,8 +190,14 @@ def rows_from_json(
     """`{"rows": [...]}` as validated rows, or UploadError. `key_project`: the rows come with
     an API key, whose project is `default_project`: a row may name only that project (the key
     decides the project; a bill across projects is uploaded in the admin)."""
+    return _validated(payload, default_project, key_project=key_project, from_csv=False)
+
+
+def _validated(
+    payload: Any, default_project: Project | None, *, key_project: bool, from_csv: bool
+) -> list[UploadRow]:
     try:
-        parsed = BillingRowsIn.model_validate(payload)
+        parsed = BillingRowsIn.model_validate(payload, context={"csv": from_csv})
     except ValidationError as exc:
         raise UploadError(_errors(exc)) from None
     return _resolved(parsed.rows, default_project, key_project=key_project)
@@ -185,7 +208,9 @@ def rows_from_csv(
 ) -> list[UploadRow]:
     """A CSV with a header row of the columns (date, provider, cost_usd required; model,
     project, input_tokens, output_tokens optional) as validated rows, or UploadError; a
-    row's index counts the data rows from 0 (the header is not one)."""
+    row's index counts the data rows from 0 (the header is not one). A cell holding NUL is
+    refused naming its row and column; a token cell is read as a number only when it is
+    ASCII digits, else the model refuses it in words."""
     reader = csv.reader(io.StringIO(text.removeprefix("\ufeff")))
     try:
         header = [name.strip().lower() for name in next(reader)]
@@ -214,6 +239,7 @@ def rows_from_csv(
             ]
         )
     records: list[dict[str, Any]] = []
+    faults: list[dict[str, Any]] = []  # NUL: PostgreSQL's text refuses it
     try:
         for number, cells in enumerate(reader):
             if not any(cell.strip() for cell in cells):
@@ -230,20 +256,24 @@ def rows_from_csv(
                     ]
                 )
             record: dict[str, Any] = dict(zip(header, cells, strict=True))
+            for name, cell in record.items():
+                fault = text_fault(cell)
+                if fault is not None:
+                    faults.append({"index": len(records), "field": name, "message": fault})
             for name in ("input_tokens", "output_tokens"):
                 cell = str(record.get(name) or "").strip()
-                if cell.isdigit():
+                if _TOKEN_CELL.fullmatch(cell):
                     record[name] = int(cell)
             records.append(record)
     except csv.Error as exc:
         raise UploadError(
             [{"index": None, "field": "body", "message": f"not CSV: {exc}"}]
         ) from None
+    if faults:
+        raise UploadError(faults)
     if not records:
         raise UploadError([{"index": None, "field": "rows", "message": "no rows under the header"}])
-    return rows_from_json(
-        {"rows": records}, default_project=default_project, key_project=key_project
-    )
+    return _validated({"rows": records}, default_project, key_project=key_project, from_csv=True)
 
 
 def _resolved(

@@ -20,6 +20,8 @@ from typing import Any
 from django.db import transaction
 from django.db.models import Q
 
+from costboard.ingest.json_body import text_fault
+from costboard.ingest.schemas import FIRST_YEAR, LAST_YEAR
 from costboard.models import (
     STANDARD_TIER,
     TIER_WORD,
@@ -178,6 +180,9 @@ def prices_delete(*, prices: Iterable[ModelPrice]) -> int:
 # --- negotiated adjustments ---------------------------------------------------------------
 
 MIN_PERCENT, MAX_PERCENT = Decimal(-100), Decimal(1000)
+MAX_PROVIDER = PriceAdjustment._meta.get_field("provider").max_length or 64
+MAX_FAMILY = PriceAdjustment._meta.get_field("family").max_length or 200
+FIRST_DAY, LAST_DAY = date(FIRST_YEAR, 1, 1), date(LAST_YEAR, 12, 31)  # the data's years
 
 
 def _scope(adjustment: PriceAdjustment) -> dict[str, Any]:
@@ -191,9 +196,28 @@ def _scope(adjustment: PriceAdjustment) -> dict[str, Any]:
 
 def adjustment_fault(adjustment: PriceAdjustment) -> PriceError | None:
     """What is wrong with an adjustment (docs/pricing.md, "Negotiated rates"), None if
-    nothing: a provider, a percent from -100 to +1000 with at most 4 decimals, a day."""
+    nothing: a provider of at most 64 characters, a family of at most 200, neither (nor the
+    note) holding NUL or an unpaired surrogate, a percent from -100 to +1000 with at most 4
+    decimals, a day from 1970 to 2999."""
+    for field in ("provider", "family", "note"):
+        fault = text_fault(getattr(adjustment, field) or "")
+        if fault is not None:
+            return PriceError(field, fault)
     if not adjustment.provider.strip():
         return PriceError("provider", "name the provider, as the rate table does: openai, …")
+    if len(adjustment.provider.strip()) > MAX_PROVIDER:
+        return PriceError(
+            "provider",
+            f"at most {MAX_PROVIDER} characters, got {len(adjustment.provider.strip())}: name "
+            "the provider as the rate table does (openai, …)",
+        )
+    family = (adjustment.family or "").strip().lower()
+    if len(family) > MAX_FAMILY:
+        return PriceError(
+            "family",
+            f"at most {MAX_FAMILY} characters, got {len(family)}: one model family as pages "
+            "show it (claude-sonnet-4-5), or blank for every model of the provider",
+        )
     percent = adjustment.percent
     if percent is None or not isinstance(percent, Decimal) or not percent.is_finite():
         return PriceError("percent", "a percentage on list: -12 for 12 % off, 5 for 5 % on")
@@ -203,6 +227,12 @@ def adjustment_fault(adjustment: PriceAdjustment) -> PriceError | None:
         return PriceError("percent", f"at most 4 decimal places, got {percent}")
     if not isinstance(adjustment.effective_from, date):
         return PriceError("effective_from", "the day it starts, e.g. 2026-10-01")
+    if not FIRST_DAY <= adjustment.effective_from <= LAST_DAY:
+        return PriceError(
+            "effective_from",
+            f"{adjustment.effective_from} is outside the years {FIRST_YEAR}–{LAST_YEAR}: the "
+            f"day it starts, from {FIRST_DAY} to {LAST_DAY}, e.g. 2026-10-01",
+        )
     return None
 
 
@@ -244,6 +274,17 @@ def adjustment_set(
     else a new one — and reprice as `adjustment_save` does (a proposal applied from
     /reconciliation/, docs/billing.md "Proposed adjustments"). PriceError, nothing saved,
     for a fault."""
+    candidate = PriceAdjustment(
+        provider=provider,
+        family=family,
+        project_id=project_id,
+        percent=percent,
+        effective_from=effective_from,
+        note=note[:200],
+    )
+    fault = adjustment_fault(candidate)  # before the lookup: PostgreSQL refuses NUL there too
+    if fault is not None:
+        raise fault
     with transaction.atomic():
         adjustment = (
             PriceAdjustment.objects.filter(
@@ -254,9 +295,7 @@ def adjustment_set(
             .filter(Q(project__isnull=True) if project_id is None else Q(project_id=project_id))
             .order_by("pk")
             .first()
-        ) or PriceAdjustment(
-            provider=provider, family=family, project_id=project_id, effective_from=effective_from
-        )
+        ) or candidate
         adjustment.percent = percent
         adjustment.note = note[:200]
         adjustment_save(adjustment=adjustment)

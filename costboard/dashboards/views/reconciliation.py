@@ -176,7 +176,8 @@ def reconciliation_adjust(request: HttpRequest) -> HttpResponse:
                     note=form.get("note", "")[:200] or "proposed by /reconciliation/",
                 )
             except PriceError as fault:
-                error = f"{fault.field}: {fault.message}"
+                field = "since" if fault.field == "effective_from" else fault.field  # the form's
+                error = f"{field}: {fault.message}"
     if error:
         return _page(request, apply_error=error, status=422)
     back = reverse("reconciliation")

@@ -237,6 +237,44 @@ def test_a_bad_csv_is_refused_naming_row_and_column(
     assert BilledUsage.objects.count() == 0
 
 
+@pytest.mark.parametrize(
+    ("cell", "shown"),
+    [
+        ("²", "'²'"),  # str.isdigit() says True, int() refuses it
+        ("١٢", "'١٢'"),  # Arabic-Indic digits: int() would read them as 12
+        ("9" * 5000, "(5000 characters)"),  # past int()'s 4300 digits
+        ("-1", "'-1'"),
+    ],
+)
+def test_a_csv_token_cell_not_of_ascii_digits_is_refused_in_words(
+    admin: Agent, cell: str, shown: str
+) -> None:
+    text = f"date,provider,cost_usd,input_tokens\n2026-11-01,x,1,5\n2026-11-01,x,1,{cell}\n"
+    answer = post(admin, text, "text/csv")
+    assert answer.status_code == 422, answer.content
+    [error] = answer.json()["errors"]
+    assert (error["index"], error["field"]) == (1, "input_tokens")
+    assert shown in error["message"]
+    assert "is not a token count" in error["message"]
+    assert "in ASCII digits 0-9" in error["message"]
+    assert BilledUsage.objects.count() == 0
+
+
+@pytest.mark.parametrize("column", ["model", "project"])
+def test_a_csv_cell_holding_nul_is_refused_naming_row_and_column(admin: Agent, column: str) -> None:
+    text = (
+        f"date,provider,cost_usd,{column}\n"
+        f"2026-11-01,x,1,{admin.project.slug}\n"
+        f"2026-11-01,x,1,{admin.project.slug}\x00x\n"
+    )
+    answer = post(admin, text, "text/csv")
+    assert answer.status_code == 422, answer.content
+    [error] = answer.json()["errors"]
+    assert (error["index"], error["field"]) == (1, column)
+    assert error["message"] == "must not contain NUL (\\u0000): remove it"
+    assert BilledUsage.objects.count() == 0
+
+
 @pytest.mark.parametrize("role", ["ingest", "read"])
 def test_only_an_admin_key_may_send_bills(agent: Agent, role: str) -> None:
     _, key = ApiKey.issue(project=agent.project, role=role)
@@ -278,6 +316,27 @@ def test_the_admin_csv_upload_stores_rows_through_the_same_checks(staff: Client)
     assert list(BilledUsage.objects.values_list("source", "model", "project_id", "cost_usd")) == [
         ("csv", "mistral-large", acme.pk, Decimal("12.34"))
     ]
+
+
+def test_the_admin_csv_upload_refuses_nul_and_a_token_cell_not_of_ascii_digits(
+    staff: Client,
+) -> None:
+    url = "/admin/costboard/billedusage/upload-csv/"
+    bill = (
+        "date,provider,model,cost_usd,input_tokens\n"
+        "2026-11-01,mistral,mistral-large,1,5\n2026-11-01,mistral,gpt\x00x,1,5\n"
+    )
+    refused = staff.post(url, {"file": SimpleUploadedFile("bill.csv", bill.encode())})
+    assert refused.status_code == 200
+    assert b"row 2, model: must not contain NUL" in refused.content
+    digits = b"date,provider,cost_usd,output_tokens\n2026-11-01,mistral,1,\xc2\xb2\n"
+    refused = staff.post(url, {"file": SimpleUploadedFile("bill.csv", digits)})
+    assert refused.status_code == 200
+    assert (
+        "row 1, output_tokens: &#x27;²&#x27; is not a token count: write a whole number"
+        in refused.content.decode()
+    )
+    assert BilledUsage.objects.count() == 0
 
 
 def test_the_admin_uploads_a_bill_across_projects_and_a_new_one_replaces_it_whole(

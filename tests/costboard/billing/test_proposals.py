@@ -202,7 +202,7 @@ def page(client: Client) -> Any:
     return response
 
 
-def apply(client: Client, proposal: Proposal) -> Any:
+def apply(client: Client, proposal: Proposal, **change: str) -> Any:
     return client.post(
         "/reconciliation/adjust/?project=acme",
         {
@@ -212,6 +212,7 @@ def apply(client: Client, proposal: Proposal) -> Any:
             "percent": str(proposal.percent),
             "since": str(proposal.since),
             "note": proposal.text,
+            **change,
         },
     )
 
@@ -331,6 +332,30 @@ def test_the_post_needs_a_csrf_token_and_a_valid_percent(acme: Agent, staff: Cli
     assert bad.status_code == 422
     assert "percent: at most 4 decimal places" in bad.content.decode()
     assert PriceAdjustment.objects.count() == 0
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        ({"family": "claude-sonnet-4-5\x00"}, "family: must not contain NUL"),
+        ({"provider": "anthro\x00pic"}, "provider: must not contain NUL"),
+        ({"note": "contract\x00"}, "note: must not contain NUL"),
+        ({"family": "f" * 201}, "family: at most 200 characters, got 201"),
+        ({"provider": "p" * 65}, "provider: at most 64 characters, got 65"),
+        ({"since": "0001-01-01"}, "since: 0001-01-01 is outside the years 1970–2999"),
+        ({"since": "9999-12-31"}, "since: 9999-12-31 is outside the years 1970–2999"),
+    ],
+)
+def test_an_adjustment_the_database_cannot_hold_is_refused_naming_the_field(
+    acme: Agent, staff: Client, change: dict[str, str], says: str
+) -> None:
+    [proposal] = page(staff).context["proposals"]
+    refused = apply(staff, proposal, **change)
+    assert refused.status_code == 422
+    html = refused.content.decode()
+    assert f"Not applied — {says}" in html
+    assert PriceAdjustment.objects.count() == 0
+    assert outbox_dispatch().kinds.get("prices.reprice_adjusted", 0) == 0
 
 
 def test_the_page_proposes_nothing_for_a_bill_that_is_not_steady(db: None, staff: Client) -> None:
