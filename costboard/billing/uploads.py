@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import io
 import re
+from collections import defaultdict
 from dataclasses import dataclass
 from datetime import date
 from decimal import Decimal
@@ -200,7 +201,28 @@ def _validated(
         parsed = BillingRowsIn.model_validate(payload, context={"csv": from_csv})
     except ValidationError as exc:
         raise UploadError(_errors(exc)) from None
-    return _resolved(parsed.rows, default_project, key_project=key_project)
+    return _sums_checked(_resolved(parsed.rows, default_project, key_project=key_project))
+
+
+# A day's billed cost for a provider and a project is kept (and judged for drift) as one
+# numeric(24, 12): below 10^12 USD either way
+_MAX_DAY_SUM = Decimal(10**12)
+
+
+def _sums_checked(rows: list[UploadRow]) -> list[UploadRow]:
+    """The rows, unless those of one (date, provider, project) add up past what a day's
+    billed cost is kept in (UploadError naming the first such date and provider)."""
+    sums: dict[tuple[date, str, int | None], Decimal] = defaultdict(Decimal)
+    for row in rows:
+        sums[(row.day, row.provider, row.project_id)] += row.cost_usd
+    for (day, provider, _), total in sums.items():
+        if abs(total) >= _MAX_DAY_SUM:
+            message = (
+                f"the rows of {day} and {provider} add up to {total} USD for one project: a "
+                "day's bill is below 10^12 USD; check the amounts (cost_usd is in dollars)"
+            )
+            raise UploadError([{"index": None, "field": "cost_usd", "message": message}])
+    return rows
 
 
 def rows_from_csv(

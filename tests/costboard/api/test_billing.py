@@ -204,6 +204,23 @@ def test_a_bad_row_is_refused_naming_its_index_and_field(
     assert BilledUsage.objects.count() == 0
 
 
+def test_a_days_rows_past_what_a_days_bill_is_kept_in_are_refused(admin: Agent) -> None:
+    near = {"date": "2026-11-01", "provider": "mistral", "cost_usd": "999999999999.99"}
+    assert post(admin, {"rows": [near]}).status_code == 200  # one row: the most a cell holds
+    answer = post(admin, {"rows": [{**near, "model": "a"}, {**near, "model": "b"}]})
+    assert answer.status_code == 422, answer.content
+    [error] = answer.json()["errors"]
+    assert (error["index"], error["field"]) == (None, "cost_usd")
+    assert "2026-11-01 and mistral add up to 1999999999999.98 USD" in error["message"]
+    assert list(BilledUsage.objects.values_list("model", flat=True)) == [None]  # the first kept
+    # a credit beside it brings the day back within: stored
+    credit = {**near, "model": "credit", "cost_usd": "-999999999999.99"}
+    assert (
+        post(admin, {"rows": [{**near, "model": "a"}, {**near, "model": "b"}, credit]}).status_code
+        == 200
+    )
+
+
 def test_a_missing_field_and_an_empty_body_are_refused(admin: Agent) -> None:
     answer = post(admin, {"rows": [GOOD, {"date": "2026-11-01", "provider": "x"}]})
     assert answer.status_code == 422
