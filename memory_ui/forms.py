@@ -24,8 +24,11 @@ LABELS = {
 
 
 def _ttl(value: str) -> int | None:
+    """The typed days as a number for the TTL's rule; text that is not one (a fraction, '²',
+    thousands of digits) goes to the rule as it is, which refuses it in the rule's words."""
     text = value.strip()
-    return cleaners.clean_ttl_days(int(text) if text.isdigit() else text or None)
+    days = cleaners.whole_number(text, cleaners.MAX_TTL_DAYS)
+    return cleaners.clean_ttl_days(days if days is not None else text or None)
 
 
 def _tags(value: str) -> tuple[str, ...]:

@@ -9,7 +9,8 @@ Idempotency-Key is the decompressed body: the same batch sent plain or gzip is t
 
 gzip (and its old alias x-gzip) is the one coding accepted, alone or beside `identity`; any
 other (br, deflate, zstd) is 415 with `Accept-Encoding: gzip` (RFC 7694). A body that is not
-the gzip it claims to be is 400 naming Content-Encoding. Refusals are `BodyRefused`, which
+the gzip it claims to be is 400 naming Content-Encoding; a Content-Length that is not a
+size in bytes (digits 0-9), 400 naming Content-Length. Refusals are `BodyRefused`, which
 costboard/api/boundary.py's read_body answers as any API refusal (this module sits below it).
 """
 
@@ -26,6 +27,8 @@ GZIP = "gzip"
 _GZIP_NAMES = ("gzip", "x-gzip")
 _NO_CODING = ("", "identity")
 _GZIP_WINDOW = 16 + zlib.MAX_WBITS  # a gzip header and trailer around deflate data
+# A Content-Length's digits at most: 10^18 bytes, past any body, within a 64-bit integer.
+MAX_LENGTH_DIGITS = 18
 
 
 class BodyRefused(Exception):
@@ -98,12 +101,31 @@ def gunzip(body: bytes, *, limit: int, what: str) -> bytes:
             return bytes(out)
 
 
+def content_length(request: HttpRequest) -> int:
+    """The Content-Length the request came with (0 without one), or 400 naming it when it is
+    not a size in bytes: digits 0-9 alone (RFC 9110 §8.6), at most MAX_LENGTH_DIGITS of them.
+    str.isdigit() alone takes '²' and Arabic-Indic digits, which int() (Django's reading of
+    the body too) refuses, as it refuses thousands of digits: a 500, were they let through."""
+    raw = request.META.get("CONTENT_LENGTH") or ""
+    if not raw:
+        return 0
+    length = raw.strip(" \t")  # the optional whitespace around a header's value
+    if not (length.isascii() and length.isdigit() and len(length) <= MAX_LENGTH_DIGITS):
+        shown = repr(raw) if len(raw) <= 20 else repr(raw[:20]) + "..."
+        raise BodyRefused(
+            400,
+            "Content-Length",
+            f"is {shown}, not a size in bytes: send the body's length in bytes as digits "
+            f"0-9 (at most {MAX_LENGTH_DIGITS}), e.g. Content-Length: 512",
+        )
+    return int(length)
+
+
 def decoded_body(request: HttpRequest, *, limit: int, what: str) -> bytes:
     """The body as the endpoint reads it: decompressed if it came gzip, at most `limit` bytes
     either way (413 past it, compressed or not, told by Content-Length before it is read)."""
     coding = content_coding(request)
-    length = request.META.get("CONTENT_LENGTH") or "0"
-    size = int(length) if length.isdigit() else 0
+    size = content_length(request)
     if size <= limit:
         size = len(request.body)
     if size > limit:

@@ -17,6 +17,7 @@ from typing import cast
 from django.http import HttpRequest, HttpResponse
 
 from costboard.api.boundary import ApiError, ApiRequest, Operation, Reply, endpoint
+from costboard.api.encoding import BodyRefused, content_length
 from costboard.api.failures import RETRY_AFTER_SECONDS
 from costboard.api.schemas import ExportTraceServiceResponse, RpcStatus
 from costboard.ingest.otlp.decode import (
@@ -102,8 +103,13 @@ def traces(request: HttpRequest) -> HttpResponse:
     if encoding not in ("", "identity", "gzip"):
         message = f"unsupported {encoding!r}: send gzip or no encoding"
         raise ApiError(415, "Content-Encoding", message)
-    length = request.META.get("CONTENT_LENGTH") or "0"
-    if length.isdigit() and int(length) > MAX_BODY_BYTES:
+    try:
+        length = content_length(request)
+    except BodyRefused as exc:  # not a size in bytes: Django could not read the body
+        ingest_tally(project.pk, refused=1)
+        message = f"{exc.field} {exc.message}"  # a google.rpc.Status has no field of its own
+        return _status_response(exc.status, message, content_type, exc.field)
+    if length > MAX_BODY_BYTES:
         ingest_tally(project.pk, refused=1)  # as the events API counts a refused body
         return _status_response(
             413, f"body is {length} bytes; at most {MAX_BODY_BYTES} (5 MB)", content_type

@@ -220,6 +220,12 @@ def _warn_at(fields: BudgetFields) -> list[str]:
         raise BudgetInputError(
             "warn_at", f"give 1 to {MAX_THRESHOLDS} fractions from 0.01 to 1, {_WARN_AT_EXAMPLE}"
         )
+    # a fault in the one fraction of warn_at_pct is named as sent: warn_at_pct, e.g. 0.8
+    field, example = (
+        ("warn_at_pct", "e.g. 0.8")
+        if fields.warn_at_pct is not None
+        else ("warn_at", _WARN_AT_EXAMPLE)
+    )
     cleaned: list[Decimal] = []
     for fraction in fractions:
         value = Decimal(str(fraction))
@@ -229,9 +235,9 @@ def _warn_at(fields: BudgetFields) -> list[str]:
             or value.as_tuple().exponent < -3  # type: ignore[operator]
         ):
             raise BudgetInputError(
-                "warn_at",
+                field,
                 f"{str(fraction)[:20]} is not a fraction from 0.01 to 1 with at most 3 decimals: "
-                f"0.8 warns at 80 %, {_WARN_AT_EXAMPLE}",
+                f"0.8 warns at 80 %, {example}",
             )
         cleaned.append(value)
     if any(later <= earlier for earlier, later in pairwise(cleaned)):

@@ -541,6 +541,14 @@ def test_save_without_approving_keeps_it_pending(staff: Client, agent: Agent) ->
         ("importance", "high", "Importance: must be a number from 0 to 1, e.g. 0.7."),
         ("ttl_days", "0", "TTL days: must be a whole number of days from 1 to 36500."),
         ("ttl_days", "3.5", "TTL days: must be a whole number of days from 1 to 36500."),
+        ("ttl_days", "²", "TTL days: must be a whole number of days from 1 to 36500."),
+        ("ttl_days", "٣", "TTL days: must be a whole number of days from 1 to 36500."),
+        pytest.param(
+            "ttl_days",
+            "9" * 5000,
+            "TTL days: must be a whole number of days from 1 to 36500.",
+            id="ttl_days-5000-digits",
+        ),
         ("tags", ",".join(f"t{i}" for i in range(21)), "Tags: at most 20 tags."),
     ],
 )

@@ -322,6 +322,16 @@ def _text(attrs: dict[str, Any], keys: tuple[str, ...]) -> str | None:
     return None
 
 
+def _digit_count(text: str) -> int | None:
+    """`text` as a count if it is ASCII digits 0-9 not past MAX_TOKENS' width; None otherwise.
+    str.isdigit() alone takes '²' and Arabic-Indic digits, and int() refuses both (and any
+    number of thousands of digits), so the digits and their length are checked first."""
+    digits = text.lstrip("0") or "0"
+    if not (text.isascii() and text.isdigit()) or len(digits) > len(str(MAX_TOKENS)):
+        return None
+    return int(digits)
+
+
 def _tokens(attrs: dict[str, Any], keys: tuple[str, ...]) -> int | None:
     """The first of `keys` present, as a token count (ints; whole doubles or digit strings,
     as some exporters send them); _SpanError for anything else."""
@@ -336,9 +346,13 @@ def _tokens(attrs: dict[str, Any], keys: tuple[str, ...]) -> int | None:
             count = value
         elif isinstance(value, float) and value.is_integer():
             count = int(value)
-        elif isinstance(value, str) and value.strip().isdigit():
-            count = int(value.strip())
+        elif isinstance(value, str):
+            count = _digit_count(value.strip())
         if count is None or not 0 <= count <= MAX_TOKENS:
-            raise _SpanError(f"{key} must be a whole number from 0 to 10^12, got {value!r}")
+            shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+            raise _SpanError(
+                f"{key} must be a whole number from 0 to 10^12 (an int, or a string of digits "
+                f"0-9), got {shown}"
+            )
         return count
     return None

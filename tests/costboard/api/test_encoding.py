@@ -197,6 +197,34 @@ def test_a_compressed_body_over_the_limit_is_413_before_it_is_read(agent: Agent)
 
 @pytest.mark.django_db
 @pytest.mark.parametrize(
+    "length",
+    ["²", "١٢", pytest.param("9" * 5000, id="5000-digits"), "1.5", "-1", "0x10"],
+)
+@pytest.mark.parametrize("path", ["/api/v1/events", "/v1/traces"])
+def test_a_content_length_that_is_not_digits_0_9_is_400_naming_it(
+    agent: Agent, path: str, length: str
+) -> None:
+    """int() refuses '²' and 5000 digits, which str.isdigit() takes (a 500 before, as Django's
+    own reading of the body was): gunicorn refuses them, other WSGI servers pass them on."""
+    response = Client().generic(
+        "POST",
+        path,
+        batch(1),
+        content_type="application/json",
+        headers={"Authorization": f"Bearer {agent.key}"},
+        CONTENT_LENGTH=length,
+    )
+    assert response.status_code == 400, response.content
+    error = error_of(response)
+    assert error["field"] == "Content-Length"
+    assert "not a size in bytes" in error["message"]
+    assert "send the body's length in bytes as digits 0-9" in error["message"]
+    assert len(error["message"]) < 200  # the 5000 digits are not echoed back
+    assert Step.objects.count() == 0
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
     ("body", "told"),
     [
         (batch(1), "the body is not gzip"),  # plain JSON under a gzip header

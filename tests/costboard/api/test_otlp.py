@@ -368,6 +368,36 @@ def test_otlp_json_partial_success_is_json(agent: Agent) -> None:
     assert "gen_ai.usage.input_tokens must be a whole number" in partial["errorMessage"]
 
 
+@pytest.mark.parametrize(
+    ("key", "tokens"),
+    [
+        ("gen_ai.usage.input_tokens", "²"),
+        ("gen_ai.usage.input_tokens", " ³ "),
+        ("gen_ai.usage.output_tokens", "١٢"),  # Arabic-Indic 12
+        pytest.param("gen_ai.usage.cache_read.input_tokens", "9" * 5000, id="5000-digits"),
+    ],
+)
+def test_a_token_string_that_is_not_digits_0_9_rejects_its_span(
+    agent: Agent, key: str, tokens: str
+) -> None:
+    """str.isdigit() takes '²' and Arabic-Indic digits; int() refuses '²' and 5000 digits (a
+    500 before): the span is rejected with the reason, as any span that cannot be mapped."""
+    response = agent.client.post(
+        "/v1/traces",
+        otlp_json(**{key: tokens}),
+        content_type="application/json",
+        headers={"Authorization": f"Bearer {agent.key}"},
+    )
+    assert response.status_code == 200, response.content
+    partial = response.json()["partialSuccess"]
+    assert partial["rejectedSpans"] == "1"
+    message = partial["errorMessage"]
+    assert f"{key} must be a whole number from 0 to 10^12" in message
+    assert "a string of digits 0-9" in message
+    assert len(message) < 200  # the 5000 digits are not echoed back
+    assert not Step.objects.exists()
+
+
 def test_an_undecodable_body_is_400_with_a_status(agent: Agent) -> None:
     headers = {"Authorization": f"Bearer {agent.key}"}
     response = agent.client.post("/v1/traces", b"\xff\xff\xff", PROTOBUF, headers=headers)

@@ -156,6 +156,17 @@ def test_make_read_change_and_delete_a_budget(admin: Admin, agent: Agent) -> Non
         ({"name": "x", "cost_limit_usd": "1.00001"}, "cost_limit_usd", "at most 4 decimals"),
         ({"name": "x", "token_limit": 0}, "token_limit", "must be at least 1, got 0"),
         ({"name": "x", "token_limit": 5, "warn_at_pct": 2}, "warn_at_pct", "at most 1, got 2"),
+        (
+            {"name": "x", "token_limit": 5, "warn_at_pct": "0.12345"},
+            "warn_at_pct",
+            "0.12345 is not a fraction from 0.01 to 1 with at most 3 decimals: 0.8 warns at "
+            "80 %, e.g. 0.8",
+        ),
+        (
+            {"name": "x", "token_limit": 5, "warn_at_pct": 0.8555},
+            "warn_at_pct",
+            "with at most 3 decimals",
+        ),
         ({"name": "x", "token_limit": 5, "period": "year"}, "period", "'day', 'week'"),
         ({"name": "x", "token_limit": 5, "action": "block"}, "action", "'warn' or 'stop'"),
         ({"name": "x", "token_limit": 5, "limit": 3}, "limit", "did you mean 'token_limit'?"),
