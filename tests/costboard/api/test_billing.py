@@ -37,6 +37,15 @@ def post(who: Agent, body: Any, content_type: str = "application/json") -> Any:
     )
 
 
+UPLOAD = "/admin/costboard/billedusage/upload-csv/"
+
+
+def upload(staff: Client, bill: str | bytes, **fields: Any) -> Any:
+    """The admin's "Upload a CSV bill" with this file (and the form's other fields)."""
+    data = bill.encode() if isinstance(bill, str) else bill
+    return staff.post(UPLOAD, {"file": SimpleUploadedFile("bill.csv", data), **fields})
+
+
 def rows() -> list[tuple[Any, ...]]:
     found = BilledUsage.objects.values_list(*FIELDS)
     return sorted(found, key=lambda row: (row[0], row[1], row[3] or ""))
@@ -315,21 +324,15 @@ def test_the_admin_csv_upload_stores_rows_through_the_same_checks(staff: Client)
     acme = make_agent("acme").project
     listed = staff.get("/admin/costboard/billedusage/")
     assert b"Upload a CSV bill" in listed.content
-    url = "/admin/costboard/billedusage/upload-csv/"
-    assert staff.get(url).status_code == 200
-    bad = SimpleUploadedFile(
-        "bill.csv", b"date,provider,cost_usd\n2026-11-01,x,1\n2026-11-31,x,1\n"
-    )
-    refused = staff.post(url, {"file": bad})
+    assert staff.get(UPLOAD).status_code == 200
+    refused = upload(staff, "date,provider,cost_usd\n2026-11-01,x,1\n2026-11-31,x,1\n")
     assert refused.status_code == 200
     assert b"row 2, date: &#x27;2026-11-31&#x27; is no such date" in refused.content
     assert BilledUsage.objects.count() == 0
 
-    bill = b"date,provider,model,cost_usd\n2026-11-01,mistral,mistral-large,12.34\n"
-    done = staff.post(url, {"file": SimpleUploadedFile("bill.csv", bill), "project": acme.pk})
-    assert done.status_code == 302
-    again = staff.post(url, {"file": SimpleUploadedFile("bill.csv", bill), "project": acme.pk})
-    assert again.status_code == 302
+    bill = "date,provider,model,cost_usd\n2026-11-01,mistral,mistral-large,12.34\n"
+    assert upload(staff, bill, project=acme.pk).status_code == 302
+    assert upload(staff, bill, project=acme.pk).status_code == 302  # again: replaced
     assert list(BilledUsage.objects.values_list("source", "model", "project_id", "cost_usd")) == [
         ("csv", "mistral-large", acme.pk, Decimal("12.34"))
     ]
@@ -338,16 +341,14 @@ def test_the_admin_csv_upload_stores_rows_through_the_same_checks(staff: Client)
 def test_the_admin_csv_upload_refuses_nul_and_a_token_cell_not_of_ascii_digits(
     staff: Client,
 ) -> None:
-    url = "/admin/costboard/billedusage/upload-csv/"
     bill = (
         "date,provider,model,cost_usd,input_tokens\n"
         "2026-11-01,mistral,mistral-large,1,5\n2026-11-01,mistral,gpt\x00x,1,5\n"
     )
-    refused = staff.post(url, {"file": SimpleUploadedFile("bill.csv", bill.encode())})
+    refused = upload(staff, bill)
     assert refused.status_code == 200
     assert b"row 2, model: must not contain NUL" in refused.content
-    digits = b"date,provider,cost_usd,output_tokens\n2026-11-01,mistral,1,\xc2\xb2\n"
-    refused = staff.post(url, {"file": SimpleUploadedFile("bill.csv", digits)})
+    refused = upload(staff, "date,provider,cost_usd,output_tokens\n2026-11-01,mistral,1,²\n")
     assert refused.status_code == 200
     assert (
         "row 1, output_tokens: &#x27;²&#x27; is not a token count: write a whole number"
@@ -360,24 +361,19 @@ def test_the_admin_uploads_a_bill_across_projects_and_a_new_one_replaces_it_whol
     staff: Client,
 ) -> None:
     acme, beta = make_agent("acme").project, make_agent("beta").project
-    url = "/admin/costboard/billedusage/upload-csv/"
     bill = (
         "date,provider,project,cost_usd\n"
         "2026-11-01,mistral,acme,1\n2026-11-01,mistral,beta,2\n2026-11-02,mistral,beta,3\n"
     )
-    done = staff.post(url, {"file": SimpleUploadedFile("bill.csv", bill.encode())})
-    assert done.status_code == 302
+    assert upload(staff, bill).status_code == 302
     # the corrected bill of the 1st names acme alone: beta's row of that day goes with it
-    fix = b"date,provider,project,cost_usd\n2026-11-01,mistral,acme,1.25\n"
-    assert staff.post(url, {"file": SimpleUploadedFile("bill.csv", fix)}).status_code == 302
+    fix = "date,provider,project,cost_usd\n2026-11-01,mistral,acme,1.25\n"
+    assert upload(staff, fix).status_code == 302
     assert sorted(BilledUsage.objects.values_list("day", "project_id", "cost_usd")) == [
         (date(2026, 11, 1), acme.pk, Decimal("1.25")),
         (date(2026, 11, 2), beta.pk, Decimal(3)),
     ]
-    refused = staff.post(
-        url, {"file": SimpleUploadedFile("bill.csv", b"date,provider,project,cost_usd\n"
-                                         b"2026-11-01,mistral,nobody,1\n")}
-    )  # fmt: skip
+    refused = upload(staff, "date,provider,project,cost_usd\n2026-11-01,mistral,nobody,1\n")
     assert b"&#x27;nobody&#x27; is no project" in refused.content
 
 
