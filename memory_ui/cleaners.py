@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 
-from costboard.ingest.json_body import text_fault
+from costboard.input_limits import text_fault
 from memory_ui.models import MAX_CONTENT, Memory
 
 DEFAULT_IMPORTANCE = Decimal("0.5")

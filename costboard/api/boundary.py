@@ -32,9 +32,10 @@ from pydantic_core import PydanticCustomError
 from costboard.api.encoding import BodyRefused, decoded_body
 from costboard.api.inflight import Busy, in_flight
 from costboard.api.ratelimit import rate_limit_check
-from costboard.ingest.json_body import MAX_DEPTH, bad_text, json_loads, text_fault, too_deep
+from costboard.ingest.json_body import MAX_DEPTH, bad_text, json_loads, too_deep
 from costboard.ingest.otlp import PROTOBUF, otlp_status
 from costboard.ingest.schemas import BatchError, validation_errors
+from costboard.input_limits import text_fault
 from costboard.models import ApiKey, Project
 from costboard.projects import key_for
 from costboard.query_text import query_faults

@@ -28,7 +28,7 @@ from costboard.api.boundary import (
 )
 from costboard.api.schemas import Answer
 from costboard.exports import csv_cell
-from costboard.ingest.schemas import FIRST_YEAR, LAST_YEAR
+from costboard.input_limits import FIRST_YEAR, LAST_YEAR
 from costboard.json_types import Count as CountField
 from costboard.json_types import Money
 from costboard.models import usd

@@ -25,7 +25,7 @@ from pydantic import (
     field_validator,
 )
 
-from costboard.ingest.json_body import text_fault
+from costboard.input_limits import text_fault
 from costboard.models import Project
 
 MAX_ROWS = 10_000

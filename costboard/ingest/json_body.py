@@ -14,6 +14,8 @@ import sys
 from decimal import Decimal
 from typing import Any
 
+from costboard.input_limits import BAD_CHAR, bad_char_message
+
 MAX_DEPTH = 32  # docs/api.md, "Limits": metadata, context and usage nest at most this deep
 # the largest number a JSON parser's double holds (1.797…e308): past it, a fraction kept in
 # metadata would be written back as Infinity, which is not JSON
@@ -47,8 +49,6 @@ def json_loads(body: bytes) -> Any:
 # NUL (PostgreSQL text and jsonb refuse it) or a surrogate, escaped: cheap to look for in the
 # body, so the walk that finds which field has one runs only when the body has one.
 _SUSPECT_ESCAPE = re.compile(r"\\u(?:0000|[dD][89abAB][0-9a-fA-F]{2}|[dD][c-fC-F][0-9a-fA-F]{2})")
-# after json.loads, valid surrogate pairs are one code point: any surrogate left is unpaired
-_BAD_CHAR = re.compile("[\x00\ud800-\udfff]")
 
 
 def may_hold_bad_text(body: str | bytes) -> bool:
@@ -63,35 +63,20 @@ def bad_text(value: Any, path: str = "") -> tuple[str, str] | None:
     while stack:
         item, where = stack.pop()
         if isinstance(item, str):
-            found = _BAD_CHAR.search(item)
+            found = BAD_CHAR.search(item)
             if found is not None:
-                return where or "body", _bad_char_message(found.group())
+                return where or "body", bad_char_message(found.group())
         elif isinstance(item, dict):
             for key, child in item.items():
-                in_key = _BAD_CHAR.search(key)
+                in_key = BAD_CHAR.search(key)
                 if in_key is not None:
-                    return where or "body", "a key " + _bad_char_message(in_key.group())
+                    return where or "body", "a key " + bad_char_message(in_key.group())
                 stack.append((child, f"{where}.{key}" if where else key))
         elif isinstance(item, list):
             stack.extend(
                 (child, f"{where}.{n}" if where else str(n)) for n, child in enumerate(item)
             )
     return None
-
-
-def text_fault(text: str) -> str | None:
-    """What is wrong with `text` for PostgreSQL (NUL, an unpaired surrogate), or None."""
-    found = _BAD_CHAR.search(text)
-    return None if found is None else _bad_char_message(found.group())
-
-
-def _bad_char_message(char: str) -> str:
-    if char == "\x00":
-        return "must not contain NUL (\\u0000): remove it"
-    return (
-        f"has an unpaired surrogate (\\u{ord(char):04x}): send valid UTF-8, or \\ud83d\\ude00 "
-        "pairs in JSON escapes"
-    )
 
 
 def too_deep(value: Any, limit: int = MAX_DEPTH) -> bool:

@@ -33,6 +33,7 @@ from pydantic import (
 
 from costboard.ingest.json_body import MAX_DEPTH, bad_text, json_loads, may_hold_bad_text, too_deep
 from costboard.ingest.normalize import Tokens, UsageError, normalize_usage
+from costboard.input_limits import FIRST_YEAR, LAST_YEAR
 from costboard.models import MAX_TIER_LENGTH, TIER_PATTERN
 
 MAX_EVENTS = 1000
@@ -40,9 +41,6 @@ MAX_BODY_BYTES = 5 * 1024 * 1024
 MAX_TOKENS = 10**12
 MAX_TURN = 2**31 - 1  # the turn number's column is a 32-bit integer
 MAX_MILLISECONDS = 2**31 - 1  # the step's duration column: about 24.8 days
-# Years outside these are typing mistakes, and near Python's year 1 and 9999 the conversion
-# to UTC (or a period's end) would overflow.
-FIRST_YEAR, LAST_YEAR = 1970, 2999
 
 MAX_TAGS = 20
 MAX_TAG_VALUE = 128

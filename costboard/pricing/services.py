@@ -20,8 +20,7 @@ from typing import Any
 from django.db import transaction
 from django.db.models import Q
 
-from costboard.ingest.json_body import text_fault
-from costboard.ingest.schemas import FIRST_YEAR, LAST_YEAR
+from costboard.input_limits import FIRST_YEAR, LAST_YEAR, text_fault
 from costboard.models import (
     STANDARD_TIER,
     TIER_WORD,

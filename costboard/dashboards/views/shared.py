@@ -19,7 +19,7 @@ from costboard.budgets.holds import stops_in_force
 from costboard.dashboards.params import Checks
 from costboard.dashboards.selectors.steps import StepFilter, StepNames
 from costboard.dashboards.selectors.tags import spend_by_tag, tag_keys
-from costboard.ingest.schemas import FIRST_YEAR, LAST_YEAR
+from costboard.input_limits import FIRST_YEAR, LAST_YEAR
 from costboard.models import PeriodBudget
 
 PAGE_SIZE = 50

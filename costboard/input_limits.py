@@ -1,0 +1,31 @@
+"""What any input may hold, wherever it comes in (the API, OTLP, the admin, the pages): text
+PostgreSQL can store (no NUL, no unpaired surrogate: `text_fault`) and the years a date may be
+in. Below every app's layer, so the services that check their own input (pricing's
+adjustments, billing's bills) share the checks ingest and the API make (docs/api.md,
+"Limits")."""
+
+from __future__ import annotations
+
+import re
+
+# Years outside these are typing mistakes, and near Python's year 1 and 9999 the conversion
+# to UTC (or a period's end) would overflow.
+FIRST_YEAR, LAST_YEAR = 1970, 2999
+
+# after json.loads, valid surrogate pairs are one code point: any surrogate left is unpaired
+BAD_CHAR = re.compile("[\x00\ud800-\udfff]")
+
+
+def text_fault(text: str) -> str | None:
+    """What is wrong with `text` for PostgreSQL (NUL, an unpaired surrogate), or None."""
+    found = BAD_CHAR.search(text)
+    return None if found is None else bad_char_message(found.group())
+
+
+def bad_char_message(char: str) -> str:
+    if char == "\x00":
+        return "must not contain NUL (\\u0000): remove it"
+    return (
+        f"has an unpaired surrogate (\\u{ord(char):04x}): send valid UTF-8, or \\ud83d\\ude00 "
+        "pairs in JSON escapes"
+    )
