@@ -395,7 +395,8 @@ def _crossings_recorded(
     episode for a rolling budget: one already
     recorded (crossed before a limit was raised, then crossed again) is not recorded twice.
     Returns those recorded now (to announce), but the first warn fraction's `threshold`:
-    its crossing is announced as its `soft_warned` (docs/budgets.md, "Thresholds")."""
+    its crossing is announced as its `soft_warned` (docs/budgets.md, "Thresholds"), and a
+    fraction of 1, whose crossing is the exhaustion's, announced as that."""
     recorded = []
     for crossing in crossings:
         threshold = Decimal(0)
@@ -428,8 +429,11 @@ def _crossings_recorded(
                 },
             },
         )
-        # the first fraction's crossing is announced once, as its soft_warned
-        if created and not (crossing.kind == THRESHOLD and threshold == budget.thresholds[0]):
+        # the first fraction's crossing is announced once, as its soft_warned; a fraction of
+        # 1 (or more) is crossed where the limit is, and announced as the exhaustion
+        if created and not (
+            crossing.kind == THRESHOLD and (threshold == budget.thresholds[0] or threshold >= 1)
+        ):
             recorded.append(event)
     return recorded
 

@@ -137,6 +137,24 @@ def test_each_fraction_is_recorded_once_at_the_step_that_crossed_it(agent: Agent
     }
 
 
+@pytest.mark.parametrize("action", ["stop", "warn"])
+def test_a_fraction_of_1_is_alerted_once_as_the_exhaustion(agent: Agent, action: str) -> None:
+    agent.project.alert_emails = "ops@example.com"
+    agent.project.save(update_fields=["alert_emails"])
+    b = budget(agent, cost_limit_usd=Decimal("0.60"), warn_at=["0.5", "1"], action=action)
+    agent.events({"type": "session", "session_id": "s", "cost_cap_usd": "100"})
+    agent.events(*steps("s", 2))  # $0.60: past 0.5 and at the limit in one batch
+    assert [(kind, threshold) for kind, threshold, _ in events_of(b)] == [
+        ("soft_warned", Decimal(0)),
+        ("threshold", Decimal("0.5")),
+        ("threshold", Decimal(1)),  # recorded, as every fraction is
+        ("exhausted", Decimal(0)),
+    ]
+    outbox_dispatch()
+    subjects = sorted(message.subject.rpartition(") ")[2] for message in mail.outbox)
+    assert subjects == ["exhausted its cost cap", "passed 50% of its cost cap"]
+
+
 def test_a_per_member_budget_crosses_each_fraction_per_member(agent: Agent) -> None:
     b = budget(agent, scope="user", scope_value="*", cost_limit_usd=Decimal("1.00"))
     agent.events(
