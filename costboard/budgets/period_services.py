@@ -323,6 +323,18 @@ def budget_check(
                 'cannot change between "rolling" and a calendar period: make a new budget '
                 "and delete this one",
             )
+        if not rolling(stored):
+            # a calendar budget's ledgers sum its periods as they fell in its timezone: under
+            # another period or timezone its spend so far would read 0 and its stop lift
+            for field, value, was in (("period", period, stored.period),
+                                     ("timezone", tz_name, stored.timezone or "UTC")):  # fmt: skip
+                if value != was:
+                    raise BudgetInputError(
+                        field,
+                        f"cannot change from {was!r} to {value!r}: the spend counted so far "
+                        "is its periods' as they fell; make a new budget with it and delete "
+                        "this one",
+                    )
     return {
         "name": name.strip(),
         "scope": scope,

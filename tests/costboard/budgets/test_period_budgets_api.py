@@ -346,3 +346,28 @@ def test_the_admin_types_a_budget_as_the_api_does(admin_client: Client, agent: A
     made = admin_client.post("/admin/costboard/periodbudget/add/", {**form, "token_limit": "7"})
     assert made.status_code == 302, made.content.decode()[:2000]
     assert PeriodBudget.objects.get().token_limit == 7
+
+
+def test_a_calendar_budget_keeps_its_period_and_timezone(
+    admin: Admin, agent: Agent, priced: object
+) -> None:
+    made = admin.call(
+        "POST",
+        "/api/v1/budgets",
+        {"name": "monthly", "token_limit": 10, "action": "stop"},
+    ).json()
+    agent.events({"step_type": "response", "model": "test-sonnet", "session_id": "s",
+                  "input_tokens": 100})  # fmt: skip
+    path = f"/api/v1/budgets/{made['id']}"
+    spent = admin.call("GET", path).json()
+    assert spent["state"] == "exhausted"
+    # under another period or timezone its spend so far would read 0 and its stop lift
+    for change, field in (({"period": "week"}, "period"), ({"timezone": "Asia/Tokyo"}, "timezone")):
+        refused = admin.call("PATCH", path, change)
+        assert refused.status_code == 422, refused.content
+        [error] = refused.json()["errors"]
+        assert error["field"] == field
+        assert "make a new budget with it and delete this one" in error["message"]
+    assert admin.call("GET", path).json() == spent
+    assert agent.budget("s").json()["stopped_by"] == f"budget:{made['id']}"
+    assert admin.call("PATCH", path, {"name": "renamed"}).status_code == 200  # the rest change
