@@ -205,7 +205,7 @@ def _steps(wanted: Wanted, keys: set[_Key]) -> dict[_Key, dict[str, _Side]]:
     projects = sorted({k[0] for k in keys})
     steps = (
         Step.objects.filter(project_id__in=projects, timestamp__gte=start, timestamp__lt=end)
-        .exclude(model=TOOL_MODEL)
+        .exclude(family=TOOL_MODEL)  # a tool step's family, however its model was spelt
         .annotate(utc_day=TruncDate("timestamp", tzinfo=UTC))
         .values("project_id", "utc_day", "model", "family", "provider", "price__provider")
         .annotate(cost=Sum("cost_usd"), tokens=Sum("input_tokens"), n=Count("id"))

@@ -24,6 +24,7 @@ from costboard.dashboards.selectors.overview import (
     spend_by_period,
     usage_breakdown,
 )
+from costboard.dashboards.selectors.shared import day_start
 from costboard.dashboards.views.shared import figures, period_start, stops_now, tag_breakdown
 from costboard.replicas import replica_reads
 
@@ -42,7 +43,8 @@ def overview(request: HttpRequest) -> HttpResponse:
         "scope": scope,
         "spend": spend_by_period(project_ids=ids, today=today),
         "breakdown": breakdown,
-        "costliest": sessions_costliest(project_ids=ids, since=timezone.now() - timedelta(days=30)),
+        # the same 30 UTC days as the tiles, /sessions/ and GET /api/v1/spend
+        "costliest": sessions_costliest(project_ids=ids, since=day_start(since)),
         "flagged": flagged,
         "flagged_total": flagged_total,
         "anomalies": anomalies_recent(project_ids=ids, since=timezone.now() - timedelta(days=7)),

@@ -522,6 +522,20 @@ def test_a_csv_bill_uploaded_in_the_admin_reconciles_the_same_way(
     }
 
 
+@pytest.mark.parametrize("tool", ["none", "None", "NONE"])
+def test_a_tool_step_is_never_reconciled_however_its_model_is_spelt(acme: Agent, tool: str) -> None:
+    acme.events(step(D1, "gpt-4o", 1_000_000, 0))
+    bill = {"date": str(D1), "provider": "openai", "model": "gpt-4o", "cost_usd": "2.50"}
+    billing_rows_replace(rows_from_json({"rows": [bill]}, default_project=acme.project),
+                         source="api")  # fmt: skip
+    before = reconciliation(acme, group_by="day,provider,model")
+    # a tool step ($0, family none) of the same day and provider changes no line
+    acme.events(step(D1, tool, 10, 0, step_type="tool", provider="openai"))
+    after = reconciliation(acme, group_by="day,provider,model")
+    assert after == before
+    assert ("openai", "gpt-4o") in [(r["provider"], r["model"]) for r in after["rows"]]
+
+
 def test_a_keys_bill_judges_its_own_projects_drift_alone(acme: Agent) -> None:
     other = Project.objects.get(slug="other")
     acme.events(step(D1, "gpt-4o", 1_000_000, 0))  # $2.50

@@ -490,3 +490,20 @@ def test_every_benchmarked_page_runs_a_bounded_number_of_queries(
         with django_assert_max_num_queries(counts[case.path], info=case.path):
             get(case.path, case.htmx)
     assert max(counts.values()) <= 15  # the overview: 14, and its spend anomalies (issue 34)
+
+
+def test_the_costliest_sessions_are_of_the_same_30_utc_days_as_the_tiles(
+    staff: Client, agent: Agent, priced: object
+) -> None:
+    def sent(session: str, at: str, tokens: int) -> None:
+        agent.events({"step_type": "response", "model": "test-sonnet", "session_id": session,
+                      "input_tokens": tokens, "timestamp": at})  # fmt: skip
+
+    with time_machine.travel("2026-03-20T12:00:00Z", tick=False):
+        # within 30 × 24 hours of now, but the day before the 30 UTC days (02-19 … 03-20)
+        sent("before-the-days", "2026-02-18T18:00:00Z", 9_000)
+        sent("first-day", "2026-02-19T00:30:00Z", 10)
+        shown = [s.external_id for s in staff.get("/").context["costliest"]]
+        listed = staff.get("/sessions/").content.decode()
+    assert shown == ["first-day"]
+    assert "first-day" in listed and "before-the-days" not in listed
