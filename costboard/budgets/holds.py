@@ -52,22 +52,36 @@ def stops_in_force(*, project_ids: Sequence[int], now: datetime) -> list[PeriodB
         if not rolling(budget):
             start = period_bounds(budget.period, budget.timezone, now)[0]
             current |= Q(budget=budget, period_start=start)
-    exhausted: dict[int, set[str]] = {}
-    for budget_id, member in PeriodLedger.objects.filter(current, state=EXHAUSTED).values_list(
-        "budget_id", "member"
-    ):
-        exhausted.setdefault(budget_id, set()).add(member)
+    exhausted: dict[int, dict[str, datetime | None]] = {}
+    for budget_id, member, since in PeriodLedger.objects.filter(
+        current, state=EXHAUSTED
+    ).values_list("budget_id", "member", "exhausted_at"):
+        exhausted.setdefault(budget_id, {})[member] = since
     windows = [budget for budget in budgets if rolling(budget)]
     for budget_id, spent in window_members(windows, now).items():
         limits = PeriodLimits.of(next(b for b in windows if b.pk == budget_id))
         for member, (tokens, cost) in spent.items():
             if limits.exhausted(tokens, cost):
-                exhausted.setdefault(budget_id, set()).add(member)
+                exhausted.setdefault(budget_id, {})[member] = None  # since: its window's
     found = []
     for budget in budgets:
         if budget.pk in exhausted:
             budget.exhausted_members = frozenset(exhausted[budget.pk])  # type: ignore[attr-defined]
+            budget.exhausted_since = exhausted[budget.pk]  # type: ignore[attr-defined]
             found.append(budget)
+    return found
+
+
+def held_since(stops: Sequence[PeriodBudget], moment: str) -> Q:
+    """The sessions any of `stops` holds by a hold that began after the session's `moment`
+    (a datetime field, e.g. its acknowledgement): each member's from its ledger's exhaustion;
+    one whose start is not kept (a rolling window's) counts as after it."""
+    found = NOTHING
+    for budget in stops:
+        since: dict[str, datetime | None] = getattr(budget, "exhausted_since", {"": None})
+        for member, at in since.items():
+            sessions = budget_sessions(budget, members=frozenset({member}))
+            found |= sessions if at is None else sessions & Q(**{f"{moment}__lt": at})
     return found
 
 
@@ -92,23 +106,23 @@ def session_held_by(session: Session, stops: Sequence[PeriodBudget]) -> PeriodBu
     return None
 
 
-def budget_sessions(budget: PeriodBudget) -> Q:
+def budget_sessions(budget: PeriodBudget, members: frozenset[str] | None = None) -> Q:
     """The sessions `budget` holds, as a filter: `budget_member` of each session's scope, in
-    the budget's exhausted members when it is per member."""
+    the budget's exhausted members (or those of `members`) when it is per member."""
     project = Q(project_id=budget.project_id)
     if budget.scope == PeriodBudget.Scope.PROJECT:
         return project
     every = per_member(budget)
-    members = sorted(m for m in _members(budget) if m)
+    chosen = sorted(m for m in (members or _members(budget)) if m)
     if budget.scope == PeriodBudget.Scope.USER:
         if every:
-            return project & Q(user_id__in=members) if members else NOTHING
+            return project & Q(user_id__in=chosen) if chosen else NOTHING
         return project & Q(user_id=budget.scope_value) if budget.scope_value else NOTHING
     if budget.scope == PeriodBudget.Scope.TAG:
         key, _, value = budget.scope_value.partition("=")
         # a key transform built by name (a key may hold "__"), compared as text
         if every:
-            return project & Q(In(KeyTextTransform(key, "tags"), members)) if members else NOTHING
+            return project & Q(In(KeyTextTransform(key, "tags"), chosen)) if chosen else NOTHING
         return project & Q(Exact(KeyTextTransform(key, "tags"), value))
     return NOTHING  # api_key: the key is stopped, not a session (module docstring)
 

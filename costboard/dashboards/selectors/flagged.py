@@ -13,7 +13,7 @@ from django.db.models import Case, Count, DateTimeField, F, IntegerField, Q, Que
 from django.db.models.functions import Coalesce, Greatest
 
 from costboard.budgets.caps import Caps
-from costboard.budgets.holds import held, held_by
+from costboard.budgets.holds import held, held_by, held_since
 from costboard.models import PeriodBudget, Session
 
 FLAGGED = Q(state__in=[Session.State.WARNING, Session.State.EXHAUSTED]) | Q(
@@ -58,6 +58,13 @@ UNACKNOWLEDGED = (
     | Q(warned_at__gt=F("acknowledged_at"))
 )
 _NEVER = Value(datetime(1970, 1, 1, tzinfo=UTC), output_field=DateTimeField())
+
+
+def unacknowledged(stops: Sequence[PeriodBudget]) -> Q:
+    """UNACKNOWLEDGED, and a session a stop-budget began holding after it was acknowledged:
+    the hold is a flag of its own (docs/budgets.md, "Stopped by a budget"), which leaves no
+    time on the session."""
+    return UNACKNOWLEDGED | held_since(stops, "acknowledged_at") if stops else UNACKNOWLEDGED
 
 
 def _holding(stops: Sequence[PeriodBudget], sessions: Iterable[Session]) -> dict[int, int]:
@@ -105,7 +112,7 @@ def sessions_flagged_list(
     FLAG_KINDS. Each is annotated `held_by_budget`: the stop-budget holding it, or None."""
     sessions = _flagged_open(project_ids, stops)
     if not acknowledged:
-        sessions = sessions.filter(UNACKNOWLEDGED)
+        sessions = sessions.filter(unacknowledged(stops))
     kinds = flag_kinds(stops)
     if kind in kinds:
         sessions = sessions.filter(kinds[kind])
@@ -147,10 +154,11 @@ def sessions_flagged_counts(
 ) -> FlaggedCounts:
     """How many sessions the flagged page lists per kind, and how many are acknowledged (one
     query)."""
-    listed = Q() if acknowledged else UNACKNOWLEDGED
+    open_flags = unacknowledged(stops)
+    listed = Q() if acknowledged else open_flags
     counts = _flagged_open(project_ids, stops).aggregate(
         **{name: Count("pk", filter=kind & listed) for name, kind in flag_kinds(stops).items()},
-        acknowledged=Count("pk", filter=~UNACKNOWLEDGED),
+        acknowledged=Count("pk", filter=~open_flags),
     )
     return FlaggedCounts(**{name: value or 0 for name, value in counts.items()})
 

@@ -16,6 +16,7 @@ from django.test import Client
 from django.utils import timezone
 
 from costboard.budgets.engine import Flag
+from costboard.budgets.period_services import period_budget_create
 from costboard.budgets.services import session_flag_runaway
 from costboard.dashboards.selectors import flagged as selectors
 from costboard.models import BudgetEvent, Membership, Session, Turn
@@ -568,3 +569,31 @@ def test_the_session_page_shows_context_pressure(staff: Client, agent: Agent, pr
     html = staff.get(f"/sessions/{s0.pk}/").content.decode()
     assert 'data-summarize-turn="2"' in html
     assert "data-summarize>" not in html
+
+
+def test_a_stop_budget_holding_an_acknowledged_session_flags_it_again(
+    staff: Client, agent: Agent
+) -> None:
+    agent.events({"type": "session", "session_id": "near", "user_id": "u-a"})
+    capped(agent, "near", "warning")
+    near = session("near")
+    acknowledge(staff, near.pk)
+    assert listed(staff.get("/flagged/").content.decode()) == []
+    # then u-a's budget is exhausted by another of its sessions: "near" is held, a new flag
+    period_budget_create(
+        project=agent.project,
+        fields={"name": "u-a", "scope": "user", "scope_value": "u-a", "token_limit": 500,
+                "action": "stop"},
+    )  # fmt: skip
+    agent.events(
+        {"type": "session", "session_id": "other", "user_id": "u-a"},
+        {"session_id": "other", "step_type": "x", "model": "test-haiku", "input_tokens": 600},
+    )
+    held = staff.get("/flagged/").content.decode()
+    assert sorted(listed(held)) == ["near", "other"]
+    assert re.search(r'data-count="acknowledged">0<', held)
+    # acknowledged again, after the hold began: hidden, and counted so
+    acknowledge(staff, near.pk)
+    again = staff.get("/flagged/").content.decode()
+    assert listed(again) == ["other"]
+    assert re.search(r'data-count="acknowledged">1<', again)
