@@ -38,8 +38,8 @@ NOTHING = Q(pk__in=[])
 def stops_in_force(*, project_ids: Sequence[int], now: datetime) -> list[PeriodBudget]:
     """The projects' exhausted stop-budgets in their current periods (a rolling budget: its
     window at `now`, from its hours), by id (two queries, three with rolling budgets; one when
-    no budget stops). Each carries `exhausted_members`: the members whose ledgers are
-    exhausted ('' alone for a budget that is not per member)."""
+    no budget stops). Each carries `exhausted_since`: the members whose ledgers are
+    exhausted ('' alone for a budget that is not per member), each with when."""
     budgets = list(
         PeriodBudget.objects.filter(
             project_id__in=project_ids, action=PeriodBudget.Action.STOP
@@ -66,7 +66,6 @@ def stops_in_force(*, project_ids: Sequence[int], now: datetime) -> list[PeriodB
     found = []
     for budget in budgets:
         if budget.pk in exhausted:
-            budget.exhausted_members = frozenset(exhausted[budget.pk])  # type: ignore[attr-defined]
             budget.exhausted_since = exhausted[budget.pk]  # type: ignore[attr-defined]
             found.append(budget)
     return found
@@ -78,15 +77,20 @@ def held_since(stops: Sequence[PeriodBudget], moment: str) -> Q:
     one whose start is not kept (a rolling window's) counts as after it."""
     found = NOTHING
     for budget in stops:
-        since: dict[str, datetime | None] = getattr(budget, "exhausted_since", {"": None})
-        for member, at in since.items():
+        for member, at in _exhausted_since(budget).items():
             sessions = budget_sessions(budget, members=frozenset({member}))
             found |= sessions if at is None else sessions & Q(**{f"{moment}__lt": at})
     return found
 
 
+def _exhausted_since(budget: PeriodBudget) -> dict[str, datetime | None]:
+    """Its exhausted members ('' alone for a budget that is not per member), each with when
+    its ledger was exhausted (None: not kept, a rolling window's)."""
+    return getattr(budget, "exhausted_since", {"": None})
+
+
 def _members(budget: PeriodBudget) -> frozenset[str]:
-    return getattr(budget, "exhausted_members", frozenset({""}))
+    return frozenset(_exhausted_since(budget))
 
 
 def session_scope(session: Session) -> StepScope:
