@@ -20,7 +20,6 @@ from pydantic import (
     Field,
     StrictInt,
     ValidationError,
-    ValidationInfo,
     WithJsonSchema,
     field_validator,
 )
@@ -141,17 +140,6 @@ class BillingRowIn(BaseModel):
                 )
         return value
 
-    @field_validator("input_tokens", "output_tokens", mode="before")
-    @classmethod
-    def _token_cell(cls, value: Any, info: ValidationInfo) -> Any:
-        """A CSV cell `rows_from_csv` left as text: not ASCII digits, or too many of them
-        (a JSON string is refused by the type, as JSON sends numbers)."""
-        if isinstance(value, str) and value.strip() and (info.context or {}).get("csv"):
-            cell = value.strip()
-            shown = repr(cell) if len(cell) <= 24 else f"{cell[:20]!r}… ({len(cell)} characters)"
-            raise ValueError(f"{shown} is not a token count: {_TOKENS_FORM}")
-        return value
-
 
 class BillingRowsIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -191,14 +179,8 @@ def rows_from_json(
     """`{"rows": [...]}` as validated rows, or UploadError. `key_project`: the rows come with
     an API key, whose project is `default_project`: a row may name only that project (the key
     decides the project; a bill across projects is uploaded in the admin)."""
-    return _validated(payload, default_project, key_project=key_project, from_csv=False)
-
-
-def _validated(
-    payload: Any, default_project: Project | None, *, key_project: bool, from_csv: bool
-) -> list[UploadRow]:
     try:
-        parsed = BillingRowsIn.model_validate(payload, context={"csv": from_csv})
+        parsed = BillingRowsIn.model_validate(payload)
     except ValidationError as exc:
         raise UploadError(_errors(exc)) from None
     return _sums_checked(_resolved(parsed.rows, default_project, key_project=key_project))
@@ -261,7 +243,7 @@ def rows_from_csv(
             ]
         )
     records: list[dict[str, Any]] = []
-    faults: list[dict[str, Any]] = []  # NUL: PostgreSQL's text refuses it
+    faults: list[dict[str, Any]] = []  # NUL (PostgreSQL's text refuses it), token cells
     try:
         for number, cells in enumerate(reader):
             if not any(cell.strip() for cell in cells):
@@ -286,6 +268,10 @@ def rows_from_csv(
                 cell = str(record.get(name) or "").strip()
                 if _TOKEN_CELL.fullmatch(cell):
                     record[name] = int(cell)
+                elif cell:
+                    faults.append(
+                        {"index": len(records), "field": name, "message": _no_count(cell)}
+                    )
             records.append(record)
     except csv.Error as exc:
         raise UploadError(
@@ -295,7 +281,15 @@ def rows_from_csv(
         raise UploadError(faults)
     if not records:
         raise UploadError([{"index": None, "field": "rows", "message": "no rows under the header"}])
-    return _validated({"rows": records}, default_project, key_project=key_project, from_csv=True)
+    return rows_from_json(
+        {"rows": records}, default_project=default_project, key_project=key_project
+    )
+
+
+def _no_count(cell: str) -> str:
+    """Why a CSV token cell that is not ASCII digits (or is too many of them) is refused."""
+    shown = repr(cell) if len(cell) <= 24 else f"{cell[:20]!r}… ({len(cell)} characters)"
+    return f"{shown} is not a token count: {_TOKENS_FORM}"
 
 
 def _resolved(
