@@ -1,16 +1,18 @@
 """What any input may hold, wherever it comes in (the API, OTLP, the admin, the pages): text
-PostgreSQL can store (no NUL, no unpaired surrogate: `text_fault`) and the years a date may be
-in. Below every app's layer, so the services that check their own input (pricing's
-adjustments, billing's bills) share the checks ingest and the API make (docs/api.md,
-"Limits")."""
+PostgreSQL can store (no NUL, no unpaired surrogate: `text_fault`), a count written in digits
+(`digit_count`) and the years a date may be in. Below every app's layer, so the services that
+check their own input (pricing's adjustments, billing's bills) share the checks ingest and the
+API make (docs/api.md, "Limits")."""
 
 from __future__ import annotations
 
 import re
+from datetime import date
 
 # Years outside these are typing mistakes, and near Python's year 1 and 9999 the conversion
 # to UTC (or a period's end) would overflow.
 FIRST_YEAR, LAST_YEAR = 1970, 2999
+FIRST_DAY, LAST_DAY = date(FIRST_YEAR, 1, 1), date(LAST_YEAR, 12, 31)
 
 # after json.loads, valid surrogate pairs are one code point: any surrogate left is unpaired
 BAD_CHAR = re.compile("[\x00\ud800-\udfff]")
@@ -29,3 +31,15 @@ def bad_char_message(char: str) -> str:
         f"has an unpaired surrogate (\\u{ord(char):04x}): send valid UTF-8, or \\ud83d\\ude00 "
         "pairs in JSON escapes"
     )
+
+
+def digit_count(text: str, most: int) -> int | None:
+    """`text` as a whole number if it is digits 0-9 alone (leading zeros allowed) and at most
+    `most`; None otherwise. str.isdigit() alone takes '²' and Arabic-Indic digits, which int()
+    refuses or reads, and int() refuses thousands of digits: the digits and their count are
+    checked first."""
+    digits = text.lstrip("0") or "0"
+    if not (text.isascii() and text.isdigit()) or len(digits) > len(str(most)):
+        return None
+    number = int(digits)
+    return number if number <= most else None

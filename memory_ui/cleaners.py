@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 
-from costboard.input_limits import text_fault
+from costboard.input_limits import digit_count, text_fault
 from memory_ui.models import MAX_CONTENT, Memory
 
 DEFAULT_IMPORTANCE = Decimal("0.5")
@@ -144,21 +144,10 @@ def clean_query(value: object) -> str:
     return " ".join(clean_text("q", value).split())
 
 
-def whole_number(text: str, most: int) -> int | None:
-    """`text` as a whole number if it is digits 0-9 alone (leading zeros allowed) and at most
-    `most`; None otherwise. str.isdigit() alone takes '²' and Arabic-Indic digits, which int()
-    refuses, as it refuses thousands of digits: the digits and their count are checked first."""
-    digits = text.lstrip("0") or "0"
-    if not (text.isascii() and text.isdigit()) or len(digits) > len(str(most)):
-        return None
-    number = int(digits)
-    return number if number <= most else None
-
-
 def clean_k(value: object) -> int:
     if value is None or value == "":
         return DEFAULT_K
-    number = None if isinstance(value, bool) else whole_number(str(value).strip(), MAX_K)
+    number = None if isinstance(value, bool) else digit_count(str(value).strip(), MAX_K)
     if number is None or number < 1:
         shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
         raise MemoryInputError("k", f"must be a whole number from 1 to {MAX_K}; got {shown}")

@@ -10,6 +10,7 @@ from typing import Any
 
 from django import forms
 
+from costboard.input_limits import digit_count
 from memory_ui import cleaners
 from memory_ui.models import MAX_CONTENT, Memory
 
@@ -27,7 +28,7 @@ def _ttl(value: str) -> int | None:
     """The typed days as a number for the TTL's rule; text that is not one (a fraction, '²',
     thousands of digits) goes to the rule as it is, which refuses it in the rule's words."""
     text = value.strip()
-    days = cleaners.whole_number(text, cleaners.MAX_TTL_DAYS)
+    days = digit_count(text, cleaners.MAX_TTL_DAYS)
     return cleaners.clean_ttl_days(days if days is not None else text or None)
 
 

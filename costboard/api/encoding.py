@@ -21,6 +21,8 @@ from collections.abc import Mapping
 
 from django.http import HttpRequest
 
+from costboard.input_limits import digit_count
+
 HEADER = "Content-Encoding"
 GZIP = "gzip"
 # RFC 9110 §8.4.1.3: x-gzip is gzip; identity is no coding at all
@@ -109,8 +111,8 @@ def content_length(request: HttpRequest) -> int:
     raw = request.META.get("CONTENT_LENGTH") or ""
     if not raw:
         return 0
-    length = raw.strip(" \t")  # the optional whitespace around a header's value
-    if not (length.isascii() and length.isdigit() and len(length) <= MAX_LENGTH_DIGITS):
+    length = digit_count(raw.strip(" \t"), 10**MAX_LENGTH_DIGITS - 1)  # OWS around a value
+    if length is None:
         shown = repr(raw) if len(raw) <= 20 else repr(raw[:20]) + "..."
         raise BodyRefused(
             400,
@@ -118,7 +120,7 @@ def content_length(request: HttpRequest) -> int:
             f"is {shown}, not a size in bytes: send the body's length in bytes as digits "
             f"0-9 (at most {MAX_LENGTH_DIGITS}), e.g. Content-Length: 512",
         )
-    return int(length)
+    return length
 
 
 def decoded_body(request: HttpRequest, *, limit: int, what: str) -> bytes:

@@ -24,13 +24,12 @@ from pydantic import (
     field_validator,
 )
 
-from costboard.input_limits import text_fault
+from costboard.input_limits import FIRST_DAY, LAST_DAY, text_fault
 from costboard.models import Project
 
 MAX_ROWS = 10_000
 COLUMNS = ("date", "provider", "model", "project", "cost_usd", "input_tokens", "output_tokens")
 REQUIRED = ("date", "provider", "cost_usd")
-FIRST_DAY, LAST_DAY = date(1970, 1, 1), date(2999, 12, 31)
 _DAY = re.compile(r"\d{4}-\d{2}-\d{2}")
 _PROVIDER = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
 _MONEY = re.compile(r"[+-]?\d{1,12}(\.\d{1,12})?")

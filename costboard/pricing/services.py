@@ -20,7 +20,7 @@ from typing import Any
 from django.db import transaction
 from django.db.models import Q
 
-from costboard.input_limits import FIRST_YEAR, LAST_YEAR, text_fault
+from costboard.input_limits import FIRST_DAY, FIRST_YEAR, LAST_DAY, LAST_YEAR, text_fault
 from costboard.models import (
     STANDARD_TIER,
     TIER_WORD,
@@ -181,7 +181,6 @@ def prices_delete(*, prices: Iterable[ModelPrice]) -> int:
 MIN_PERCENT, MAX_PERCENT = Decimal(-100), Decimal(1000)
 MAX_PROVIDER = PriceAdjustment._meta.get_field("provider").max_length or 64
 MAX_FAMILY = PriceAdjustment._meta.get_field("family").max_length or 200
-FIRST_DAY, LAST_DAY = date(FIRST_YEAR, 1, 1), date(LAST_YEAR, 12, 31)  # the data's years
 
 
 def _scope(adjustment: PriceAdjustment) -> dict[str, Any]:

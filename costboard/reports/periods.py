@@ -15,6 +15,7 @@ from datetime import UTC, date, datetime, time, timedelta
 from zoneinfo import ZoneInfo
 
 from costboard.budgets.periods import zone
+from costboard.input_limits import FIRST_YEAR, LAST_YEAR
 from costboard.models import PeriodBudget, Project, SpendReportDelivery
 
 WEEK, MONTH = SpendReportDelivery.Period.WEEK.value, SpendReportDelivery.Period.MONTH.value
@@ -22,7 +23,7 @@ KINDS = (WEEK, MONTH)
 _WEEK_LABEL = re.compile(r"([0-9]{4})-W([0-9]{2})")
 _MONTH_LABEL = re.compile(r"([0-9]{4})-([0-9]{2})")
 # the years a period may be in: those every date of the API and the pages may be in
-YEARS = range(1970, 3000)
+YEARS = range(FIRST_YEAR, LAST_YEAR + 1)
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,6 +24,7 @@ from pydantic import ValidationError
 
 from costboard.ingest.json_body import bad_text
 from costboard.ingest.schemas import MAX_TOKENS, StepEvent
+from costboard.input_limits import digit_count
 from costboard.models import TOOL_MODEL, TOOL_STEP_TYPE
 
 # A span without a model (a tool call, a retrieval) is a tool step: stored under this model
@@ -322,16 +323,6 @@ def _text(attrs: dict[str, Any], keys: tuple[str, ...]) -> str | None:
     return None
 
 
-def _digit_count(text: str) -> int | None:
-    """`text` as a count if it is ASCII digits 0-9 not past MAX_TOKENS' width; None otherwise.
-    str.isdigit() alone takes '²' and Arabic-Indic digits, and int() refuses both (and any
-    number of thousands of digits), so the digits and their length are checked first."""
-    digits = text.lstrip("0") or "0"
-    if not (text.isascii() and text.isdigit()) or len(digits) > len(str(MAX_TOKENS)):
-        return None
-    return int(digits)
-
-
 def _tokens(attrs: dict[str, Any], keys: tuple[str, ...]) -> int | None:
     """The first of `keys` present, as a token count (ints; whole doubles or digit strings,
     as some exporters send them); _SpanError for anything else."""
@@ -347,7 +338,7 @@ def _tokens(attrs: dict[str, Any], keys: tuple[str, ...]) -> int | None:
         elif isinstance(value, float) and value.is_integer():
             count = int(value)
         elif isinstance(value, str):
-            count = _digit_count(value.strip())
+            count = digit_count(value.strip(), MAX_TOKENS)
         if count is None or not 0 <= count <= MAX_TOKENS:
             shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
             raise _SpanError(
