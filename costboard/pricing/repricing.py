@@ -2,11 +2,14 @@
 
 Each affected step is priced again with the current rate table; what changed is written to
 the step and the difference (never a recount) is added to its turn, session, the session's
-per-model usage and the daily rollups (by model, by user, by tag), so rollups stay equal to
-the sum of their steps even where old steps were deleted by retention. A step whose model
-family changes with its price row is moved, whole, from its old family's rollup rows to its
-new family's. Steps are locked while repriced, so two repricings never apply one change twice.
-Lock order matches ingest (sessions, then turns, then rollups) so the two cannot deadlock.
+per-model usage, the daily rollups (by model, by user, by tag) and the period budgets that
+counted it (costboard/budgets/repriced.py), so rollups stay equal to the sum of their steps
+even where old steps were deleted by retention. A step whose model family changes with its
+price row is moved, whole, from its old family's rollup rows to its new family's. Steps are
+locked while repriced, so two repricings never apply one change twice. Lock order matches
+ingest (sessions, then the period budgets' ledgers, then rollups; a session's turns are
+under its lock) so the two cannot deadlock. The sessions and the budgets are decided again
+once every chunk is written.
 """
 
 from __future__ import annotations
@@ -23,6 +26,11 @@ from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from costboard.budgets.repriced import (
+    StepRepriced,
+    period_ledgers_reprice,
+    repriced_budgets_decide,
+)
 from costboard.budgets.services import session_recheck
 from costboard.models import (
     DailyRollup,
@@ -114,6 +122,7 @@ class RepriceResult:
     steps_changed: int = 0
     cost_delta: Decimal = ZERO
     sessions: set[int] = field(default_factory=set)
+    budgets: set[int] = field(default_factory=set)  # period budgets whose spend changed
 
 
 def steps_reprice(
@@ -149,6 +158,7 @@ def steps_reprice(
     now = timezone.now()
     for session_id in sorted(result.sessions):
         session_recheck(session_id=session_id, at=now)
+    repriced_budgets_decide(result.budgets, now=now)
     return result
 
 
@@ -217,6 +227,7 @@ def _reprice_chunk(steps: list[Step], table: Any, result: RepriceResult) -> None
     )
     changed: list[Step] = []
     moved: set[int] = set()  # sessions with a step moved to another family
+    spends: list[StepRepriced] = []  # what the period budgets that counted them get
     for step in steps:
         result.steps_seen += 1
         # ingest's rule (a tool step priced before it is set back to $0)
@@ -258,7 +269,11 @@ def _reprice_chunk(steps: list[Step], table: Any, result: RepriceResult) -> None
         _add(rollups[old_key], _rollup_share(step, before, unpriced_before), -1)
         _add(rollups[new_key], _rollup_share(step, after, unpriced_after))
         differences = [new - old for old, new in zip(before, after, strict=True)]
-        _add(by_user[(step.project_id, day, users.get(step.session_id) or "")], differences)
+        user_id = users.get(step.session_id) or ""
+        spends.append(
+            StepRepriced(step.project_id, step.timestamp, user_id, step.tags, differences[-1])
+        )
+        _add(by_user[(step.project_id, day, user_id)], differences)
         for key, value in (step.tags or {}).items():
             _add(by_tag[(step.project_id, day, key, value)], differences)
         _add(
@@ -286,6 +301,9 @@ def _reprice_chunk(steps: list[Step], table: Any, result: RepriceResult) -> None
     for session_id in list(locked):
         if updates := sessions[session_id].updates():
             Session.objects.filter(pk=session_id).update(**updates)
+    # the period budgets' ledgers next, as ingest locks them: after the sessions, before the
+    # rollups (decided again once every chunk is written: repriced_budgets_decide)
+    result.budgets |= period_ledgers_reprice(spends)
     _counters_add(
         SessionModelUsage,
         ("session_id", "family", "model", "project_id"),
