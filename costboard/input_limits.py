@@ -1,8 +1,8 @@
 """What any input may hold, wherever it comes in (the API, OTLP, the admin, the pages): text
 PostgreSQL can store (no NUL, no unpaired surrogate: `text_fault`), a count written in digits
-(`digit_count`) and the years a date may be in. Below every app's layer, so the services that
-check their own input (pricing's adjustments, billing's bills) share the checks ingest and the
-API make (docs/api.md, "Limits")."""
+(`digit_count`), an amount written in digits (`amount_fault`) and the years a date may be in.
+Below every app's layer, so the services that check their own input (pricing's adjustments,
+billing's bills) share the checks ingest and the API make (docs/api.md, "Limits")."""
 
 from __future__ import annotations
 
@@ -43,3 +43,17 @@ def digit_count(text: str, most: int) -> int | None:
         return None
     number = int(digits)
     return number if number <= most else None
+
+
+def amount_fault(text: str, *, example: str = "12.50") -> str | None:
+    """What is wrong with `text` as a decimal amount (USD, a percentage, a rate) for its digits,
+    or None. Decimal() reads any Unicode decimal digit as its value ("１２" fullwidth and
+    "١٢" Arabic-Indic are 12), and pydantic's and Django's decimal fields call it: an amount
+    of ours is written in the digits 0-9. Whatever else `text` holds is the parser's to judge."""
+    found = next((char for char in text if char.isdecimal() and not char.isascii()), None)
+    if found is None:
+        return None
+    return (
+        f"has a digit that is not 0-9 ({found!r}, U+{ord(found):04X}): write the amount in "
+        f"ASCII digits, e.g. {example}"
+    )

@@ -20,6 +20,7 @@ from costboard.budgets.period_services import FIELDS as BUDGET_FIELDS
 from costboard.budgets.period_services import BudgetFields, BudgetInputError, budget_check
 from costboard.ingest.json_body import bad_text
 from costboard.ingest.schemas import MAX_TOKENS, validation_errors
+from costboard.input_limits import amount_fault
 from costboard.models import (
     ALERT_KINDS,
     STANDARD_TIER,
@@ -47,7 +48,13 @@ MAX_RATE = Decimal(10**10)  # the rate columns' 20 digits, 10 after the point
 
 class PlainDecimalField(forms.DecimalField):
     """A decimal as written, not as stored: 5, 0.3, 0 (the columns' 10 places read
-    "5.0000000000" and "0E-10")."""
+    "5.0000000000" and "0E-10"); typed in the digits 0-9 (Decimal() reads "１２" as 12)."""
+
+    def clean(self, value: Any) -> Any:
+        fault = amount_fault(value) if isinstance(value, str) else None
+        if fault is not None:
+            raise forms.ValidationError(f"“{value.strip()[:40]}” {fault}", code="invalid")
+        return super().clean(value)
 
     def prepare_value(self, value: Any) -> Any:
         if isinstance(value, Decimal):
@@ -99,6 +106,9 @@ def _tier_rate_fault(value: Any) -> str | None:
         return None
     if isinstance(value, bool) or not isinstance(value, str | int | float):
         return 'must be a rate in USD per million tokens, e.g. "6"'
+    fault = amount_fault(value, example='"6"') if isinstance(value, str) else None
+    if fault is not None:
+        return fault
     try:
         rate = Decimal(str(value).strip())
     except ArithmeticError:
@@ -336,6 +346,10 @@ class PeriodBudgetForm(forms.ModelForm[PeriodBudget]):
     def clean_warn_at(self) -> list[str] | None:
         text = str(self.cleaned_data.get("warn_at") or "")
         fractions = [part.strip() for part in text.replace(";", ",").split(",") if part.strip()]
+        for fraction in fractions:
+            fault = amount_fault(fraction, example="0.8")  # Decimal() reads "０.８" as 0.8
+            if fault is not None:
+                raise forms.ValidationError(f"“{fraction[:20]}” {fault}")
         return fractions or None  # blank: the default, [0.8]
 
     def clean(self) -> dict[str, Any]:

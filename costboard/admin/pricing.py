@@ -126,6 +126,7 @@ class PriceAdjustmentAdmin(admin.ModelAdmin[PriceAdjustment]):
     per model family and project; the most specific in effect wins."""
 
     form = PriceAdjustmentForm
+    formfield_overrides = DECIMAL_OVERRIDES  # the percent as written, in the digits 0-9
     list_display = ("provider", "family_shown", "project", "percent", "effective_from", "note")
     list_filter = ("provider", "project")
     search_fields = ("provider", "family", "note")

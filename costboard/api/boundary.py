@@ -432,8 +432,30 @@ def parse(model: type[Model], data: Any) -> Model:
 
 
 def parse_query(request: HttpRequest, model: type[Model]) -> Model:
-    """The query string as `model`, or a 422 naming each parameter at fault."""
+    """The query string as `model`, or a 422 naming each parameter at fault: a parameter of
+    the model given more than once too (`QueryDict.dict()` keeps the last value and drops
+    the others unsaid; none of the API's parameters is a list)."""
+    repeated = repeated_parameters(request, model)
+    if repeated:
+        raise ApiError.of(422, repeated)
     return parse(model, request.GET.dict())
+
+
+def repeated_parameters(request: HttpRequest, model: type[BaseModel]) -> list[dict[str, Any]]:
+    """An error item for each of `model`'s parameters the query string gives more than once;
+    a parameter the model does not name is the model's to refuse or ignore."""
+    fields = {info.alias or name: info for name, info in model.model_fields.items()}
+    errors = []
+    for name, values in request.GET.lists():
+        if len(values) < 2 or name not in fields:
+            continue
+        given = ", ".join(repr(value[:40]) for value in values[:5])
+        message = f"given {len(values)} times ({given}{', …' if len(values) > 5 else ''}): "
+        message += f"give `{name}` once"
+        if "comma-separated" in (fields[name].description or ""):  # group_by
+            message += ", its values comma-separated in it"
+        errors.append({"index": None, "field": name, "message": message})
+    return errors
 
 
 def path_text(name: str, value: str) -> str:

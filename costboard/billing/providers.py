@@ -26,6 +26,8 @@ from typing import Any
 
 from django.conf import settings
 
+from costboard.input_limits import amount_fault
+
 Sleep = Callable[[float], None]
 
 OPENAI, ANTHROPIC = "openai", "anthropic"
@@ -141,6 +143,9 @@ class Fields:
         value = self.get(key)
         if isinstance(value, bool) or not isinstance(value, int | Decimal | str):
             raise self._refuse(key, f"must be a number, not {value!r}"[:200])
+        fault = amount_fault(value) if isinstance(value, str) else None
+        if fault is not None:  # Decimal() would read "１２" as 12
+            raise self._refuse(key, fault)
         try:
             number = Decimal(value.strip()) if isinstance(value, str) else Decimal(value)
         except InvalidOperation:

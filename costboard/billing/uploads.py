@@ -24,7 +24,7 @@ from pydantic import (
     field_validator,
 )
 
-from costboard.input_limits import FIRST_DAY, LAST_DAY, text_fault
+from costboard.input_limits import FIRST_DAY, LAST_DAY, amount_fault, text_fault
 from costboard.models import Project
 
 MAX_ROWS = 10_000
@@ -32,7 +32,7 @@ COLUMNS = ("date", "provider", "model", "project", "cost_usd", "input_tokens", "
 REQUIRED = ("date", "provider", "cost_usd")
 _DAY = re.compile(r"\d{4}-\d{2}-\d{2}")
 _PROVIDER = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
-_MONEY = re.compile(r"[+-]?\d{1,12}(\.\d{1,12})?")
+_MONEY = re.compile(r"[+-]?[0-9]{1,12}(\.[0-9]{1,12})?")  # \d would take "١٢"
 # a CSV token cell read as a number: ASCII digits only (str.isdigit and \d take '²' and '١٢',
 # which int() refuses or reads), and few enough for int() (past 10^15 the model refuses it)
 _TOKEN_CELL = re.compile(r"[0-9]{1,20}")
@@ -71,6 +71,9 @@ def _money(value: Any) -> Decimal:
     if isinstance(value, bool) or not isinstance(value, str | int | Decimal | float):
         raise ValueError('must be a USD amount such as "12.34"')
     text = format(value, "f") if isinstance(value, Decimal) else str(value).strip()
+    fault = amount_fault(text)
+    if fault is not None:
+        raise ValueError(fault)
     if not _MONEY.fullmatch(text):
         raise ValueError(
             f"{text[:40]!r} is not a USD amount: write digits with at most 12 decimals, "

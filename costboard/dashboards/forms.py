@@ -10,9 +10,20 @@ from django import forms
 
 from costboard.budgets.caps import Caps
 from costboard.dashboards.selectors.flagged import session_cap_reasons, session_cap_uses
+from costboard.input_limits import amount_fault
 from costboard.models import Session
 
 MAX_TOKEN_CAP = 2**63 - 1  # a bigint
+
+
+class UsdCapField(forms.DecimalField):
+    """Dollars typed in the digits 0-9: Decimal() would read "１２" as 12."""
+
+    def clean(self, value: Any) -> Any:
+        fault = amount_fault(value, example="10.00") if isinstance(value, str) else None
+        if fault is not None:
+            raise forms.ValidationError(f"USD cap: {fault}.", code="invalid")
+        return super().clean(value)
 
 
 class RaiseCapForm(forms.Form):
@@ -28,7 +39,7 @@ class RaiseCapForm(forms.Form):
             "max_value": "Token cap: too large.",
         },
     )
-    cost_cap_usd = forms.DecimalField(
+    cost_cap_usd = UsdCapField(
         required=False,
         max_digits=14,
         decimal_places=4,

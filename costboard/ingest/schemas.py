@@ -33,7 +33,7 @@ from pydantic import (
 
 from costboard.ingest.json_body import MAX_DEPTH, bad_text, json_loads, may_hold_bad_text, too_deep
 from costboard.ingest.normalize import Tokens, UsageError, normalize_usage
-from costboard.input_limits import FIRST_YEAR, LAST_YEAR
+from costboard.input_limits import FIRST_YEAR, LAST_YEAR, amount_fault
 from costboard.models import MAX_TIER_LENGTH, TIER_PATTERN
 
 MAX_EVENTS = 1000
@@ -188,6 +188,9 @@ class SessionEvent(_Event):
             raise ValueError('must be a decimal amount in USD, e.g. "5.00"')
         if isinstance(value, int | float):
             return Decimal(str(value))
+        fault = amount_fault(value) if isinstance(value, str) else None
+        if fault is not None:  # Decimal() would read "１２" as 12
+            raise ValueError(fault)
         return value
 
 

@@ -84,7 +84,8 @@ class SessionFilters:
     state: str = ""
     model: str = ""  # a family (or an exact name: links from before families still work)
     exact: str = ""  # an exact model name
-    user: str = ""
+    user: str = ""  # the start of a user_id: the list's search box
+    user_id: str = ""  # one user_id exactly: the links to a user's sessions (/users/)
     tag: str = ""  # key=value: sessions with that tag
     q: str = ""
     since: date | None = None
@@ -104,6 +105,7 @@ class SessionFilters:
                 self.model,
                 self.exact,
                 self.user,
+                self.user_id,
                 self.tag,
                 self.q,
                 self.since,
@@ -137,6 +139,8 @@ def sessions_filtered(
         sessions = sessions.filter(pk__in=usage.values("session_id"))
     if filters.user:  # a prefix: "acme-" finds acme-1, acme-2…
         sessions = sessions.filter(user_id__startswith=filters.user)
+    if filters.user_id:  # exactly: bob's sessions, not bobby's
+        sessions = sessions.filter(user_id=filters.user_id)
     if filters.tag:
         key, _, value = filters.tag.partition("=")
         # a key transform built by name (not a lookup path: a key may hold "__"), compared as

@@ -29,6 +29,7 @@ from costboard.dashboards import charts
 from costboard.dashboards.params import Checks
 from costboard.dashboards.scope import scope_for
 from costboard.dashboards.views.shared import figures, period_start, read_period
+from costboard.input_limits import amount_fault
 from costboard.pricing.services import PriceError, adjustment_set
 from costboard.replicas import replica_reads
 
@@ -155,6 +156,9 @@ def reconciliation_adjust(request: HttpRequest) -> HttpResponse:
     form = request.POST
     project = next((p for p in scope.projects if p.slug == form.get("adjust_project")), None)
     error = ""
+    digits = amount_fault(form.get("percent", ""), example="-12")
+    if digits is not None:  # Decimal() would read "１２" as 12
+        return _page(request, apply_error=f"percent: {digits}", status=422)
     try:
         percent = Decimal(form.get("percent", ""))
         since = date.fromisoformat(form.get("since", ""))

@@ -57,6 +57,7 @@ def _session_filters(
         model=model,
         exact=exact,
         user=checks.get("user").strip(),
+        user_id=checks.get("user_id"),  # as stored: exact, not trimmed
         tag=checks.tag("tag"),
         q=checks.get("q").strip(),
         since=since,

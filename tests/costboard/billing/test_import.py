@@ -427,6 +427,11 @@ def test_a_failure_keeps_the_days_before_it_and_stores_nothing_after(
          b'"has_more": false, "next_page": null}', "data[0].results[0].uncached_input_tokens",
          "missing"),
         ("anthropic", ANTHROPIC_PATHS["costs"], b'{"has_more": false}', "data", "missing"),
+        # Decimal() would read fullwidth digits as 12: an amount is written in 0-9
+        ("anthropic", ANTHROPIC_PATHS["costs"],
+         '{"data": [{"starting_at": "2026-11-01T00:00:00Z", "results": [{"amount": "１２", '
+         '"currency": "USD"}]}], "has_more": false}'.encode(), "data[0].results[0].amount",
+         "has a digit that is not 0-9"),
     ],
 )  # fmt: skip
 def test_a_garbage_answer_is_refused_naming_provider_and_field(

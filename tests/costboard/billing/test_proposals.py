@@ -334,6 +334,20 @@ def test_the_post_needs_a_csrf_token_and_a_valid_percent(acme: Agent, staff: Cli
     assert PriceAdjustment.objects.count() == 0
 
 
+@pytest.mark.parametrize("percent", ["-１２", "-١٢"])
+def test_a_percent_in_digits_other_than_0_9_is_refused(
+    acme: Agent, staff: Client, percent: str
+) -> None:
+    """Decimal() reads "-１２" (fullwidth) and "-١٢" (Arabic-Indic) as -12: refused instead."""
+    [proposal] = page(staff).context["proposals"]
+    refused = apply(staff, proposal, percent=percent)
+    assert refused.status_code == 422
+    html = refused.content.decode()
+    assert "percent: has a digit that is not 0-9" in html
+    assert "write the amount in ASCII digits, e.g. -12" in html
+    assert PriceAdjustment.objects.count() == 0
+
+
 @pytest.mark.parametrize(
     ("change", "says"),
     [

@@ -270,6 +270,9 @@ def test_raising_a_cap_recomputes_the_state_and_records_the_change(
         ({"cost_cap_usd": "-1"}, "cost_cap_usd", "USD cap: must be more than $0."),
         ({"cost_cap_usd": "5.00"}, "cost_cap_usd", "USD cap: must be higher than the current"),
         ({"cost_cap_usd": "9.123456"}, "cost_cap_usd", "USD cap: at most 4 decimal places."),
+        # Decimal() reads fullwidth and Arabic-Indic digits as 12: refused, as typed
+        ({"cost_cap_usd": "１２"}, "cost_cap_usd", "USD cap: has a digit that is not 0-9"),
+        ({"cost_cap_usd": "$١٢.٥٠"}, "cost_cap_usd", "USD cap: has a digit that is not 0-9"),
         ({"token_cap": "", "cost_cap_usd": ""}, "__all__", "Give a new token cap, a new USD"),
         ({"token_cap": "5000", "cost_cap_usd": "1"}, "cost_cap_usd", "USD cap: must be higher"),
     ],

@@ -3,10 +3,14 @@ sortable; each user linked to their sessions; login required; a bounded number o
 
 from __future__ import annotations
 
+import csv
+import io
 import re
 from datetime import timedelta
 from decimal import Decimal
+from html import escape, unescape
 from typing import Any
+from urllib.parse import parse_qs, quote_plus
 
 import pytest
 from django.test import Client
@@ -14,7 +18,7 @@ from django.utils import timezone
 
 from costboard.models import Step
 from costboard.templatetags.costboard_tags import usd
-from tests.conftest import Agent, add_price
+from tests.conftest import Agent, add_price, streamed
 
 pytestmark = pytest.mark.django_db
 
@@ -60,8 +64,9 @@ def test_the_page_shows_each_users_spend_equal_to_their_steps(staff: Client, age
         # to the user's sessions in the page's period
         today = timezone.now().date()
         since = today - timedelta(days=29)
-        assert f'href="/sessions/?user={user}&amp;since={since}&amp;until={today}"' in row
-        listed = staff.get(f"/sessions/?user={user}&since={since}&until={today}").content.decode()
+        assert f'href="/sessions/?user_id={user}&amp;since={since}&amp;until={today}"' in row
+        query = f"user_id={user}&since={since}&until={today}"
+        listed = staff.get(f"/sessions/?{query}").content.decode()
         sessions = int(user.removeprefix("user-")) + 1
         assert f'data-total="{sessions}"' in listed
     assert "no user_id" in html
@@ -69,6 +74,52 @@ def test_the_page_shows_each_users_spend_equal_to_their_steps(staff: Client, age
     assert rows(by_user) == ["", "user-0", "user-1", "user-2"]
     by_sessions = staff.get("/users/?sort=-sessions").content.decode()
     assert rows(by_sessions)[0] == "user-2"  # three sessions
+
+
+def user_link(html: str, user: str) -> str:
+    """The href of `user`'s link on /users/, unescaped."""
+    row = html[html.index(f'<tr data-user="{escape(user)}">') :]
+    found = re.search(r'<a href="([^"]+)">', row[: row.index("</tr>")])
+    assert found is not None, row
+    return unescape(found[1])
+
+
+@pytest.mark.parametrize(
+    "user", ["bob", "a+b@x.com", "auth0|123", "team/alice", "ann smith", "x&y=z#1", "名前"]
+)
+def test_a_users_link_lists_that_users_sessions_alone(
+    staff: Client, agent: Agent, user: str
+) -> None:
+    """The link is an exact match on user_id, the id URL-encoded: bob's lists none of bobby's
+    (the list's User box is a search by the start of an id; the link is not a search)."""
+    add_price("test-sonnet")
+    others = [user + "by", user + "2", user[:-1]]  # ids that start alike, or it starts them
+    events: list[dict[str, Any]] = []
+    for n, owner in enumerate([user, user, *others]):
+        events += [
+            {"type": "session", "session_id": f"s{n}", "user_id": owner},
+            {"session_id": f"s{n}", "step_type": "x", "model": "test-sonnet", "input_tokens": 9},
+        ]
+    agent.events(*events)
+    link = user_link(staff.get("/users/").content.decode(), user)
+    listed = staff.get(link)
+    assert listed.status_code == 200
+    html = listed.content.decode()
+    assert sorted(re.findall(r'<tr data-session="([^"]+)"', html)) == ["s0", "s1"]
+    assert 'data-total="2"' in html
+    path, _, query = link.partition("?")
+    assert path == "/sessions/"
+    assert parse_qs(query)["user_id"] == [user]  # decoded, it is the id whole
+    assert f"user_id={quote_plus(user, safe='')}&" in link  # encoded: + @ | / & = # % …
+    assert f"<code>{escape(user)}</code>" in html  # the filter shown, with a way to drop it
+    # the search box still finds every id that starts so
+    search = staff.get("/sessions/", {"user": user}).content.decode()
+    assert 'data-total="4"' in search
+    # and the CSV of the linked list has the same two rows
+    export = staff.get(link.replace("/sessions/", "/sessions/export.csv", 1))
+    assert export.status_code == 200
+    exported = csv.DictReader(io.StringIO(streamed(export).decode()))
+    assert sorted(row["session_id"] for row in exported) == ["s0", "s1"]
 
 
 def test_it_needs_a_login_and_keeps_to_the_project(client: Client, agent: Agent) -> None:
@@ -114,9 +165,6 @@ def test_its_queries_do_not_grow_with_the_users(
 def test_the_users_csv_is_the_page_in_rows_with_formulas_quoted(
     staff: Client, agent: Agent
 ) -> None:
-    import csv
-    import io
-
     add_price("test-sonnet")
     traffic(agent, users=2)
     agent.events(
