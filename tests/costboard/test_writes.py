@@ -49,6 +49,7 @@ WRITERS = frozenset(
         "budgets/period_services",
         "budgets/period_ledgers",
         "budgets/windows",
+        "budgets/repriced",
         "budgets/alerts",
         "budgets/anomalies",
         "billing/services",
