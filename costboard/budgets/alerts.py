@@ -25,7 +25,8 @@ Flow
    with no attempt in flight, so two dispatchers never send it at once), makes one attempt
    and records it in the delivery log; a retryable failure is tried again by the outbox.
 4. A PagerDuty incident is over when the budget's period ended or its ledger is no longer
-   exhausted, or the session is no longer exhausted or was acknowledged since: the sweep
+   exhausted (a rolling budget's: its window now, summed from its hours, under its limits),
+   or the session is no longer exhausted or was acknowledged since: the sweep
    (every minute), a budget's update and an acknowledgement call `incidents_resolve`, which
    makes one `resolve` delivery per trigger (the same constraint) and queues it. A resolve
    whose trigger is still pending waits for it (queued again a retry later), so PagerDuty
@@ -71,11 +72,13 @@ from costboard.budgets.alert_senders import (
     channel_send,
     describe,
 )
+from costboard.budgets.periods import PeriodLimits, window_totals
 from costboard.models import (
     AlertDelivery,
     BillingDrift,
     BudgetEvent,
     OutboxItem,
+    PeriodBudget,
     Project,
     SpendAnomaly,
     WebhookEndpoint,
@@ -300,7 +303,8 @@ def _open_triggers() -> QuerySet[AlertDelivery]:
 
 def _over(now: datetime) -> Q:
     """What paged is over: its budget's period ended or its ledger is no longer exhausted
-    (a limit raised); its session no longer exhausted or acknowledged since."""
+    (a limit raised); its session no longer exhausted or acknowledged since. (A rolling
+    budget's ledger still stored exhausted is judged by its window now: `_windows_under`.)"""
     ledger = Q(budget_event__ledger__isnull=False) & (
         Q(budget_event__ledger__period_end__lte=now)
         | ~Q(budget_event__ledger__state=BudgetEvent.Kind.EXHAUSTED)
@@ -312,6 +316,29 @@ def _over(now: datetime) -> Q:
     return ledger | session
 
 
+def _windows_under(triggers: QuerySet[AlertDelivery], now: datetime) -> list[int]:
+    """The triggers (of `triggers`) of rolling budgets' ledgers still stored exhausted whose
+    window at `now` is under the limits: a ledger keeps the window's totals at its last batch,
+    so with no batch since, the spend that left the window is still in them. Each window is
+    summed from its hours as every read of it is (`window_totals`: the budget page, the API,
+    the stops), in one query."""
+    rows = list(
+        triggers.filter(
+            budget_event__ledger__budget__period=PeriodBudget.Period.ROLLING,
+            budget_event__ledger__state=BudgetEvent.Kind.EXHAUSTED,
+        ).values_list("pk", "budget_event__ledger__budget_id", "budget_event__ledger__member")
+    )
+    if not rows:
+        return []
+    budgets = PeriodBudget.objects.in_bulk({budget_id for _, budget_id, _ in rows})
+    sums = window_totals({(budgets[pk], member) for _, pk, member in rows}, now)
+    return [
+        trigger
+        for trigger, pk, member in rows
+        if not PeriodLimits.of(budgets[pk]).exhausted(*sums[(pk, member)])
+    ]
+
+
 def incidents_resolve(
     *, now: datetime, budget_id: int | None = None, session_id: int | None = None
 ) -> int:
@@ -319,12 +346,18 @@ def incidents_resolve(
     budget or session or of all: once per trigger, whatever races (the unique constraint
     `delivery_once` holds the resolve like the trigger). A resolve is a delivery as any
     other, retried alike, and sent after its trigger. Called by the sweep (a period rolled
-    over), a budget's update (a limit raised) and an acknowledgement; returns how many."""
-    triggers = _open_triggers().filter(_over(now))
+    over, a rolling window moved past the spend), a budget's update (a limit raised) and an
+    acknowledgement; returns how many."""
+    triggers = _open_triggers()
     if budget_id is not None:
         triggers = triggers.filter(budget_event__ledger__budget_id=budget_id)
     if session_id is not None:
         triggers = triggers.filter(budget_event__session_id=session_id)
+    over = _over(now)
+    under = _windows_under(triggers, now) if session_id is None else []
+    if under:
+        over |= Q(pk__in=under)
+    triggers = triggers.filter(over)
     found = list(triggers.order_by("pk").values_list("project_id", "budget_event_id", "target"))
     if not found:
         return 0

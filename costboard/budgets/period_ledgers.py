@@ -37,6 +37,7 @@ from django.db.models import Q
 from costboard.budgets.alerts import announce
 from costboard.budgets.engine import (
     EXHAUSTED,
+    SOFT_WARNED,
     THRESHOLD,
     Crossing,
     Ledger,
@@ -247,7 +248,7 @@ def period_budgets_apply(
         else:
             before = replace(Ledger.of(row), tokens_used=totals[0], cost_usd=totals[1])
         decided = budget_decide(
-            ledger=before,
+            ledger=_warned_at_first(before, limits),
             limits=limits,
             at=now,
             spends=spends,  # read only to time a crossing
@@ -271,6 +272,18 @@ def period_budgets_apply(
 
 
 _STATE_FIELDS = ["state", "warned_at", "exhausted_at", "threshold_crossed", "episode"]
+
+
+def _warned_at_first(ledger: Ledger, limits: PeriodLimits) -> Ledger:
+    """The ledger's warning as its budget's first warn fraction now has it. A ledger warned
+    under a lower first fraction — the highest it crossed (`threshold_crossed`) is below the
+    first now: the first was moved up since — has not been warned at this one, so the engine
+    decides it unwarned: past the new first fraction, that crossing is recorded (a
+    `soft_warned` of its own, alerted once: `_crossings_recorded`) and `warned_at` is its."""
+    crossed = ledger.threshold_crossed
+    if ledger.warned_at is not None and crossed is not None and crossed < limits.warn_at:
+        return replace(ledger, warned_at=None)
+    return ledger
 
 
 def _ledger_totals_set(row: PeriodLedger, decided: Outcome) -> None:
@@ -392,16 +405,34 @@ def _crossings_recorded(
 ) -> list[BudgetEvent]:
     """The crossings as BudgetEvents of the ledger (a per-member budget's: of its member, named
     in the detail), each kind (each warn fraction's `threshold`) once per period, and per
-    episode for a rolling budget: one already
-    recorded (crossed before a limit was raised, then crossed again) is not recorded twice.
-    Returns those recorded now (to announce), but the first warn fraction's `threshold`:
-    its crossing is announced as its `soft_warned` (docs/budgets.md, "Thresholds"), and a
-    fraction of 1, whose crossing is the exhaustion's, announced as that."""
+    episode for a rolling budget: one already recorded (crossed before a limit was raised,
+    then crossed again) is not recorded twice. Returns those recorded now (to announce), but
+    the first warn fraction's `threshold`: its crossing is announced as its `soft_warned`
+    (docs/budgets.md, "Thresholds"), and a fraction of 1, whose crossing is the exhaustion's,
+    announced as that.
+
+    A `soft_warned` is the first fraction's, once per fraction (its `threshold` the fraction):
+    a budget whose first fraction was moved up (0.5 to 0.8) warns again when the new one is
+    crossed. It is recorded only for a fraction not crossed yet in the period (or episode):
+    one whose `threshold` event exists was alerted when crossed, first fraction then or not,
+    and is not alerted again when an edit makes it the first. The caller holds the ledger's
+    row lock, so the check and the record are one decision; the unique constraint holds the
+    record besides."""
+    first = budget.thresholds[0]
+    warned_before = any(c.kind == SOFT_WARNED for c in crossings) and (
+        BudgetEvent.objects.filter(
+            ledger=ledger, kind=THRESHOLD, threshold=first, episode=ledger.episode
+        ).exists()
+    )
     recorded = []
     for crossing in crossings:
         threshold = Decimal(0)
         if crossing.kind == THRESHOLD and crossing.detail is not None:
             threshold = Decimal(str(crossing.detail["threshold"]))
+        elif crossing.kind == SOFT_WARNED:
+            if warned_before:
+                continue
+            threshold = first
         event, created = BudgetEvent.objects.get_or_create(
             ledger=ledger,
             kind=crossing.kind,
@@ -431,9 +462,7 @@ def _crossings_recorded(
         )
         # the first fraction's crossing is announced once, as its soft_warned; a fraction of
         # 1 (or more) is crossed where the limit is, and announced as the exhaustion
-        if created and not (
-            crossing.kind == THRESHOLD and (threshold == budget.thresholds[0] or threshold >= 1)
-        ):
+        if created and not (crossing.kind == THRESHOLD and (threshold == first or threshold >= 1)):
             recorded.append(event)
     return recorded
 
@@ -457,6 +486,7 @@ def period_budget_recheck(budget: PeriodBudget, *, now: datetime) -> list[Budget
         if rolling(budget):  # its window now, under its lock
             ledger = window_ledger(row, limits, windows[(budget.pk, row.member)])
             row.window_start = window_bounds(budget.window_hours or 1, now)[0]
+        ledger = _warned_at_first(ledger, limits)
         decided = budget_decide(ledger=ledger, limits=limits, at=now, thresholds=limits.thresholds)
         _ledger_set(row, decided, totals=False)
         row.updated_at = now

@@ -13,8 +13,9 @@ The per-turn rules (retry loops, overlong turns) run inside ingest: ingest/turn_
 Only open sessions active within the window are read, and a session is flagged under its
 row lock (`session_flag_runaway`), so two sweeps at once flag it once.
 
-Each pass also resolves the PagerDuty incidents whose budget period rolled over (or whose
-budget or session is no longer exhausted): `alerts.incidents_resolve`.
+Each pass also resolves the PagerDuty incidents whose budget period rolled over, whose rolling
+window has moved past the spend (with no batch since), or whose budget or session is no
+longer exhausted: `alerts.incidents_resolve`.
 
 The project's normal rate is the tokens per active session-minute of its sessions seen in
 the last 7 days but not within the window (a session counts at least one minute), runaways

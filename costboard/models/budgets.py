@@ -69,7 +69,8 @@ class BudgetEvent(models.Model):
     cost_usd = money_field()
     detail = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
-    # a `threshold` event's warn fraction (0 for the other kinds): one event per fraction
+    # a `threshold` event's warn fraction, and a period budget's `soft_warned`'s (its first
+    # fraction then): one event per fraction; 0 for the other kinds
     threshold = models.DecimalField(max_digits=4, decimal_places=3, default=0, db_default=0)
     # a rolling budget's episode (PeriodLedger.episode) it happened in; 0 for the others
     episode = models.PositiveIntegerField(default=0, db_default=0)

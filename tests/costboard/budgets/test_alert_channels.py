@@ -15,6 +15,7 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -335,6 +336,41 @@ def test_the_period_rolling_over_resolves_the_incident_once(
     }
     resolve = AlertDelivery.objects.get(action="resolve")
     assert (resolve.status, resolve.attempts, resolve.channel) == ("delivered", 1, "pagerduty")
+
+
+def test_a_rolling_budget_s_incident_is_resolved_once_its_window_moves_past_the_spend(
+    agent: Agent, hook: Hook, clock: time_machine.Traveller
+) -> None:
+    set_up(agent.project, hook, channels=["pagerduty"])
+    add_price("test-sonnet")
+    made = budget(agent.project, name="day", period="rolling", window_hours=24)
+    spend(agent, "s-1", 1_000_000)  # $3.00 at NOW (12:00)
+    spend(agent, "s-2", 1_000_000)  # $6.00 of $5 in the last 24 hours: exhausted
+    outbox_dispatch()
+    dedup = f"costboard:acme:budget:{made.pk}::1970-01-01T00:00:00+00:00"
+    assert actions(hook) == [("trigger", dedup)]
+
+    # 11:00 the next day: the spend's hour is still in the window
+    clock.move_to(NOW + timedelta(hours=23))
+    runaway_sweep(now=NOW + timedelta(hours=23))
+    outbox_dispatch()
+    assert actions(hook) == [("trigger", dedup)]
+
+    # 12:00: it has left the window, with nothing sent since: the ledger still holds the
+    # window's totals at its last batch, the window now is empty
+    later = NOW + timedelta(hours=24)
+    clock.move_to(later)
+    ledger = PeriodLedger.objects.get(budget=made)
+    assert (ledger.state, ledger.cost_usd) == ("exhausted", Decimal("6.00"))
+    runaway_sweep(now=later)
+    runaway_sweep(now=later)  # a second pass makes no second resolve
+    outbox_dispatch()
+    assert actions(hook) == [("trigger", dedup), ("resolve", dedup)]
+    assert hook.to(EVENTS)[1] == {"routing_key": KEY, "event_action": "resolve", "dedup_key": dedup}
+    assert sorted(AlertDelivery.objects.values_list("action", "status", "attempts")) == [
+        ("resolve", "delivered", 1),
+        ("trigger", "delivered", 1),
+    ]
 
 
 def test_raising_the_limit_resolves_after_the_trigger_went_out(

@@ -90,7 +90,7 @@ def test_each_fraction_is_recorded_once_at_the_step_that_crossed_it(agent: Agent
     entry = second["budgets"][str(b.pk)]
     assert (entry["state"], entry["threshold_crossed"]) == ("warning", 0.5)
     assert events_of(b) == [
-        ("soft_warned", Decimal(0), STEP_COST * 17),
+        ("soft_warned", Decimal("0.5"), STEP_COST * 17),
         ("threshold", Decimal("0.5"), STEP_COST * 17),
     ]
 
@@ -130,7 +130,7 @@ def test_each_fraction_is_recorded_once_at_the_step_that_crossed_it(agent: Agent
         if d.budget_event is not None
     )
     assert delivered == {
-        ("soft_warned", Decimal(0)): 1,
+        ("soft_warned", Decimal("0.5")): 1,  # its fraction: one soft_warned per first fraction
         ("threshold", Decimal("0.8")): 1,
         ("threshold", Decimal("0.95")): 1,
         ("exhausted", Decimal(0)): 1,
@@ -145,7 +145,7 @@ def test_a_fraction_of_1_is_alerted_once_as_the_exhaustion(agent: Agent, action:
     agent.events({"type": "session", "session_id": "s", "cost_cap_usd": "100"})
     agent.events(*steps("s", 2))  # $0.60: past 0.5 and at the limit in one batch
     assert [(kind, threshold) for kind, threshold, _ in events_of(b)] == [
-        ("soft_warned", Decimal(0)),
+        ("soft_warned", Decimal("0.5")),
         ("threshold", Decimal("0.5")),
         ("threshold", Decimal(1)),  # recorded, as every fraction is
         ("exhausted", Decimal(0)),
@@ -194,7 +194,7 @@ def test_sixteen_concurrent_clients_cross_each_fraction_once() -> None:
     assert run_in_threads(16, client) == []
     assert len(answers) == 32
     assert Counter((kind, threshold) for kind, threshold, _ in events_of(b)) == {
-        ("soft_warned", Decimal(0)): 1,
+        ("soft_warned", Decimal("0.5")): 1,
         ("threshold", Decimal("0.5")): 1,
         ("threshold", Decimal("0.8")): 1,
         ("threshold", Decimal("0.95")): 1,
@@ -220,7 +220,7 @@ def test_sixteen_concurrent_clients_cross_each_fraction_once() -> None:
         if d.budget_event is not None
     )
     assert alerted == {
-        ("soft_warned", Decimal(0)): 1,
+        ("soft_warned", Decimal("0.5")): 1,
         ("threshold", Decimal("0.8")): 1,
         ("threshold", Decimal("0.95")): 1,
         ("exhausted", Decimal(0)): 1,
@@ -365,3 +365,112 @@ def test_the_migration_makes_each_warn_at_pct_a_list_of_one() -> None:
     executor = MigrationExecutor(connection)
     executor.migrate(latest)
     assert PeriodBudget.objects.get(name="b").warn_at == ["0.65"]
+
+
+# --- the first fraction moved: each fraction alerted once, as the first's soft_warned --------
+
+
+def alerts_of(b: PeriodBudget) -> Counter[tuple[str, Decimal]]:
+    """(kind, threshold) of the budget's alert deliveries, each counted."""
+    return Counter(
+        AlertDelivery.objects.filter(budget_event__ledger__budget=b).values_list(
+            "budget_event__kind", "budget_event__threshold"
+        )
+    )
+
+
+def subjects() -> list[str]:
+    return sorted(message.subject.rpartition(") ")[2] for message in mail.outbox)
+
+
+def test_moving_the_first_fraction_up_warns_once_when_the_new_one_is_crossed(
+    agent: Agent,
+) -> None:
+    agent.project.alert_emails = "ops@example.com"
+    agent.project.save(update_fields=["alert_emails"])
+    b = budget(agent, warn_at=["0.5"])
+    agent.events({"type": "session", "session_id": "s", "cost_cap_usd": "100"})
+    agent.events(*steps("s", 17))  # $5.10: past 0.5, warned
+
+    period_budget_update(b, changes={"warn_at": ["0.8"]})  # $5.10 is under 0.8: ok again
+    ledger = PeriodLedger.objects.get(budget=b)
+    assert (ledger.state, ledger.warned_at, ledger.threshold_crossed) == ("ok", None, None)
+    agent.events(*steps("s", 9))  # $7.80: under 0.8
+    crossed = agent.events(*steps("s", 1))  # $8.10: past 0.8
+    entry = crossed["budgets"][str(b.pk)]
+    assert (entry["state"], entry["threshold_crossed"]) == ("warning", 0.8)
+
+    # lowered to the fraction alerted before, then kept at the one alerted now: neither
+    # warns again, nor does more spend
+    period_budget_update(b, changes={"warn_at": ["0.5"]})
+    period_budget_update(b, changes={"warn_at": ["0.8"]})
+    agent.events(*steps("s", 2))  # $8.70
+    outbox_dispatch()
+    assert subjects() == ["passed 50% of its cost cap", "passed 80% of its cost cap"]
+    assert alerts_of(b) == {("soft_warned", Decimal("0.5")): 1, ("soft_warned", Decimal("0.8")): 1}
+    assert events_of(b) == [
+        ("soft_warned", Decimal("0.5"), STEP_COST * 17),
+        ("threshold", Decimal("0.5"), STEP_COST * 17),
+        ("soft_warned", Decimal("0.8"), STEP_COST * 27),
+        ("threshold", Decimal("0.8"), STEP_COST * 27),
+    ]
+
+
+def test_a_first_fraction_moved_past_by_the_spend_warns_once_at_the_edit(agent: Agent) -> None:
+    agent.project.alert_emails = "ops@example.com"
+    agent.project.save(update_fields=["alert_emails"])
+    b = budget(agent, warn_at=["0.8"])
+    agent.events({"type": "session", "session_id": "s", "cost_cap_usd": "100"})
+    agent.events(*steps("s", 20))  # $6.00: under 0.8
+    assert events_of(b) == []
+
+    # moved down below the spend: crossed now, so recorded and alerted at the edit's decision
+    period_budget_update(b, changes={"warn_at": ["0.5"]})
+    # moved up, the spend still past it: 0.6 is crossed now and was never alerted
+    period_budget_update(b, changes={"warn_at": ["0.6"]})
+    ledger = PeriodLedger.objects.get(budget=b)
+    assert (ledger.state, ledger.threshold_crossed) == ("warning", Decimal("0.6"))
+    # moved down while warned, and back up to the fraction alerted: no warning again
+    period_budget_update(b, changes={"warn_at": ["0.3"]})
+    period_budget_update(b, changes={"warn_at": ["0.6"]})
+    agent.events(*steps("s", 1))  # $6.30
+    outbox_dispatch()
+    assert subjects() == ["passed 50% of its cost cap", "passed 60% of its cost cap"]
+    assert alerts_of(b) == {("soft_warned", Decimal("0.5")): 1, ("soft_warned", Decimal("0.6")): 1}
+    assert [(kind, threshold) for kind, threshold, _ in events_of(b)] == [
+        ("soft_warned", Decimal("0.5")),
+        ("threshold", Decimal("0.5")),
+        ("soft_warned", Decimal("0.6")),
+        ("threshold", Decimal("0.6")),
+    ]
+    assert {cost for *_, cost in events_of(b)} == {STEP_COST * 20}  # the totals at each edit
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_sixteen_clients_crossing_a_first_fraction_moved_up_warn_once() -> None:
+    agent = make_agent("race")
+    agent.project.alert_emails = "ops@example.com"
+    agent.project.save(update_fields=["alert_emails"])
+    b = budget(agent, cost_limit_usd=Decimal("12.00"), warn_at=["0.5"])  # 0.8: the 32nd step
+    agent.events({"type": "session", "session_id": "s", "cost_cap_usd": "100"})
+    agent.events(*steps("s", 20))  # $6.00: past 0.5
+    period_budget_update(b, changes={"warn_at": ["0.8"]})  # under it: ok again
+
+    def client(i: int) -> None:
+        Agent(agent.project, agent.key, Client()).events(*steps(f"s{i}", 1))
+
+    assert run_in_threads(16, client) == []  # 36 steps: $10.80, past 0.8 and under $12
+    outbox_dispatch()
+    assert subjects() == ["passed 50% of its cost cap", "passed 80% of its cost cap"]
+    assert alerts_of(b) == {("soft_warned", Decimal("0.5")): 1, ("soft_warned", Decimal("0.8")): 1}
+    assert Counter((kind, threshold) for kind, threshold, _ in events_of(b)) == {
+        ("soft_warned", Decimal("0.5")): 1,
+        ("threshold", Decimal("0.5")): 1,
+        ("soft_warned", Decimal("0.8")): 1,
+        ("threshold", Decimal("0.8")): 1,
+    }
+    warned = BudgetEvent.objects.get(ledger__budget=b, kind="soft_warned", threshold="0.8")
+    assert warned.cost_usd == STEP_COST * 32  # at the step that crossed, whatever order
+    ledger = PeriodLedger.objects.get(budget=b)
+    assert (ledger.state, ledger.cost_usd) == ("warning", STEP_COST * 36)
