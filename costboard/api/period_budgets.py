@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any, cast
 
 from django.http import HttpRequest, HttpResponse
@@ -35,7 +36,7 @@ from costboard.budgets.period_services import (
 )
 from costboard.budgets.periods import (
     budget_days,
-    ledger_now,
+    budgets_whole,
     members_nearest_limit,
     per_member,
     period_budget_view,
@@ -57,15 +58,17 @@ def _budget_of(request: HttpRequest, budget_id: int) -> PeriodBudget:
     return budget
 
 
-def _answers(budgets: list[PeriodBudget]) -> list[dict[str, Any]]:
-    """Each budget in its current period, with its forecast (its days read in one query)."""
-    now = timezone.now()
+def _answers(budgets: list[PeriodBudget], now: datetime) -> list[dict[str, Any]]:
+    """Each budget in its current period read as a whole, as the pages show it
+    (`budgets_whole`: a per-member budget's members summed, its state the worst of theirs),
+    with its forecast (its days read in one query)."""
+    wholes = budgets_whole(budgets, now)
     days = budget_days(budgets, now)
-    return [period_budget_view(b, ledger_now(b, now), now=now, days=days[b.pk]) for b in budgets]
+    return [period_budget_view(b, wholes[b.pk], now=now, days=days[b.pk]) for b in budgets]
 
 
-def _answer(budget: PeriodBudget) -> dict[str, Any]:
-    return _answers([budget])[0]
+def _answer(budget: PeriodBudget, now: datetime | None = None) -> dict[str, Any]:
+    return _answers([budget], now or timezone.now())[0]
 
 
 def _refused(exc: BudgetInputError) -> ApiError:
@@ -120,7 +123,9 @@ def budgets_list(request: HttpRequest) -> HttpResponse:
     project: Project = cast(ApiRequest, request).project
     budgets = list(PeriodBudget.objects.filter(project=project).order_by("name", "pk"))
     return model_response(
-        PeriodBudgetList(budgets=[PeriodBudgetAnswer(**view) for view in _answers(budgets)])
+        PeriodBudgetList(
+            budgets=[PeriodBudgetAnswer(**view) for view in _answers(budgets, timezone.now())]
+        )
     )
 
 
@@ -139,6 +144,7 @@ def budget_create(request: HttpRequest) -> HttpResponse:
 @endpoint(READ)
 def budget_read(request: HttpRequest, budget_id: int) -> HttpResponse:
     budget = _budget_of(request, budget_id)
+    now = timezone.now()  # one moment: the totals and the members agree
     events = (
         BudgetEvent.objects.filter(ledger__budget=budget)
         .select_related("ledger")
@@ -146,7 +152,7 @@ def budget_read(request: HttpRequest, budget_id: int) -> HttpResponse:
     )
     return model_response(
         PeriodBudgetDetail(
-            **_answer(budget),
+            **_answer(budget, now),
             events=[
                 PeriodBudgetEvent(
                     **event.to_dict(),
@@ -156,13 +162,14 @@ def budget_read(request: HttpRequest, budget_id: int) -> HttpResponse:
                 for event in events
                 if event.ledger is not None
             ],
-            members=_members(budget),
+            members=_members(budget, now),
         )
     )
 
 
-def _members(budget: PeriodBudget) -> list[PeriodBudgetMember] | None:
-    """A per-member budget's members nearest their limits now; None for other budgets."""
+def _members(budget: PeriodBudget, now: datetime) -> list[PeriodBudgetMember] | None:
+    """A per-member budget's members nearest their limits at `now` (the budget's totals are
+    all of its members' then); None for other budgets."""
     if not per_member(budget):
         return None
     return [
@@ -175,7 +182,7 @@ def _members(budget: PeriodBudget) -> list[PeriodBudgetMember] | None:
                 "used": float(standing.fraction),
             }
         )
-        for standing in members_nearest_limit(budget, timezone.now())
+        for standing in members_nearest_limit(budget, now)
     ]
 
 

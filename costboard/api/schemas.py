@@ -91,18 +91,30 @@ class PeriodBudgetAnswer(Answer):
         description="exclusive; null for a total budget; a rolling window's: the end of the "
         "current hour"
     )
-    state: Literal["ok", "warning", "exhausted"]
-    tokens_used: Count = Field(description="input + output tokens in the period")
+    state: Literal["ok", "warning", "exhausted"] = Field(
+        description="a per-member budget read as a whole (member null): its worst member's "
+        "(ok < warning < exhausted)"
+    )
+    tokens_used: Count = Field(
+        description="input + output tokens in the period; a per-member budget read as a "
+        "whole: all its members' summed"
+    )
     token_limit: int | None
-    cost_usd: Money
-    cost_limit_usd: Money | None
+    cost_usd: Money = Field(
+        description="USD in the period; a per-member budget read as a whole: all its "
+        "members' summed"
+    )
+    cost_limit_usd: Money | None = Field(
+        description="a per-member budget's: each member's (token_limit too)"
+    )
     warn_at: list[float] = Field(
         description="the fractions of a limit that warn, ascending: a threshold event each"
     )
     warn_at_pct: float = Field(ge=0, le=1, description="the first of warn_at (the older name)")
     threshold_crossed: float | None = Field(
         description="the highest of warn_at the period's totals (a rolling budget: its "
-        "window's) have reached; null below the first"
+        "window's; a per-member budget read as a whole: any member's) have reached; null "
+        "below the first"
     )
     action: Literal["warn", "stop"] = Field(
         description="stop: the sessions it covers report exhausted, stopped_by budget:<id>"
@@ -110,11 +122,18 @@ class PeriodBudgetAnswer(Answer):
     channels: list[Literal["webhook", "email", "slack", "pagerduty"]] | None = Field(
         description="where its alerts go; null: the project's default channels"
     )
-    warned_at: IsoTime | None
-    exhausted_at: IsoTime | None
+    warned_at: IsoTime | None = Field(
+        description="when the period passed the first warn fraction; a per-member budget read "
+        "as a whole: the first of its members' (still true, for a rolling budget)"
+    )
+    exhausted_at: IsoTime | None = Field(
+        description="when the period reached a limit; a per-member budget read as a whole: "
+        "the first of its members' (still true, for a rolling budget)"
+    )
     forecast_cost_usd: Money | None = Field(
         description="the period's cost at its end at its recent daily rate (the mean of up "
-        "to 7 recent days); null for total"
+        "to 7 recent days); null for total and rolling budgets, and for a per-member budget "
+        "read as a whole (each member's forecast is its own)"
     )
     forecast_range_usd: list[Money] | None = Field(
         description="[low, high]: the period's end cost at the recent days' lowest and "

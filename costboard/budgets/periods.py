@@ -1,23 +1,38 @@
-"""Period budgets: which period a moment falls in, whether a step counts toward a budget, and
-the budget as the API shows it (docs/api.md, "Period budgets").
+"""Period budgets: which period a moment falls in, whether a step counts toward a budget, a
+budget as a whole in a period (`budgets_whole`: a per-member budget's members summed, its
+state the worst of theirs — what the pages and the API both show), and the budget as the
+API shows it (docs/api.md, "Period budgets").
 
-Pure functions but for `period_budget_view`'s reads; the writes are services in
-costboard/budgets/period_services.py, the decisions the budget engine's (engine.py).
+Pure functions but for the reads (`budgets_whole`, `ledger_sums`, the windows' and members'
+sums); the writes are services in costboard/budgets/period_services.py, the decisions the
+budget engine's (engine.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from django.db.models import DecimalField, ExpressionWrapper, F, Q, Sum, Value
+from django.db.models import (
+    Case,
+    DecimalField,
+    ExpressionWrapper,
+    F,
+    IntegerField,
+    Max,
+    Min,
+    Q,
+    Sum,
+    Value,
+    When,
+)
 from django.db.models.functions import Greatest
 
-from costboard.budgets.engine import EXHAUSTED, WARNING, limits_reached, threshold_state
+from costboard.budgets.engine import EXHAUSTED, OK, WARNING, limits_reached, threshold_state
 from costboard.models import BudgetDay, BudgetHour, PeriodBudget, PeriodLedger, usd
 
 # a total budget's one period begins here
@@ -324,17 +339,154 @@ def forecast(
     )
 
 
+# the states in order, ok < warning < exhausted: a budget read as a whole is in its worst
+# member's (the pages, the API and the ledgers' sums all rank by this)
+STATE_RANK = {OK: 0, WARNING: 1, EXHAUSTED: 2}
+
+
+def worst_state(states: Iterable[str]) -> str | None:
+    """The worst of `states` (ok < warning < exhausted); None for none."""
+    return max(states, key=STATE_RANK.__getitem__, default=None)
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerSum:
+    """A budget in one period read as a whole: its ledger, or a per-member budget's members'
+    ledgers summed — their tokens and USD added, its state the worst of theirs, its
+    crossings the first of theirs and its threshold the highest."""
+
+    budget_id: int
+    period_start: datetime
+    period_end: datetime | None
+    tokens_used: int
+    cost_usd: Decimal
+    state: str
+    warned_at: datetime | None
+    exhausted_at: datetime | None
+    threshold_crossed: Decimal | None = None
+
+    @property
+    def member(self) -> str:
+        """The whole budget is no member's (as a ledger of a budget not per member)."""
+        return ""
+
+
+def ledger_sums(where: Q, *, newest: int | None = None) -> list[LedgerSum]:
+    """The ledgers matching `where`, one `LedgerSum` per budget and period, newest period
+    first: a per-member budget's members summed, so its totals are all that counted toward
+    it. `newest`: only the latest periods, that many. One query. (A rolling budget's current
+    window is `budgets_whole`'s: its ledgers keep only what its last batch decided.)"""
+    worst = Max(
+        Case(
+            *[When(state=state, then=Value(rank)) for state, rank in STATE_RANK.items()],
+            default=Value(0),
+            output_field=IntegerField(),
+        )
+    )
+    rows = (
+        PeriodLedger.objects.filter(where)
+        .values("budget_id", "period_start")
+        .annotate(
+            end=Max("period_end"),
+            tokens=Sum("tokens_used"),
+            cost=Sum("cost_usd"),
+            rank=worst,
+            warned=Min("warned_at"),
+            exhausted=Min("exhausted_at"),
+            crossed=Max("threshold_crossed"),
+        )
+        .order_by("-period_start", "budget_id")
+    )
+    states = {rank: state for state, rank in STATE_RANK.items()}
+    return [
+        LedgerSum(
+            budget_id=row["budget_id"],
+            period_start=row["period_start"],
+            period_end=row["end"],
+            tokens_used=int(row["tokens"] or 0),
+            cost_usd=row["cost"] if row["cost"] is not None else Decimal(0),
+            state=states[row["rank"]],
+            warned_at=row["warned"],
+            exhausted_at=row["exhausted"],
+            threshold_crossed=row["crossed"],
+        )
+        for row in (rows[:newest] if newest is not None else rows)
+    ]
+
+
+def budgets_whole(budgets: Sequence[PeriodBudget], now: datetime) -> dict[int, LedgerSum | None]:
+    """Each budget read as a whole at `now` (None: nothing counted toward it yet), the one
+    rule the pages (/budgets/, the overview) and the API (`GET /api/v1/budgets`) share: a
+    calendar budget's ledgers of the period `now` falls in, summed over its members
+    (`ledger_sums`); a rolling budget's window at `now`, summed over its members' hours, each
+    member's state by its own window's totals and the budget's the worst of theirs, its
+    crossings those still true by them (`ledger_as_of`). A budget that is not per member has
+    one member, '', whose figures these are. One query, and two more for rolling budgets."""
+    found: dict[int, LedgerSum | None] = {b.pk: None for b in budgets}
+    calendar = [b for b in budgets if not rolling(b)]
+    current = Q(pk__in=[])
+    for b in calendar:
+        current |= Q(budget_id=b.pk, period_start=period_bounds(b.period, b.timezone, now)[0])
+    if calendar:
+        for whole in ledger_sums(current):
+            found[whole.budget_id] = whole
+    windows = [b for b in budgets if rolling(b)]
+    spent = window_members(windows, now)
+    states = {
+        b.pk: {member: state_of(b, *totals) for member, totals in spent[b.pk].items()}
+        for b in windows
+    }
+    # a crossing is still true only for a member its window keeps past a warn fraction: the
+    # ledgers of those (few) members are read for their times
+    crossing = Q(pk__in=[])
+    for b in windows:
+        hot = [member for member, state in states[b.pk].items() if state != OK]
+        if hot:
+            crossing |= Q(budget_id=b.pk, period_start=EPOCH, member__in=hot)
+    ledgers: dict[int, list[PeriodLedger]] = {b.pk: [] for b in windows}
+    if any(state != OK for by_member in states.values() for state in by_member.values()):
+        for ledger in PeriodLedger.objects.filter(crossing):
+            ledgers[ledger.budget_id].append(ledger)
+    for b in windows:
+        members = spent[b.pk]
+        if not members:
+            continue
+        as_of = [ledger_as_of(b, ledger, members[ledger.member]) for ledger in ledgers[b.pk]]
+        start, end = window_bounds(b.window_hours or 1, now)
+        found[b.pk] = LedgerSum(
+            budget_id=b.pk,
+            period_start=start,
+            period_end=end,
+            tokens_used=sum(tokens for tokens, _ in members.values()),
+            cost_usd=sum((cost for _, cost in members.values()), Decimal(0)),
+            state=worst_state(states[b.pk].values()) or OK,
+            warned_at=min((x.warned_at for x in as_of if x.warned_at), default=None),
+            exhausted_at=min((x.exhausted_at for x in as_of if x.exhausted_at), default=None),
+            threshold_crossed=max(
+                (x.threshold_crossed for x in as_of if x.threshold_crossed is not None),
+                default=None,
+            ),
+        )
+    return found
+
+
+def whole_of_members(budget: PeriodBudget, ledger: PeriodLedger | LedgerSum | None) -> bool:
+    """Is this a per-member budget read as a whole (not one member's ledger)?"""
+    return per_member(budget) and (ledger is None or not ledger.member)
+
+
 def period_budget_view(
     budget: PeriodBudget,
-    ledger: PeriodLedger | None,
+    ledger: PeriodLedger | LedgerSum | None,
     *,
     now: datetime,
     days: dict[date, Decimal] | None = None,
 ) -> dict[str, Any]:
-    """`<period budget>`: the budget in the period of `now` (the ledger's, when given, and
-    for a per-member budget the ledger's member); `days` (its recent cost per day,
-    `budget_days`) makes the forecast's range and crossing day, else the forecast is the
-    rate so far."""
+    """`<period budget>`: the budget in the period of `now` (the ledger's, when given: a
+    member's ledger for a per-member budget's member, `budgets_whole`'s sum for the budget
+    as a whole); `days` (its recent cost per day, `budget_days`) makes the forecast's range
+    and crossing day, else the forecast is the rate so far. A per-member budget read as a
+    whole has no forecast: its limits, and so its forecasts, are each member's."""
     crossed: Decimal | None = None
     if ledger is not None:
         start, end = ledger.period_start, ledger.period_end
@@ -347,15 +499,16 @@ def period_budget_view(
         state = state_of(budget, 0, Decimal(0))
     if rolling(budget):  # its period is the window at `now`
         start, end = window_bounds(budget.window_hours or 1, now)
-        days = None
+    # a window has no end to project to; a per-member budget's forecasts are its members'
+    unforecast = rolling(budget) or whole_of_members(budget, ledger)
     ahead = (
         forecast(budget, cost, start=start, end=end, days=days, now=now)
-        if days is not None
+        if days is not None and not unforecast
         else None
     )
     projected = ahead.cost_usd if ahead is not None else forecast_cost(cost, start, end, now)
-    if rolling(budget):
-        projected = None  # a window has no end to project to
+    if unforecast:
+        projected = None
     return {
         "id": budget.pk,
         "name": budget.name,

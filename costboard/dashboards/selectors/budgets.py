@@ -8,25 +8,27 @@ from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
 from decimal import Decimal
 
-from django.db.models import Case, Count, IntegerField, Max, Min, Q, Sum, Value, When
+from django.db.models import Count, Q
 
 from costboard.budgets.holds import budget_sessions
 from costboard.budgets.periods import (
     Forecast,
+    LedgerSum,
     MemberStanding,
     budget_days,
+    budgets_whole,
     forecast,
+    ledger_sums,
     members_nearest_limit,
     per_member,
     period_bounds,
     rolling,
     state_of,
     window_bounds,
-    window_members,
     zone,
 )
 from costboard.dashboards.selectors.shared import ZERO
-from costboard.models import BudgetEvent, PeriodBudget, PeriodLedger, Session
+from costboard.models import BudgetEvent, PeriodBudget, Session
 
 
 @dataclass(frozen=True)
@@ -82,28 +84,23 @@ def budgets_current(*, project_ids: list[int], now: datetime) -> list[BudgetRow]
 
 
 def _budget_rows(budgets: list[PeriodBudget], now: datetime) -> list[BudgetRow]:
-    """Each budget in its current period, with its forecast (two queries)."""
-    starts = {b.pk: period_bounds(b.period, b.timezone, now) for b in budgets}
-    current = Q(pk__in=[])
-    for b in budgets:
-        current |= Q(budget_id=b.pk, period_start=starts[b.pk][0])
-    ledgers = {row.budget_id: row for row in _ledger_sums(current)} if budgets else {}
+    """Each budget in its current period as a whole (`budgets_whole`, the API's figures
+    too: a per-member budget's members summed, its state the worst of theirs), with its
+    forecast (two queries; and two for rolling budgets)."""
+    wholes = budgets_whole(budgets, now)
     days = budget_days(budgets, now)
-    windows = window_members([b for b in budgets if rolling(b)], now)
     rows = []
     for b in budgets:
-        ledger = ledgers.get(b.pk)
-        start, end = starts[b.pk]
-        tokens = ledger.tokens_used if ledger is not None else 0
-        cost = ledger.cost_usd if ledger is not None else ZERO
-        state = ledger.state if ledger is not None else state_of(b, 0, ZERO)
-        if b.pk in windows:  # a rolling budget: its window now, its members' worst state
-            members = windows[b.pk].values()
-            tokens = sum(t for t, _ in members)
-            cost = sum((c for _, c in members), ZERO)
-            states = [state_of(b, t, c) for t, c in members] or [state_of(b, 0, ZERO)]
-            state = max(states, key=_STATE_RANK.__getitem__)
+        whole = wholes[b.pk]
+        start: datetime
+        end: datetime | None
+        if rolling(b):  # its window now
             start, end = window_bounds(b.window_hours or 1, now)
+        else:
+            start, end = period_bounds(b.period, b.timezone, now)
+        tokens = whole.tokens_used if whole is not None else 0
+        cost = whole.cost_usd if whole is not None else ZERO
+        state = whole.state if whole is not None else state_of(b, 0, ZERO)
         rows.append(
             BudgetRow(
                 budget=b,
@@ -119,64 +116,6 @@ def _budget_rows(budgets: list[PeriodBudget], now: datetime) -> list[BudgetRow]:
             )
         )
     return rows
-
-
-_STATE_RANK = {"ok": 0, "warning": 1, "exhausted": 2}
-
-
-@dataclass(frozen=True)
-class LedgerSum:
-    """A budget in one period as the pages show it: a per-member budget's members summed."""
-
-    budget_id: int
-    period_start: datetime
-    period_end: datetime | None
-    tokens_used: int
-    cost_usd: Decimal
-    state: str
-    warned_at: datetime | None
-    exhausted_at: datetime | None
-
-
-def _ledger_sums(where: Q, *, newest: int | None = None) -> list[LedgerSum]:
-    """The ledgers matching `where`, one per budget and period: a per-member budget's
-    members summed (their spend; its state the worst of theirs, its crossings the first),
-    so the pages' totals are all that counted toward it. `newest`: only the latest periods,
-    that many. One query."""
-    worst = Max(
-        Case(
-            *[When(state=state, then=Value(rank)) for state, rank in _STATE_RANK.items()],
-            default=Value(0),
-            output_field=IntegerField(),
-        )
-    )
-    rows = (
-        PeriodLedger.objects.filter(where)
-        .values("budget_id", "period_start")
-        .annotate(
-            end=Max("period_end"),
-            tokens=Sum("tokens_used"),
-            cost=Sum("cost_usd"),
-            rank=worst,
-            warned=Min("warned_at"),
-            exhausted=Min("exhausted_at"),
-        )
-        .order_by("-period_start", "budget_id")
-    )
-    states = {rank: state for state, rank in _STATE_RANK.items()}
-    return [
-        LedgerSum(
-            budget_id=row["budget_id"],
-            period_start=row["period_start"],
-            period_end=row["end"],
-            tokens_used=row["tokens"],
-            cost_usd=row["cost"],
-            state=states[row["rank"]],
-            warned_at=row["warned"],
-            exhausted_at=row["exhausted"],
-        )
-        for row in (rows[:newest] if newest is not None else rows)
-    ]
 
 
 def budget_in_scope(*, project_ids: list[int], budget_id: int) -> PeriodBudget | None:
@@ -264,7 +203,7 @@ def budget_detail(
     row = _budget_rows([budget], now)[0]
     periods = [
         _period_spend(budget, ledger, row.period_start)
-        for ledger in _ledger_sums(Q(budget=budget), newest=PAST_PERIODS_SHOWN)
+        for ledger in ledger_sums(Q(budget=budget), newest=PAST_PERIODS_SHOWN)
     ]
     events = list(
         BudgetEvent.objects.filter(ledger__budget=budget)
