@@ -20,11 +20,12 @@ from typing import Annotated, Any, Literal
 
 from django.db import transaction
 from django.utils import timezone
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, WithJsonSchema
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, WithJsonSchema, field_validator
 
 from costboard.budgets.alerts import announce, incidents_resolve
 from costboard.budgets.period_ledgers import period_budget_recheck
 from costboard.budgets.periods import EVERY, per_member, rolling, zone
+from costboard.input_limits import amount_fault
 from costboard.models import ApiKey, PeriodBudget, Project
 from costboard.models.projects import ALERT_CHANNELS, channel_setup_fault
 
@@ -106,6 +107,25 @@ class BudgetFields(BaseModel):
         description="where its alerts go: any of webhook, email, slack, pagerduty; null or "
         "[] (the default): the project's default channels",
     )
+
+    @field_validator("cost_limit_usd", "warn_at_pct", mode="before")
+    @classmethod
+    def _ascii_amount(cls, value: Any) -> Any:
+        """An amount given as text in the digits 0-9 (Decimal() reads "５０" as 50)."""
+        fault = amount_fault(value, example='"50.00"') if isinstance(value, str) else None
+        if fault is not None:
+            raise ValueError(fault)
+        return value
+
+    @field_validator("warn_at", mode="before")
+    @classmethod
+    def _ascii_fractions(cls, value: Any) -> Any:
+        """Each warn fraction given as text in the digits 0-9, as the amounts."""
+        for fraction in value if isinstance(value, list) else ():
+            fault = amount_fault(fraction, example='"0.8"') if isinstance(fraction, str) else None
+            if fault is not None:
+                raise ValueError(fault)
+        return value
 
     @classmethod
     def example(cls) -> str:

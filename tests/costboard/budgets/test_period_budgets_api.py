@@ -168,6 +168,18 @@ def test_make_read_change_and_delete_a_budget(admin: Admin, agent: Agent) -> Non
             "with at most 3 decimals",
         ),
         ({"name": "x", "token_limit": 5, "period": "year"}, "period", "'day', 'week'"),
+        # Decimal() reads other scripts' digits as numbers: "５０" would be a $50 limit
+        ({"name": "x", "cost_limit_usd": "５０"}, "cost_limit_usd", "write the amount in ASCII"),
+        (
+            {"name": "x", "token_limit": 5, "warn_at_pct": "０.５"},
+            "warn_at_pct",
+            "digit that is not 0-9",
+        ),
+        (
+            {"name": "x", "token_limit": 5, "warn_at": ["0.5", "٠.٨"]},
+            "warn_at",
+            "digit that is not 0-9 ('٠', U+0660)",
+        ),
         ({"name": "x", "token_limit": 5, "action": "block"}, "action", "'warn' or 'stop'"),
         ({"name": "x", "token_limit": 5, "limit": 3}, "limit", "did you mean 'token_limit'?"),
     ],
