@@ -43,9 +43,11 @@ from costboard.budgets.periods import (
     StepScope,
     member_days,
     per_member,
+    period_bounds,
     period_budget_view,
     rolling,
     rolling_views,
+    window_bounds,
 )
 from costboard.budgets.services import budget_events_of
 from costboard.models import SYSTEM_SESSION_ID, BudgetEvent, PeriodBudget, PeriodLedger, Project
@@ -185,13 +187,26 @@ def batch_budgets(batch: BatchSpend) -> BatchBudgets:
 def _stopped(
     batch: BatchSpend, above: Sequence[PeriodBudget], by_steps: dict[str, int]
 ) -> dict[str, int]:
-    """Each touched session an exhausted stop-budget covers → that budget: those whose steps
-    counted toward it (decided in the periods their steps fall in: `by_steps`), and the
-    sessions the batch gave no steps (touched by a session or turn event alone), by the
-    budgets' current periods (they are told to stop too)."""
+    """Each touched session an exhausted stop-budget covers in its current period (`now`'s,
+    as every read decides it) → that budget: those whose steps counted toward it there
+    (`by_steps`: a step's own tags match too), then the others by what the session is (its
+    user, its tags, the key): a session touched by a session or turn event alone, or whose
+    steps were all timed in a period before (a late batch), is told to stop as a read of it
+    would be, and one whose late steps exhausted a past period is not."""
     stopped = dict(by_steps)
-    if not above:
+    stops = [budget for budget in above if budget.action == PeriodBudget.Action.STOP]
+    if not stops:
         return stopped
+    # the span every stop budget's current period holds: a session whose steps all fall in it
+    # was decided by them (its scope is its steps'), the others are asked
+    bounds = [
+        (window_bounds(b.window_hours or 1, batch.now)[0], None)  # later spend counts too
+        if rolling(b)
+        else period_bounds(b.period, b.timezone, batch.now)
+        for b in stops
+    ]
+    first = max(start for start, _ in bounds)
+    end = min((end for _, end in bounds if end is not None), default=None)
     scopes = {
         s.key: StepScope(
             user_id=batch.user_of.get(s.key, ""),
@@ -199,7 +214,8 @@ def _stopped(
             tags=batch.session_tags.get(s.key),
         )
         for s in batch.sessions
-        if not s.steps
+        if s.key not in stopped
+        and not (s.steps and all(first <= t.at and (end is None or t.at < end) for t in s.steps))
     }
     if scopes:
         stopped.update(stopping_budgets(above, scopes, batch.now))

@@ -263,7 +263,12 @@ def period_budgets_apply(
         if decided.crossings:
             events += _crossings_recorded(project, budget, row, decided.crossings)
         outcome.ledgers.append((budget, row))
-        if budget.action == PeriodBudget.Action.STOP and row.state == EXHAUSTED:
+        # a stop in the period the answer is for, `now`'s (as every read decides it): a
+        # late step's exhausted past period stops nothing now
+        current = (
+            key in windows or row.period_end is None or row.period_start <= now < row.period_end
+        )
+        if budget.action == PeriodBudget.Action.STOP and row.state == EXHAUSTED and current:
             for session_key in {step.session_key for step in windows.get(key, spends)}:
                 outcome.stopped.setdefault(session_key, budget.pk)
     windows_set(written)

@@ -1,0 +1,93 @@
+"""A late batch (steps timed in a period that has ended, sent after it) is answered for the
+period the answer is for, as a read of the session is: a past period its steps exhausted stops
+nothing now, and the current period, exhausted, stops it though its steps counted toward the
+one before (docs/budgets.md, "Stopped by a budget")."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+import pytest
+import time_machine
+
+from costboard.budgets.period_services import period_budget_create
+from costboard.models import PeriodBudget, PeriodLedger
+from tests.conftest import Agent, add_price
+
+pytestmark = pytest.mark.django_db
+
+# a day, its last hour and the next day's first minutes (UTC, the budget's timezone)
+DAY = (datetime.now(UTC) - timedelta(days=3)).replace(hour=0, minute=0, second=0, microsecond=0)
+EVENING, MIDNIGHT = DAY + timedelta(hours=23), DAY + timedelta(days=1)
+
+
+def session(session_id: str) -> dict[str, Any]:
+    return {"type": "session", "session_id": session_id, "token_cap": 10**9, "cost_cap_usd": "100"}
+
+
+def step(session_id: str, tokens: int, at: datetime) -> dict[str, Any]:
+    return {
+        "session_id": session_id,
+        "step_type": "response",
+        "model": "test-sonnet",
+        "input_tokens": tokens,
+        "timestamp": at.isoformat(),
+    }
+
+
+def at(moment: datetime, agent: Agent, *events: dict[str, Any]) -> dict[str, Any]:
+    with time_machine.travel(moment, tick=False):
+        return agent.events(*events)["sessions"]
+
+
+def read(moment: datetime, agent: Agent, session_id: str) -> tuple[str, str | None]:
+    with time_machine.travel(moment, tick=False):
+        answer = agent.budget(session_id).json()
+    return answer["state"], answer["stopped_by"]
+
+
+@pytest.fixture
+def daily(agent: Agent) -> PeriodBudget:
+    add_price("test-sonnet", input_mtok=Decimal(1), output_mtok=Decimal(0))  # $1 a million
+    with time_machine.travel(DAY, tick=False):
+        return period_budget_create(
+            project=agent.project,
+            fields={"name": "a dollar a day", "period": "day", "cost_limit_usd": "1.00"}
+            | {"action": "stop"},
+        )
+
+
+def test_a_late_step_of_an_exhausted_day_past_stops_nothing_the_next_day(
+    agent: Agent, daily: PeriodBudget
+) -> None:
+    evening = at(EVENING, agent, session("s1"), step("s1", 1_000_000, EVENING))
+    assert evening["s1"]["stopped_by"] == f"budget:{daily.pk}"
+
+    # five minutes into the next day, the last minute's step of the day before arrives
+    late = MIDNIGHT + timedelta(minutes=5)
+    answer = at(late, agent, step("s1", 1000, MIDNIGHT - timedelta(minutes=1)))
+
+    assert (answer["s1"]["state"], answer["s1"]["stopped_by"]) == ("ok", None)
+    assert read(late, agent, "s1") == ("ok", None)
+    # it counted toward the day it was timed in
+    ledger = PeriodLedger.objects.get(budget=daily)
+    assert (ledger.period_start, ledger.cost_usd) == (DAY, Decimal("1.001"))
+
+
+def test_a_late_step_of_a_day_past_is_stopped_by_todays_exhausted_budget(
+    agent: Agent, daily: PeriodBudget
+) -> None:
+    today = MIDNIGHT + timedelta(hours=10)
+    at(today, agent, session("s1"), step("s1", 1_000_000, today))  # today: exhausted
+
+    later = today + timedelta(minutes=5)
+    answer = at(later, agent, session("s2"), step("s2", 1000, EVENING))
+
+    stopped = ("exhausted", f"budget:{daily.pk}")
+    assert (answer["s2"]["state"], answer["s2"]["stopped_by"]) == stopped
+    assert read(later, agent, "s2") == stopped
+    # yesterday's ledger holds its one step, under its limit
+    yesterday = PeriodLedger.objects.get(budget=daily, period_start=DAY)
+    assert (yesterday.cost_usd, yesterday.state) == (Decimal("0.001"), "ok")
