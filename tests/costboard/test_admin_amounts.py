@@ -15,23 +15,11 @@ from django.test import Client
 from costboard.models import ModelPrice, PeriodBudget, PriceAdjustment
 from tests.conftest import Agent
 from tests.costboard.api.test_inflight import FormFields
+from tests.costboard.test_page_input import PRICE  # an admin price form, every field
 
 pytestmark = pytest.mark.django_db
 
 FIX = "write the amount in ASCII digits, e.g."
-PRICE = {
-    "provider": "p",
-    "model": "m",
-    "input_mtok": "1",
-    "output_mtok": "1",
-    "cache_read_mtok": "1",
-    "cache_write_mtok": "1",
-    "cache_write_1h_mtok": "1",
-    "tiers": "[]",
-    "effective_from_0": "2026-01-01",
-    "effective_from_1": "00:00:00",
-    "source": "manual",
-}
 
 
 def field_errors(html: str, field: str) -> str:
