@@ -48,10 +48,13 @@ def digit_count(text: str, most: int) -> int | None:
 def amount_fault(text: str, *, example: str = "12.50") -> str | None:
     """What is wrong with `text` as a decimal amount (USD, a percentage, a rate) for its digits,
     or None. Decimal() reads any Unicode decimal digit as its value ("１２" fullwidth and
-    "١٢" Arabic-Indic are 12), and pydantic's and Django's decimal fields call it: an amount
-    of ours is written in the digits 0-9. Whatever else `text` holds is the parser's to judge."""
+    "١٢" Arabic-Indic are 12) and takes "1_000" as 1000, and pydantic's and Django's decimal
+    fields call it: an amount of ours is written in the digits 0-9, with no separator.
+    Whatever else `text` holds is the parser's to judge."""
     found = next((char for char in text if char.isdecimal() and not char.isascii()), None)
     if found is None:
+        if "_" in text:  # Decimal() reads "1_000" as 1000, as Python source would
+            return f"has a '_': write the amount in digits alone, e.g. {example}"
         return None
     return (
         f"has a digit that is not 0-9 ({found!r}, U+{ord(found):04X}): write the amount in "

@@ -49,6 +49,17 @@ def test_a_session_cap_in_other_digits_is_refused_and_nothing_stored(
     assert answer["sessions"]["kept"]["cost_cap_usd"] == "12.50"
 
 
+@pytest.mark.parametrize("cap", ["1_000", "12_50.00"])
+def test_a_session_cap_with_a_separator_is_refused(agent: Agent, cap: str) -> None:
+    # Decimal() reads "1_000" as 1000: the documented form is digits alone
+    answer = agent.post({"events": [{"type": "session", "session_id": "s", "cost_cap_usd": cap}]})
+    assert answer.status_code == 422, answer.content
+    [error] = answer.json()["errors"]
+    assert (error["index"], error["field"]) == (0, "cost_cap_usd")
+    assert error["message"].endswith("has a '_': write the amount in digits alone, e.g. 12.50")
+    assert not Session.objects.exists()
+
+
 @pytest.fixture
 def admin(agent: Agent) -> Agent:
     _, key = ApiKey.issue(project=agent.project, role="admin")
