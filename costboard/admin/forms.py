@@ -63,13 +63,28 @@ class PlainDecimalField(forms.DecimalField):
         return value
 
 
-# every decimal in the admin, in its forms and its list's editable cells, reads as written
+class PlainIntegerField(forms.IntegerField):
+    """A whole number typed in the digits 0-9 alone (int() reads "１２" as 12, "1_000" as
+    1000)."""
+
+    def clean(self, value: Any) -> Any:
+        fault = amount_fault(value, example="200000") if isinstance(value, str) else None
+        if fault is not None:
+            raise forms.ValidationError(f"“{value.strip()[:40]}” {fault}", code="invalid")
+        return super().clean(value)
+
+
+# every decimal in the admin, in its forms and its list's editable cells, reads as written;
+# every number, decimal or whole, is typed in the digits 0-9
 DECIMAL_OVERRIDES: Mapping[type[models.Field[Any, Any]], Mapping[str, Any]] = {
     models.DecimalField: {
         "form_class": PlainDecimalField,
         # its width in static/costboard/admin.css: the CSP allows no style attribute
         "widget": forms.NumberInput(attrs={"size": 8, "class": "decimal-input"}),
-    }
+    },
+    # BigIntegerField too: the admin's own defaults name it apart (a widget of its own)
+    models.IntegerField: {"form_class": PlainIntegerField},
+    models.BigIntegerField: {"form_class": PlainIntegerField},
 }
 
 

@@ -16,20 +16,30 @@ from costboard.models import Session
 MAX_TOKEN_CAP = 2**63 - 1  # a bigint
 
 
-class UsdCapField(forms.DecimalField):
-    """Dollars typed in the digits 0-9: Decimal() would read "１２" as 12."""
+def _digits_checked(name: str, example: str, value: Any) -> None:
+    """A cap typed in the digits 0-9 alone: int() and Decimal() read "１２" as 12 and "1_000"
+    as 1000."""
+    fault = amount_fault(value, example=example) if isinstance(value, str) else None
+    if fault is not None:
+        raise forms.ValidationError(f"{name}: {fault}.", code="invalid")
 
+
+class TokenCapField(forms.IntegerField):
     def clean(self, value: Any) -> Any:
-        fault = amount_fault(value, example="10.00") if isinstance(value, str) else None
-        if fault is not None:
-            raise forms.ValidationError(f"USD cap: {fault}.", code="invalid")
+        _digits_checked("Token cap", "200000", value)
+        return super().clean(value)
+
+
+class UsdCapField(forms.DecimalField):
+    def clean(self, value: Any) -> Any:
+        _digits_checked("USD cap", "10.00", value)
         return super().clean(value)
 
 
 class RaiseCapForm(forms.Form):
     """New caps for one session: each optional (blank keeps it), each above the current one."""
 
-    token_cap = forms.IntegerField(
+    token_cap = TokenCapField(
         required=False,
         min_value=1,
         max_value=MAX_TOKEN_CAP,

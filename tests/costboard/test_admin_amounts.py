@@ -99,3 +99,27 @@ def test_a_budget_in_other_digits_is_a_form_error(
     made = admin_client.post("/admin/costboard/periodbudget/add/", form)
     assert made.status_code == 302, made.content.decode()[:2000]
     assert PeriodBudget.objects.get().cost_limit_usd == Decimal(50)
+
+
+@pytest.mark.parametrize("tokens", ["５０００", "5_000"])
+def test_a_projects_token_cap_typed_otherwise_than_in_digits_is_a_form_error(
+    agent: Agent, staff: Client, tokens: str
+) -> None:
+    # int() reads fullwidth digits and "5_000" as 5000: the admin's whole numbers refuse them
+    url = f"/admin/costboard/project/{agent.project.pk}/change/"
+    parser = FormFields()
+    parser.feed(staff.get(url).content.decode())
+    data: dict[str, Any] = {}
+    for name, value in parser.fields:
+        data.setdefault(name, []).append(value)
+    before = agent.project.token_cap
+    data["token_cap"] = [tokens]
+    refused = staff.post(url, data)
+    assert refused.status_code == 200
+    assert "write the amount in" in field_errors(refused.content.decode(), "token_cap")
+    agent.project.refresh_from_db()
+    assert agent.project.token_cap == before
+    data["token_cap"] = ["5000"]
+    assert staff.post(url, data).status_code == 302
+    agent.project.refresh_from_db()
+    assert agent.project.token_cap == 5000

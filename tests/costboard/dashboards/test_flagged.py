@@ -273,6 +273,8 @@ def test_raising_a_cap_recomputes_the_state_and_records_the_change(
         # Decimal() reads fullwidth and Arabic-Indic digits as 12: refused, as typed
         ({"cost_cap_usd": "１２"}, "cost_cap_usd", "USD cap: has a digit that is not 0-9"),
         ({"cost_cap_usd": "$١٢.٥٠"}, "cost_cap_usd", "USD cap: has a digit that is not 0-9"),
+        # int() too: "２０００" would be 2000 tokens (the page takes "2,000" and "2_000")
+        ({"token_cap": "２０００"}, "token_cap", "Token cap: has a digit that is not 0-9"),
         ({"token_cap": "", "cost_cap_usd": ""}, "__all__", "Give a new token cap, a new USD"),
         ({"token_cap": "5000", "cost_cap_usd": "1"}, "cost_cap_usd", "USD cap: must be higher"),
     ],
