@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 
-from costboard.input_limits import digit_count, text_fault
+from costboard.input_limits import amount_fault, digit_count, text_fault
 from memory_ui.models import MAX_CONTENT, Memory
 
 DEFAULT_IMPORTANCE = Decimal("0.5")
@@ -94,6 +94,8 @@ def clean_scope(value: object) -> str:
 def clean_importance(value: object) -> Decimal:
     if value is None:
         return DEFAULT_IMPORTANCE
+    if isinstance(value, str) and amount_fault(value) is not None:  # Decimal() reads "٠.٧"
+        raise MemoryInputError("importance", "must be a number from 0 to 1, e.g. 0.7")
     try:
         number = Decimal(str(value).strip())
     except (ArithmeticError, TypeError, ValueError):

@@ -539,6 +539,9 @@ def test_save_without_approving_keeps_it_pending(staff: Client, agent: Agent) ->
         ),
         ("importance", "1.5", "Importance: must be a number from 0 to 1, e.g. 0.7."),
         ("importance", "high", "Importance: must be a number from 0 to 1, e.g. 0.7."),
+        # Decimal() reads other scripts' digits: "٠.٧" would be 0.7
+        ("importance", "٠.٧", "Importance: must be a number from 0 to 1, e.g. 0.7."),
+        ("importance", "０.５", "Importance: must be a number from 0 to 1, e.g. 0.7."),
         ("ttl_days", "0", "TTL days: must be a whole number of days from 1 to 36500."),
         ("ttl_days", "3.5", "TTL days: must be a whole number of days from 1 to 36500."),
         ("ttl_days", "²", "TTL days: must be a whole number of days from 1 to 36500."),
