@@ -24,9 +24,7 @@ from costboard.models import (
     Step,
 )
 from costboard.pricing.repricing import steps_reprice
-from tests.conftest import Agent, add_price, usd
-
-pytestmark = pytest.mark.django_db
+from tests.conftest import Agent, add_price, make_agent, run_in_threads, usd
 
 OLD, NEW = Decimal(3), Decimal(5)  # USD per million input tokens, before and after
 
@@ -70,6 +68,7 @@ def cost(tokens: Iterable[int], rate: Decimal) -> Decimal:
     return sum((usd(n, rate) for n in tokens), Decimal(0))
 
 
+@pytest.mark.django_db
 def test_calendar_budgets_read_the_new_prices_but_a_keys_keeps_what_it_counted(
     agent: Agent,
 ) -> None:
@@ -99,6 +98,7 @@ def test_calendar_budgets_read_the_new_prices_but_a_keys_keeps_what_it_counted(
     assert ledgers(key) == {"": cost([1000, 2500, 4000, 700], OLD)}
 
 
+@pytest.mark.django_db
 def test_a_rolling_budgets_hours_and_window_read_the_new_prices(agent: Agent) -> None:
     add_price("test-sonnet", input_mtok=OLD, output_mtok=Decimal(0))
     window = budget(
@@ -112,6 +112,7 @@ def test_a_rolling_budgets_hours_and_window_read_the_new_prices(agent: Agent) ->
     assert hours == {"ann": ann, "bob": bob}
 
 
+@pytest.mark.django_db
 def test_a_repricing_that_takes_a_budget_past_its_limit_stops_and_one_back_clears(
     agent: Agent,
 ) -> None:
@@ -141,6 +142,7 @@ def test_a_repricing_that_takes_a_budget_past_its_limit_stops_and_one_back_clear
     assert BudgetEvent.objects.filter(ledger=ledger, kind="exhausted").count() == 1
 
 
+@pytest.mark.django_db
 def test_a_budget_made_after_a_step_is_not_moved_by_its_repricing(agent: Agent) -> None:
     add_price("test-sonnet", input_mtok=OLD, output_mtok=Decimal(0))
     agent.events(step("s1", 1000))
@@ -153,3 +155,45 @@ def test_a_budget_made_after_a_step_is_not_moved_by_its_repricing(agent: Agent) 
 
     assert ledgers(later) == {"": usd(3000, NEW)}
     assert BudgetDay.objects.get(budget=later).cost_usd == usd(3000, NEW)
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_repricing_racing_ingest_leaves_every_ledger_the_sum_of_its_steps() -> None:
+    # four clients send batches for the users' sessions while a repricing moves the same
+    # budgets: taken in one lock order (sessions, then ledgers), nothing deadlocks, and each
+    # ledger and day ends up the sum of its steps as they are stored, whichever price a step
+    # was given and whether the repricing saw it
+    agent = make_agent("racing")
+    add_price("test-sonnet", input_mtok=OLD, output_mtok=Decimal(0))
+    users = budget(agent, "each user", scope="user", scope_value="*", action="stop")
+    project = budget(agent, "all of it", action="stop")
+    for n in range(4):
+        agent.events(
+            {"type": "session", "session_id": f"s{n}", "user_id": f"u{n % 2}"},
+            *[step(f"s{n}", 1000 + k) for k in range(20)],
+        )
+
+    def work(index: int) -> None:
+        if index == 4:
+            reprice(NEW)
+            return
+        client = Agent(agent.project, agent.key, agent.client.__class__())
+        for batch in range(5):
+            client.events(*[step(f"s{(index + k) % 4}", 100 * batch + k) for k in range(10)])
+
+    assert run_in_threads(5, work) == []
+
+    steps = list(Step.objects.select_related("session"))
+    assert len(steps) == 80 + 4 * 5 * 10
+    by_user: dict[str, Decimal] = {}
+    for each in steps:
+        by_user[each.session.user_id] = (
+            by_user.get(each.session.user_id, Decimal(0)) + each.cost_usd
+        )
+    assert ledgers(users) == by_user
+    assert ledgers(project) == {"": sum(by_user.values(), Decimal(0))}
+    days = dict(BudgetDay.objects.filter(budget=users).values_list("member", "cost_usd"))
+    assert days == by_user
+    # the repricing reached the steps stored before it began
+    assert Step.objects.get(session__external_id="s0", input_tokens=1000).cost_usd == usd(1000, NEW)
