@@ -52,13 +52,19 @@ def test_a_price_in_other_digits_is_a_form_error(staff: Client, field: str, valu
     assert not ModelPrice.objects.exists()
 
 
-def test_a_projects_usd_cap_in_other_digits_is_a_form_error(agent: Agent, staff: Client) -> None:
+def project_form(agent: Agent, staff: Client) -> tuple[str, dict[str, Any]]:
+    """The project's admin change page and its form's fields as it renders them."""
     url = f"/admin/costboard/project/{agent.project.pk}/change/"
     parser = FormFields()
     parser.feed(staff.get(url).content.decode())
     data: dict[str, Any] = {}
     for name, value in parser.fields:
         data.setdefault(name, []).append(value)
+    return url, data
+
+
+def test_a_projects_usd_cap_in_other_digits_is_a_form_error(agent: Agent, staff: Client) -> None:
+    url, data = project_form(agent, staff)
     data["cost_cap_usd"] = ["１２"]
     refused = staff.post(url, data)
     assert refused.status_code == 200
@@ -106,12 +112,7 @@ def test_a_projects_token_cap_typed_otherwise_than_in_digits_is_a_form_error(
     agent: Agent, staff: Client, tokens: str
 ) -> None:
     # int() reads fullwidth digits and "5_000" as 5000: the admin's whole numbers refuse them
-    url = f"/admin/costboard/project/{agent.project.pk}/change/"
-    parser = FormFields()
-    parser.feed(staff.get(url).content.decode())
-    data: dict[str, Any] = {}
-    for name, value in parser.fields:
-        data.setdefault(name, []).append(value)
+    url, data = project_form(agent, staff)
     before = agent.project.token_cap
     data["token_cap"] = [tokens]
     refused = staff.post(url, data)
