@@ -192,7 +192,10 @@ def _stopped(
     (`by_steps`: a step's own tags match too), then the others by what the session is (its
     user, its tags, the key): a session touched by a session or turn event alone, or whose
     steps were all timed in a period before (a late batch), is told to stop as a read of it
-    would be, and one whose late steps exhausted a past period is not."""
+    would be, and one whose late steps exhausted a past period is not. A session whose steps
+    all counted in the current periods was decided by them, unless a stop budget is a tag's:
+    a step's own tag may replace its session's (`team=b` on a step of a `team=a` session),
+    so with one, every session is asked (one query)."""
     stopped = dict(by_steps)
     stops = [budget for budget in above if budget.action == PeriodBudget.Action.STOP]
     if not stops:
@@ -207,6 +210,8 @@ def _stopped(
     ]
     first = max(start for start, _ in bounds)
     end = min((end for _, end in bounds if end is not None), default=None)
+    # a tag budget may match a session by a tag its steps override: every session is asked
+    by_tags = any(b.scope == PeriodBudget.Scope.TAG for b in stops)
     scopes = {
         s.key: StepScope(
             user_id=batch.user_of.get(s.key, ""),
@@ -215,7 +220,11 @@ def _stopped(
         )
         for s in batch.sessions
         if s.key not in stopped
-        and not (s.steps and all(first <= t.at and (end is None or t.at < end) for t in s.steps))
+        and (
+            by_tags
+            or not s.steps
+            or not all(first <= t.at and (end is None or t.at < end) for t in s.steps)
+        )
     }
     if scopes:
         stopped.update(stopping_budgets(above, scopes, batch.now))

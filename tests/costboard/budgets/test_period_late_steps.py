@@ -91,3 +91,30 @@ def test_a_late_step_of_a_day_past_is_stopped_by_todays_exhausted_budget(
     # yesterday's ledger holds its one step, under its limit
     yesterday = PeriodLedger.objects.get(budget=daily, period_start=DAY)
     assert (yesterday.cost_usd, yesterday.state) == (Decimal("0.001"), "ok")
+
+
+def test_a_step_whose_own_tag_replaces_its_sessions_is_still_stopped_by_the_sessions(
+    agent: Agent,
+) -> None:
+    # team=a is exhausted; s1 is a team=a session whose step says team=b: the step counts
+    # toward team=b, and the session, read by its own tags, is held by team=a's budget
+    add_price("test-sonnet", input_mtok=Decimal(1), output_mtok=Decimal(0))
+    team_a = period_budget_create(
+        project=agent.project,
+        fields={
+            "name": "team a",
+            "scope": "tag",
+            "scope_value": "team=a",
+            "period": "day",
+            "cost_limit_usd": "1.00",
+            "action": "stop",
+        },
+    )
+    now = datetime.now(UTC)
+    agent.events(session("s0") | {"tags": {"team": "a"}}, step("s0", 1_000_000, now))
+    answer = agent.events(
+        session("s1") | {"tags": {"team": "a"}}, step("s1", 10, now) | {"tags": {"team": "b"}}
+    )["sessions"]
+    stopped = ("exhausted", f"budget:{team_a.pk}")
+    assert (answer["s1"]["state"], answer["s1"]["stopped_by"]) == stopped
+    assert read(now, agent, "s1") == stopped
