@@ -26,8 +26,9 @@ from costboard.budgets.alerts import announce, incidents_resolve
 from costboard.budgets.period_ledgers import period_budget_recheck
 from costboard.budgets.periods import EVERY, per_member, rolling, zone
 from costboard.input_limits import amount_fault
-from costboard.models import ApiKey, PeriodBudget, Project
+from costboard.models import ApiKey, PeriodBudget, Project, Step
 from costboard.models.projects import ALERT_CHANNELS, channel_setup_fault
+from costboard.sql_arrays import Dialect
 
 FIELDS = (
     "name",
@@ -377,7 +378,21 @@ def period_budget_create(
     warning at [0.8] where they are not given)."""
     cleaned = budget_check(project, _typed(fields))
     now = now or timezone.now()
-    return PeriodBudget.objects.create(project=project, created_at=now, updated_at=now, **cleaned)
+    return PeriodBudget.objects.create(
+        project=project,
+        created_at=now,
+        updated_at=now,
+        counts_from_step=_next_step_id(),
+        **cleaned,
+    )
+
+
+def _next_step_id() -> int:
+    """An id no step stored so far has, and below every step stored from now on (on
+    PostgreSQL one taken from the steps' sequence: a batch in flight has its ids already)."""
+    sql = Dialect()
+    with sql.cursor() as cursor:
+        return sql.ids_reserve(cursor, Step._meta.db_table, 1)[0]
 
 
 @transaction.atomic

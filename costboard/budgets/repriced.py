@@ -8,12 +8,12 @@ their row locks; the budgets' current periods are then decided again
 budget past a limit is a crossing and one that brings it back under clears it.
 
 Which budgets a step counted toward is known again from what it is: its project, its
-session's user (as it is now, as the user rollups take it), its tags (stored with it) and its
-time. Two things are not: the key that sent it (steps do not keep it: an `api_key` budget keeps
-the cost it counted), and whether the budget existed when it arrived (a budget counts from its
-creation: a step timed before the budget's `created_at` is taken as not counted). A row that is
-gone (a period before retention, an hour out of every window) gets nothing: nothing of it is
-read any more.
+session's user (as it is now, as the user rollups take it), its tags (stored with it), its
+time and its id: steps get their ids as they arrive, and a budget keeps the first one it could
+count (`counts_from_step`), so a step that arrived before the budget was made is known not
+counted, whatever its timestamp. The key that sent it is not kept: an `api_key` budget keeps
+the cost it counted. A row that is gone (a period before retention, an hour out of every
+window) gets nothing: nothing of it is read any more.
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ class StepRepriced:
     """A repriced step as period budgets match it, and what its cost changed by."""
 
     project_id: int
+    step_id: int
     at: datetime  # its timestamp
     user_id: str  # its session's end user now ("" for none)
     tags: dict[str, str] | None
@@ -69,7 +70,7 @@ def period_ledgers_reprice(steps: Sequence[StepRepriced]) -> set[int]:
                 continue  # which key sent a step is not kept
             tz = zone(budget.timezone)
             for step in changed:
-                if step.at < budget.created_at:
+                if not _counted(budget, step):
                     continue
                 member = budget_member(budget, StepScope(step.user_id, "", step.tags))
                 if member is None:
@@ -115,6 +116,15 @@ def period_ledgers_reprice(steps: Sequence[StepRepriced]) -> set[int]:
             cost_usd=F("cost_usd") + delta
         )
     return {row.budget_id for row in locked} | {budget_id for budget_id, _, _ in hours}
+
+
+def _counted(budget: PeriodBudget, step: StepRepriced) -> bool:
+    """Did `budget` count this step, by when it arrived: from the first step id the budget
+    could count (`counts_from_step`); for a budget made before that was kept, by the step's
+    time from its creation on."""
+    if budget.counts_from_step is not None:
+        return step.step_id >= budget.counts_from_step
+    return step.at >= budget.created_at
 
 
 def repriced_budgets_decide(budget_ids: set[int], *, now: datetime) -> None:

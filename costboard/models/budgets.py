@@ -155,6 +155,10 @@ class PeriodBudget(models.Model):
     )
     # (before `timezone`, which names a field from there on in this class)
     created_at = models.DateTimeField(default=timezone.now, editable=False)
+    # the first step id it may have counted: steps get their ids as they arrive, so a step
+    # with a smaller id arrived before it was made and never counted (a repricing reads
+    # this: docs/budgets.md, "Repricing"); None: made before it was kept
+    counts_from_step = models.BigIntegerField(null=True, blank=True, editable=False)
     updated_at = models.DateTimeField(default=timezone.now, editable=False)
     timezone = models.CharField(
         max_length=64, default="UTC", help_text="where days, weeks and months begin"

@@ -271,7 +271,9 @@ def _reprice_chunk(steps: list[Step], table: Any, result: RepriceResult) -> None
         differences = [new - old for old, new in zip(before, after, strict=True)]
         user_id = users.get(step.session_id) or ""
         spends.append(
-            StepRepriced(step.project_id, step.timestamp, user_id, step.tags, differences[-1])
+            StepRepriced(
+                step.project_id, step.pk, step.timestamp, user_id, step.tags, differences[-1]
+            )
         )
         _add(by_user[(step.project_id, day, user_id)], differences)
         for key, value in (step.tags or {}).items():

@@ -6,6 +6,7 @@ cleared); an `api_key` budget and a budget made after a step keep what they coun
 from __future__ import annotations
 
 from collections.abc import Iterable
+from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -197,3 +198,19 @@ def test_a_repricing_racing_ingest_leaves_every_ledger_the_sum_of_its_steps() ->
     assert days == by_user
     # the repricing reached the steps stored before it began
     assert Step.objects.get(session__external_id="s0", input_tokens=1000).cost_usd == usd(1000, NEW)
+
+
+@pytest.mark.django_db
+def test_what_a_budget_counted_is_known_by_arrival_not_by_timestamp(agent: Agent) -> None:
+    # a step stamped ahead of the clock arrives before the budget is made: not counted, so a
+    # repricing must not take it off; one stamped before the budget arrives after: counted
+    add_price("test-sonnet", input_mtok=OLD, output_mtok=Decimal(0))
+    now = timezone.now()
+    agent.events(step("s1", 1_000_000, timestamp=(now + timedelta(minutes=30)).isoformat()))
+    made = budget(agent, "from now on", period="total")
+    agent.events(step("s1", 3000, timestamp=(now - timedelta(minutes=5)).isoformat()))
+    assert ledgers(made) == {"": usd(3000, OLD)}
+
+    reprice(NEW)
+
+    assert ledgers(made) == {"": usd(3000, NEW)}
