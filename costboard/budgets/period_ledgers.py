@@ -33,6 +33,7 @@ from typing import Any, Protocol
 
 from django.db import connection, transaction
 from django.db.models import Q
+from django.db.models.functions import Collate
 
 from costboard.budgets.alerts import announce
 from costboard.budgets.engine import (
@@ -308,6 +309,17 @@ def _ledger_set(row: PeriodLedger, decided: Outcome, *, totals: bool) -> bool:
     return True
 
 
+# The order ledgers are locked in, everywhere: ingest's upsert takes them in Python's order of
+# (budget, period start, member), so a lock taken in SQL orders the member as Python does — by
+# code point, the "C" collation (a database's own, en_US say, puts "U-b" before "u-a" where
+# Python does not): two orders over one pair of rows would deadlock.
+LEDGER_ORDER = (
+    "budget_id",
+    "period_start",
+    Collate("member", "C") if connection.vendor == "postgresql" else "member",
+)
+
+
 def _ledgers_add(
     project_id: int,
     added: dict[LedgerKey, tuple[int, int]],
@@ -481,7 +493,7 @@ def period_budget_recheck(budget: PeriodBudget, *, now: datetime) -> list[Budget
     rows = list(
         PeriodLedger.objects.select_for_update()
         .filter(budget=budget, period_start=start)
-        .order_by("member")
+        .order_by(*LEDGER_ORDER)
     )
     limits = PeriodLimits.of(budget)
     windows = window_totals([(budget, row.member) for row in rows], now) if rolling(budget) else {}

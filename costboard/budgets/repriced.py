@@ -28,7 +28,11 @@ from django.db import transaction
 from django.db.models import F, Q
 
 from costboard.budgets.alerts import announce, incidents_resolve
-from costboard.budgets.period_ledgers import period_budget_recheck, project_budgets
+from costboard.budgets.period_ledgers import (
+    LEDGER_ORDER,
+    period_budget_recheck,
+    project_budgets,
+)
 from costboard.budgets.periods import (
     EPOCH,
     StepScope,
@@ -88,11 +92,7 @@ def period_ledgers_reprice(steps: Sequence[StepRepriced]) -> set[int]:
     wanted = Q(pk__in=[])
     for budget_id, start, member in sorted(ledgers):
         wanted |= Q(budget_id=budget_id, period_start=start, member=member)
-    locked = list(
-        PeriodLedger.objects.select_for_update()
-        .filter(wanted)
-        .order_by("budget_id", "period_start", "member")
-    )
+    locked = list(PeriodLedger.objects.select_for_update().filter(wanted).order_by(*LEDGER_ORDER))
     for row in locked:
         delta = ledgers[(row.budget_id, row.period_start, row.member)]
         if row.window_start is not None:  # a rolling ledger: the hours of its stored window

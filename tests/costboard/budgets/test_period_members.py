@@ -512,3 +512,34 @@ def test_the_admin_keeps_a_budget_per_member_or_not(admin_client: Client, agent:
     assert kept.status_code == 302, kept.content.decode()[:2000]
     b.refresh_from_db()
     assert (b.scope_value, b.token_limit) == ("plan=*", 2000)
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="a column collation: PostgreSQL's")
+def test_ledgers_are_locked_in_ingests_order_whatever_the_databases_collation(
+    agent: Agent,
+) -> None:
+    # ingest's upsert locks a batch's ledgers in Python's order of their members; the locks
+    # taken in SQL (a limit's recheck, a repricing) must follow it, or the two deadlock. Here
+    # the members' column collates as en_US does, which orders them otherwise than Python
+    from costboard.budgets.period_ledgers import LEDGER_ORDER
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"ALTER TABLE {PeriodLedger._meta.db_table} ALTER COLUMN member "
+            'TYPE varchar(128) COLLATE "en-US-x-icu"'
+        )
+    b = PeriodBudget.objects.create(
+        project=agent.project, name="each", scope="user", scope_value="*", token_limit=10
+    )
+    members = ["u-a", "U-b", "a1", "a-2", "Zed", "zed"]
+    start = period_bounds("month", "UTC", datetime.now(UTC))[0]
+    for member in members:
+        PeriodLedger.objects.create(
+            project=agent.project, budget=b, member=member, period_start=start
+        )
+    by_collation = list(
+        PeriodLedger.objects.filter(budget=b).order_by("member").values_list("member", flat=True)
+    )
+    assert by_collation != sorted(members)  # the column's own order is not Python's
+    locked = PeriodLedger.objects.select_for_update().filter(budget=b).order_by(*LEDGER_ORDER)
+    assert [row.member for row in locked] == sorted(members)
