@@ -22,7 +22,9 @@ The rules (docs/budgets.md, "States and budget events"):
 - `cap_changed` is recorded when the limits differ from the old ones given.
 - `threshold` (period budgets' warn fractions, `thresholds`): one crossing per fraction the
   totals reach above the highest reached before (`threshold_crossed`), which is then the
-  highest they reach — cleared like the others when no longer true.
+  highest they reach — cleared like the others when no longer true. A ledger warned under a
+  lower first fraction than the first now (`threshold_crossed` below it: moved up since) is
+  decided as not warned at this one, so its crossing is a `soft_warned` of its own.
 """
 
 from __future__ import annotations
@@ -266,6 +268,11 @@ def budget_decide(
         crossings.append(Crossing(CAP_CHANGED, at, tokens, cost, change))
 
     warned_at = ledger.warned_at if warned else None
+    crossed = ledger.threshold_crossed
+    if warned_at is not None and thresholds and crossed is not None and crossed < thresholds[0]:
+        # warned under a lower first fraction (it was moved up since): not warned at this
+        # one, whose crossing is a warning of its own
+        warned_at = None
     if warned and warned_at is None:
         moment = _first_moment(spends, before_tokens, before_cost, limits.warned, now)
         warned_at = moment[0]

@@ -249,7 +249,7 @@ def period_budgets_apply(
         else:
             before = replace(Ledger.of(row), tokens_used=totals[0], cost_usd=totals[1])
         decided = budget_decide(
-            ledger=_warned_at_first(before, limits),
+            ledger=before,
             limits=limits,
             at=now,
             spends=spends,  # read only to time a crossing
@@ -278,18 +278,6 @@ def period_budgets_apply(
 
 
 _STATE_FIELDS = ["state", "warned_at", "exhausted_at", "threshold_crossed", "episode"]
-
-
-def _warned_at_first(ledger: Ledger, limits: PeriodLimits) -> Ledger:
-    """The ledger's warning as its budget's first warn fraction now has it. A ledger warned
-    under a lower first fraction — the highest it crossed (`threshold_crossed`) is below the
-    first now: the first was moved up since — has not been warned at this one, so the engine
-    decides it unwarned: past the new first fraction, that crossing is recorded (a
-    `soft_warned` of its own, alerted once: `_crossings_recorded`) and `warned_at` is its."""
-    crossed = ledger.threshold_crossed
-    if ledger.warned_at is not None and crossed is not None and crossed < limits.warn_at:
-        return replace(ledger, warned_at=None)
-    return ledger
 
 
 def _ledger_totals_set(row: PeriodLedger, decided: Outcome) -> None:
@@ -503,7 +491,6 @@ def period_budget_recheck(budget: PeriodBudget, *, now: datetime) -> list[Budget
         if rolling(budget):  # its window now, under its lock
             ledger = window_ledger(row, limits, windows[(budget.pk, row.member)])
             row.window_start = window_bounds(budget.window_hours or 1, now)[0]
-        ledger = _warned_at_first(ledger, limits)
         decided = budget_decide(ledger=ledger, limits=limits, at=now, thresholds=limits.thresholds)
         _ledger_set(row, decided, totals=False)
         row.updated_at = now
