@@ -72,21 +72,20 @@ def period_ledgers_reprice(steps: Sequence[StepRepriced]) -> set[int]:
         for budget in project_budgets(Project(pk=project_id)):
             if budget.scope == PeriodBudget.Scope.API_KEY:
                 continue  # which key sent a step is not kept
-            tz = zone(budget.timezone)
             for step in changed:
                 if not _counted(budget, step):
                     continue
                 member = budget_member(budget, StepScope(step.user_id, "", step.tags))
                 if member is None:
                     continue
-                if rolling(budget):  # its member's one ledger keeps its window's hours
-                    hour = hour_of(step.at)
-                    hours[(budget.pk, member, hour)] += step.cost_delta
-                    ledgers[(budget.pk, EPOCH, member)] += Decimal(0)
+                if rolling(budget):  # its member's one ledger (locked too) keeps its hours'
+                    hours[(budget.pk, member, hour_of(step.at))] += step.cost_delta
+                    ledgers.setdefault((budget.pk, EPOCH, member), Decimal(0))
                     continue
                 start, _ = period_bounds(budget.period, budget.timezone, step.at)
                 ledgers[(budget.pk, start, member)] += step.cost_delta
-                days[(budget.pk, step.at.astimezone(tz).date(), member)] += step.cost_delta
+                day = step.at.astimezone(zone(budget.timezone)).date()
+                days[(budget.pk, day, member)] += step.cost_delta
     if not ledgers:
         return set()
     wanted = Q(pk__in=[])
