@@ -55,12 +55,21 @@ def env_bool(name: str, default: bool) -> bool:
     raise ImproperlyConfigured(f"{name}={raw!r} is not a boolean; use 1/0, true/false, yes/no.")
 
 
+def _plain_number(raw: str) -> str:
+    """The value stripped, if it is written in ASCII without `_` (int() and Decimal() would
+    read "１２", "١٢" and "1_000" as numbers, as the API refuses them); else ValueError."""
+    value = raw.strip()
+    if not value.isascii() or "_" in value:
+        raise ValueError(raw)
+    return value
+
+
 def env_int(name: str, default: int, *, minimum: int = 0) -> int:
     raw = os.environ.get(name)
     if raw is None or raw.strip() == "":
         return default
     try:
-        value = int(raw.strip())
+        value = int(_plain_number(raw))
     except ValueError:
         raise ImproperlyConfigured(
             f"{name}={raw!r} is not an integer; use e.g. {default}."
@@ -75,8 +84,8 @@ def env_decimal(name: str, default: str, *, minimum: Decimal = Decimal(0)) -> De
     if raw is None or raw.strip() == "":
         return Decimal(default)
     try:
-        value = Decimal(raw.strip())
-    except InvalidOperation:
+        value = Decimal(_plain_number(raw))
+    except (InvalidOperation, ValueError):
         raise ImproperlyConfigured(
             f"{name}={raw!r} is not a decimal number; use e.g. {default}."
         ) from None

@@ -70,6 +70,14 @@ def test_env_readers(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("X_DEC", "-1")
     with pytest.raises(ImproperlyConfigured, match="X_DEC"):
         env_decimal("X_DEC", "1")
+    # digits Python reads but nobody types in a setting: refused as the API refuses them
+    for written in ("\uff11\uff12", "\u0661\u0662", "1_000"):
+        monkeypatch.setenv("X_DEC", written)
+        with pytest.raises(ImproperlyConfigured, match=r"X_DEC.*is not a decimal number"):
+            env_decimal("X_DEC", "1")
+        monkeypatch.setenv("X_INT", written)
+        with pytest.raises(ImproperlyConfigured, match=r"X_INT.*is not an integer"):
+            env_int("X_INT", 1)
     monkeypatch.setenv("X_URL", " http://127.0.0.1:9/ ")
     assert env_base_url("X_URL", "https://api.openai.com") == "http://127.0.0.1:9"
     assert env_base_url("X_UNSET", "https://api.openai.com") == "https://api.openai.com"
