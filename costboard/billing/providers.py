@@ -4,8 +4,9 @@ asked for daily buckets over a window of days and followed page by page (`next_p
 `has_more`); each answer is read with its amounts as `Decimal` from the JSON text, checked
 field by field, and turned into `Billed` rows. Nothing here touches the database.
 
-A 429 is retried after its `Retry-After` seconds, a 5xx or a connection failure after a
-backoff that doubles (1, 2, 4 … seconds); `sleep` is the seam tests turn by hand. Any other
+A 429 is retried after its `Retry-After` seconds, a 5xx or a connection failure (refused,
+timed out, reset, or an answer cut off before its end) after a backoff that doubles (1, 2,
+4 … seconds); `sleep` is the seam tests turn by hand. Any other
 refusal, or an answer that is not the documented shape, raises `ProviderError` naming the
 provider and the field.
 """
@@ -13,6 +14,7 @@ provider and the field.
 from __future__ import annotations
 
 import dataclasses
+import http.client
 import json
 import time
 import urllib.error
@@ -380,7 +382,10 @@ class Client:
                 return self._parse(path, body)
             except urllib.error.HTTPError as exc:
                 status = exc.code
-                detail = exc.read()[:300].decode("utf-8", "replace")
+                try:
+                    detail = exc.read()[:300].decode("utf-8", "replace")
+                except (http.client.HTTPException, OSError):  # the refusal's body cut off
+                    detail = "(its body cut off)"
                 retry_after = _retry_after(exc.headers.get("Retry-After"))
                 if status == 429 and retry_after is not None:
                     wait, doubling = retry_after, False
@@ -391,7 +396,9 @@ class Client:
                         f"HTTP {status} {_refusal_hint(self.provider, status)}: {detail}",
                     ) from None
                 failure = f"HTTP {status}: {detail}"
-            except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
+            except (urllib.error.URLError, http.client.HTTPException, OSError) as exc:
+                # refused, timed out, reset, or cut off before the body its Content-Length
+                # told (IncompleteRead): a connection failure, retried like a 5xx
                 failure = f"unreachable ({getattr(exc, 'reason', exc)})"
             if attempt == MAX_ATTEMPTS:
                 raise ProviderError(

@@ -3,8 +3,8 @@ answers OpenAI's organization Costs and Usage (completions) endpoints and Anthro
 report and messages usage report in their documented shapes — daily buckets over the window
 asked for, a page of at most `page_size` buckets with `has_more` and an opaque `next_page` —
 checks each provider's auth headers, and records every request. Faults (a 429 with
-Retry-After, a 5xx, a body that is not JSON) are queued per path, each matched by a test's
-predicate on the request's parameters."""
+Retry-After, a 5xx, a body that is not JSON, an answer cut off before its Content-Length) are
+queued per path, each matched by a test's predicate on the request's parameters."""
 
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ ANTHROPIC_PATHS = {
     "usage": "/v1/organizations/usage_report/messages",
 }
 Params = dict[str, list[str]]
+CUT = "X-Fake-Cut"  # marks a fault's answer to cut off (never sent)
 
 
 class Number:
@@ -46,6 +47,7 @@ class Fault:
     headers: dict[str, str] = field(default_factory=dict)
     when: Callable[[Params], bool] = lambda params: True
     times: int = 1  # how many requests it answers (a large number: every one)
+    cut: bool = False  # the connection closed halfway through the body its Content-Length told
 
 
 @dataclass
@@ -83,11 +85,16 @@ class FakeBilling:
                 url = urllib.parse.urlsplit(self.path)
                 params = urllib.parse.parse_qs(url.query, keep_blank_values=True)
                 status, body, headers = fake.answer(url.path, params, dict(self.headers.items()))
+                cut = headers.pop(CUT, None) is not None
                 self.send_response(status)
                 for name, value in {"Content-Type": "application/json", **headers}.items():
                     self.send_header(name, value)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
+                if cut:  # half the body told, then the connection closed
+                    self.wfile.write(body[: len(body) // 2])
+                    self.close_connection = True
+                    return
                 self.wfile.write(body)
 
             def log_message(self, format: str, *args: Any) -> None:
@@ -109,7 +116,8 @@ class FakeBilling:
             for fault in self.faults.get(path, []):
                 if fault.times > 0 and fault.when(params):
                     fault.times -= 1
-                    return fault.status, fault.body, fault.headers
+                    cut = {CUT: "1"} if fault.cut else {}
+                    return fault.status, fault.body, {**fault.headers, **cut}
         lowered = {name.lower(): value for name, value in headers.items()}
         if path in OPENAI_PATHS.values():
             if lowered.get("authorization") != f"Bearer {OPENAI_KEY}":

@@ -363,6 +363,29 @@ def test_a_5xx_is_retried_with_a_doubling_backoff(fake: FakeBilling, acme: Proje
     assert result.rows == {"anthropic_cost_report": 15, "anthropic_usage": 5}
 
 
+@pytest.mark.parametrize("status", [200, 503])
+def test_an_answer_cut_off_midway_is_retried_as_a_connection_failure(
+    fake: FakeBilling, acme: Project, status: int
+) -> None:
+    # the connection closed before the body its Content-Length told: retried, not a traceback
+    fake.fault(OPENAI_PATHS["usage"], Fault(status, body=b'{"data": [], "has_more": 0}', cut=True))
+    sleeps: list[float] = []
+    result = billing_import("openai", FIRST, LAST, sleep=sleeps.append)
+    assert sleeps == [1.0]
+    assert result.rows == {"openai_costs": 15, "openai_usage": 10}
+
+
+def test_an_answer_always_cut_off_gives_up_naming_the_provider(
+    fake: FakeBilling, acme: Project
+) -> None:
+    fake.fault(OPENAI_PATHS["costs"], Fault(200, cut=True, times=100))
+    with pytest.raises(ImportFailed) as failed:
+        billing_import("openai", FIRST, LAST, sleep=no_sleep)
+    assert str(failed.value).startswith("openai: /v1/organization/costs: unreachable (")
+    assert str(failed.value).endswith(f"gave up after {MAX_ATTEMPTS} attempts")
+    assert BilledUsage.objects.count() == 0
+
+
 def test_a_5xx_that_lasts_gives_up_naming_the_provider(fake: FakeBilling, acme: Project) -> None:
     fake.fault(OPENAI_PATHS["costs"], Fault(500, times=100))
     sleeps: list[float] = []
