@@ -18,11 +18,18 @@ MEMORY_MD_LINES = 200
 MEMORY_MD_BYTES = 25_000
 
 
+def unexpired(now: datetime) -> Q:
+    """Not past its TTL at `now`: no expires_at, or one still ahead. At expires_at a memory
+    is out, as the TTL sweep (decisions.memories_expire_due) takes it then; until the sweep
+    has run, MEMORY.md, search, the browser and a proposal's lookups leave it out alike."""
+    return Q(expires_at__isnull=True) | Q(expires_at__gt=now)
+
+
 def live_memories(project: Project, scope: str, now: datetime | None = None) -> Any:
     """A scope's approved memories that have not expired: what MEMORY.md and search read."""
     now = now or timezone.now()
     return Memory.objects.filter(
-        Q(expires_at__isnull=True) | Q(expires_at__gt=now),
+        unexpired(now),
         project=project,
         scope=scope,
         status=Memory.Status.APPROVED,

@@ -36,6 +36,7 @@ from costboard.models import Project
 from memory_ui import ranking
 from memory_ui.cleaners import Search
 from memory_ui.conflicts import frame_key, judge
+from memory_ui.memory_file import unexpired
 from memory_ui.models import Memory, MemoryEvent, MemoryFeedback, RetrievalLog
 from memory_ui.ranking import PORTABLE_SCAN
 from memory_ui.text import similarity
@@ -138,7 +139,11 @@ def candidate_sentence(memory: Memory) -> str:
 def memories_approved(
     *, project_ids: Sequence[int], type: str = "", scope: str = ""
 ) -> QuerySet[Memory]:
-    approved = Memory.objects.filter(project_id__in=project_ids, status=Memory.Status.APPROVED)
+    """Approved memories not past their TTL (memory_file.unexpired): what the browser lists
+    beside each scope's MEMORY.md."""
+    approved = Memory.objects.filter(
+        unexpired(timezone.now()), project_id__in=project_ids, status=Memory.Status.APPROVED
+    )
     if type:
         approved = approved.filter(type=type)
     if scope:
@@ -191,7 +196,9 @@ def type_groups(
     if not pairs:
         return {}
     in_pairs = reduce(or_, (Q(project_id=p, scope=s) for p, s in pairs))
-    approved = Memory.objects.filter(in_pairs, status=Memory.Status.APPROVED)
+    approved = Memory.objects.filter(
+        in_pairs, unexpired(timezone.now()), status=Memory.Status.APPROVED
+    )
     if type:
         approved = approved.filter(type=type)
     counts = approved.values("project_id", "scope", "type").annotate(n=Count("id")).order_by()
@@ -446,15 +453,22 @@ class Near:
 
 
 def near_memories(
-    project: Project, scope: str, content: str, *, exclude: int | None = None
+    project: Project,
+    scope: str,
+    content: str,
+    *,
+    exclude: int | None = None,
+    now: datetime | None = None,
 ) -> Near:
     """The scope's live memories of the same frame as `content` (conflicts.frame_key, one
-    btree lookup), read as the one it repeats (same claims) or ones it contradicts."""
+    btree lookup), read as the one it repeats (same claims) or ones it contradicts; an
+    approved one past its TTL at `now` is not live, swept or not."""
     key = frame_key(content)
     if not key:
         return Near(duplicate=None, conflicts=[])
     same_frame = (
         Memory.objects.filter(project=project, scope=scope, frame_key=key, status__in=LIVE)
+        .filter(unexpired(now or timezone.now()))
         .filter(proposal=Memory.Proposal.NEW)
         .exclude(pk=exclude or 0)
         .only("id", "content", "status")

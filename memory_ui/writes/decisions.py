@@ -15,7 +15,7 @@ from django.utils import timezone
 from memory_ui.cleaners import MemoryFields, MemoryInputError
 from memory_ui.conflicts import frame_key
 from memory_ui.models import Memory, MemoryEvent
-from memory_ui.selectors import LIVE
+from memory_ui.selectors import LIVE, near_memories
 from memory_ui.text import fingerprint
 from memory_ui.writes.history import User, event_record, snapshot
 
@@ -38,11 +38,17 @@ def memory_edit(
     """Give the memory `fields` (content, type, scope, importance, tags, ttl_days, checked
     where they came in); the event keeps the before and after of those that changed. With
     `approve`, a pending candidate is approved in the same transaction (the review queue's
-    "Save and approve"): both or neither, and DecisionError if it was decided meanwhile."""
+    "Save and approve"): both or neither, and DecisionError if it was decided meanwhile.
+    Only a pending or approved memory is edited: a rejected sentence keeps its text (which
+    keeps it from coming back), and one expired, merged or superseded keeps its history's.
+    A pending candidate's `conflicts_with` is read again for its new text and scope, so
+    approving it supersedes what it contradicts as edited, and nothing else."""
     now = now or timezone.now()
     memory = _locked(memory)
     if approve and memory.status != Memory.Status.PENDING:
         raise DecisionError(f"memory {memory.pk} is {memory.status}, not pending")
+    if memory.status not in LIVE:
+        raise DecisionError(f"memory {memory.pk} is {memory.status}: it is not edited")
     before = snapshot(memory)
     memory.content, memory.type, memory.scope = fields.content, fields.type, fields.scope
     memory.importance, memory.tags = fields.importance, list(fields.tags)
@@ -55,6 +61,11 @@ def memory_edit(
     if after != before:
         memory.updated_at = now
         memory.save()
+        if memory.status == Memory.Status.PENDING and memory.proposal == Memory.Proposal.NEW:
+            near = near_memories(
+                memory.project, memory.scope, memory.content, exclude=memory.pk, now=now
+            )
+            memory.conflicts_with.set([other for other, _ in near.conflicts])
         changed = {k for k in after if after[k] != before[k]}
         event_record(
             memory,

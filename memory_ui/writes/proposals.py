@@ -14,6 +14,7 @@ from django.utils import timezone
 from costboard.models import Project, Session, Turn
 from memory_ui.cleaners import MemoryFields, MemoryInputError
 from memory_ui.conflicts import frame_key
+from memory_ui.memory_file import unexpired
 from memory_ui.models import Memory, MemoryEvent
 from memory_ui.selectors import LIVE, near_memories
 from memory_ui.text import fingerprint
@@ -53,6 +54,7 @@ def candidate_propose(
         # a lifecycle proposal (evict/merge/compress) rejected is not its sentence rejected
         .filter(proposal=Memory.Proposal.NEW)
         .exclude(status__in=[Memory.Status.EXPIRED, Memory.Status.MERGED, Memory.Status.SUPERSEDED])
+        .filter(unexpired(now))  # past its TTL, even before the sweep: out of MEMORY.md
         .order_by("status", "pk")
         .first()
     )
@@ -61,14 +63,14 @@ def candidate_propose(
     note = ""
     contradicts: list[tuple[Memory, str]] = []
     if same is None:
-        near = near_memories(project, scope, content)
+        near = near_memories(project, scope, content, now=now)
         contradicts = near.conflicts
         if near.duplicate is not None:
             same, score = near.duplicate
             note = f"near-duplicate ({score:.2f}) of a proposal: {content}"
     if same is not None:
         # a reviewer may be deciding on it or editing it now: wait for its row, read it again
-        same = Memory.objects.select_for_update().filter(pk=same.pk).first()
+        same = Memory.objects.select_for_update().filter(unexpired(now), pk=same.pk).first()
         if same is not None and same.status == Memory.Status.REJECTED and same.fingerprint == fp:
             return None
         if same is not None and same.status not in LIVE:

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from django.test import Client
+from django.utils import timezone
 
 from memory_ui import lifecycle
 from memory_ui.cleaners import MemoryFields, Search
@@ -207,6 +208,60 @@ def test_approving_in_bulk_supersedes_too(agent: Agent) -> None:
     assert done.decided == [new.pk]
     old.refresh_from_db()
     assert (old.status, old.superseded_by_id) == ("superseded", new.pk)
+
+
+def test_an_edit_that_no_longer_contradicts_supersedes_nothing(staff: Client, agent: Agent) -> None:
+    """A contradiction edited into another sentence and saved (approved) leaves the memory
+    it no longer contradicts in MEMORY.md; what the edited text contradicts is listed instead."""
+    staging = approved(agent, "the staging database runs on port 5432")
+    fridays = approved(agent, "never deploy on Fridays")
+    new = proposals.candidate_propose(
+        project=agent.project,
+        fields=MemoryFields.of(type="project", content="the staging database runs on port 5433"),
+    )
+    assert new is not None
+    assert list(new.conflicts_with.values_list("pk", flat=True)) == [staging.pk]
+    fields = {"type": "project", "scope": "project", "importance": "0.5", "tags": ""}
+    # saved without approving: the card lists what the text contradicts now
+    response = staff.post(
+        f"/memory/{new.pk}/edit/",
+        {**fields, "content": "always deploy on Fridays", "save_only": "1"},
+        headers=HTMX,
+    )
+    assert response.status_code == 200
+    assert list(new.conflicts_with.values_list("pk", flat=True)) == [fridays.pk]
+    # and edited once more into a sentence that contradicts nothing, then approved
+    response = staff.post(
+        f"/memory/{new.pk}/edit/",
+        {**fields, "content": "the production database runs on port 6000"},
+        headers=HTMX,
+    )
+    assert response.status_code == 200
+    new.refresh_from_db()
+    staging.refresh_from_db()
+    fridays.refresh_from_db()
+    assert (new.status, staging.status, fridays.status) == ("approved", "approved", "approved")
+    assert new.events.get(action="approved").note == ""
+    md = memory_md(agent.project, "project").text
+    assert "port 5432" in md and "port 6000" in md and "never deploy on Fridays" in md
+
+
+def test_a_memory_past_its_ttl_is_neither_repeated_nor_contradicted(agent: Agent) -> None:
+    """Before the TTL sweep has run, a memory past its expiry is already out of MEMORY.md and
+    search; the lookups of a new proposal leave it out too, so the same sentence proposed
+    again is a new candidate (201), not merged into a memory nobody reads."""
+    old = approved(agent, "never deploy on Fridays")
+    other = approved(agent, "the staging database runs on port 5432")
+    now = timezone.now()
+    Memory.objects.filter(pk__in=[old.pk, other.pk]).update(expires_at=now)  # the boundary
+    again = post_candidate(agent, "never deploy on Fridays")
+    assert again.status_code == 201, again.content
+    assert again.json()["id"] != old.pk and again.json()["merged"] is False
+    opposite = post_candidate(agent, "the staging database runs on port 5433")
+    assert opposite.status_code == 201
+    assert opposite.json()["conflicts_with"] == []
+    old.refresh_from_db()
+    assert (old.times_proposed, old.status) == (1, "approved")
 
 
 def test_rejecting_a_contradiction_leaves_the_old_memory(agent: Agent) -> None:

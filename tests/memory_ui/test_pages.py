@@ -508,6 +508,31 @@ def test_saving_and_approving_what_was_decided_meanwhile_changes_nothing(
     assert [a for a, _ in events(memory)] == ["proposed", "rejected"]
 
 
+def test_saving_an_edit_of_what_another_reviewer_rejected_changes_nothing(
+    staff: Client, agent: Agent
+) -> None:
+    """The edit form was opened on a pending candidate; another reviewer rejected it before
+    the save was sent. The save is refused: the rejected sentence keeps its text, so it is
+    still kept out when it is proposed again."""
+    memory = propose(agent, "always deploy on Fridays")
+    form = edit_fields(memory, content="Deploy on Fridays only before noon")
+    decisions.memory_reject(memory, by=None)
+    for extra in ({}, {"save_only": "1"}):
+        response = post(staff, f"/memory/{memory.pk}/edit/", {**form, **extra})
+        assert response.status_code == 422
+        assert "This memory is rejected now: it was decided meanwhile." in (
+            response.content.decode()
+        )
+    memory.refresh_from_db()
+    assert (memory.status, memory.content) == ("rejected", "always deploy on Fridays")
+    assert [a for a, _ in events(memory)] == ["proposed", "rejected"]
+    again = proposals.candidate_propose(
+        project=agent.project,
+        fields=MemoryFields.of(type="project", content="always deploy on Fridays"),
+    )
+    assert again is None
+
+
 def test_save_without_approving_keeps_it_pending(staff: Client, agent: Agent) -> None:
     memory = propose(agent, "Docs live in /docs")
     response = post(
@@ -779,6 +804,23 @@ def test_the_browser_groups_approved_memories_by_scope_and_type(
     assert listed(html[html.index('data-scope="user:ann"') :]) == [d.pk]
     assert gone.pk not in listed(html)
     assert ">Edit</button>" in item(html, a.pk) and ">Expire</button>" in item(html, a.pk)
+
+
+def test_the_browser_leaves_out_a_memory_past_its_ttl_before_the_sweep(
+    staff: Client, agent: Agent
+) -> None:
+    """A memory whose TTL ran out is out of MEMORY.md and search at once (the sweep marks it
+    expired up to 15 minutes later): the browser's groups, counts and searches agree."""
+    kept = approved(agent, "Fax machines are kept in room 4")
+    due = approved(agent, "Fax machines are serviced on Mondays", ttl_days=1)
+    Memory.objects.filter(pk=due.pk).update(expires_at=timezone.now())  # the boundary
+    html = staff.get("/memory/?project=acme").content.decode()
+    assert listed(html) == [kept.pk]
+    assert memory_md(agent.project).text == f"[project] {kept.content}\n"
+    assert listed(staff.get("/memory/?q=fax+machines").content.decode()) == [kept.pk]
+    assert listed(staff.get("/memory/?project=acme&q=fax+machines").content.decode()) == [kept.pk]
+    only = staff.get("/memory/?project=acme&type=project&scope=project").content.decode()
+    assert listed(only) == [kept.pk]
 
 
 def test_a_group_shows_ten_then_more(staff: Client, agent: Agent) -> None:
