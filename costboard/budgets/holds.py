@@ -17,7 +17,6 @@ from collections.abc import Sequence
 from datetime import datetime
 
 from django.db.models import Case, IntegerField, Q, Value, When
-from django.db.models.fields.json import KeyTextTransform
 from django.db.models.lookups import Exact, In
 
 from costboard.budgets.engine import EXHAUSTED
@@ -31,6 +30,7 @@ from costboard.budgets.periods import (
     window_members,
 )
 from costboard.models import PeriodBudget, PeriodLedger, Session
+from costboard.tag_values import TagValue
 
 NOTHING = Q(pk__in=[])
 
@@ -124,10 +124,10 @@ def budget_sessions(budget: PeriodBudget, members: frozenset[str] | None = None)
         return project & Q(user_id=budget.scope_value) if budget.scope_value else NOTHING
     if budget.scope == PeriodBudget.Scope.TAG:
         key, _, value = budget.scope_value.partition("=")
-        # a key transform built by name (a key may hold "__"), compared as text
+        # the tag's value by its key (costboard/tag_values.py), compared as text
         if every:
-            return project & Q(In(KeyTextTransform(key, "tags"), chosen)) if chosen else NOTHING
-        return project & Q(Exact(KeyTextTransform(key, "tags"), value))
+            return project & Q(In(TagValue(key), chosen)) if chosen else NOTHING
+        return project & Q(Exact(TagValue(key), value))
     return NOTHING  # api_key: the key is stopped, not a session (module docstring)
 
 

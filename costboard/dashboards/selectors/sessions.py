@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from datetime import date, timedelta
 
 from django.db.models import F, Q, QuerySet, Sum
-from django.db.models.fields.json import KeyTextTransform
 from django.db.models.lookups import Exact
 
 from costboard.budgets.caps import Caps, stop_verdict
@@ -17,6 +16,7 @@ from costboard.budgets.holds import held, held_by
 from costboard.dashboards.selectors.flagged import FLAGGED
 from costboard.dashboards.selectors.shared import FamilyTally, FamilyUsage, day_start
 from costboard.models import DailyRollup, IngestTally, PeriodBudget, Session, SessionModelUsage
+from costboard.tag_values import TagValue
 
 SESSION_SORTS = {
     "last_active": "last_active_at",
@@ -145,9 +145,7 @@ def sessions_filtered(
         key, _, value = filters.tag.partition("=")
         # a key transform built by name (not a lookup path: a key may hold "__"), compared as
         # text: `tag_value=` takes JSON equality, which on SQLite reads the value as JSON
-        sessions = sessions.annotate(tag_value=KeyTextTransform(key, "tags")).filter(
-            Exact(F("tag_value"), value)
-        )
+        sessions = sessions.annotate(tag_value=TagValue(key)).filter(Exact(F("tag_value"), value))
     if filters.q:
         sessions = sessions.filter(external_id__icontains=filters.q)
     if filters.since:

@@ -8,11 +8,11 @@ from datetime import date
 from decimal import Decimal
 
 from django.db.models import Count, QuerySet, Sum
-from django.db.models.fields.json import KeyTextTransform
 
 from costboard.dashboards.selectors.shared import ZERO
 from costboard.dashboards.selectors.steps import StepFilter, period_steps
 from costboard.models import DailyRollup, Step, TagDailyRollup
+from costboard.tag_values import TagValue
 
 TAG_KEYS_SHOWN = 50
 
@@ -93,7 +93,7 @@ def spend_by_tag(
 def _spend_by_tag_of_steps(steps: QuerySet[Step], key: str) -> list[TagSpend]:
     """spend_by_tag over some steps: their value of the tag key (None: without it)."""
     rows = (
-        steps.annotate(tag_value=KeyTextTransform(key, "tags"))
+        steps.annotate(tag_value=TagValue(key))
         .values("tag_value")
         .annotate(
             calls=Count("*"),

@@ -30,6 +30,7 @@ SESSIONS = {
     "chat": ("", {"feature": "chat"}),
     "odd-key": ("", {"a__b": "c=d"}),
     "number-like": ("", {"feature": "1"}),
+    "digit-key": ("", {"2024": "q1", "0": "z"}),  # a key of digits: a key, not an array index
 }
 BUDGETS = [
     ("project", ""),
@@ -39,6 +40,8 @@ BUDGETS = [
     ("tag", "feature=1"),
     ("tag", "a__b=c=d"),
     ("tag", "team=y"),
+    ("tag", "2024=q1"),
+    ("tag", "0=z"),
     ("api_key", "cb_abcdefg"),
 ]
 

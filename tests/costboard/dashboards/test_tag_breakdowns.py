@@ -169,3 +169,22 @@ def test_the_untagged_spend_is_a_row_and_a_keys_rows_add_up_to_the_overview(
 
 def cost_without(key: str) -> Decimal:
     return sum((s.cost_usd for s in Step.objects.all() if key not in (s.tags or {})), Decimal(0))
+
+
+def test_a_tag_key_of_digits_is_a_key_not_an_array_index(staff: Client, agent: Agent) -> None:
+    """A key may be all digits (`[a-z0-9_.-]`: "2024", "0"): a JSON path read it as an array
+    index, so the filtered tag breakdown called its steps untagged and `?tag=2024=…` kept no
+    session, while the API and the unfiltered breakdown (rollups) had them."""
+    add_price("test-sonnet")
+    agent.events(
+        {"type": "session", "session_id": "a", "tags": {"2024": "q1", "0": "zero"}},
+        {"session_id": "a", "step_type": "x", "model": "test-sonnet", "input_tokens": 100},
+        {"session_id": "b", "step_type": "x", "model": "test-sonnet", "input_tokens": 50},
+    )
+    filtered = staff.get("/steps/?step_type=x&tag_key=2024").content.decode()
+    assert value_cost(filtered, "q1") == usd(cost_where("2024", "q1"))
+    assert untagged_cost(filtered) == usd(cost_without("2024"))
+    for tag, sessions in (("2024=q1", ["a"]), ("0=zero", ["a"]), ("2024=q2", [])):
+        assert listed(staff, tag) == sessions
+        assert exported(staff, tag) == sessions
+    assert listed(staff, "") == ["a", "b"]  # positive control
