@@ -5,7 +5,8 @@ A project has no timezone of its own; its budget timezone is the timezone of its
 period budget (the oldest, if several), else UTC. The timezone decides when a period is
 complete and so which one is the last complete; the spend of each of its dates is that UTC
 day's rollup, which is what `GET /api/v1/spend` reads for the same dates (docs/reports.md,
-"Periods")."""
+"Periods"). So a period is complete once it is over in the timezone and its last UTC day is
+over too: ahead of UTC (Berlin, Tokyo) its local end comes while that day still runs."""
 
 from __future__ import annotations
 
@@ -77,7 +78,9 @@ def project_timezone(project: Project) -> str:
 
 
 def _local_today(now: datetime, tz_name: str) -> date:
-    return now.astimezone(zone(tz_name)).date()
+    """Today in the timezone, or in UTC if that is earlier: the day whose period is not over
+    (a period's figures are UTC days', and a UTC day still running would be reported short)."""
+    return min(now.astimezone(zone(tz_name)).date(), now.astimezone(UTC).date())
 
 
 def last_complete(kind: str, *, now: datetime, tz_name: str) -> ReportPeriod:
@@ -86,9 +89,11 @@ def last_complete(kind: str, *, now: datetime, tz_name: str) -> ReportPeriod:
 
 
 def ended_at(period: ReportPeriod, tz_name: str) -> datetime:
-    """When the period ends (midnight after its last day in the timezone), in UTC."""
+    """When the period ends (midnight after its last day in the timezone, or in UTC if that
+    is later: its last UTC day is over then), in UTC."""
     tz: ZoneInfo = zone(tz_name)
-    return datetime.combine(period.next_first, time.min, tzinfo=tz).astimezone(UTC)
+    local = datetime.combine(period.next_first, time.min, tzinfo=tz).astimezone(UTC)
+    return max(local, datetime.combine(period.next_first, time.min, tzinfo=UTC))
 
 
 def past_periods(kind: str, *, now: datetime, tz_name: str, count: int) -> list[ReportPeriod]:

@@ -48,10 +48,14 @@ def test_the_last_complete_week_in_utc_and_in_other_timezones() -> None:
     monday = at("2026-11-23T05:00:00")
     assert last_complete("week", now=monday, tz_name="UTC").label == "2026-W47"
     assert last_complete("week", now=monday, tz_name="America/Los_Angeles").label == "2026-W46"
-    # Sunday noon UTC is Monday 01:00 in Auckland (UTC+13 in November): W47 is over there
+    # Sunday noon UTC is Monday 01:00 in Auckland (UTC+13 in November): W47 is over there,
+    # but not its Sunday as a UTC day, whose spend the report counts: W46 until UTC midnight
     sunday = at("2026-11-22T12:00:00")
     assert last_complete("week", now=sunday, tz_name="UTC").label == "2026-W46"
-    assert last_complete("week", now=sunday, tz_name="Pacific/Auckland").label == "2026-W47"
+    assert last_complete("week", now=sunday, tz_name="Pacific/Auckland").label == "2026-W46"
+    utc_midnight = at("2026-11-23T00:00:00")
+    assert last_complete("week", now=utc_midnight, tz_name="Pacific/Auckland").label == "2026-W47"
+    assert ended_at(period_of("week", date(2026, 11, 16)), "Pacific/Auckland") == utc_midnight
     assert ended_at(period_of("week", date(2026, 11, 16)), "America/Los_Angeles") == at(
         "2026-11-23T08:00:00"
     )

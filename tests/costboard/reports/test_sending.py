@@ -349,6 +349,35 @@ def test_the_schedule_keeps_to_the_projects_timezone(showback: Showback) -> None
     assert str(queued) == "acme: week 2026-W47: 2 queued"
 
 
+def test_a_timezone_ahead_of_utc_waits_for_the_last_utc_day(showback: Showback) -> None:
+    """A week's figures are its UTC days' (the rollups', the spend API's): at midnight in
+    Tokyo the week's Sunday still has 9 UTC hours to run (carol's step at 23:30 UTC among
+    them), so the week is not reported until that day is over too."""
+    from costboard.models import PeriodBudget
+
+    PeriodBudget.objects.create(
+        project=showback.agent.project,
+        name="weekly",
+        period="week",
+        timezone="Asia/Tokyo",
+        token_limit=10**9,
+    )
+    at_tokyo_midnight = "2026-11-22T15:30:00Z"  # Monday 00:30 in Tokyo, Sunday in UTC
+    with time_machine.travel(at_tokyo_midnight, tick=False):
+        assert spend_reports_due(now=datetime_of(at_tokyo_midnight)) == []
+    assert run("--period", "week", now=at_tokyo_midnight).startswith(
+        "Costboard spend, week 2026-W46"
+    )
+    with pytest.raises(CommandError, match="2026-W47 is not over yet"):
+        run("--period", "week", "--at", "2026-W47", now=at_tokyo_midnight)
+    at_utc_midnight = "2026-11-23T00:30:00Z"
+    with time_machine.travel(at_utc_midnight, tick=False):
+        [queued] = spend_reports_due(now=datetime_of(at_utc_midnight))
+    assert str(queued) == "acme: week 2026-W47: 2 queued"
+    dispatch_at(at_utc_midnight)
+    assert {m.subject for m in mail.outbox} == {SUBJECT}  # carol's Sunday step counted
+
+
 def test_guard_sweep_sends_the_reports_without_a_broker(showback: Showback) -> None:
     out = io.StringIO()
     with time_machine.travel("2026-11-23T02:00:00Z", tick=False):
