@@ -46,6 +46,8 @@ DAY_FORMS = (
     "data can have, e.g. 2026-11-01"
 )
 _ISO_DAY = re.compile(r"\d{4}-\d{2}-\d{2}")
+# a tag key as events carry one (docs/api.md, "Tags"): any other can only be a typo
+_TAG_KEY = re.compile(r"[a-z0-9_.-]{1,64}")
 
 
 def _iso_day(value: Any) -> date:
@@ -149,6 +151,13 @@ def _groups(text: str) -> list[str]:
                 "group_by",
                 f"{name[:40]!r} is not a group: use day, model, step_type, user or tag:<key> "
                 '(e.g. "day,model" or "tag:feature")',
+            )
+        if name.startswith("tag:") and not _TAG_KEY.fullmatch(name[4:]):
+            raise ApiError(
+                422,
+                "group_by",
+                f"{name[4:44]!r} is not a tag key: up to 64 of a-z 0-9 _ . -, as events' "
+                "tags have them (e.g. tag:customer)",
             )
         if name in seen:
             raise ApiError(422, "group_by", f"{name!r} is named twice")

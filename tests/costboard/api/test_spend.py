@@ -139,6 +139,10 @@ def test_only_read_and_admin_keys(agent: Agent, reader: str) -> None:
         ("?group_by=user,model", "group_by", "user goes with day alone"),
         ("?group_by=tag:a,tag:b", "group_by", "goes with day alone"),
         ("?group_by=day,day", "group_by", "named twice"),
+        # a key no tag can have (tags' keys are [a-z0-9_.-]{1,64}): a typo, not all untagged
+        ("?group_by=tag:Customer", "group_by", "'Customer' is not a tag key"),
+        ("?group_by=day,tag:a%20b", "group_by", "'a b' is not a tag key"),
+        (f"?group_by=tag:{'k' * 65}", "group_by", "up to 64 of a-z 0-9 _ . -"),
         ("?since=2026-02-10&until=2026-02-01", "since", "is after until"),
         ("?since=notadate", "since", "date"),
         ("?until=2026-13-01", "until", "date"),
