@@ -382,7 +382,7 @@ _STEP_COPY = (
     'project_id, session_id, turn_id, event_id, "timestamp", step_type, model, family, '
     "provider, input_tokens, output_tokens, cache_read_input_tokens, "
     "cache_creation_input_tokens, cache_creation_1h_input_tokens, reasoning_tokens, "
-    "duration_ms, success, error, tags, price_id, cost_input_usd, cost_output_usd, "
+    "duration_ms, success, error, tags, user_id, price_id, cost_input_usd, cost_output_usd, "
     "cost_cache_read_usd, cost_cache_write_usd, cost_usd"
 )
 
@@ -491,6 +491,7 @@ def sessions_copy(
                                 True,
                                 "",
                                 tags,
+                                session.user_id,
                                 priced.price_id,
                                 *priced.costs,
                             )

@@ -52,7 +52,7 @@ class StepRepriced:
     project_id: int
     step_id: int
     at: datetime  # its timestamp
-    user_id: str  # its session's end user now ("" for none)
+    user_id: str  # the end user it arrived with ("" for none; its session's now if not kept)
     tags: dict[str, str] | None
     cost_delta: Decimal
 

@@ -138,12 +138,14 @@ def events_ingest(
         session_tags = _session_tags(rows, sessions)
         turns_now = turns_ensure(cursor, sql, project, session_ids, turns)
         turn_ids = {key: turn.id for key, turn in turns_now.items()}
-        inserted = steps_insert(cursor, sql, project, session_ids, turn_ids, steps, session_tags)
+        users = _users_of(rows, sessions)
+        inserted = steps_insert(
+            cursor, sql, project, session_ids, turn_ids, steps, session_tags, users
+        )
         if len(inserted) < len(steps):
             duplicates += len(steps) - len(inserted)
             hot = hot_statements(sql, project, inserted)
         runaways = turns_update(cursor, sql, project, session_ids, turns_now, turns, inserted)
-        users = _users_of(rows, sessions)
         model_usage_upsert(cursor, sql, project, session_ids, inserted)
         hot += attribution_statements(sql, project, inserted, users, session_tags)
         adds = session_spends(rows, sessions, inserted, runaways, now)

@@ -293,6 +293,9 @@ class Step(models.Model):
     metadata = models.JSONField(null=True, blank=True)
     # its session's tags when it arrived, its own merged over them; None: no tags
     tags = models.JSONField(null=True, blank=True)
+    # its session's end user when it arrived ("" none): the user its spend was rolled up
+    # under, which a repricing moves; None: stored before 0042 (its session's user now)
+    user_id = models.CharField(max_length=128, null=True, blank=True)
     # The price row used. Deleting a price leaves this pointing at it until the repricing
     # that follows clears it (it needs to know which steps were priced), hence no constraint;
     # nothing looks steps up by price, hence no index.

@@ -218,12 +218,11 @@ def _reprice_chunk(steps: list[Step], table: Any, result: RepriceResult) -> None
     by_tag: dict[tuple[int, date, str, str], list[Decimal]] = defaultdict(
         lambda: [ZERO] * len(COST_COLUMNS)
     )
-    # the session's user now: ingest rolled the step up under its user then, the same unless
-    # the session's user_id was changed since
-    users = dict(
-        Session.objects.filter(pk__in={step.session_id for step in steps}).values_list(
-            "pk", "user_id"
-        )
+    # the user ingest rolled each step up under, which it keeps (Step.user_id); a step stored
+    # before it kept one (NULL) is its session's user now
+    unknown = {step.session_id for step in steps if step.user_id is None}
+    users_now = (
+        dict(Session.objects.filter(pk__in=unknown).values_list("pk", "user_id")) if unknown else {}
     )
     changed: list[Step] = []
     moved: set[int] = set()  # sessions with a step moved to another family
@@ -269,7 +268,8 @@ def _reprice_chunk(steps: list[Step], table: Any, result: RepriceResult) -> None
         _add(rollups[old_key], _rollup_share(step, before, unpriced_before), -1)
         _add(rollups[new_key], _rollup_share(step, after, unpriced_after))
         differences = [new - old for old, new in zip(before, after, strict=True)]
-        user_id = users.get(step.session_id) or ""
+        user_id = step.user_id if step.user_id is not None else users_now.get(step.session_id)
+        user_id = user_id or ""
         spends.append(
             StepRepriced(
                 step.project_id, step.pk, step.timestamp, user_id, step.tags, differences[-1]

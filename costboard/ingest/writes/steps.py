@@ -1,5 +1,6 @@
 """A batch's fresh steps inserted (after their receipts), each with its session's tags under
-its own: on PostgreSQL one statement into the month partitions, on SQLite one executemany."""
+its own and its session's user: on PostgreSQL one statement into the month partitions, on
+SQLite one executemany."""
 
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ _STEP_COLUMNS: list[Column] = [
     ("error", "text"),
     ("metadata", "text"),
     ("tags", "text"),
+    ("user_id", "text"),
     ("price_id", "bigint"),
     ("cost_input_usd", USD_PICO),
     ("cost_output_usd", USD_PICO),
@@ -53,6 +55,7 @@ def _step_values(
     turn_ids: dict[tuple[str, int], int],
     sql: Dialect,
     session_tags: dict[str, dict[str, str]],
+    users: dict[str, str],
 ) -> list[Any]:
     inp, out, read, write, reasoning, c_in, c_out, c_read, c_write, c_total = step.counts[:10]
     money = sql.money
@@ -77,6 +80,7 @@ def _step_values(
         step.error,
         json_text(step.metadata),
         json_text(step_tags(step, session_tags)),
+        users[step.session_key],
         step.price_id,
         money(c_in),
         money(c_out),
@@ -94,9 +98,12 @@ def steps_insert(
     turn_ids: dict[tuple[str, int], int],
     steps: list[PricedStep],
     session_tags: dict[str, dict[str, str]],
+    users: dict[str, str],
 ) -> list[PricedStep]:
-    """Insert the steps, each with its tags (step_tags); return those stored (a replayed
-    event_id is not: its receipt is already there, in whatever month its step is)."""
+    """Insert the steps, each with its tags (step_tags) and its session's user after the
+    batch (`users`, by session key: the user its spend is rolled up under); return those
+    stored (a replayed event_id is not: its receipt is already there, in whatever month its
+    step is)."""
     if not steps:
         return []
     # Same order in every transaction, so two batches sharing event_ids cannot deadlock.
@@ -112,7 +119,7 @@ def steps_insert(
         with_ids = any(s.event_id is not None for s in steps)
         with_v, params = sql.rows(
             _STEP_COLUMNS,
-            [_step_values(s, session_ids, turn_ids, sql, session_tags) for s in steps],
+            [_step_values(s, session_ids, turn_ids, sql, session_tags, users) for s in steps],
         )
         select = ", ".join(
             sql.jsonb(f"v.{name}") if name in ("metadata", "tags") else f"v.{name}"
@@ -135,6 +142,9 @@ def steps_insert(
     placeholders = ", ".join(["%s"] * (len(_STEP_COLUMNS) + 1))
     cursor.executemany(
         f"INSERT INTO {STEP_TABLE} (project_id, {names}) VALUES ({placeholders})",
-        [[project.pk, *_step_values(s, session_ids, turn_ids, sql, session_tags)] for s in steps],
+        [
+            [project.pk, *_step_values(s, session_ids, turn_ids, sql, session_tags, users)]
+            for s in steps
+        ],
     )
     return steps

@@ -23,6 +23,7 @@ from costboard.models import (
     PeriodBudget,
     PeriodLedger,
     Step,
+    UserDailyRollup,
 )
 from costboard.pricing.repricing import steps_reprice
 from tests.conftest import Agent, add_price, make_agent, run_in_threads, usd
@@ -214,3 +215,53 @@ def test_what_a_budget_counted_is_known_by_arrival_not_by_timestamp(agent: Agent
     reprice(NEW)
 
     assert ledgers(made) == {"": usd(3000, NEW)}
+
+
+@pytest.mark.django_db
+def test_a_repricing_moves_the_user_a_step_arrived_with_not_its_sessions_next(
+    agent: Agent,
+) -> None:
+    """s1's steps arrive as ann's (the spend by user and ann's ledger count them); then s1 is
+    given to zed, and a later step is zed's. A repricing moves each step's difference where
+    it was counted: ann's figures, not zed's (who would go negative)."""
+    add_price("test-sonnet", input_mtok=OLD, output_mtok=Decimal(0))
+    users = budget(agent, "each user", scope="user", scope_value="*")
+    agent.events(
+        {"type": "session", "session_id": "s1", "user_id": "ann"},
+        step("s1", 1000),
+        step("s1", 2500),
+    )
+    agent.events({"type": "session", "session_id": "s1", "user_id": "zed"}, step("s1", 400))
+    assert list(Step.objects.order_by("pk").values_list("user_id", flat=True)) == [
+        "ann",
+        "ann",
+        "zed",
+    ]
+    assert ledgers(users) == {"ann": cost([1000, 2500], OLD), "zed": usd(400, OLD)}
+
+    reprice(NEW)
+
+    assert ledgers(users) == {"ann": cost([1000, 2500], NEW), "zed": usd(400, NEW)}
+    by_user = dict(
+        UserDailyRollup.objects.filter(project=agent.project).values_list("user_id", "cost_usd")
+    )
+    assert by_user == {"ann": cost([1000, 2500], NEW), "zed": usd(400, NEW)}
+    reader = ApiKey.issue(project=agent.project, role="read")[1]
+    spend = agent.client.get(
+        "/api/v1/spend?group_by=user", headers={"authorization": f"Bearer {reader}"}
+    ).json()
+    assert {row["user"]: Decimal(row["cost_usd"]) for row in spend["rows"]} == by_user
+
+
+@pytest.mark.django_db
+def test_a_step_stored_before_steps_kept_their_user_is_its_sessions_user_now(
+    agent: Agent,
+) -> None:
+    add_price("test-sonnet", input_mtok=OLD, output_mtok=Decimal(0))
+    users = budget(agent, "each user", scope="user", scope_value="*")
+    agent.events({"type": "session", "session_id": "s1", "user_id": "ann"}, step("s1", 1000))
+    Step.objects.update(user_id=None)  # as migration 0042 left the steps stored before it
+
+    reprice(NEW)
+
+    assert ledgers(users) == {"ann": usd(1000, NEW)}
