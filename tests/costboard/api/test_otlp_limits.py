@@ -4,6 +4,7 @@ API's `errors` beside google.rpc.Status's code and message."""
 
 from __future__ import annotations
 
+import gzip
 import json
 from typing import Any
 
@@ -11,12 +12,15 @@ import pytest
 from django.test import Client
 from google.protobuf import json_format
 from google.rpc import status_pb2
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
 
 from costboard.ingest.otlp import MAX_SPANS
 from costboard.ingest.otlp import decode as ingest_decode
 from costboard.ingest.schemas import MAX_TURN
-from costboard.models import Step, Turn
+from costboard.models import Session, Step, Turn
 from tests.conftest import Agent
 
 pytestmark = pytest.mark.django_db
@@ -40,13 +44,18 @@ def export(*spans: Any) -> bytes:
     return json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": list(spans)}]}]}).encode()
 
 
-def post(agent: Agent, body: bytes, content_type: str = "application/json") -> Any:
+def post(
+    agent: Agent,
+    body: bytes,
+    content_type: str = "application/json",
+    headers: dict[str, str] | None = None,
+) -> Any:
     client = Client(raise_request_exception=False)
     return client.post(
         "/v1/traces",
         body,
         content_type=content_type,
-        headers={"Authorization": f"Bearer {agent.key}"},
+        headers={"Authorization": f"Bearer {agent.key}", **(headers or {})},
     )
 
 
@@ -124,3 +133,55 @@ def test_other_sessions_of_the_request_are_stored_beside_a_full_one(agent: Agent
     response = post(agent, export(json_span(0, "full"), json_span(1, "s2", trace=other)))
     assert response.json()["partialSuccess"]["rejectedSpans"] == "1"
     assert list(Step.objects.values_list("session__external_id", "turn__number")) == [("s2", 1)]
+
+
+def protobuf_export(count: int, first: int = 0) -> ExportTraceServiceRequest:
+    request = ExportTraceServiceRequest()
+    scope = request.resource_spans.add().scope_spans.add()
+    for n in range(first, first + count):
+        span = scope.spans.add()
+        span.trace_id, span.span_id = b"\x01" * 16, (n + 1).to_bytes(8, "big")
+        span.start_time_unix_nano, span.name = int(START) + n, "chat"
+        for key, value in (("session.id", "s1"), ("gen_ai.usage.input_tokens", 10)):
+            attribute = span.attributes.add()
+            attribute.key = key
+            if isinstance(value, int):
+                attribute.value.int_value = value
+            else:
+                attribute.value.string_value = value
+    return request
+
+
+@pytest.mark.slow
+def test_exactly_10000_protobuf_spans_are_all_stored_and_a_replay_counted_once(
+    agent: Agent,
+) -> None:
+    body = protobuf_export(MAX_SPANS).SerializeToString()
+    for _ in range(2):  # the export, then the exporter's retry of it
+        response = post(agent, body, PROTOBUF)
+        assert response.status_code == 200, response.content
+        assert not ExportTraceServiceResponse.FromString(response.content).HasField(
+            "partial_success"
+        )
+    assert Step.objects.count() == MAX_SPANS
+    assert Session.objects.get(external_id="s1").tokens_used == 10 * MAX_SPANS
+
+
+def test_every_member_of_a_multi_member_gzip_export_is_stored(agent: Agent) -> None:
+    """RFC 1952 lets a gzip body be several members one after the other (the events API reads
+    them all): the spans of the second member were dropped, answered 200 without a word."""
+    first, second = protobuf_export(2), protobuf_export(3, first=2)
+    body = gzip.compress(first.SerializeToString()) + gzip.compress(second.SerializeToString())
+    response = post(agent, body, PROTOBUF, {"Content-Encoding": "gzip"})
+    assert response.status_code == 200, response.content
+    assert Step.objects.count() == 5
+
+
+def test_bytes_after_the_gzip_stream_are_400_and_nothing_is_stored(agent: Agent) -> None:
+    body = gzip.compress(protobuf_export(2).SerializeToString()) + b"\x00\x00"
+    response = post(agent, body, PROTOBUF, {"Content-Encoding": "gzip"})
+    assert response.status_code == 400
+    status = status_pb2.Status.FromString(response.content)
+    assert status.code == 3  # INVALID_ARGUMENT
+    assert "gzip" in status.message
+    assert not Step.objects.exists()
