@@ -99,6 +99,13 @@ def normalize_usage(usage: Mapping[str, Any]) -> Tokens:
         cached = _count(prompt_details, "cached_tokens", "usage.prompt_tokens_details")
         # newer APIs report cache writes too; like reads, they are part of prompt_tokens
         written = _count(prompt_details, "cache_write_tokens", "usage.prompt_tokens_details")
+        # LiteLLM's translation of Anthropic's usage keeps the 1-hour writes (priced higher
+        # than the 5-minute ones) in prompt_tokens_details.cache_creation_token_details
+        ttl_path = "usage.prompt_tokens_details.cache_creation_token_details"
+        ttl = prompt_details.get("cache_creation_token_details")
+        if ttl is not None and not isinstance(ttl, Mapping):
+            raise UsageError(f"{ttl_path} must be an object", field=ttl_path)
+        one_hour = _count(ttl or {}, "ephemeral_1h_input_tokens", ttl_path)
         completion_details = _details(usage, "completion_tokens_details")
         return Tokens(
             input_tokens=_subtract(
@@ -110,6 +117,7 @@ def normalize_usage(usage: Mapping[str, Any]) -> Tokens:
             output_tokens=_count(usage, "completion_tokens"),
             cache_read_input_tokens=cached,
             cache_creation_input_tokens=written,
+            cache_creation_1h_input_tokens=min(one_hour, written),
             reasoning_tokens=_count(
                 completion_details, "reasoning_tokens", "usage.completion_tokens_details"
             ),

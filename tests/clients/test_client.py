@@ -28,7 +28,7 @@ import pytest
 import time_machine
 from costboard_client import BudgetExceeded, Costboard
 
-from costboard.models import IngestTally, PeriodBudget, Session, Step
+from costboard.models import ApiKey, IngestTally, PeriodBudget, Session, Step
 from tests.clients.conftest import Clock
 from tests.conftest import TEST_RATES, Agent, add_price, make_agent, usd
 from tests.servers import HOLD_AT_MOST, Receiver, Relay
@@ -145,6 +145,79 @@ def test_a_stop_budget_above_the_session_refuses_and_is_named(cb: Costboard, acm
     assert refused.value.period is not None and refused.value.period["name"] == "daily tokens"
     assert "stopped by budget 'daily tokens'" in str(refused.value)
     assert "tokens 110/100" in str(refused.value)
+
+
+def test_an_exhausted_project_stop_budget_refuses_the_agents_other_sessions_too(
+    cb: Costboard, acme: Agent
+) -> None:
+    """The answer that exhausted a project's stop-budget names it: a session last heard `ok`
+    before that (or never heard of) was let through to its call all the same."""
+    budget = PeriodBudget.objects.create(
+        project=acme.project, name="daily tokens", period="day", token_limit=100, action="stop"
+    )
+    with cb.step("s-other", "search", "test-sonnet") as s:
+        s.record({"input_tokens": 1, "output_tokens": 1})
+    assert cb.flush(timeout=10)
+    assert cb.known_budget("s-other")["state"] == "ok"  # type: ignore[index]
+    with cb.step("s-heavy", "search", "test-sonnet") as s:
+        s.record({"input_tokens": 70, "output_tokens": 40})
+    assert cb.flush(timeout=10)
+
+    for session in ("s-other", "s-never-seen", None):
+        ran = False
+        with pytest.raises(BudgetExceeded) as refused:  # noqa: SIM117
+            with cb.step(session, "response", "test-sonnet"):
+                ran = True
+        assert ran is False
+        assert refused.value.stopped_by == f"budget:{budget.pk}"
+        assert "stopped by budget 'daily tokens'" in str(refused.value)
+    assert Step.objects.count() == 2
+
+    # the limit raised, one session's budget from the server lifts the refusal of them all
+    admin = ApiKey.issue(project=acme.project, role=ApiKey.Role.ADMIN)[1]
+    raised = acme.client.patch(
+        f"/api/v1/budgets/{budget.pk}",
+        {"token_limit": 1000},
+        content_type="application/json",
+        headers={"Authorization": f"Bearer {admin}"},
+    )
+    assert raised.status_code == 200, raised.content
+    assert cb.budget("s-other")["state"] == "ok"  # type: ignore[index]
+    for session in ("s-other", "s-heavy", "s-never-seen"):
+        with cb.step(session, "response", "test-sonnet") as s:
+            s.record({"input_tokens": 1})
+    assert cb.flush(timeout=10)
+    assert Step.objects.count() == 5
+
+
+def test_a_session_stopped_by_a_day_budget_goes_ahead_the_next_day(
+    cb: Costboard, acme: Agent
+) -> None:
+    """The refusal says "wait for its next period": waiting did nothing, the client refused
+    the session until cb.budget() was called."""
+    with time_machine.travel(datetime(2026, 11, 20, 23, 0, tzinfo=UTC), tick=False) as traveller:
+        budget = PeriodBudget.objects.create(
+            project=acme.project, name="daily tokens", period="day", token_limit=100, action="stop"
+        )
+        with cb.step("s-day", "search", "test-sonnet") as s:
+            s.record({"input_tokens": 70, "output_tokens": 40})
+        assert cb.flush(timeout=10)
+        with pytest.raises(BudgetExceeded, match="wait for its next period") as refused:  # noqa: SIM117
+            with cb.step("s-day", "response", "test-sonnet"):
+                pass
+        assert refused.value.stopped_by == f"budget:{budget.pk}"
+        traveller.move_to(datetime(2026, 11, 20, 23, 59, 59, tzinfo=UTC))
+        with pytest.raises(BudgetExceeded):  # noqa: SIM117
+            with cb.step("s-day", "response", "test-sonnet"):
+                pass
+
+        traveller.move_to(datetime(2026, 11, 21, 0, 0, 1, tzinfo=UTC))  # the next day
+        with cb.step("s-day", "response", "test-sonnet") as s:
+            s.record({"input_tokens": 5, "output_tokens": 5})
+        assert cb.flush(timeout=10)
+        known = cb.known_budget("s-day")
+        assert known is not None and known["stopped_by"] is None
+        assert Step.objects.filter(session__external_id="s-day").count() == 2
 
 
 def test_budget_asks_the_server_and_refreshes_the_cache(cb: Costboard, acme: Agent) -> None:

@@ -23,7 +23,7 @@ from langchain_core.tools import tool
 
 from costboard.models import TOOL_MODEL, Session, Step
 from costboard.pricing.sync import prices_sync
-from tests.conftest import Agent, make_agent
+from tests.conftest import Agent, make_agent, usd
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -174,3 +174,45 @@ def test_the_service_tier_in_the_response_metadata_prices_the_step(
         ).total_price
     )
     assert step.cost_usd > gpt_4o(input_tokens=1200, cache_read_tokens=1000, output_tokens=20)
+
+
+def test_anthropic_one_hour_cache_writes_are_priced_at_their_own_rate(
+    costboard: CostboardCallbackHandler,
+) -> None:
+    """langchain-anthropic adds the writes' split by cache lifetime to input_token_details:
+    the 1-hour ones were priced as 5-minute ones."""
+    reply = AIMessage(
+        content="Three flights found.",
+        usage_metadata={
+            "input_tokens": 7 + 1301 + 503,  # LangChain's input includes the cache
+            "output_tokens": 11,
+            "total_tokens": 7 + 1301 + 503 + 11,
+            "input_token_details": {
+                "cache_read": 1301,
+                "cache_creation": 503,
+                "ephemeral_5m_input_tokens": 102,
+                "ephemeral_1h_input_tokens": 401,
+            },
+        },
+        response_metadata={"model_name": "claude-sonnet-4-5", "model_provider": "anthropic"},
+    )
+    model = GenericFakeChatModel(messages=iter([reply]))
+    model.invoke(
+        "Find flights", config={"callbacks": [costboard], "metadata": {"session_id": "lc-1h"}}
+    )
+    assert costboard.flush(timeout=10)
+    step = Step.objects.get(session__external_id="lc-1h")
+    assert (step.input_tokens, step.cache_read_input_tokens, step.output_tokens) == (7, 1301, 11)
+    assert (step.cache_creation_input_tokens, step.cache_creation_1h_input_tokens) == (503, 401)
+    price = step.price
+    assert price is not None and price.model == "claude-sonnet-4-5"
+    read, write, write_1h = price.cache_read_mtok, price.cache_write_mtok, price.cache_write_1h_mtok
+    assert read is not None and write is not None and write_1h is not None
+    assert write_1h > write  # the rates the 1-hour writes were priced at before
+    assert step.cost_usd == (
+        usd(7, price.input_mtok)
+        + usd(11, price.output_mtok)
+        + usd(1301, read)
+        + usd(102, write)
+        + usd(401, write_1h)
+    )

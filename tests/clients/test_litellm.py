@@ -25,7 +25,7 @@ from litellm.llms.anthropic.chat.transformation import AnthropicConfig
 from costboard.models import PeriodBudget, Session, Step
 from costboard.pricing.sync import prices_sync
 from tests.clients.conftest import Clock
-from tests.conftest import Agent, make_agent
+from tests.conftest import Agent, make_agent, usd
 from tests.servers import Relay
 from tests.waiting import wait_until
 
@@ -197,6 +197,50 @@ def test_anthropic_cache_tokens_are_counted_once_and_priced_as_genai_prices(
         output_tokens=20,
     )
     assert Session.objects.get(external_id="s-cache").user_id == "bob"
+
+
+def test_anthropic_one_hour_cache_writes_are_priced_at_their_own_rate(
+    costboard: CostboardLogger,
+) -> None:
+    """A 1-hour cache write costs more than a 5-minute one: the split LiteLLM keeps
+    (prompt_tokens_details.cache_creation_token_details) was dropped, every write priced as
+    a 5-minute one."""
+    usage = AnthropicConfig().calculate_usage(
+        usage_object={
+            "input_tokens": 7,
+            "output_tokens": 11,
+            "cache_read_input_tokens": 1301,
+            "cache_creation_input_tokens": 503,
+            "cache_creation": {"ephemeral_5m_input_tokens": 102, "ephemeral_1h_input_tokens": 401},
+        },
+        reasoning_content=None,
+    )
+    mocked = litellm.ModelResponse(
+        model="claude-sonnet-4-5",
+        choices=[{"index": 0, "finish_reason": "stop", "message": {"role": "assistant"}}],
+    )
+    mocked.usage = usage  # type: ignore[attr-defined]
+    litellm.completion(
+        model="anthropic/claude-sonnet-4-5",
+        messages=MESSAGES,
+        mock_response=mocked,
+        metadata={"session_id": "s-1h"},
+    )
+    [step] = stored(costboard, 1, session__external_id="s-1h")
+    assert (step.input_tokens, step.cache_read_input_tokens, step.output_tokens) == (7, 1301, 11)
+    assert (step.cache_creation_input_tokens, step.cache_creation_1h_input_tokens) == (503, 401)
+    price = step.price
+    assert price is not None and price.model == "claude-sonnet-4-5"
+    read, write, write_1h = price.cache_read_mtok, price.cache_write_mtok, price.cache_write_1h_mtok
+    assert read is not None and write is not None and write_1h is not None
+    assert write_1h > write  # the rates the 1-hour writes were priced at before
+    assert step.cost_usd == (
+        usd(7, price.input_mtok)
+        + usd(11, price.output_mtok)
+        + usd(1301, read)
+        + usd(102, write)
+        + usd(401, write_1h)
+    )
 
 
 def test_openai_cached_tokens_are_taken_out_of_the_prompt_once() -> None:

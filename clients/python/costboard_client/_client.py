@@ -533,6 +533,7 @@ class Costboard:
             if isinstance(body, dict):
                 with self._lock:
                     self._budgets[session_id] = body
+                    self._forget_lifted(body)
                 return body
         with self._lock:
             cached = self._budgets.get(session_id)
@@ -610,13 +611,40 @@ class Costboard:
     # --- the buffer and the background thread -----------------------------------------------
 
     def _refuse_if_exhausted(self, session_id: str | None) -> None:
+        """BudgetExceeded if the session was last heard exhausted (by its own caps, a runaway
+        rule, or a stop-budget whose period has not ended since), or if a stop-budget over
+        every session of this key (scope project or api_key) was last heard exhausted in its
+        current period: the agent's other sessions are refused too, not only the one whose
+        answer said so."""
         key = session_id or "system"
+        now = datetime.now(timezone.utc)
         with self._lock:
             budget = self._budgets.get(key)
             stopped_by = budget.get("stopped_by") if budget is not None else None
             period = self._periods.get(stopped_by) if isinstance(stopped_by, str) else None
-        if budget is not None and budget.get("state") == "exhausted":
+            over_all = [
+                (name, above)
+                for name, above in self._periods.items()
+                if above.get("action") == "stop"
+                and above.get("state") == "exhausted"
+                and above.get("scope") in ("project", "api_key")
+                and not _period_over(above, now)
+            ]
+        # stopped by a budget whose period has ended since: the call goes ahead, and its
+        # answer says whether the new period stops it too
+        if (
+            budget is not None
+            and budget.get("state") == "exhausted"
+            and not (period is not None and _period_over(period, now))
+        ):
             raise BudgetExceeded(key, budget, period)
+        if over_all:
+            name, above = over_all[0]
+            known = dict(budget) if budget is not None else {"session_id": key}
+            # named as the server names it ("budget:<id>", without a per-member key's member)
+            which = f"budget:{above['id']}" if isinstance(above.get("id"), int) else name
+            stopped = {**known, "state": "exhausted", "stopped_by": which}
+            raise BudgetExceeded(key, stopped, above)
 
     def _enqueue(self, event: dict[str, Any]) -> None:
         event.setdefault("event_id", uuid.uuid4().hex)
@@ -806,6 +834,7 @@ class Costboard:
                 for session_id, budget in sessions.items():
                     if isinstance(budget, dict):
                         self._budgets[str(session_id)] = budget
+                        self._forget_lifted(budget)
             periods = body.get("budgets") if isinstance(body, dict) else None
             if isinstance(periods, dict):
                 for budget_id, period in periods.items():
@@ -816,6 +845,26 @@ class Costboard:
                 if isinstance(budget, dict) and budget.get("state") == "exhausted":
                     log.info("costboard: session %r has exhausted its budget", session_id)
 
+    def _forget_lifted(self, budget: Mapping[str, Any]) -> None:  # with the lock held
+        """A session the server did not stop: no stop-budget over every session of this key
+        is exhausted any more (its limit was raised, or it was deleted), whatever was heard
+        of it or of the other sessions it stopped."""
+        if budget.get("state") == "exhausted":
+            return
+        lifted = {
+            name
+            for name, above in self._periods.items()
+            if above.get("scope") in ("project", "api_key") and above.get("state") == "exhausted"
+        }
+        for name in lifted:
+            del self._periods[name]
+        for session_id in [
+            session_id
+            for session_id, known in self._budgets.items()
+            if known.get("stopped_by") in lifted
+        ]:
+            del self._budgets[session_id]  # unknown again: its next answer tells
+
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}", "User-Agent": USER_AGENT}
 
@@ -823,6 +872,24 @@ class Costboard:
         with self._lock:
             self._last_error = message
         log.debug("costboard: %s", message)
+
+
+def _period_over(period: Mapping[str, Any], now: datetime) -> bool:
+    """Whether a `<period budget>` as last heard is of a calendar period (day, week, month)
+    that has ended by `now`: its exhaustion is then no longer news (a rolling window's and
+    a total's are, until the server says otherwise)."""
+    if period.get("period") not in ("day", "week", "month"):
+        return False
+    end = period.get("period_end")
+    if not isinstance(end, str):
+        return False
+    try:
+        ends = datetime.fromisoformat(end.replace("Z", "+00:00"))
+    except ValueError:
+        return False
+    if ends.tzinfo is None:
+        ends = ends.replace(tzinfo=timezone.utc)
+    return now >= ends
 
 
 def _present(fields: Mapping[str, Any]) -> dict[str, Any]:

@@ -97,6 +97,33 @@ def test_openai_cache_writes_are_moved_out_of_the_prompt_too() -> None:
     assert "cache_write_tokens" in str(error.value)
 
 
+def test_litellms_one_hour_cache_writes_are_kept_apart() -> None:
+    """LiteLLM translates Anthropic's usage into OpenAI Chat's shape, the writes' split by
+    cache lifetime in prompt_tokens_details.cache_creation_token_details: the 1-hour ones are
+    priced above the 5-minute ones."""
+    tokens = normalize_usage(
+        {
+            "prompt_tokens": 1811,
+            "completion_tokens": 11,
+            "prompt_tokens_details": {
+                "cached_tokens": 1301,
+                "cache_write_tokens": 503,
+                "cache_creation_token_details": {
+                    "ephemeral_5m_input_tokens": 102,
+                    "ephemeral_1h_input_tokens": 401,
+                },
+            },
+        }
+    )
+    assert tokens == Tokens(
+        input_tokens=7,
+        output_tokens=11,
+        cache_read_input_tokens=1301,
+        cache_creation_input_tokens=503,
+        cache_creation_1h_input_tokens=401,
+    )
+
+
 def test_gemini_thoughts_are_billed_as_output() -> None:
     tokens = normalize_usage(
         {

@@ -62,17 +62,26 @@ class _Run:
 
 def usage_from_langchain(usage: Mapping[str, Any]) -> dict[str, Any]:
     """LangChain's `usage_metadata` (input_tokens including cache reads and writes) as an
-    OpenAI Chat usage object, which the server reads with the cache taken out once."""
+    OpenAI Chat usage object, which the server reads with the cache taken out once (the
+    writes' 1-hour part in cache_creation_token_details, as LiteLLM writes it)."""
     details = usage.get("input_token_details") or {}
     out_details = usage.get("output_token_details") or {}
     read = int(details.get("cache_read") or 0)
-    written = int(details.get("cache_creation") or 0)
+    # langchain-anthropic adds the writes' split by cache lifetime: the 1-hour ones are
+    # priced above the 5-minute ones
+    one_hour = int(details.get("ephemeral_1h_input_tokens") or 0)
+    five_min = int(details.get("ephemeral_5m_input_tokens") or 0)
+    written = int(details.get("cache_creation") or 0) or one_hour + five_min
     prompt = int(usage.get("input_tokens") or 0)
     if read + written > prompt:  # a model counting the cache apart
         prompt += read + written
-    prompt_details: dict[str, int] = {"cached_tokens": read}
+    prompt_details: dict[str, Any] = {"cached_tokens": read}
     if written:
         prompt_details["cache_write_tokens"] = written
+        if one_hour:
+            prompt_details["cache_creation_token_details"] = {
+                "ephemeral_1h_input_tokens": min(one_hour, written)
+            }
     result: dict[str, Any] = {
         "prompt_tokens": prompt,
         "completion_tokens": int(usage.get("output_tokens") or 0),

@@ -85,7 +85,8 @@ _monotonic = time.monotonic
 def openai_usage(usage: Any) -> dict[str, Any] | None:
     """LiteLLM's usage (OpenAI Chat shape for every provider) as an OpenAI Chat usage object
     the server reads exactly: prompt_tokens including the cache reads (cached_tokens) and
-    writes (cache_write_tokens) once, whichever of LiteLLM's fields carried them."""
+    writes (cache_write_tokens) once, whichever of LiteLLM's fields carried them, and the
+    writes' 1-hour part (Anthropic's) in cache_creation_token_details, as LiteLLM puts it."""
     plain = _plain(usage)
     if not isinstance(plain, dict):
         return None
@@ -103,9 +104,16 @@ def openai_usage(usage: Any) -> dict[str, Any] | None:
     )
     if read + written > prompt:  # a provider whose prompt count leaves the cache out
         prompt += read + written
-    prompt_details: dict[str, int] = {"cached_tokens": read}
+    prompt_details: dict[str, Any] = {"cached_tokens": read}
     if written:
         prompt_details["cache_write_tokens"] = written
+        # Anthropic's 1-hour cache writes, priced above the 5-minute ones: kept apart
+        ttl = details.get("cache_creation_token_details")
+        one_hour = _int(ttl.get("ephemeral_1h_input_tokens")) if isinstance(ttl, Mapping) else None
+        if one_hour:
+            prompt_details["cache_creation_token_details"] = {
+                "ephemeral_1h_input_tokens": min(one_hour, written)
+            }
     result: dict[str, Any] = {
         "prompt_tokens": prompt,
         "completion_tokens": _int(plain.get("completion_tokens")) or 0,
