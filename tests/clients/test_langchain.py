@@ -23,7 +23,8 @@ from langchain_core.tools import tool
 
 from costboard.models import TOOL_MODEL, Session, Step
 from costboard.pricing.sync import prices_sync
-from tests.conftest import Agent, make_agent, usd
+from tests.clients.conftest import assert_one_hour_writes_priced_apart
+from tests.conftest import Agent, make_agent
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -202,17 +203,4 @@ def test_anthropic_one_hour_cache_writes_are_priced_at_their_own_rate(
     )
     assert costboard.flush(timeout=10)
     step = Step.objects.get(session__external_id="lc-1h")
-    assert (step.input_tokens, step.cache_read_input_tokens, step.output_tokens) == (7, 1301, 11)
-    assert (step.cache_creation_input_tokens, step.cache_creation_1h_input_tokens) == (503, 401)
-    price = step.price
-    assert price is not None and price.model == "claude-sonnet-4-5"
-    read, write, write_1h = price.cache_read_mtok, price.cache_write_mtok, price.cache_write_1h_mtok
-    assert read is not None and write is not None and write_1h is not None
-    assert write_1h > write  # the rates the 1-hour writes were priced at before
-    assert step.cost_usd == (
-        usd(7, price.input_mtok)
-        + usd(11, price.output_mtok)
-        + usd(1301, read)
-        + usd(102, write)
-        + usd(401, write_1h)
-    )
+    assert_one_hour_writes_priced_apart(step)

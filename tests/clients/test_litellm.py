@@ -24,8 +24,8 @@ from litellm.llms.anthropic.chat.transformation import AnthropicConfig
 
 from costboard.models import PeriodBudget, Session, Step
 from costboard.pricing.sync import prices_sync
-from tests.clients.conftest import Clock
-from tests.conftest import Agent, make_agent, usd
+from tests.clients.conftest import Clock, assert_one_hour_writes_priced_apart
+from tests.conftest import Agent, make_agent
 from tests.servers import Relay
 from tests.waiting import wait_until
 
@@ -227,20 +227,7 @@ def test_anthropic_one_hour_cache_writes_are_priced_at_their_own_rate(
         metadata={"session_id": "s-1h"},
     )
     [step] = stored(costboard, 1, session__external_id="s-1h")
-    assert (step.input_tokens, step.cache_read_input_tokens, step.output_tokens) == (7, 1301, 11)
-    assert (step.cache_creation_input_tokens, step.cache_creation_1h_input_tokens) == (503, 401)
-    price = step.price
-    assert price is not None and price.model == "claude-sonnet-4-5"
-    read, write, write_1h = price.cache_read_mtok, price.cache_write_mtok, price.cache_write_1h_mtok
-    assert read is not None and write is not None and write_1h is not None
-    assert write_1h > write  # the rates the 1-hour writes were priced at before
-    assert step.cost_usd == (
-        usd(7, price.input_mtok)
-        + usd(11, price.output_mtok)
-        + usd(1301, read)
-        + usd(102, write)
-        + usd(401, write_1h)
-    )
+    assert_one_hour_writes_priced_apart(step)
 
 
 def test_openai_cached_tokens_are_taken_out_of_the_prompt_once() -> None:
