@@ -26,7 +26,7 @@ from typing import Any
 import costboard_client
 import pytest
 import time_machine
-from costboard_client import BudgetExceeded, Costboard
+from costboard_client import BudgetExceeded, Costboard, _client
 
 from costboard.models import ApiKey, IngestTally, PeriodBudget, Session, Step
 from tests.clients.conftest import Clock
@@ -74,6 +74,35 @@ def test_a_wrapped_call_is_recorded_with_its_duration_and_tokens(
     assert step.turn is not None and step.turn.number == 1
     assert cb.stats.sent == 1 and cb.stats.failed == 0
     assert cb.known_budget("s-1")["tokens_used"] == 150  # type: ignore[index]
+
+
+def test_the_budgets_kept_are_the_last_sessions_heard_of(
+    live_server: Any, acme: Agent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process that reports sessions for weeks keeps the budgets of the last KNOWN_SESSIONS
+    only; a session forgotten is one not heard of: its next call goes ahead, and its answer
+    is kept again."""
+    monkeypatch.setattr(_client, "KNOWN_SESSIONS", 3)
+    cb = Costboard(live_server.url, acme.key, flush_interval=60, flush_at=1000)
+    try:
+        cb.session("s-0", token_cap=10)
+        for n in range(5):  # s-0 is exhausted by its step, then four more sessions answer
+            with cb.step(f"s-{n}", "search", "test-sonnet") as s:
+                s.record({"input_tokens": 20})
+            assert cb.flush(timeout=10)
+        known = [n for n in range(5) if cb.known_budget(f"s-{n}") is not None]
+        assert known == [2, 3, 4]
+        ran = False
+        with cb.step("s-0", "search", "test-sonnet") as s:  # forgotten: it goes ahead
+            ran = True
+            s.record({"input_tokens": 1})
+        assert ran and cb.flush(timeout=10)
+        assert cb.known_budget("s-0")["state"] == "exhausted"  # type: ignore[index]
+        with pytest.raises(BudgetExceeded):  # noqa: SIM117
+            with cb.step("s-0", "search", "test-sonnet"):
+                pass
+    finally:
+        cb.close(timeout=5)
 
 
 def test_tags_go_with_the_session_and_the_step(cb: Costboard) -> None:

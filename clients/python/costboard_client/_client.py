@@ -42,7 +42,7 @@ import urllib.parse
 import urllib.request
 import uuid
 import weakref
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -57,6 +57,10 @@ log = logging.getLogger("costboard.client")
 MAX_BATCH = 500  # events per POST; the server takes up to 1000 and 5 MB
 MAX_ERROR_CHARS = 20_000  # the server's limit on a step's error text
 USER_AGENT = "costboard-python-client/1"
+# The sessions whose budgets are kept, the last heard of: a process that reports sessions for
+# weeks (a LiteLLM proxy) would otherwise hold every one it ever saw. A session forgotten is
+# one not heard of: its next call goes ahead, and that call's answer is kept again.
+KNOWN_SESSIONS = 10_000
 
 # The client's clocks and its sleep, looked up at each use so that a test can turn time by hand
 _monotonic = time.monotonic
@@ -403,7 +407,7 @@ class Costboard:
         self.max_backoff = max_backoff
         self.max_retry_after = max_retry_after
         self.exit_timeout = exit_timeout
-        self._budgets: dict[str, dict[str, Any]] = {}
+        self._budgets: Recent[str, dict[str, Any]] = Recent(KNOWN_SESSIONS)
         self._periods: dict[str, dict[str, Any]] = {}  # "budget:<id>" → <period budget>
         self._init_runtime()
         self._counts = {"sent": 0, "duplicates": 0, "dropped": 0, "failed": 0, "retries": 0}
@@ -872,6 +876,21 @@ class Costboard:
         with self._lock:
             self._last_error = message
         log.debug("costboard: %s", message)
+
+
+class Recent(OrderedDict[Any, Any]):
+    """A dict of at most `size` entries: setting one past that forgets the least recently
+    set (a session's budget is set on every answer that names it)."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.size = size
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        super().__setitem__(key, value)
+        self.move_to_end(key)
+        while len(self) > self.size:
+            self.popitem(last=False)
 
 
 def _period_over(period: Mapping[str, Any], now: datetime) -> bool:

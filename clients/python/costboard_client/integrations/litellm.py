@@ -50,7 +50,7 @@ from typing import Any
 
 from litellm.integrations.custom_logger import CustomLogger
 
-from costboard_client._client import BudgetExceeded, Costboard, _plain, log
+from costboard_client._client import KNOWN_SESSIONS, BudgetExceeded, Costboard, Recent, _plain, log
 from costboard_client.integrations import (
     session_user_event,
     tags_from,
@@ -162,7 +162,9 @@ class CostboardLogger(CustomLogger):  # type: ignore[misc]
         # Costboard projects (or servers) apart
         self.base_url = client.base_url
         self.key_prefix = client.api_key[:11]
-        self._users: set[tuple[str, str]] = set()  # (session, user) already announced
+        # (session, user) already announced, the last KNOWN_SESSIONS (one forgotten is
+        # announced again: the same session event, harmless)
+        self._users: Recent[tuple[str, str], bool] = Recent(KNOWN_SESSIONS)
         # calls begun and not yet logged: LiteLLM logs a sync call from a thread of its own,
         # after the call returns, and flush() waits for those
         self._pending: set[str] = set()
@@ -359,8 +361,8 @@ class CostboardLogger(CustomLogger):  # type: ignore[misc]
         step = {key: value for key, value in step.items() if value is not None}
         events = []
         announce = session_user_event(session, user)
-        if announce is not None and (session, user) not in self._users:
-            self._users.add((session or "", user or ""))
+        if announce is not None and (session or "", user or "") not in self._users:
+            self._users[(session or "", user or "")] = True
             events.append(announce)
         events.append(step)
         return events
