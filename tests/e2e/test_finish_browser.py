@@ -14,6 +14,7 @@ from django.core.management import call_command
 
 from costboard.models import SYSTEM_SESSION_ID, Project, Session
 from memory_ui.models import Memory
+from tests.conftest import make_agent
 from tests.e2e.test_dashboards_browser import log_in
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
@@ -98,6 +99,28 @@ def test_no_page_scrolls_sideways_at_390_px(live_server: Any, demo: None, phone:
                     control,
                     box,
                 )
+
+
+def test_a_session_id_of_128_characters_fits_a_phone(
+    live_server: Any, demo: None, phone: Any
+) -> None:
+    """The longest session id the API takes, with no space to break at, and markup in it: its
+    page's heading wraps within 390 px (and shows the id as text, nothing run)."""
+    long_id = ("<b>x</b>" + "y" * 128)[:128]
+    agent = make_agent("longids")
+    agent.events(
+        {"type": "session", "session_id": long_id, "user_id": "z" * 120},
+        {"session_id": long_id, "step_type": "x", "model": "m", "input_tokens": 5},
+    )
+    pk = Session.objects.get(external_id=long_id).pk
+    base = live_server.url
+    log_in(phone, base)
+    for path in ("/sessions/?q=yyyy", f"/sessions/{pk}/"):
+        phone.goto(base + path)
+        phone.wait_for_load_state("networkidle")
+        width = phone.evaluate("document.documentElement.scrollWidth")
+        assert (path, width, phone.evaluate(OVERFLOWING)) == (path, 390, [])
+    assert phone.locator("h1 code").inner_text() == long_id  # the session's page
 
 
 def test_the_switcher_on_a_session_page_lands_on_that_projects_sessions(

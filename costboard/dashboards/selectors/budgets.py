@@ -42,6 +42,8 @@ class BudgetRow:
     forecast: Forecast | None
     period_end: datetime | None
     period_start: datetime
+    # its figures as `budgets_whole` read them (None: nothing counted toward it yet)
+    whole: LedgerSum | None = None
 
     @property
     def forecast_usd(self) -> Decimal | None:
@@ -53,9 +55,11 @@ class BudgetRow:
         return per_member(self.budget)
 
     @property
-    def used_pct(self) -> Decimal | None:
-        """The larger share of a limit used so far (tokens or USD), as a percentage; None for
-        a per-member budget, whose limits are each member's (its page lists them)."""
+    def used_pct(self) -> int | None:
+        """The larger share of a limit used so far (tokens or USD), as a whole percentage
+        rounded down, as every percentage the pages show (99.9 % used is not yet 100 %, which
+        a budget near its limit would read as); None for a per-member budget, whose limits
+        are each member's (its page lists them)."""
         if self.per_member:
             return None
         shares = []
@@ -63,7 +67,7 @@ class BudgetRow:
             shares.append(Decimal(self.tokens_used) / self.budget.token_limit * 100)
         if self.budget.cost_limit_usd:
             shares.append(self.cost_usd / self.budget.cost_limit_usd * 100)
-        return max(shares) if shares else None
+        return int(max(shares)) if shares else None
 
     @property
     def forecast_over(self) -> bool:
@@ -113,6 +117,7 @@ def _budget_rows(budgets: list[PeriodBudget], now: datetime) -> list[BudgetRow]:
                 else forecast(b, cost, start=start, end=end, days=days[b.pk], now=now),
                 period_end=end,
                 period_start=start,
+                whole=whole,
             )
         )
     return rows
@@ -153,7 +158,8 @@ STOPPED_SESSIONS_SHOWN = 50
 
 @dataclass(frozen=True)
 class PeriodSpend:
-    """One period of a budget as its ledger has it, its days in the budget's timezone."""
+    """One period of a budget as its ledger has it, its days in the budget's timezone; a
+    rolling budget's one "period" is its window now (`_window_spend`)."""
 
     first_day: date
     last_day: date | None  # None: a total budget, which never ends
@@ -180,6 +186,23 @@ def _period_spend(budget: PeriodBudget, ledger: LedgerSum, current_start: dateti
     )
 
 
+def _window_spend(row: BudgetRow) -> PeriodSpend:
+    """A rolling budget's window now, as /budgets/ and the API read it (`budgets_whole`): its
+    ledgers keep one row per member whatever the window (their period_start the epoch), with
+    what the last batch decided, which is not the window once it has moved on."""
+    whole = row.whole
+    return PeriodSpend(
+        first_day=row.period_start.date(),
+        last_day=(row.period_end or row.period_start).date(),
+        current=True,
+        state=row.state,
+        tokens_used=row.tokens_used,
+        cost_usd=row.cost_usd,
+        warned_at=whole.warned_at if whole is not None else None,
+        exhausted_at=whole.exhausted_at if whole is not None else None,
+    )
+
+
 @dataclass(frozen=True)
 class BudgetDetail:
     """One period budget's page: its current period, its periods newest first (spend from
@@ -198,13 +221,17 @@ class BudgetDetail:
 def budget_detail(
     *, budget: PeriodBudget, stops: Sequence[PeriodBudget], now: datetime
 ) -> BudgetDetail:
-    """`budget`'s page (five queries). `stops`: its project's stop-budgets in force
+    """`budget`'s page (five queries; a rolling budget's period is its window, read with its
+    row). `stops`: its project's stop-budgets in force
     (holds.stops_in_force)."""
     row = _budget_rows([budget], now)[0]
-    periods = [
-        _period_spend(budget, ledger, row.period_start)
-        for ledger in ledger_sums(Q(budget=budget), newest=PAST_PERIODS_SHOWN)
-    ]
+    if rolling(budget):
+        periods = [_window_spend(row)]
+    else:
+        periods = [
+            _period_spend(budget, ledger, row.period_start)
+            for ledger in ledger_sums(Q(budget=budget), newest=PAST_PERIODS_SHOWN)
+        ]
     events = list(
         BudgetEvent.objects.filter(ledger__budget=budget)
         .select_related("ledger")

@@ -4,7 +4,7 @@ and the session page's banner)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -24,22 +24,12 @@ FLAGGED = Q(state__in=[Session.State.WARNING, Session.State.EXHAUSTED]) | Q(
 def sessions_flagged(
     *, project_ids: list[int], limit: int = 12, stops: Sequence[PeriodBudget] = ()
 ) -> tuple[list[Session], int]:
-    """Near-cap, exhausted, runaway and budget-held sessions, the most urgent first, and how
-    many there are."""
-    flagged = _flagged_open(project_ids, stops)
-    total = flagged.count()
-    rows = list(flagged.select_related("project").order_by("-last_active_at")[: limit * 4])
-    holding = _holding(stops, rows)
-    for row in rows:
-        if holding.get(row.pk) is not None and row.state != Session.State.EXHAUSTED:
-            row.state = Session.State.EXHAUSTED  # as its agent is told (a copy, never saved)
-    urgency: dict[str, int] = {
-        Session.State.EXHAUSTED: 1,
-        Session.State.WARNING: 2,
-        Session.State.OK: 3,
-    }
-    rows.sort(key=lambda s: (s.runaway_at is None, urgency[s.state], -s.last_active_at.timestamp()))
-    return rows[:limit], total
+    """The overview's short list: the first `limit` of /flagged/'s list (open near-cap,
+    exhausted, runaway and budget-held sessions not acknowledged since, the most urgent
+    first: sessions_flagged_list, each annotated `held_by_budget`) and how many that list
+    has, so the two agree (two queries)."""
+    flagged = sessions_flagged_list(project_ids=project_ids, stops=stops)
+    return list(flagged[:limit]), flagged.count()
 
 
 # --- flagged sessions page ------------------------------------------------------------------
@@ -65,19 +55,6 @@ def unacknowledged(stops: Sequence[PeriodBudget]) -> Q:
     the hold is a flag of its own (docs/budgets.md, "Stopped by a budget"), which leaves no
     time on the session."""
     return UNACKNOWLEDGED | held_since(stops, "acknowledged_at") if stops else UNACKNOWLEDGED
-
-
-def _holding(stops: Sequence[PeriodBudget], sessions: Iterable[Session]) -> dict[int, int]:
-    """Each of `sessions` a stop-budget holds → that budget's id (one query; none without
-    stops)."""
-    ids = [s.pk for s in sessions]
-    if not stops or not ids:
-        return {}
-    return dict(
-        Session.objects.filter(held(stops), pk__in=ids)
-        .annotate(held_by_budget=held_by(stops))
-        .values_list("pk", "held_by_budget")
-    )
 
 
 def _flagged_open(project_ids: list[int], stops: Sequence[PeriodBudget] = ()) -> QuerySet[Session]:

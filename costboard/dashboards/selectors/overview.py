@@ -5,6 +5,7 @@ token kind, the costliest sessions, the recent spend anomalies, and the models n
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
 from decimal import Decimal
@@ -12,8 +13,9 @@ from typing import Any
 
 from django.db.models import Q, QuerySet, Sum
 
+from costboard.budgets.holds import held_by
 from costboard.dashboards.selectors.shared import MILLION, ZERO, FamilyTally, FamilyUsage, day_start
-from costboard.models import DailyRollup, Session, SpendAnomaly
+from costboard.models import DailyRollup, PeriodBudget, Session, SpendAnomaly
 from costboard.pricing.rates import rate_table
 
 
@@ -139,12 +141,19 @@ def usage_breakdown(*, project_ids: list[int], since: date, until: date) -> Usag
 
 
 def sessions_costliest(
-    *, project_ids: list[int], since: datetime, limit: int = 10
+    *,
+    project_ids: list[int],
+    since: datetime,
+    limit: int = 10,
+    stops: Sequence[PeriodBudget] = (),
 ) -> QuerySet[Session]:
+    """The costliest sessions active since `since`, each annotated `held_by_budget`: the id
+    of the first of `stops` (the projects' stop-budgets in force) holding it, or None."""
     return (
         Session.objects.filter(project_id__in=project_ids, last_active_at__gte=since)
         .select_related("project")
-        .order_by("-cost_usd")[:limit]
+        .annotate(held_by_budget=held_by(stops))
+        .order_by("-cost_usd", "-id")[:limit]
     )
 
 

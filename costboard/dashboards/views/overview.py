@@ -4,6 +4,7 @@ unpriced models; and /favicon.ico."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import timedelta
 
 from django.contrib.auth.decorators import login_required
@@ -12,6 +13,7 @@ from django.shortcuts import render
 from django.templatetags.static import static
 from django.utils import timezone
 
+from costboard.budgets.caps import session_caps
 from costboard.dashboards import charts
 from costboard.dashboards.params import Checks
 from costboard.dashboards.scope import scope_for
@@ -24,8 +26,10 @@ from costboard.dashboards.selectors.overview import (
     spend_by_period,
     usage_breakdown,
 )
+from costboard.dashboards.selectors.sessions import SessionStop, session_stop
 from costboard.dashboards.selectors.shared import day_start
 from costboard.dashboards.views.shared import figures, period_start, stops_now, tag_breakdown
+from costboard.models import Session
 from costboard.replicas import replica_reads
 
 
@@ -38,14 +42,26 @@ def overview(request: HttpRequest) -> HttpResponse:
     today = timezone.now().date()
     since = period_start(today)
     breakdown = usage_breakdown(project_ids=ids, since=since, until=today)
-    flagged, flagged_total = sessions_flagged(project_ids=ids, stops=stops_now(ids))
+    stops = stops_now(ids)
+    flagged, flagged_total = sessions_flagged(project_ids=ids, stops=stops)
+    by_id = {b.pk: b for b in stops}
+
+    def stopped(sessions: Iterable[Session]) -> list[tuple[Session, SessionStop]]:
+        """Each with its state as its agent is told it: held by a stop-budget, exhausted."""
+        return [
+            (s, session_stop(s, session_caps(s), by_id.get(s.held_by_budget)))  # type: ignore[attr-defined]
+            for s in sessions
+        ]
+
     context = {
         "scope": scope,
         "spend": spend_by_period(project_ids=ids, today=today),
         "breakdown": breakdown,
         # the same 30 UTC days as the tiles, /sessions/ and GET /api/v1/spend
-        "costliest": sessions_costliest(project_ids=ids, since=day_start(since)),
-        "flagged": flagged,
+        "costliest": stopped(
+            sessions_costliest(project_ids=ids, since=day_start(since), stops=stops)
+        ),
+        "flagged": stopped(flagged),
         "flagged_total": flagged_total,
         "anomalies": anomalies_recent(project_ids=ids, since=timezone.now() - timedelta(days=7)),
         "budgets": budgets_current(project_ids=ids, now=timezone.now()),

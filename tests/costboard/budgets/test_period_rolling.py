@@ -285,3 +285,31 @@ def test_the_pages_hold_a_user_s_sessions_while_the_window_holds_the_spend(
 
     assert held_now(T0 + HOUR) == ["ann-1"]
     assert held_now(T0 + 24 * HOUR) == []  # her spend has left the window
+
+
+def test_the_budget_page_s_period_is_the_window_now(agent: Agent, staff: Client) -> None:
+    """A rolling budget has no calendar periods: its page shows the window now, with the
+    figures /budgets/ and the API read, never its ledger's epoch ("Jan 1, 1970 onwards") nor
+    what its last batch decided once the window has moved past that spend."""
+    b = rolling(agent)
+    at(T0, agent, session("ann-1", "ann"))
+    at(T0, agent, *steps("ann-1", 2, T0))  # $0.60: ann exhausted
+
+    def periods(moment: datetime) -> tuple[list[tuple[str, str, str]], str]:
+        with time_machine.travel(moment, tick=False):
+            html = staff.get(f"/budgets/{b.pk}/").content.decode()
+            listing = staff.get("/budgets/").content.decode()
+        rows = re.findall(
+            r"<tr data-period=\"[\d-]+\" data-current>\s*<td>([^<]*)<.*?badge (\w+)\".*?"
+            r"data-period-spent>([^<]+)<",
+            html,
+            re.S,
+        )
+        assert "1970" not in html and "onwards" not in html
+        spent = re.search(r'<tr data-budget="\d+">.*?data-budget-spent>([^<]+)<', listing, re.S)
+        assert spent is not None
+        return [(label.strip(), state, cost) for label, state, cost in rows], spent.group(1)
+
+    assert periods(T0 + HOUR) == ([("the last 24 hours", "exhausted", "$0.60")], "$0.60")
+    # a day later her spend has left the window: nothing now, as /budgets/ says
+    assert periods(T0 + 25 * HOUR) == ([("the last 24 hours", "ok", "$0.00")], "$0.00")

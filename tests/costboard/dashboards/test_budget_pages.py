@@ -396,3 +396,102 @@ def test_a_per_member_budget_holds_only_its_exhausted_members(staff: Client, age
     stopped = re.search(r'<section class="card" id="stopped">.*?</section>', html, re.S)
     assert stopped is not None
     assert re.findall(r'<tr data-session="([^"]+)">', stopped.group(0)) == ["ann-1"]
+
+
+def budget_row(html: str, budget: PeriodBudget) -> str:
+    found = re.search(rf'<tr data-budget="{budget.pk}">.*?</tr>', html, re.S)
+    assert found is not None, f"no row for {budget.name}"
+    return found.group(0)
+
+
+def test_a_period_ends_at_midnight_in_the_budget_s_timezone(staff: Client, agent: Agent) -> None:
+    """At 12:00 UTC on Nov 28 it is 02:00 on Nov 29 on Kiritimati (UTC+14): that day budget's
+    period ends at midnight starting Nov 30 there (10:00 UTC on Nov 29), and /budgets/ and the
+    overview say "ends Nov 30", as its page says its day is Nov 29 — not the UTC date of
+    that instant, which a UTC day budget's end (Nov 29) shares."""
+    east = PeriodBudget.objects.create(
+        project=agent.project,
+        name="kiritimati",
+        period="day",
+        timezone="Pacific/Kiritimati",
+        cost_limit_usd=Decimal(1),
+    )
+    utc = PeriodBudget.objects.create(
+        project=agent.project, name="utc", period="day", cost_limit_usd=Decimal(1)
+    )
+    tokyo = PeriodBudget.objects.create(
+        project=agent.project,
+        name="tokyo month",
+        period="month",
+        timezone="Asia/Tokyo",
+        cost_limit_usd=Decimal(1),
+    )
+    with time_machine.travel(datetime(2026, 11, 28, 12, 0, tzinfo=UTC), tick=False):
+        assert period_bounds("day", east.timezone, datetime.now(UTC))[1] == datetime(
+            2026, 11, 29, 10, 0, tzinfo=UTC
+        )
+        listing = staff.get("/budgets/").content.decode()
+        overview = staff.get("/").content.decode()
+        page = staff.get(f"/budgets/{east.pk}/").content.decode()
+    for html in (listing, overview):
+        assert 'day<span class="muted"> · ends Nov 30</span>' in budget_row(html, east)
+        assert 'day<span class="muted"> · ends Nov 29</span>' in budget_row(html, utc)
+        # Tokyo's November ends at midnight starting Dec 1 there (Nov 30, 15:00 UTC)
+        assert 'month<span class="muted"> · ends Dec 1</span>' in budget_row(html, tokyo)
+    assert "ends Nov 30, 2026" in page  # nothing counted yet: the period's end, as there
+
+
+def test_a_share_of_a_limit_is_rounded_down_as_every_percentage(
+    staff: Client, agent: Agent
+) -> None:
+    """999 of 1,000 tokens is near the limit, not at it: "99%" used (as the session pages'
+    cap use, rounded down), never "100%" beside a "near limit" state."""
+    budget = PeriodBudget.objects.create(
+        project=agent.project, name="tokens", token_limit=1000, action="stop"
+    )
+    agent.events({"session_id": "a", "step_type": "x", "model": "test-sonnet", "input_tokens": 999})
+    for html in (staff.get("/budgets/").content.decode(), staff.get("/").content.decode()):
+        row = budget_row(html, budget)
+        assert '<span class="badge warning" data-budget-state' in row
+        assert '<td class="num">99%</td>' in row
+    page = staff.get(f"/budgets/{budget.pk}/").content.decode()
+    assert "· 99% used" in page and "100%" not in page
+
+
+def test_the_overview_marks_a_per_member_budget_s_limit_each(staff: Client, agent: Agent) -> None:
+    """Its spend is all its members', its limit each one's: "$1.20 + $0.30" spent is not
+    over a "$1.00" limit, and the overview says "each member" as /budgets/ does."""
+    budget, _ = ann_over_bob_under(agent, name="each user", user="*")
+    for html in (staff.get("/").content.decode(), staff.get("/budgets/").content.decode()):
+        row = budget_row(html, budget)
+        assert "$1.50" in row and "$1.00" in row
+        assert '<div class="muted" data-per-member>each member</div>' in row
+
+
+def test_the_overview_never_says_ok_of_a_session_a_budget_stops(
+    staff: Client, agent: Agent, held: PeriodBudget
+) -> None:
+    """ann-1 is within its own caps (stored "ok") but her budget stops it: the overview's
+    costliest sessions and its flagged short list say exhausted, stopped by that budget, as
+    the API, /sessions/ and /flagged/ do; bob-1 goes on."""
+    assert session("ann-1").state == "ok"
+    assert agent.budget("ann-1").json()["state"] == "exhausted"
+    html = staff.get("/").content.decode()
+
+    def overview_row(heading: str, session_id: str) -> str:
+        card = html[html.index(heading) :]
+        card = card[: card.index("</section>")]
+        row = re.search(
+            rf'<tr[^>]*>\s*<td><a href="/sessions/\d+/"><code>{session_id}</code>.*?</tr>',
+            card,
+            re.S,
+        )
+        assert row is not None, f"{session_id} not under {heading}"
+        return row.group(0)
+
+    ann = overview_row("Ten costliest sessions", "ann-1")
+    assert '<span class="badge exhausted">exhausted</span>' in ann and "badge ok" not in ann
+    assert stopped_link(held) in ann
+    assert '<span class="badge ok">ok</span>' in overview_row("Ten costliest sessions", "bob-1")
+    flagged = overview_row("Flagged sessions <span", "ann-1")
+    assert "badge exhausted" in flagged and stopped_link(held) in flagged

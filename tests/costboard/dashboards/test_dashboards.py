@@ -313,6 +313,22 @@ def test_session_page_shows_totals_turns_steps_and_events(
     )
 
 
+def test_a_session_without_steps_says_so(staff: Client, agent: Agent, priced: None) -> None:
+    """A session event alone (no step yet) has no steps outside a turn to point at, and a
+    turn of one step says "1 step"."""
+    agent.events(
+        {"type": "session", "session_id": "empty", "user_id": "u"},
+        {"session_id": "one", "turn": 1, "step_type": "x", "model": "test-haiku"},
+    )
+    empty = staff.get(f"/sessions/{Session.objects.get(external_id='empty').pk}/")
+    html = empty.content.decode().split('<script id="figures"')[0]  # what the page shows
+    assert '<p class="muted" data-no-steps>No steps yet.</p>' in html
+    assert "outside any turn" not in html and "listed below" not in html
+    assert 'data-total="cost">$0.00<' in html
+    one = staff.get(f"/sessions/{Session.objects.get(external_id='one').pk}/").content.decode()
+    assert "· 1 step ·" in one
+
+
 def test_steps_page_table_equals_the_steps(staff: Client, agent: Agent, priced: None) -> None:
     traffic(agent)
     response = staff.get("/steps/")
@@ -503,7 +519,7 @@ def test_the_costliest_sessions_are_of_the_same_30_utc_days_as_the_tiles(
         # within 30 × 24 hours of now, but the day before the 30 UTC days (02-19 … 03-20)
         sent("before-the-days", "2026-02-18T18:00:00Z", 9_000)
         sent("first-day", "2026-02-19T00:30:00Z", 10)
-        shown = [s.external_id for s in staff.get("/").context["costliest"]]
+        shown = [s.external_id for s, _stop in staff.get("/").context["costliest"]]
         listed = staff.get("/sessions/").content.decode()
     assert shown == ["first-day"]
     assert "first-day" in listed and "before-the-days" not in listed

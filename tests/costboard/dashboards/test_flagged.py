@@ -192,6 +192,41 @@ def test_overview_and_nav_link_to_the_page(staff: Client, agent: Agent) -> None:
     assert '<a href="/flagged/?project=acme" >Flagged</a>' in html
 
 
+def overview_flagged(html: str) -> tuple[list[str], str]:
+    """The overview's flagged short list (session ids, in order) and its count."""
+    panel = html[html.index('id="flagged"') : html.index("Daily cost by model")]
+    count = re.search(r'<span class="count">(\d+)</span>', panel)
+    assert count is not None
+    return re.findall(r"<code>([^<]+)</code></a></td>", panel), count.group(1)
+
+
+def test_the_overview_lists_what_flagged_lists_in_its_order(staff: Client, agent: Agent) -> None:
+    """The overview's short list is the start of /flagged/'s, its count /flagged/'s "All":
+    an acknowledged session is on neither, and the most urgent (an exhausted session, however
+    long ago it was last active) comes before fresher near-cap ones."""
+    capped(agent, "x-old", "exhausted")
+    capped(agent, "acked", "warning")
+    for n in range(14):
+        capped(agent, f"w-{n:02d}", "warning")
+    now = timezone.now()
+    Session.objects.filter(external_id="x-old").update(
+        last_active_at=now - timedelta(days=3),
+        warned_at=now - timedelta(days=3),
+        exhausted_at=now - timedelta(days=3),
+    )
+    Session.objects.filter(external_id="acked").update(
+        acknowledged_at=now + timedelta(minutes=1), acknowledged_by="root"
+    )
+
+    page = staff.get("/flagged/?project=acme").content.decode()
+    assert re.search(r'data-count="all">15<', page)
+    assert "acked" not in listed(page) and listed(page)[0] == "x-old"
+    rows, total = overview_flagged(staff.get("/?project=acme").content.decode())
+    assert total == "15"
+    assert rows == listed(page)[: len(rows)] and len(rows) == 12
+    assert "acked" not in rows
+
+
 def test_the_list_pages_by_fifty(staff: Client, agent: Agent) -> None:
     events: list[dict[str, Any]] = []
     for i in range(55):
