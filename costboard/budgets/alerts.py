@@ -454,12 +454,18 @@ def alert_deliver(delivery_id: int, *, final: bool = True) -> str:
     """Make one attempt at a delivery and record it (see the module docstring). A retryable
     failure stays pending and raises DeliveryFailed, unless this is the `final` attempt.
     Returns the delivery's status, "waiting" (a resolve before its trigger went out) or
-    "skipped"."""
+    "skipped" (delivered, failed or gone). A delivery still pending whose attempt is in
+    flight — or whose worker died mid-send, its claim not yet stale — raises DeliveryFailed
+    too, so its item is tried again rather than dropped."""
     now = timezone.now()
     if _waits_for_trigger(delivery_id, now):
         return "waiting"
     attempt_no = _claim(delivery_id, now)
     if attempt_no is None:
+        pending = AlertDelivery.objects.filter(pk=delivery_id, status=AlertDelivery.Status.PENDING)
+        if pending.exists():  # an attempt in flight, or one whose worker died (its lease
+            # runs from the send, the item's from the batch's claim): ask again later
+            raise DeliveryFailed("another attempt is in flight")
         return "skipped"
     delivery = AlertDelivery.objects.select_related(
         "project",

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import time_machine
 from celery import Celery
 from django.db import connection
 
@@ -195,3 +196,47 @@ def test_a_slow_receiver_never_slows_ingest(receiver: Receiver, settings: Any) -
         dispatcher.join(timeout=30)
     assert AlertDelivery.objects.filter(status="delivered").count() == 6
     assert Step.objects.filter(project=agent.project).count() == 6
+
+
+def test_a_dispatcher_killed_mid_send_leaves_the_alert_to_the_next_one(
+    receiver: Receiver, tmp_path: Path
+) -> None:
+    """guard_sweep is killed while a receiver holds its request: the alert is neither lost
+    nor left pending for good. The next dispatcher takes the item when its lease runs out,
+    and the delivery, whose attempt never finished, goes out (at least once)."""
+    agent = setup_project(receiver)
+    assert agent.post(crossing_batch(0)).status_code == 200  # soft_warned and exhausted
+    receiver.hold()
+    env = {
+        **{k: v for k, v in os.environ.items() if k != "CELERY_BROKER_URL"},  # no broker
+        "DJANGO_SETTINGS_MODULE": "costboard.settings",
+        "DATABASE_URL": worker_database_url(),
+        "COSTBOARD_WEBHOOK_ALLOW_HOSTS": "127.0.0.1",
+    }
+    with (tmp_path / "sweep.log").open("wb") as log:
+        sweep = subprocess.Popen(
+            [sys.executable, "manage.py", "guard_sweep"],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            wait_until(lambda: receiver.held() == 1, what=f"the send held; log {tmp_path}")
+        finally:
+            sweep.kill()  # mid-send: the attempt is never recorded
+            sweep.wait(timeout=30)
+    receiver.release()
+    [held] = AlertDelivery.objects.filter(attempts=1)
+    assert (held.status, held.response_code, held.error) == ("pending", None, "")
+
+    # the next dispatcher, when the dead one's lease on the item runs out
+    item = OutboxItem.objects.get(payload__delivery_id=held.pk)
+    with time_machine.travel(item.next_attempt_at, tick=False) as clock:
+        outbox_dispatch()
+        clock.shift(3600)
+        outbox_dispatch()
+    deliveries = AlertDelivery.objects.filter(project=agent.project)
+    assert set(deliveries.values_list("status", flat=True)) == {"delivered"}
+    assert not OutboxItem.objects.exists()
+    assert Counter(receiver.received()) == {str(held.pk): 2, str(held.pk + 1): 1}
