@@ -69,7 +69,7 @@ from django.utils import timezone
 
 from costboard.budgets.caps import session_budget
 from costboard.budgets.engine import reached
-from costboard.budgets.periods import member_days, period_budget_view
+from costboard.budgets.periods import HOUR, member_days, period_budget_view, rolling
 from costboard.models import (
     AlertDelivery,
     BillingDrift,
@@ -118,6 +118,10 @@ def _period_payload(delivery: AlertDelivery, event: BudgetEvent) -> dict[str, An
     assert ledger is not None  # noqa: S101 — narrows the type: a period event has its ledger
     budget = ledger.budget
     now = timezone.now()
+    if rolling(budget) and ledger.window_start is not None:
+        # the window the ledger's totals are of, not the one at the send (a late send's
+        # window may hold none of the spend it names)
+        now = ledger.window_start + ((budget.window_hours or 1) - 1) * HOUR
     key = (budget.pk, ledger.member)
     view = period_budget_view(budget, ledger, now=now, days=member_days([key], now)[key])
     return {
@@ -355,11 +359,20 @@ def _anomaly_email(payload: dict[str, Any]) -> tuple[str, str]:
 
 
 def alert_email(payload: dict[str, Any]) -> tuple[str, str]:
-    """The subject and plain-text body of an alert email."""
+    """The subject and plain-text body of an alert email. The subject is one line: a session
+    id or a tag value is whatever an agent sent, a line break included, and a header with one
+    is refused by the mail library (every attempt would fail)."""
     if payload["kind"] == "billing_drift":
-        return _drift_email(payload)
-    if payload["kind"] == "anomaly":
-        return _anomaly_email(payload)
+        subject, body = _drift_email(payload)
+    elif payload["kind"] == "anomaly":
+        subject, body = _anomaly_email(payload)
+    else:
+        subject, body = _budget_email(payload)
+    return " ".join(subject.splitlines()), body
+
+
+def _budget_email(payload: dict[str, Any]) -> tuple[str, str]:
+    """A budget event's email: a session's crossing or a period budget's."""
     headline = alert_headline(payload)
     budget = payload.get("budget")
     if budget is not None:  # a period budget's crossing
@@ -513,7 +526,8 @@ def slack_message(payload: dict[str, Any]) -> dict[str, Any]:
     elif link is not None:
         context += f" · {_slack_escaped(link)}"
     blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": context}]})
-    text = summary if link is None else f"{summary} {link}"
+    # the notification's line is mrkdwn too: a budget named "<!channel>" must not ping
+    text = _slack_escaped(summary if link is None else f"{summary} {link}")
     return {"text": text, "blocks": blocks}
 
 
@@ -570,14 +584,18 @@ def pagerduty_resolve(*, routing_key: str, dedup: str) -> dict[str, Any]:
 
 def incident_dedup_key(delivery: AlertDelivery) -> str:
     """The PagerDuty incident a delivery triggers or resolves: one per budget, member and
-    period (`costboard:<project>:budget:<id>:<member>:<period start>`), per session
-    (`costboard:<project>:session:<id>`), else per alert."""
+    period (`costboard:<project>:budget:<id>:<member>:<period start>`; a rolling budget's
+    episodes after its first add `:episode:<n>`, so a late resolve of the last one never
+    closes the next), per session (`costboard:<project>:session:<id>`), else per alert."""
     slug = delivery.project.slug
     event = delivery.budget_event
     if event is not None and event.ledger is not None:
         ledger = event.ledger
-        start = ledger.period_start.isoformat()
-        return dedup_key([slug, "budget", str(ledger.budget_id), ledger.member, start])
+        parts = [slug, "budget", str(ledger.budget_id), ledger.member]
+        parts.append(ledger.period_start.isoformat())
+        if event.episode:
+            parts += ["episode", str(event.episode)]
+        return dedup_key(parts)
     if event is not None and event.session_id is not None:
         return dedup_key([slug, "session", str(event.session_id)])
     return dedup_key([slug, delivery.kind, str(delivery.budget_event_id or delivery.pk)])

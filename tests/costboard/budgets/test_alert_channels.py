@@ -373,6 +373,42 @@ def test_a_rolling_budget_s_incident_is_resolved_once_its_window_moves_past_the_
     ]
 
 
+def test_a_rolling_budget_s_next_episode_pages_an_incident_its_last_resolve_leaves_open(
+    agent: Agent, hook: Hook, clock: time_machine.Traveller
+) -> None:
+    """Exhausted, then under (the window moved past the spend: resolved), then exhausted
+    again: a second incident. The first one's resolve, retried after PagerDuty answered 500,
+    goes out after the second trigger: it must not close the second incident."""
+    set_up(agent.project, hook, channels=["pagerduty"])
+    add_price("test-sonnet")
+    made = budget(agent.project, name="day", period="rolling", window_hours=24)
+    spend(agent, "s-1", 2_000_000)  # $6.00 of $5 in the last 24 hours: exhausted
+    outbox_dispatch()
+    first = f"costboard:acme:budget:{made.pk}::1970-01-01T00:00:00+00:00"
+    assert actions(hook) == [("trigger", first)]
+
+    later = NOW + timedelta(hours=24)  # the spend has left the window: resolved
+    clock.move_to(later)
+    runaway_sweep(now=later)
+    hook.answer_first(EVENTS, 500)  # the resolve's first attempt fails
+    outbox_dispatch()
+    spend(agent, "s-2", 2_000_000)  # $6.00 again: the next episode, exhausted
+    outbox_dispatch()
+    clock.shift(30)  # the resolve's back-off
+    outbox_dispatch()
+    sent = actions(hook)
+    assert [action for action, _ in sent] == ["trigger", "resolve", "trigger", "resolve"]
+    assert sent[1] == sent[3] == ("resolve", first)
+    second = sent[2][1]
+    assert second == f"{first}:episode:1"  # its own incident, still open
+    assert PeriodLedger.objects.get(budget=made).state == "exhausted"
+
+    clock.move_to(later + timedelta(hours=24))  # and it is resolved in its turn
+    runaway_sweep(now=later + timedelta(hours=24))
+    outbox_dispatch()
+    assert actions(hook)[4:] == [("resolve", second)]
+
+
 def test_raising_the_limit_resolves_after_the_trigger_went_out(
     agent: Agent, hook: Hook, clock: time_machine.Traveller
 ) -> None:
@@ -481,6 +517,30 @@ def test_a_receiver_down_gets_the_alert_once_when_it_is_back(
         ("delivered", 2),
     ]
     assert not OutboxItem.objects.exists()
+
+
+def test_a_rolling_budget_s_alert_sent_late_shows_the_window_its_spend_is_of(
+    agent: Agent, hook: Hook, clock: time_machine.Traveller
+) -> None:
+    """Slack down for three hours: the alert, sent when it is back, names the window its
+    $6.00 was counted in (11:00 to 13:00), not the window at the send, which holds none of it."""
+    set_up(agent.project, hook, channels=["slack"])
+    hook.stop()
+    add_price("test-sonnet")
+    budget(agent.project, name="day", period="rolling", window_hours=2)
+    spend(agent, "s", 2_000_000)  # $6.00 of $5 at 12:00: soft_warned and exhausted
+    outbox_dispatch()
+    clock.shift(3 * 3600)
+    hook.start()
+    outbox_dispatch()
+    messages = hook.to(SLACK)
+    assert len(messages) == 2
+    for message in messages:
+        assert "(rolling from 2026-11-10T11:00:00+00:00)" in message["text"]
+        assert [f["text"] for f in message["blocks"][1]["fields"]][2:4] == [
+            "*Spend / limit*\n$6.00 / $5.00",
+            "*Period*\nrolling from 2026-11-10T11:00:00+00:00",
+        ]
 
 
 def test_garbage_and_500_are_retried_and_400_fails_at_once(
@@ -806,3 +866,25 @@ def test_money_in_the_messages_is_exact(agent: Agent, hook: Hook) -> None:
         if f["text"].startswith("*Spend")
     ]
     assert spends == ["*Spend / limit*\n$0.000123 / $0.0001"] * 2
+
+
+def test_a_slack_message_escapes_its_text_as_slack_asks(
+    agent: Agent, hook: Hook, clock: time_machine.Traveller
+) -> None:
+    """Slack reads `&`, `<` and `>` in a message's `text` as its control characters (its
+    "Formatting text" docs: escape them): a budget named `<!channel>` must not notify the
+    whole channel, neither in the blocks nor in the notification's `text`."""
+    set_up(agent.project, hook, channels=["slack"])
+    add_price("test-sonnet")
+    made = budget(agent.project, name="<!channel> R&D", cost_limit_usd="1.00")
+    spend(agent, "s", 1_000_000)  # $3 of $1: soft_warned and exhausted
+    outbox_dispatch()
+    messages = hook.to(SLACK)
+    assert len(messages) == 2
+    for message in messages:
+        assert "<!channel>" not in json.dumps(message)
+        assert message["text"].startswith("acme: budget '&lt;!channel&gt; R&amp;D' (month")
+        assert message["text"].endswith(f" https://costboard.example/budgets/{made.pk}/")
+        assert message["blocks"][0]["text"]["text"].startswith(
+            "*acme: budget '&lt;!channel&gt; R&amp;D' (month"
+        )

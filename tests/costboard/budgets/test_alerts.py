@@ -367,6 +367,23 @@ def test_alerts_are_emailed_to_the_projects_addresses(
     assert {d.status for d in deliveries} == {"delivered"}
 
 
+def test_a_session_id_with_a_line_break_is_emailed_on_one_subject_line(
+    emailed: Agent, mailoutbox: list[mail.EmailMessage]
+) -> None:
+    """A session id (or a tag value) is any string an agent sent, a line break included; an
+    email's subject is one header line: the alert still goes out, its id kept in the body."""
+    emailed.events({"type": "session", "session_id": "chat\n42", "token_cap": 1000})
+    emailed.events(step("chat\n42", 1000, 0))  # past 80 % and the cap
+    outbox_dispatch()
+    assert sorted({m.subject for m in mailoutbox}) == [
+        "[Costboard] acme: session chat 42 exhausted its token cap",
+        "[Costboard] acme: session chat 42 passed 80% of its token cap",
+    ]
+    assert len(mailoutbox) == 4
+    assert "Session chat\n42 of project acme exhausted its token cap." in mailoutbox[-1].body
+    assert set(AlertDelivery.objects.values_list("status", flat=True)) == {"delivered"}
+
+
 def test_a_cap_change_sends_nothing(emailed: Agent, mailoutbox: list[mail.EmailMessage]) -> None:
     emailed.events({"type": "session", "session_id": "s", "token_cap": 1000}, step("s", 10, 10))
     emailed.events({"type": "session", "session_id": "s", "token_cap": 2000})
