@@ -24,6 +24,7 @@ from django.db import connections
 from django.http import HttpResponseBase, StreamingHttpResponse
 from django.test import Client, override_settings
 
+from costboard.budgets.alert_senders import silent_hosts_forget
 from costboard.celery import app as celery_app
 from costboard.models import ApiKey, ModelPrice, Project
 from costboard.partitions import forget_step_partitions
@@ -138,6 +139,14 @@ def _fresh_rate_table() -> Iterator[None]:
     forget_rate_table()
     yield
     forget_rate_table()
+
+
+@pytest.fixture(autouse=True)
+def _no_silent_alert_hosts() -> Iterator[None]:
+    """A receiver one test let time out is not left alone in the next test's sends."""
+    silent_hosts_forget()
+    yield
+    silent_hosts_forget()
 
 
 @pytest.fixture(autouse=True)

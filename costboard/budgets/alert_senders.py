@@ -18,17 +18,19 @@ import http.client
 import json
 import logging
 import re
+import threading
 import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.mail import send_mail
 from django.core.validators import validate_email
+from django.utils import timezone
 
 from costboard.budgets.alert_messages import (
     alert_email,
@@ -99,12 +101,59 @@ def _destination(url: str, *, checked: bool) -> Destination | Attempt:
         return Attempt(ok=False, error=short(f"cannot resolve the host: {describe(exc)}"))
 
 
+# A host whose receiver let a request time out is left alone for a while: its next deliveries
+# in this process fail at once (retried on their schedule) instead of each waiting out
+# COSTBOARD_ALERT_TIMEOUT_SECONDS, while the alerts claimed behind them — other projects'
+# too, as a dispatcher sends its items one after another — wait on a receiver that hangs.
+SILENT_FOR = timedelta(seconds=60)
+_silent: dict[tuple[str, int], datetime] = {}  # (host, port) → until when
+_silent_lock = threading.Lock()
+
+
+def _timed_out(exc: BaseException) -> bool:
+    reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+    return isinstance(reason, TimeoutError)
+
+
+def _still_silent(destination: Destination) -> datetime | None:
+    """Until when the destination's host is left alone, if it is now."""
+    key = (destination.host, destination.port)
+    with _silent_lock:
+        until = _silent.get(key)
+        if until is not None and until <= timezone.now():
+            del _silent[key]
+            return None
+        return until
+
+
+def _fell_silent(destination: Destination) -> None:
+    with _silent_lock:
+        _silent[(destination.host, destination.port)] = timezone.now() + SILENT_FOR
+
+
+def silent_hosts_forget() -> None:
+    """Ask every host again at its next delivery (tests: a port of one test's receiver may
+    be another's next)."""
+    with _silent_lock:
+        _silent.clear()
+
+
 def post_json(url: str, body: bytes, headers: dict[str, str], *, checked: bool = True) -> Attempt:
     """POST a JSON body, with the retry policy's reading of what came back. `checked`: the
-    URL goes through the egress check (one typed into the admin)."""
+    URL goes through the egress check (one typed into the admin). A host that let a request
+    time out in the last SILENT_FOR is not asked again until then: a retryable failure."""
     destination = _destination(url, checked=checked)
     if isinstance(destination, Attempt):
         return destination
+    silent = _still_silent(destination)
+    if silent is not None:
+        return Attempt(
+            ok=False,
+            error=short(
+                f"not sent: {destination.host} let a request time out; "
+                f"not asked again before {silent:%H:%M:%S} UTC"
+            ),
+        )
     request = urllib.request.Request(  # noqa: S310 — http(s) only: _host_and_port checks it
         url,
         data=body,
@@ -121,10 +170,14 @@ def post_json(url: str, body: bytes, headers: dict[str, str], *, checked: bool =
         permanent = 400 <= code < 500 and code not in {408, 429}
         return Attempt(ok=False, response_code=code, error=status_reason(code), permanent=permanent)
     except urllib.error.URLError as exc:  # refused, timeout while connecting, TLS
+        if _timed_out(exc):
+            _fell_silent(destination)
         return Attempt(ok=False, error=short(f"cannot connect: {exc.reason}"))
     except http.client.HTTPException as exc:  # a malformed reply: its text is the receiver's
         return Attempt(ok=False, error=f"bad HTTP reply ({type(exc).__name__})")
     except (OSError, ValueError) as exc:  # timeout, reset, …
+        if _timed_out(exc):
+            _fell_silent(destination)
         return Attempt(ok=False, error=short(describe(exc)))
     if 200 <= code < 300:
         return Attempt(ok=True, response_code=code)

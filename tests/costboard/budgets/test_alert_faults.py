@@ -10,6 +10,7 @@ import sys
 import threading
 from collections import Counter
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ import pytest
 import time_machine
 from celery import Celery
 from django.db import connection
+from django.utils import timezone
 
 from costboard.models import AlertDelivery, OutboxItem, Session, Step, WebhookEndpoint
 from costboard.outbox import outbox_dispatch
@@ -240,3 +242,44 @@ def test_a_dispatcher_killed_mid_send_leaves_the_alert_to_the_next_one(
     assert set(deliveries.values_list("status", flat=True)) == {"delivered"}
     assert not OutboxItem.objects.exists()
     assert Counter(receiver.received()) == {str(held.pk): 2, str(held.pk + 1): 1}
+
+
+def test_a_receiver_that_hangs_holds_up_one_send_not_the_others(
+    receiver: Receiver, settings: Any
+) -> None:
+    """One dispatcher sends its claimed items one after another. A project whose receiver
+    hangs costs it one timeout: that host's other deliveries are put off (retried on their
+    schedule) instead of each waiting out the timeout, and another project's alerts go out
+    in the same pass."""
+    settings.COSTBOARD_ALERT_TIMEOUT_SECONDS = 1
+    hanging = setup_project(receiver)
+    other = Receiver().start()
+    try:
+        answering = make_agent("answers")
+        WebhookEndpoint.objects.create(
+            project=answering.project, url=f"{other.base_url}/hook", secret="whsec-other"
+        )
+        receiver.hold()
+        for n in range(3):  # six alerts to the receiver that hangs, queued first
+            assert hanging.post(crossing_batch(n)).status_code == 200
+        assert answering.post(crossing_batch(9)).status_code == 200
+        outbox_dispatch()
+        receiver.release()
+        wait_until(lambda: receiver.held() == 0, what="the held request let go")
+        assert len(receiver.received()) == 1  # one timeout, then put off
+        assert len(other.received()) == 2
+        put_off = AlertDelivery.objects.filter(project=hanging.project, status="pending")
+        assert put_off.count() == 6
+        errors = sorted(put_off.values_list("error", flat=True))
+        assert sum("not asked again before" in error for error in errors) == 5, errors
+        delivered = AlertDelivery.objects.filter(project=answering.project, status="delivered")
+        assert delivered.count() == 2
+
+        # the hanging host is asked again once its minute is over, and everything goes out
+        with time_machine.travel(timezone.now() + timedelta(hours=1), tick=False):
+            outbox_dispatch()
+        assert set(
+            AlertDelivery.objects.filter(project=hanging.project).values_list("status", flat=True)
+        ) == {"delivered"}
+    finally:
+        other.stop()
