@@ -3,6 +3,7 @@ and as a page. The boundary (key, methods, errors) is costboard/api/boundary.py.
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from typing import Any, cast
 
@@ -136,9 +137,17 @@ def events(request: HttpRequest) -> HttpResponse:
     except (ApiError, BatchError):  # the key was used with another body; sums out of range
         ingest_tally(project.pk, refused=len(batch))
         raise
-    if minimal:
+    if _answered_minimal(response, asked=minimal):
         response[APPLIED_HEADER] = "return=minimal"
     return response
+
+
+def _answered_minimal(response: HttpResponse, *, asked: bool) -> bool:
+    """Whether the answer sent is the minimal one: what this request asked, unless it is a
+    replay, whose stored answer is minimal or not as its first request asked."""
+    if response.get(REPLAYED_HEADER) != "true":
+        return asked
+    return "sessions_ok" in json.loads(response.content)
 
 
 def prefers_minimal(prefer: str) -> bool:

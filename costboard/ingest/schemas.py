@@ -536,7 +536,11 @@ def parse_events(body: bytes) -> list[Event]:
     try:
         payload = json_loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
-        raise BatchError(400, [_error(None, "body", f"malformed JSON: {exc}")]) from None
+        message = (
+            f"malformed JSON ({exc}): send one event object, "
+            '{"events": [...]} or a JSON array of events'
+        )
+        raise BatchError(400, [_error(None, "body", message)]) from None
     except RecursionError:
         raise BatchError(
             422, [_error(None, "body", f"nests deeper than {MAX_DEPTH} levels: flatten it")]

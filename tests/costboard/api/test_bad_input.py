@@ -165,6 +165,9 @@ BODIES: list[tuple[bytes, int, str]] = [
     (nested(100_000), 422, "32 levels"),
     (b'{"step_type": "x", "model": "\\ud800"}', 422, "unpaired surrogate"),
     (b"", 400, "malformed JSON"),
+    # the parser's complaint alone ("Expecting value: line 1 column 1") did not say what to send
+    (b"", 400, 'send one event object, {"events": [...]} or a JSON array of events'),
+    (b'{"step_type": "x",', 400, 'send one event object, {"events": [...]}'),
 ]
 
 

@@ -82,6 +82,35 @@ def test_the_stored_answer_is_the_first_one_even_after_the_session_moved_on(
     assert input_tokens(agent) == 150
 
 
+@pytest.mark.parametrize("first_minimal", [False, True])
+def test_a_replay_says_whether_its_stored_answer_is_minimal_whatever_it_prefers(
+    agent: Agent, first_minimal: bool
+) -> None:
+    # the replay's Preference-Applied followed its own Prefer, not the body it carried: a full
+    # answer said return=minimal, a minimal one (with sessions_ok) said nothing
+    batch = {"events": [step()]}
+    minimal = {"Prefer": "return=minimal"}
+    headers = {"Authorization": f"Bearer {agent.key}", "Idempotency-Key": "batch-p"}
+    first = agent.client.post(
+        "/api/v1/events",
+        json.dumps(batch),
+        content_type="application/json",
+        headers={**headers, **(minimal if first_minimal else {})},
+    )
+    again = agent.client.post(
+        "/api/v1/events",
+        json.dumps(batch),
+        content_type="application/json",
+        headers={**headers, **({} if first_minimal else minimal)},
+    )
+    assert first.status_code == again.status_code == 200
+    assert again["Idempotent-Replayed"] == "true"
+    assert again.json() == first.json()
+    assert ("sessions_ok" in again.json()) is first_minimal
+    applied = "return=minimal" if first_minimal else None
+    assert first.get("Preference-Applied") == again.get("Preference-Applied") == applied
+
+
 def test_the_same_key_with_another_body_is_422_naming_the_header(agent: Agent) -> None:
     assert with_key(agent, step(), "k1").status_code == 200
     other = with_key(agent, step(input_tokens=999), "k1")
