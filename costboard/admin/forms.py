@@ -29,19 +29,13 @@ from costboard.models import (
     ModelPrice,
     PeriodBudget,
     Project,
+    Session,
     WebhookEndpoint,
     service_tier_word,
 )
 from costboard.models.projects import ALERT_CHANNELS
 from costboard.pricing import services as pricing_services
-
-RATE_FIELDS = (
-    "input_mtok",
-    "output_mtok",
-    "cache_read_mtok",
-    "cache_write_mtok",
-    "cache_write_1h_mtok",
-)
+from costboard.pricing.services import RATE_FIELDS
 
 MAX_RATE = Decimal(10**10)  # the rate columns' 20 digits, 10 after the point
 
@@ -133,7 +127,35 @@ def _tier_rate_fault(value: Any) -> str | None:
     return None
 
 
-class ModelPriceForm(forms.ModelForm[ModelPrice]):
+class PriceRatesForm(forms.ModelForm[ModelPrice]):
+    """A price row's rates held to price_save's rule (0 or more), each fault on its field: the
+    base of the price form and of the rate list's editable cells."""
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
+        for name in RATE_FIELDS:
+            if name in cleaned:
+                fault = pricing_services.price_rate_fault({name: cleaned[name]})
+                if fault is not None:
+                    self.add_error(fault.field, fault.message)
+        if "window_start" not in self.fields and self.instance.pk is not None:
+            # the list's cells: the row's window as stored, which price_save checks again
+            row = self.instance
+            fault = pricing_services.price_window_fault(
+                provider=row.provider,
+                model=row.model,
+                effective_from=row.effective_from,
+                window_start=row.window_start,
+                window_end=row.window_end,
+                pk=row.pk,
+                service_tier=row.service_tier,
+            )
+            if fault is not None:
+                self.add_error(None, f"{fault.field}: {fault.message}")
+        return cleaned
+
+
+class ModelPriceForm(PriceRatesForm):
     class Meta:
         model = ModelPrice
         field_classes = {"tiers": TiersField}
@@ -264,6 +286,31 @@ class WebhookEndpointForm(forms.ModelForm[WebhookEndpoint]):
 
 CHANNEL_CHOICES = [(channel, channel) for channel in ALERT_CHANNELS]
 
+# a project's USD caps and a session's own (blank: inherited)
+USD_CAP_FIELDS = ("cost_cap_usd", "system_cost_cap_usd")
+
+
+def usd_caps_check(form: forms.ModelForm[Any], cleaned: Mapping[str, Any]) -> None:
+    """A USD cap below 0 is an error on its field: the API's session event takes 0 or more
+    (docs/api.md), and a negative cap would hold every session exhausted."""
+    for name in USD_CAP_FIELDS:
+        value = cleaned.get(name)
+        if value is not None and value < 0:
+            form.add_error(
+                name,
+                f"must be 0 or more USD, got {value.normalize():f}: a cap such as 5.00, or "
+                "blank to inherit",
+            )
+
+
+class SessionCapsForm(forms.ModelForm[Session]):
+    """A session's own caps, as the admin edits them: a USD cap of 0 or more."""
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
+        usd_caps_check(self, cleaned)
+        return cleaned
+
 
 class ProjectForm(forms.ModelForm[Project]):
     """The alert channels as checkboxes; the PagerDuty routing key write-only (never rendered
@@ -314,6 +361,7 @@ class ProjectForm(forms.ModelForm[Project]):
 
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean() or {}
+        usd_caps_check(self, cleaned)
         if "pagerduty_routing_key" in self.fields:
             if cleaned.get("pagerduty_routing_key_remove"):
                 cleaned["pagerduty_routing_key"] = ""

@@ -12,12 +12,13 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
 
-from costboard.admin.forms import DECIMAL_OVERRIDES, RATE_FIELDS, ModelPriceForm
+from costboard.admin.forms import DECIMAL_OVERRIDES, ModelPriceForm, PriceRatesForm
 from costboard.models import ModelPrice, PriceAdjustment
 from costboard.numbers import count_text
 from costboard.pricing import services as pricing_services
 from costboard.pricing.families import price_families
 from costboard.pricing.rates import rate_table
+from costboard.pricing.services import RATE_FIELDS
 
 
 @admin.register(ModelPrice)
@@ -81,6 +82,12 @@ class ModelPriceAdmin(admin.ModelAdmin[ModelPrice]):
         if obj.window_start is None or obj.window_end is None:
             return "all day"
         return f"{obj.window_start:%H:%M}–{obj.window_end:%H:%M}"
+
+    def get_changelist_form(self, request: HttpRequest, **kwargs: Any) -> Any:
+        # the list's editable rates are checked as the price form checks them (Django
+        # builds this form from a bare ModelForm, not from `form`)
+        kwargs.setdefault("form", PriceRatesForm)
+        return super().get_changelist_form(request, **kwargs)
 
     def get_changeform_initial_data(self, request: HttpRequest) -> dict[str, Any]:
         # "Add price" links from the unpriced-models list carry ?model=…

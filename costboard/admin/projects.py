@@ -24,7 +24,8 @@ class ApiKeyInline(admin.TabularInline[ApiKey, Project]):
     model = ApiKey
     extra = 0
     fields = ("prefix", "name", "role", "created_at", "last_used_at", "revoked_at")
-    readonly_fields = ("prefix", "created_at", "last_used_at")
+    # revoked on the key list's action only: cleared here, a revoked key would work again
+    readonly_fields = ("prefix", "created_at", "last_used_at", "revoked_at")
     can_delete = False
     show_change_link = True
 
@@ -200,7 +201,8 @@ class ApiKeyAdmin(admin.ModelAdmin[ApiKey]):
             f"New key for {obj.project.slug}: {raw_key} — copy it now, it is not shown again.",
         )
 
-    @admin.action(description="Revoke selected keys")
+    # a change: an action without permissions is offered to whoever may view the list
+    @admin.action(description="Revoke selected keys", permissions=["change"])
     def revoke(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
         n = api_keys_revoke(key_ids=list(queryset.values_list("pk", flat=True)), at=timezone.now())
         messages.success(request, f"Revoked {n} key(s).")

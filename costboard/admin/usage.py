@@ -10,7 +10,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
 
-from costboard.admin.forms import DECIMAL_OVERRIDES
+from costboard.admin.forms import DECIMAL_OVERRIDES, SessionCapsForm
 from costboard.admin.site import ReadOnlyAdmin
 from costboard.budgets import services as budget_services
 from costboard.models import BudgetEvent, DailyRollup, Session, Step, Turn
@@ -31,6 +31,7 @@ class BudgetEventInline(admin.TabularInline[BudgetEvent, Session]):
 
 @admin.register(Session)
 class SessionAdmin(admin.ModelAdmin[Session]):
+    form = SessionCapsForm
     formfield_overrides = DECIMAL_OVERRIDES
     list_display = (
         "external_id",

@@ -12,7 +12,7 @@ its date on.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import UTC, date, datetime, time
 from decimal import Decimal
 from typing import Any
@@ -72,6 +72,30 @@ class PriceError(ValueError):
         self.message = message
 
 
+# a price row's rates, USD per million tokens (the cache ones may be blank: the input rate)
+RATE_FIELDS = (
+    "input_mtok",
+    "output_mtok",
+    "cache_read_mtok",
+    "cache_write_mtok",
+    "cache_write_1h_mtok",
+)
+
+
+def price_rate_fault(rates: Mapping[str, Decimal | None]) -> PriceError | None:
+    """The first of these rates (field → value) below 0, None if none is: a token never pays
+    the buyer (a long-context tier's rates are held to the same, in the admin's form)."""
+    for field in RATE_FIELDS:
+        rate = rates.get(field)
+        if rate is not None and Decimal(rate) < 0:
+            return PriceError(
+                field,
+                f"must be 0 or more USD per million tokens, got {Decimal(rate).normalize():f}: "
+                'a price is what a token costs, e.g. "3" (a discount is a price adjustment)',
+            )
+    return None
+
+
 def price_window_fault(
     *,
     provider: str,
@@ -84,33 +108,43 @@ def price_window_fault(
 ) -> PriceError | None:
     """What is wrong with a row's daily UTC window (docs/pricing.md), None if nothing: both
     ends or neither, two different ends, and no time shared with the window of another
-    price of the same model from the same date (`pk`: the row itself, when edited). The
-    admin's form shows the fault on its field; `price_save` refuses it."""
-    if window_start is None and window_end is None:
-        return None
-    if window_start is None or window_end is None:
+    price of the same model from the same date (`pk`: the row itself, when edited); an
+    all-day row, no other all-day row of the model from that date. The same model is the
+    same provider and model in any letter case, as the rate table reads them. The admin's
+    form shows the fault on its field; `price_save` refuses it."""
+    if window_start is not None and window_start == window_end:
+        return PriceError(
+            "window_end", "must differ from window start (22:00–06:00 wraps midnight)"
+        )
+    if (window_start is None) != (window_end is None):
         return PriceError(
             "window_start" if window_start is None else "window_end",
             "set both window start and window end (UTC times of day), or neither for a "
             "price that applies all day",
         )
-    if window_start == window_end:
-        return PriceError(
-            "window_end", "must differ from window start (22:00–06:00 wraps midnight)"
-        )
     if effective_from is None:
         return None  # that field's own error is shown
-    window = (micros_of_day(window_start), micros_of_day(window_end))
-    siblings = ModelPrice.objects.filter(
-        provider=provider,
-        model=model,
+    series = ModelPrice.objects.filter(
+        provider__iexact=provider,
+        model__iexact=model,
         service_tier=service_tier,
         effective_from=effective_from,
-        window_start__isnull=False,
     )
     if pk is not None:
-        siblings = siblings.exclude(pk=pk)
-    for other in siblings:
+        series = series.exclude(pk=pk)
+    if window_start is None or window_end is None:
+        # the same names exactly are the database's unique constraint's to refuse
+        twin = series.filter(window_start__isnull=True).exclude(provider=provider, model=model)
+        other = twin.first()
+        if other is None:
+            return None
+        return PriceError(
+            "model",
+            f"another all-day price of this model from the same date is {other} (names are "
+            "the same in any letter case): edit that row, or give this one another date",
+        )
+    window = (micros_of_day(window_start), micros_of_day(window_end))
+    for other in series.filter(window_start__isnull=False):
         if other.window_start is None or other.window_end is None:
             continue  # the database refuses half a window; the filter leaves none
         if windows_overlap(
@@ -128,7 +162,7 @@ def price_window_fault(
 def price_save(*, price: ModelPrice, by_admin: bool = True) -> None:
     """Save an added or edited price row (an edit is marked so sync_prices keeps it) and
     reprice what its old and new model patterns cover. PriceError, nothing saved, for a
-    window `price_window_fault` refuses."""
+    window `price_window_fault` refuses or a rate below 0 (`price_rate_fault`)."""
     with transaction.atomic():
         tier = price.service_tier or ""
         if not TIER_WORD.fullmatch(tier.strip()):
@@ -147,6 +181,9 @@ def price_save(*, price: ModelPrice, by_admin: bool = True) -> None:
             pk=price.pk,
             service_tier=price.service_tier,
         )
+        if fault is not None:
+            raise fault
+        fault = price_rate_fault({field: getattr(price, field) for field in RATE_FIELDS})
         if fault is not None:
             raise fault
         matches = [PriceMatch(model=price.model, regex=price.model_regex)]

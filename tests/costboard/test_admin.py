@@ -11,11 +11,13 @@ import pytest
 from axes.models import AccessAttempt
 from django.contrib import admin
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission
 from django.test import Client
 from django.utils import timezone
 
 from costboard.models import (
     AlertDelivery,
+    ApiKey,
     BilledUsage,
     BillingDrift,
     BudgetEvent,
@@ -29,6 +31,7 @@ from costboard.models import (
     WebhookEndpoint,
 )
 from tests.conftest import Agent, add_price
+from tests.costboard.test_admin_amounts import project_form
 
 pytestmark = pytest.mark.django_db
 
@@ -137,3 +140,46 @@ def test_the_index_each_list_each_row_and_each_add_page_answer(staff: Client, ag
         assert staff.get(f"{base}{row.pk}/change/").status_code == 200, base
         can_add = model_admin.has_add_permission(listed.wsgi_request)
         assert staff.get(f"{base}add/").status_code == (200 if can_add else 403), base
+
+
+def staff_with(username: str, *codenames: str) -> Client:
+    """A logged-in staff user, not a superuser, with only these model permissions."""
+    user = get_user_model().objects.create_user(username, "", "pw-staff-123", is_staff=True)
+    user.user_permissions.add(*Permission.objects.filter(codename__in=codenames))
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def test_a_staff_user_who_may_only_view_keys_cannot_revoke_one(agent: Agent) -> None:
+    key = ApiKey.objects.get(project=agent.project)
+    viewer = staff_with("viewer", "view_apikey")
+    listed = viewer.get("/admin/costboard/apikey/")
+    assert listed.status_code == 200 and "Revoke selected keys" not in listed.content.decode()
+    viewer.post(
+        "/admin/costboard/apikey/",
+        {"action": "revoke", "_selected_action": [key.pk], "index": "0"},
+    )
+    key.refresh_from_db()
+    assert key.revoked_at is None
+    assert agent.budget("nothing").status_code == 404  # the key still answers (a 401 if not)
+    changer = staff_with("changer", "view_apikey", "change_apikey")
+    changer.post(
+        "/admin/costboard/apikey/",
+        {"action": "revoke", "_selected_action": [key.pk], "index": "0"},
+    )
+    key.refresh_from_db()
+    assert key.revoked_at is not None
+    assert agent.budget("nothing").status_code == 401
+
+
+def test_a_revoked_key_stays_revoked_when_its_project_is_saved(agent: Agent, staff: Client) -> None:
+    # the project page's key rows let revoked_at be cleared: the revoked key worked again
+    key = ApiKey.objects.get(project=agent.project)
+    ApiKey.objects.filter(pk=key.pk).update(revoked_at=timezone.now())
+    url, data = project_form(agent, staff)
+    data = {name: [""] if "revoked_at" in name else values for name, values in data.items()}
+    assert staff.post(url, data).status_code == 302
+    key.refresh_from_db()
+    assert key.revoked_at is not None
+    assert agent.budget("nothing").status_code == 401

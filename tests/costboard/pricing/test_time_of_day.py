@@ -19,6 +19,7 @@ from costboard.pricing.services import PriceError, price_save
 from costboard.pricing.sync import prices_sync
 from tests.conftest import Agent, add_price, usd
 from tests.costboard.pricing.test_repricing import assert_rollups_match_steps
+from tests.costboard.test_admin_amounts import price_list_edit
 
 pytestmark = pytest.mark.django_db
 
@@ -282,6 +283,43 @@ def test_the_admin_refuses_a_bad_window_naming_the_field(
     assert ModelPrice.objects.filter(model="test-tod").count() == 2
 
 
+@pytest.mark.parametrize(("provider", "model"), [("testco", "Test-TOD"), ("TestCo", "test-tod")])
+def test_a_window_overlapping_one_of_its_model_in_other_letters_is_refused(
+    staff: Client, provider: str, model: str
+) -> None:
+    # the rate table reads names in lower case, so this row is test-tod's: its window overlapped
+    # the night's unseen (the rule compared names exactly) and 23:00 had two prices
+    windowed_series()
+    response = staff.post(
+        "/admin/costboard/modelprice/add/",
+        {**ADMIN_FORM, "provider": provider, "model": model, "window_start": "21:00",
+         "window_end": "23:00"},
+    )  # fmt: skip
+    errors = admin_errors(response)
+    assert any("overlaps the 22:00–06:00 UTC window" in e for e in errors["window_start"]), errors
+    assert ModelPrice.objects.filter(model__iexact="test-tod").count() == 2
+
+
+def test_a_second_all_day_price_of_a_model_in_other_letters_is_refused(staff: Client) -> None:
+    windowed_series()
+    response = staff.post(
+        "/admin/costboard/modelprice/add/",
+        {**ADMIN_FORM, "provider": "TestCo", "model": "TEST-tod"},
+    )
+    errors = admin_errors(response)
+    assert any("another all-day price of this model" in e for e in errors["model"]), errors
+    price = ModelPrice(
+        provider="testco", model="Test-Tod", source=ModelPrice.Source.MANUAL, input_mtok=Decimal(5)
+    )
+    with pytest.raises(PriceError) as raised:
+        price_save(price=price)
+    assert raised.value.field == "model"
+    assert ModelPrice.objects.filter(model__iexact="test-tod").count() == 2
+    assert not OutboxItem.objects.exists()
+    other_day = {**ADMIN_FORM, "model": "TEST-tod", "effective_from_0": "2026-01-01"}
+    assert staff.post("/admin/costboard/modelprice/add/", other_day).status_code == 302
+
+
 WINDOW_FAULTS = [
     (time(1), None, "window_end", "set both window start and window end"),
     (None, time(4), "window_start", "set both window start and window end"),
@@ -360,3 +398,17 @@ def test_the_database_refuses_half_a_window(db: None) -> None:
     add_price("test-tod")  # an all-day row beside it, same date
     with pytest.raises(IntegrityError), transaction.atomic():
         add_price("test-tod")  # but one all-day row a date
+
+
+def test_the_rate_lists_cells_of_a_row_whose_twin_predates_the_rule_say_why_not_saved(
+    staff: Client,
+) -> None:
+    # two all-day rows of one model in other letters, stored before the rule held: editing a
+    # rate in the list's cells meets price_save's refusal, shown on the list, not a 500
+    twin = add_price("Test-TOD", input_mtok=Decimal(1))
+    add_price("test-tod", input_mtok=Decimal(2))
+    response = price_list_edit(staff, twin, input_mtok="3")
+    assert response.status_code == 200
+    assert "another all-day price of this model" in response.content.decode()
+    twin.refresh_from_db()
+    assert twin.input_mtok == Decimal(1)
