@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import date
 
 from django.contrib.auth.decorators import login_required
+from django.core.paginator import Paginator
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.utils import timezone
@@ -14,7 +15,7 @@ from costboard.dashboards.params import Checks
 from costboard.dashboards.scope import scope_for
 from costboard.dashboards.selectors.shared import ZERO
 from costboard.dashboards.selectors.users import USER_SORTS, users_spend
-from costboard.dashboards.views.shared import csv_refused, period_start, read_period
+from costboard.dashboards.views.shared import PAGE_SIZE, csv_refused, period_start, read_period
 from costboard.replicas import replica_reads
 
 
@@ -46,16 +47,19 @@ def _users_period(checks: Checks) -> tuple[date, date, str]:
 @login_required
 @replica_reads
 def users_page(request: HttpRequest) -> HttpResponse:
-    """Spend, tokens, sessions and steps per end user over a period, sortable; each user
-    linked to their sessions."""
+    """Spend, tokens, sessions and steps per end user over a period, sortable, PAGE_SIZE
+    users a page (the count and the total of them all); each user linked to their
+    sessions."""
     scope = scope_for(request)
     checks = Checks(request.GET)
     since, until, sort = _users_period(checks)
     rows = users_spend(project_ids=scope.project_ids, since=since, until=until, sort=sort)
+    page = checks.page(Paginator(rows, PAGE_SIZE))
     filter_errors = checks.errors
     context = {
         "scope": scope,
         "rows": rows,
+        "page": page,
         "since": since,
         "until": until,
         "sort": sort,

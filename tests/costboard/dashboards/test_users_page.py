@@ -180,3 +180,31 @@ def test_the_users_csv_is_the_page_in_rows_with_formulas_quoted(
     user0 = Step.objects.filter(session__user_id="user-0")
     assert rows[3][1] == usd(sum((s.cost_usd for s in user0), Decimal(0))).lstrip("$")
     assert rows[3][5] == str(user0.count())
+
+
+def test_the_users_come_fifty_a_page_counted_and_summed_over_all(
+    staff: Client, agent: Agent
+) -> None:
+    add_price("test-sonnet")
+    events: list[dict[str, Any]] = []
+    for u in range(120):
+        sid = f"s-{u}"
+        events.append({"type": "session", "session_id": sid, "user_id": f"user-{u:03}"})
+        events.append(
+            {"session_id": sid, "step_type": "x", "model": "test-sonnet", "input_tokens": 100 + u}
+        )
+    agent.events(*events)
+    total = sum((s.cost_usd for s in Step.objects.all()), Decimal(0))
+    first = staff.get("/users/?sort=user").content.decode()
+    assert rows(first) == [f"user-{u:03}" for u in range(50)]
+    assert "120 users" in first and f"{usd(total)} in all" in first
+    assert "page 1 of 3" in first and "?sort=user&amp;page=2" in first
+    last = staff.get("/users/?sort=user&page=3").content.decode()
+    assert rows(last) == [f"user-{u:03}" for u in range(100, 120)]
+    assert "120 users" in last and f"{usd(total)} in all" in last
+    # a sort starts again at the first page; a user's link does not carry the page along
+    assert "?sort=-tokens&amp;page=" not in last
+    assert "page=3" not in re.findall(r'href="/sessions/\?([^"]*)"', last)[0]
+    beyond = staff.get("/users/?page=4")
+    assert beyond.status_code == 422
+    assert "is not a page of this list: it has pages 1–3" in unescape(beyond.content.decode())
