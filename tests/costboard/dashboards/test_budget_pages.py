@@ -113,6 +113,10 @@ def test_the_session_page_says_stopped_by_the_budget_as_the_api_does(
     assert stopped_link(held) in html
     assert "data-stopped-banner" in html
     assert f'Stopped by budget <a href="/budgets/{held.pk}/">ann monthly</a>' in html
+    # its own caps are not what stops it: the cap form says so, and where to go instead
+    note = re.search(r"<p class=\"muted\" data-cap-not-the-stop>(.*?)</p>", html, re.S)
+    assert note is not None
+    assert f'budget <a href="/budgets/{held.pk}/">ann monthly</a> is exhausted' in note.group(1)
 
     bob = staff.get(f"/sessions/{session('bob-1').pk}/").content.decode()
     assert agent.budget("bob-1").json()["stopped_by"] is None
