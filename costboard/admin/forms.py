@@ -286,13 +286,15 @@ class WebhookEndpointForm(forms.ModelForm[WebhookEndpoint]):
 
 CHANNEL_CHOICES = [(channel, channel) for channel in ALERT_CHANNELS]
 
-# a project's USD caps and a session's own (blank: inherited)
+# a project's caps and a session's own (blank: inherited)
 USD_CAP_FIELDS = ("cost_cap_usd", "system_cost_cap_usd")
+TOKEN_CAP_FIELDS = ("token_cap", "system_token_cap")
 
 
 def usd_caps_check(form: forms.ModelForm[Any], cleaned: Mapping[str, Any]) -> None:
-    """A USD cap below 0 is an error on its field: the API's session event takes 0 or more
-    (docs/api.md), and a negative cap would hold every session exhausted."""
+    """A USD cap below 0, or a token cap below 1, is an error on its field: the API's session
+    event takes those (docs/api.md), and a cap under them would hold every session
+    exhausted."""
     for name in USD_CAP_FIELDS:
         value = cleaned.get(name)
         if value is not None and value < 0:
@@ -300,6 +302,13 @@ def usd_caps_check(form: forms.ModelForm[Any], cleaned: Mapping[str, Any]) -> No
                 name,
                 f"must be 0 or more USD, got {value.normalize():f}: a cap such as 5.00, or "
                 "blank to inherit",
+            )
+    for name in TOKEN_CAP_FIELDS:
+        value = cleaned.get(name)
+        if value is not None and value < 1:
+            form.add_error(
+                name,
+                f"must be 1 or more tokens, got {value}: a cap such as 200000, or blank to inherit",
             )
 
 

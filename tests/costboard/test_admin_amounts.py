@@ -202,6 +202,35 @@ def test_a_projects_negative_usd_cap_is_a_form_error(
     assert getattr(agent.project, field) == Decimal(0)
 
 
+@pytest.mark.parametrize("field", ["token_cap", "system_token_cap"])
+def test_a_projects_token_cap_of_0_is_a_form_error(agent: Agent, staff: Client, field: str) -> None:
+    # the API's session event takes a token cap of 1 or more; 0 held every session exhausted
+    url, data = project_form(agent, staff)
+    data[field] = ["0"]
+    refused = staff.post(url, data)
+    assert refused.status_code == 200
+    assert "must be 1 or more tokens, got 0" in field_errors(refused.content.decode(), field)
+    agent.project.refresh_from_db()
+    assert getattr(agent.project, field) is None
+    data[field] = ["1"]
+    assert staff.post(url, data).status_code == 302
+    agent.project.refresh_from_db()
+    assert getattr(agent.project, field) == 1
+
+
+def test_a_sessions_token_cap_of_0_is_a_form_error(agent: Agent, staff: Client) -> None:
+    agent.events({"session_id": "chat-1", "model": "none", "step_type": "search"})
+    session = Session.objects.get(external_id="chat-1")
+    url = f"/admin/costboard/session/{session.pk}/change/"
+    data = change_form(staff, url)
+    refused = staff.post(url, {**data, "token_cap": "0"})
+    assert refused.status_code == 200
+    assert "must be 1 or more tokens, got 0" in field_errors(refused.content.decode(), "token_cap")
+    session.refresh_from_db()
+    assert session.token_cap is None
+    assert agent.budget("chat-1").json()["state"] == "ok"
+
+
 def test_a_sessions_negative_usd_cap_is_a_form_error(agent: Agent, staff: Client) -> None:
     agent.events({"session_id": "chat-1", "model": "none", "step_type": "search"})
     session = Session.objects.get(external_id="chat-1")
