@@ -47,7 +47,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 __all__ = ["BudgetExceeded", "ClientStats", "Costboard", "Step"]
 
@@ -878,7 +878,11 @@ class Costboard:
         log.debug("costboard: %s", message)
 
 
-class Recent(OrderedDict[Any, Any]):
+_K = TypeVar("_K")
+_V = TypeVar("_V")
+
+
+class Recent(OrderedDict[_K, _V]):
     """A dict of at most `size` entries: setting one past that forgets the least recently
     set (a session's budget is set on every answer that names it)."""
 
@@ -886,7 +890,7 @@ class Recent(OrderedDict[Any, Any]):
         super().__init__()
         self.size = size
 
-    def __setitem__(self, key: Any, value: Any) -> None:
+    def __setitem__(self, key: _K, value: _V) -> None:
         super().__setitem__(key, value)
         self.move_to_end(key)
         while len(self) > self.size:
