@@ -140,16 +140,7 @@ class PriceRatesForm(forms.ModelForm[ModelPrice]):
                     self.add_error(fault.field, fault.message)
         if "window_start" not in self.fields and self.instance.pk is not None:
             # the list's cells: the row's window as stored, which price_save checks again
-            row = self.instance
-            fault = pricing_services.price_window_fault(
-                provider=row.provider,
-                model=row.model,
-                effective_from=row.effective_from,
-                window_start=row.window_start,
-                window_end=row.window_end,
-                pk=row.pk,
-                service_tier=row.service_tier,
-            )
+            fault = pricing_services.stored_window_fault(self.instance)
             if fault is not None:
                 self.add_error(None, f"{fault.field}: {fault.message}")
         return cleaned

@@ -159,6 +159,19 @@ def price_window_fault(
     return None
 
 
+def stored_window_fault(price: ModelPrice) -> PriceError | None:
+    """`price_window_fault` of a row as it stands (its own fields, itself excluded)."""
+    return price_window_fault(
+        provider=price.provider,
+        model=price.model,
+        effective_from=price.effective_from,
+        window_start=price.window_start,
+        window_end=price.window_end,
+        pk=price.pk,
+        service_tier=price.service_tier,
+    )
+
+
 def price_save(*, price: ModelPrice, by_admin: bool = True) -> None:
     """Save an added or edited price row (an edit is marked so sync_prices keeps it) and
     reprice what its old and new model patterns cover. PriceError, nothing saved, for a
@@ -172,15 +185,7 @@ def price_save(*, price: ModelPrice, by_admin: bool = True) -> None:
                 "(letters, digits, _ . - :)",
             )
         price.service_tier = service_tier_word(tier)
-        fault = price_window_fault(
-            provider=price.provider,
-            model=price.model,
-            effective_from=price.effective_from,
-            window_start=price.window_start,
-            window_end=price.window_end,
-            pk=price.pk,
-            service_tier=price.service_tier,
-        )
+        fault = stored_window_fault(price)
         if fault is not None:
             raise fault
         fault = price_rate_fault({field: getattr(price, field) for field in RATE_FIELDS})
