@@ -249,6 +249,47 @@ def test_a_session_stopped_by_a_day_budget_goes_ahead_the_next_day(
         assert Step.objects.filter(session__external_id="s-day").count() == 2
 
 
+def test_a_per_member_day_budget_refusal_names_its_member_and_ends_with_the_day(
+    cb: Costboard, acme: Agent
+) -> None:
+    """A batch touching two members of a per-member budget answers it as "<id>:<member>"
+    each, while the stopped session's `stopped_by` is "budget:<id>": the refusal found no
+    period, so it named no figures and never ended with the day."""
+    with time_machine.travel(datetime(2026, 11, 20, 23, 0, tzinfo=UTC), tick=False) as traveller:
+        budget = PeriodBudget.objects.create(
+            project=acme.project,
+            name="each user a day",
+            scope="user",
+            scope_value="*",
+            period="day",
+            token_limit=100,
+            action="stop",
+        )
+        cb.session("s-ann", user_id="ann")
+        cb.session("s-bob", user_id="bob")
+        with cb.step("s-ann", "search", "test-sonnet") as s:
+            s.record({"input_tokens": 70, "output_tokens": 40})
+        with cb.step("s-bob", "search", "test-sonnet") as s:
+            s.record({"input_tokens": 5, "output_tokens": 5})
+        assert cb.flush(timeout=10)  # one batch: both members answered
+        with pytest.raises(BudgetExceeded) as refused:  # noqa: SIM117
+            with cb.step("s-ann", "response", "test-sonnet"):
+                pass
+        assert refused.value.stopped_by == f"budget:{budget.pk}"
+        assert refused.value.period is not None
+        assert (refused.value.period["member"], refused.value.period["tokens_used"]) == ("ann", 110)
+        assert "(tokens 110/100" in str(refused.value)
+        with cb.step("s-bob", "response", "test-sonnet"):  # bob is under his limit
+            pass
+
+        traveller.move_to(datetime(2026, 11, 21, 0, 0, 1, tzinfo=UTC))  # the next day
+        with cb.step("s-ann", "response", "test-sonnet") as s:
+            s.record({"input_tokens": 5, "output_tokens": 5})
+        assert cb.flush(timeout=10)
+        known = cb.known_budget("s-ann")
+        assert known is not None and known["stopped_by"] is None
+
+
 def test_budget_asks_the_server_and_refreshes_the_cache(cb: Costboard, acme: Agent) -> None:
     acme.events({"type": "session", "session_id": "s-b", "token_cap": 10})
     acme.events({"step_type": "search", "model": "m", "session_id": "s-b", "input_tokens": 11})

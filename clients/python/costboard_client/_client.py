@@ -625,7 +625,7 @@ class Costboard:
         with self._lock:
             budget = self._budgets.get(key)
             stopped_by = budget.get("stopped_by") if budget is not None else None
-            period = self._periods.get(stopped_by) if isinstance(stopped_by, str) else None
+            period = self._period_named(stopped_by) if isinstance(stopped_by, str) else None
             over_all = [
                 (name, above)
                 for name, above in self._periods.items()
@@ -649,6 +649,21 @@ class Costboard:
             which = f"budget:{above['id']}" if isinstance(above.get("id"), int) else name
             stopped = {**known, "state": "exhausted", "stopped_by": which}
             raise BudgetExceeded(key, stopped, above)
+
+    def _period_named(self, stopped_by: str) -> dict[str, Any] | None:  # with the lock held
+        """The `<period budget>` last heard of a session's `stopped_by` ("budget:<id>"). A
+        per-member budget's entries are heard as "budget:<id>" or, when a batch touched
+        several members, "budget:<id>:<member>": an exhausted one of its members is taken
+        (they share the period, which is what says when the stop ends)."""
+        exact = self._periods.get(stopped_by)
+        if exact is not None and exact.get("state") == "exhausted":
+            return exact
+        members = [
+            above
+            for name, above in self._periods.items()
+            if name.startswith(f"{stopped_by}:") and above.get("state") == "exhausted"
+        ]
+        return members[0] if members else exact
 
     def _enqueue(self, event: dict[str, Any]) -> None:
         event.setdefault("event_id", uuid.uuid4().hex)
