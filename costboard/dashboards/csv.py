@@ -114,7 +114,7 @@ def sessions_csv_chunks(
         holding = stops.get(held_by_budget) if stopped_by == f"budget:{held_by_budget}" else None
         writer.writerow(
             [
-                project.slug,
+                csv_cell(project.slug),  # a slug may start with "-"
                 csv_cell(external_id),
                 csv_cell(user_id),
                 state,

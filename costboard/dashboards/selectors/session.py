@@ -130,7 +130,8 @@ def session_budget_events(*, session: Session) -> list[BudgetEvent]:
 def session_cumulative_tokens(*, session: Session) -> list[tuple[datetime, int]]:
     """Tokens used over time: per step up to MAX_POINTS steps, else summed per minute, hour or
     day (whichever keeps the points under MAX_POINTS) in SQL, so a long session is not read
-    step by step."""
+    step by step. It ends at the session's tokens_used: the tokens of steps retention
+    deleted (the oldest; the session keeps their total) are carried under the kept ones."""
     steps = Step.objects.filter(session=session)
     if session.step_count <= MAX_POINTS:
         rows = steps.order_by("timestamp", "id").values_list(
@@ -140,7 +141,7 @@ def session_cumulative_tokens(*, session: Session) -> list[tuple[datetime, int]]
         for ts, inp, out in rows:
             running += inp + out
             points.append((ts, running))
-        return points
+        return _with_deleted(session, points)
     span = session.last_active_at - session.started_at
     unit = next((kind for kind, width in _BUCKETS if span / width <= MAX_POINTS), "day")
     buckets = (
@@ -153,7 +154,21 @@ def session_cumulative_tokens(*, session: Session) -> list[tuple[datetime, int]]
     for row in buckets:
         running += row["tokens"] or 0
         points.append((row["at"], running))
-    return points
+    return _with_deleted(session, points)
+
+
+def _with_deleted(
+    session: Session, points: list[tuple[datetime, int]]
+) -> list[tuple[datetime, int]]:
+    """The running totals raised by the tokens of the session's steps no longer stored
+    (deleted by retention, docs/operations.md "Retention"), so the last is its tokens_used;
+    with none kept, one point at its last activity."""
+    deleted = session.tokens_used - (points[-1][1] if points else 0)
+    if deleted <= 0:
+        return points
+    if not points:
+        return [(session.last_active_at, session.tokens_used)]
+    return [(at, running + deleted) for at, running in points]
 
 
 _BUCKETS = [("minute", timedelta(minutes=1)), ("hour", timedelta(hours=1))]

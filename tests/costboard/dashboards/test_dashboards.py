@@ -523,3 +523,35 @@ def test_the_costliest_sessions_are_of_the_same_30_utc_days_as_the_tiles(
         listed = staff.get("/sessions/").content.decode()
     assert shown == ["first-day"]
     assert "first-day" in listed and "before-the-days" not in listed
+
+
+def test_the_cumulative_chart_ends_at_the_sessions_tokens_after_retention(
+    staff: Client, agent: Agent, priced: None
+) -> None:
+    """Retention deletes a session's old steps and keeps its totals (docs/operations.md,
+    "Retention"): the chart of tokens against the cap still ends at the gauge's figure, the
+    deleted steps' tokens carried under the kept ones."""
+    from costboard.retention import retention_sweep
+
+    agent.project.retention_days = 30
+    agent.project.save()
+    agent.events(
+        *[
+            {
+                "event_id": f"long-{i}",
+                "session_id": "long",
+                "step_type": "search",
+                "model": "test-haiku",
+                "input_tokens": 100 * (i + 1),
+                "output_tokens": 7,
+                "timestamp": ago(days=days),
+            }
+            for i, days in enumerate([45, 40, 2, 1])
+        ]
+    )
+    assert retention_sweep().steps_deleted == 2
+    session = Session.objects.get(external_id="long")
+    assert session.tokens_used == 1000 + 4 * 7
+    figs = figures(staff.get(f"/sessions/{session.pk}/"))
+    # the two kept steps, after the 314 tokens of the two deleted
+    assert figs["cumulative"]["data"][0]["y"] == [314 + 307, 314 + 307 + 407]
