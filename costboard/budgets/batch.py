@@ -236,7 +236,9 @@ def _period_views(
 ) -> dict[str, dict[str, Any]]:
     """`<period budget>` of each budget the batch touched, with its forecast (one query),
     keyed by id; a per-member budget of which the batch touched several members, each of
-    them by "<id>:<member>"."""
+    them by "<id>:<member>". A batch whose steps fell in several periods of one budget (a
+    late step, a client's clock ahead across midnight) is answered for the period `now` falls
+    in, as a read of the budget at that moment is; without one, for the latest it touched."""
     if not ledgers:
         return {}
     # a rolling budget has no forecast: no days read for it
@@ -255,9 +257,14 @@ def _period_views(
         for ledger, view in zip(group, rolling_views(budget, group, now), strict=True)
     }
     views = {}
-    for budget, ledger in ledgers:
+    current: set[str] = set()  # the keys answered for the period of `now`
+    for budget, ledger in ledgers:  # each budget's periods in order, the latest last
         several = per_member(budget) and members[budget.pk] > 1
         key = f"{budget.pk}:{ledger.member}" if several else str(budget.pk)
+        if key in current:
+            continue
+        if ledger.period_end is None or ledger.period_start <= now < ledger.period_end:
+            current.add(key)
         if id(ledger) in rolled:
             views[key] = rolled[id(ledger)]
             continue

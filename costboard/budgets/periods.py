@@ -301,10 +301,14 @@ def forecast(
     end: datetime | None,
     days: dict[date, Decimal],
     now: datetime,
+    exhausted_at: datetime | None = None,
 ) -> Forecast | None:
     """The period's forecast from `days` (cost per day in the budget's timezone). The rate
     is the mean of the recent complete days in the period (at most RATE_DAYS, a day without
-    spend counting as $0); on the period's first day, today's pace so far."""
+    spend counting as $0); on the period's first day, today's pace so far. A USD limit
+    already crossed was crossed the day the period was exhausted (`exhausted_at`, its
+    ledger's), not the day it is asked: a late batch's past period, a month exhausted on
+    the 3rd read on the 28th."""
     if end is None or now < start:
         return None
     tz = zone(budget.timezone)
@@ -326,7 +330,7 @@ def forecast(
     limit = budget.cost_limit_usd
     if limit is not None:
         if cost_usd >= limit:
-            crossing = today
+            crossing = exhausted_at.astimezone(tz).date() if exhausted_at is not None else today
         elif mean > 0 and (limit - cost_usd) / mean < left:  # crossed before the end
             at = now + timedelta(days=float((limit - cost_usd) / mean))
             crossing = at.astimezone(tz).date()
@@ -502,7 +506,7 @@ def period_budget_view(
     # a window has no end to project to; a per-member budget's forecasts are its members'
     unforecast = rolling(budget) or whole_of_members(budget, ledger)
     ahead = (
-        forecast(budget, cost, start=start, end=end, days=days, now=now)
+        forecast(budget, cost, start=start, end=end, days=days, now=now, exhausted_at=exhausted)
         if days is not None and not unforecast
         else None
     )

@@ -114,7 +114,15 @@ def _budget_rows(budgets: list[PeriodBudget], now: datetime) -> list[BudgetRow]:
                 # a per-member budget's forecasts are its members' (each its own days)
                 forecast=None
                 if per_member(b) or rolling(b)
-                else forecast(b, cost, start=start, end=end, days=days[b.pk], now=now),
+                else forecast(
+                    b,
+                    cost,
+                    start=start,
+                    end=end,
+                    days=days[b.pk],
+                    now=now,
+                    exhausted_at=whole.exhausted_at if whole is not None else None,
+                ),
                 period_end=end,
                 period_start=start,
                 whole=whole,

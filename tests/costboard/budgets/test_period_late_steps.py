@@ -11,9 +11,10 @@ from typing import Any
 
 import pytest
 import time_machine
+from django.test import Client
 
 from costboard.budgets.period_services import period_budget_create
-from costboard.models import PeriodBudget, PeriodLedger
+from costboard.models import ApiKey, PeriodBudget, PeriodLedger
 from tests.conftest import Agent, add_price
 
 pytestmark = pytest.mark.django_db
@@ -118,3 +119,47 @@ def test_a_step_whose_own_tag_replaces_its_sessions_is_still_stopped_by_the_sess
     stopped = ("exhausted", f"budget:{team_a.pk}")
     assert (answer["s1"]["state"], answer["s1"]["stopped_by"]) == stopped
     assert read(now, agent, "s1") == stopped
+
+
+def test_a_batch_across_midnight_is_answered_for_the_period_it_is_sent_in(
+    agent: Agent, daily: PeriodBudget
+) -> None:
+    # at 23:50 a batch exhausts the day, with one step stamped 00:05 the next day (the
+    # agent's clock ahead): its budget entry is today's, as the budget's own read says then
+    evening = MIDNIGHT - timedelta(minutes=10)
+    key = ApiKey.issue(project=agent.project, role="admin")[1]
+    with time_machine.travel(evening, tick=False):
+        reply = agent.events(
+            session("s1"),
+            step("s1", 1_000_000, evening - timedelta(minutes=5)),
+            step("s1", 1000, MIDNIGHT + timedelta(minutes=5)),
+        )
+        read = Client().get(
+            f"/api/v1/budgets/{daily.pk}", headers={"Authorization": f"Bearer {key}"}
+        )
+    entry = reply["budgets"][str(daily.pk)]
+    assert (entry["period_start"], entry["state"], entry["cost_usd"]) == (
+        DAY.isoformat(),
+        "exhausted",
+        "1.00",
+    )
+    assert reply["sessions"]["s1"]["stopped_by"] == f"budget:{daily.pk}"
+    whole = read.json()
+    assert entry == {k: v for k, v in whole.items() if k not in ("events", "members")}
+    # tomorrow's step counted toward tomorrow, answered there once the day is tomorrow
+    tomorrow = PeriodLedger.objects.get(budget=daily, period_start=MIDNIGHT)
+    assert (tomorrow.cost_usd, tomorrow.state) == (Decimal("0.001"), "ok")
+
+
+def test_a_late_step_that_exhausts_a_day_past_says_it_crossed_that_day(
+    agent: Agent, daily: PeriodBudget
+) -> None:
+    # five minutes into the next day, the day before's last steps arrive and exhaust it: its
+    # entry's crossing_date is that day (its exhaustion's), never one after its period
+    late = MIDNIGHT + timedelta(minutes=5)
+    with time_machine.travel(late, tick=False):
+        reply = agent.events(session("s1"), step("s1", 1_000_000, MIDNIGHT - timedelta(minutes=1)))
+    entry = reply["budgets"][str(daily.pk)]
+    assert (entry["period_start"], entry["state"]) == (DAY.isoformat(), "exhausted")
+    assert entry["exhausted_at"] == (MIDNIGHT - timedelta(minutes=1)).isoformat()
+    assert entry["crossing_date"] == DAY.date().isoformat()

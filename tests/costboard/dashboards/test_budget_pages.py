@@ -20,7 +20,7 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
 from costboard.budgets.periods import period_bounds
-from costboard.models import PeriodBudget, PeriodLedger, Session, Step
+from costboard.models import ApiKey, PeriodBudget, PeriodLedger, Session, Step
 from costboard.numbers import usd_text
 from tests.conftest import Agent, add_price, make_agent, streamed, usd
 from tests.costboard.dashboards.test_dashboards import member_of
@@ -499,3 +499,31 @@ def test_the_overview_never_says_ok_of_a_session_a_budget_stops(
     assert '<span class="badge ok">ok</span>' in overview_row("Ten costliest sessions", "bob-1")
     flagged = overview_row("Flagged sessions <span", "ann-1")
     assert "badge exhausted" in flagged and stopped_link(held) in flagged
+
+
+def test_a_limit_crossed_earlier_in_the_period_says_the_day_it_was_crossed(
+    staff: Client, agent: Agent
+) -> None:
+    """A Berlin month budget exhausted late on Nov 2 UTC (early Nov 3 in Berlin), read on
+    Nov 28: the API's `crossing_date` and its page's "crossed" are Nov 3, the day its
+    exhaustion was in its timezone, not the day it is read."""
+    key = ApiKey.issue(project=agent.project, role="admin")[1]
+    with time_machine.travel(datetime(2026, 10, 30, tzinfo=UTC), tick=False):
+        budget = PeriodBudget.objects.create(
+            project=agent.project,
+            name="berlin month",
+            period="month",
+            timezone="Europe/Berlin",
+            cost_limit_usd=Decimal("1.00"),
+        )
+    crossed = datetime(2026, 11, 2, 23, 30, tzinfo=UTC)  # 00:30 on Nov 3 in Berlin
+    with time_machine.travel(crossed, tick=False):
+        agent.events(*steps("s1", 4, at=crossed))  # $1.20
+    with time_machine.travel(datetime(2026, 11, 28, 12, 0, tzinfo=UTC), tick=False):
+        read = agent.client.get(
+            f"/api/v1/budgets/{budget.pk}", headers={"Authorization": f"Bearer {key}"}
+        ).json()
+        page = staff.get(f"/budgets/{budget.pk}/").content.decode()
+    assert (read["state"], read["exhausted_at"]) == ("exhausted", crossed.isoformat())
+    assert read["crossing_date"] == "2026-11-03"
+    assert "<span data-budget-crossing>crossed Nov 3</span>" in page
