@@ -6,8 +6,9 @@ above the project's floor in dollars raises one `anomaly` alert, explained in wo
     "$41.20 today against $6.10 ± $2.30 over 14 days; 78 % from customer=acme"
 
 - The days judged against: the 14 UTC days before today, from the first of them with spend
-  rows of that series (days before it are before the project or the tag value existed; a day
-  after it without rows spent $0). At least 7 days with rows, else nothing is judged.
+  in that series (days before it are before the project or the tag value spent; a day after it
+  without spend counts as $0). At least 7 days with spend, else nothing is judged: a day whose
+  rows all cost $0 (tool steps, a model no price covers) is not one.
 - Mean and the sample standard deviation (n − 1) in Decimal; the day must beat
   mean + k × stddev and the floor, both strictly.
 - The whole project first. When it is anomalous, its alert names the tag value whose share of
@@ -40,7 +41,7 @@ from costboard.outbox import outbox_add
 log = logging.getLogger(__name__)
 
 HISTORY_DAYS = 14
-MIN_HISTORY_DAYS = 7  # days with spend rows among the 14, for a mean to mean something
+MIN_HISTORY_DAYS = 7  # days with spend (above $0) among the 14, for a mean to mean something
 ZERO = Decimal(0)
 _STORED = Decimal("1e-12")  # money's places (costboard/models/fields.py)
 _CENT = Decimal("0.01")
@@ -63,9 +64,9 @@ class Judged:
 
 def series_judged(today: date, spend: Decimal, by_day: dict[date, Decimal]) -> Judged | None:
     """`spend` today against `by_day` (the series' spend of the days before, rows only), or
-    None when fewer than MIN_HISTORY_DAYS of the 14 have rows."""
+    None when fewer than MIN_HISTORY_DAYS of the 14 have spend: a row of $0 is no spend."""
     window = [today - timedelta(days=n) for n in range(HISTORY_DAYS, 0, -1)]
-    seen = [d for d in window if d in by_day]
+    seen = [d for d in window if by_day.get(d, ZERO) > 0]
     if len(seen) < MIN_HISTORY_DAYS:
         return None
     values = [by_day.get(d, ZERO) for d in window if d >= seen[0]]

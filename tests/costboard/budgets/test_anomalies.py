@@ -224,6 +224,35 @@ def test_without_seven_days_of_history_nothing_is_judged(spender: Agent) -> None
     assert anomaly.history_days == 7  # from its first day with spend, not 14
 
 
+def test_days_of_only_unpriced_steps_are_no_history(spender: Agent) -> None:
+    """Days whose steps all cost $0 (tool steps, a model no price covers) have rollup rows but
+    no spend: they are not the 7 days with spend a judgement needs, nor where a series
+    starts. A project that only ran tools until today is not "$50.00 against $0.00 ± $0.00"."""
+    for offset in range(13, 0, -1):
+        at = datetime.combine(TODAY - timedelta(days=offset), datetime.min.time(), UTC)
+        spender.events(
+            {
+                "session_id": f"tools-{offset}",
+                "step_type": "tool",
+                "model": "none",
+                "timestamp": (at + timedelta(hours=9)).isoformat(),
+                "event_id": f"tool-{offset}",
+                "tags": {"customer": "acme"},
+            }
+        )
+    spend(spender, 0, {"acme": Decimal("50.00")})
+    assert anomaly_sweep(now=NOW) == 0
+    assert not SpendAnomaly.objects.exists()
+    # positive control: seven days with spend among them, and the same day is judged against
+    # those seven (from the first with spend), the days of $0 rows after it counted as $0
+    for offset in (11, 9, 8, 6, 4, 2, 1):
+        spend(spender, offset, {"acme": Decimal("2.00")})
+    assert anomaly_sweep(now=NOW) == 1
+    [anomaly] = SpendAnomaly.objects.all()
+    assert (anomaly.tag_key, anomaly.history_days) == ("", 11)
+    assert anomaly.mean_usd == (Decimal(14) / 11).quantize(Decimal("1e-12"))
+
+
 def test_steady_spend_raises_nothing(spender: Agent) -> None:
     steady_history(spender, [Decimal("20.00")] * 14)
     spend(spender, 0, {"acme": Decimal("0.10"), "beta": Decimal("19.90")})
