@@ -184,10 +184,9 @@ def models_unpriced(*, project_ids: list[int]) -> list[UnpricedModel]:
 
 def anomalies_recent(
     *, project_ids: list[int], since: datetime, limit: int = 10
-) -> list[SpendAnomaly]:
-    """The latest spend anomalies raised since `since`, newest first (one query)."""
-    return list(
-        SpendAnomaly.objects.filter(project_id__in=project_ids, at__gte=since)
-        .select_related("project")
-        .order_by("-at", "-pk")[:limit]
-    )
+) -> tuple[list[SpendAnomaly], int]:
+    """The latest `limit` spend anomalies raised since `since`, newest first, and how many
+    were (each was alerted): one query, a second only when the list is full."""
+    raised = SpendAnomaly.objects.filter(project_id__in=project_ids, at__gte=since)
+    latest = list(raised.select_related("project").order_by("-at", "-pk")[:limit])
+    return latest, (raised.count() if len(latest) == limit else len(latest))

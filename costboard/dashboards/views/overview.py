@@ -53,6 +53,9 @@ def overview(request: HttpRequest) -> HttpResponse:
             for s in sessions
         ]
 
+    anomalies, anomalies_total = anomalies_recent(
+        project_ids=ids, since=timezone.now() - timedelta(days=7)
+    )
     context = {
         "scope": scope,
         "spend": spend_by_period(project_ids=ids, today=today),
@@ -63,7 +66,8 @@ def overview(request: HttpRequest) -> HttpResponse:
         ),
         "flagged": stopped(flagged),
         "flagged_total": flagged_total,
-        "anomalies": anomalies_recent(project_ids=ids, since=timezone.now() - timedelta(days=7)),
+        "anomalies": anomalies,
+        "anomalies_total": anomalies_total,
         "budgets": budgets_current(project_ids=ids, now=timezone.now()),
         **tag_breakdown(checks, ids, since, today),
         "unpriced": (models_unpriced(project_ids=ids) if request.user.is_staff else []),

@@ -302,6 +302,29 @@ def test_the_overview_shows_recent_anomalies(spender: Agent, staff: Client) -> N
         assert 'id="anomalies"' not in staff.get("/").content.decode()
 
 
+def test_the_overview_says_when_it_shows_fewer_anomalies_than_were_alerted(
+    spender: Agent, staff: Client
+) -> None:
+    """Twelve customers spike on their own in a big project: twelve alerts go out, and the
+    overview, which lists the latest ten, says there were twelve."""
+    names = [f"c{n:02d}" for n in range(12)]
+    for offset in range(14, 0, -1):
+        usual = Decimal("1.00") + Decimal("0.10") * (offset % 3)
+        spend(spender, offset, {**dict.fromkeys(names, usual), "big": Decimal(1000) + offset % 5})
+    spend(spender, 0, {**dict.fromkeys(names, Decimal("9.00")), "big": Decimal(900)})
+    assert anomaly_sweep(now=NOW) == 12
+    assert OutboxItem.objects.filter(kind="alerts.anomaly").count() == 12
+    with time_machine.travel(NOW + timedelta(hours=1), tick=False):
+        page = staff.get("/", {"project": "shop"}).content.decode()
+    assert page.count("data-anomaly-explanation") == 10
+    assert '<p class="muted" data-anomalies-more>The latest 10 of 12' in page
+    # positive control: with ten, no such line
+    SpendAnomaly.objects.filter(tag_value__in=["c00", "c01"]).delete()
+    with time_machine.travel(NOW + timedelta(hours=1), tick=False):
+        page = staff.get("/", {"project": "shop"}).content.decode()
+    assert page.count("data-anomaly-explanation") == 10 and "data-anomalies-more" not in page
+
+
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_two_sweeps_at_once_raise_one_anomaly() -> None:
