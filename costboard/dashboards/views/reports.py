@@ -40,6 +40,7 @@ class Asked:
     periods: list[ReportPeriod]
     tag_keys: list[str]
     report: SpendReport
+    kinds: tuple[str, ...] = KINDS  # each a link keeping the project and tag key
 
 
 def _asked(scope: Scope, checks: Checks) -> Asked | None:

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 from typing import Any
+from urllib.parse import parse_qsl
 
 import pytest
 import time_machine
@@ -66,6 +68,48 @@ def test_any_past_week_or_month(showback: Showback, staff: Client) -> None:
     assert month.period.label == "2026-10" and month.total["steps"] == 0
     offered = [p.label for p in get(staff, project="acme", period="month").context["asked"].periods]
     assert offered[:2] == ["2026-10", "2026-09"] and len(offered) == 24
+
+
+def form_fields(html: str) -> dict[str, str]:
+    """What the page's filter form submits as it stands: each field's selected value."""
+    start = html.index('<form class="filters')
+    form = html[start : html.index("</form>", start)]
+    fields = dict(re.findall(r'<input type="hidden" name="(\w+)" value="([^"]*)"', form))
+    for name, options in re.findall(r'<select name="(\w+)"[^>]*>(.*?)</select>', form, re.S):
+        chosen = re.search(r'<option value="([^"]*)" selected', options) or re.search(
+            r'<option value="([^"]*)"', options
+        )
+        fields[name] = chosen[1] if chosen else ""
+    return fields
+
+
+def test_the_other_period_kind_is_one_click_away_keeping_the_project_and_tag(
+    showback: Showback, staff: Client
+) -> None:
+    """On a week's report, asking for the month used to send the week still picked with it
+    (`?period=month&at=2026-W47`): a 422. The period kinds are links that keep the project
+    and the tag key and leave the period to pick to the new kind's default."""
+    week = get(staff, project="acme", period="week", at="2026-W46", tag="customer")
+    html = week.content.decode()
+    # the form submitted as it stands answers the same report
+    again = get(staff, **form_fields(html))
+    assert again.status_code == 200 and again.context["report"].period.label == "2026-W46"
+    links = dict(re.findall(r'<a href="\?([^"]*)" data-period-kind="(\w+)"', html))
+    month_query = {v: k for k, v in links.items()}["month"]
+    params = dict(parse_qsl(month_query.replace("&amp;", "&")))
+    assert params == {"project": "acme", "period": "month", "tag": "customer"}
+    month = get(staff, **params)
+    assert month.status_code == 200
+    report = month.context["report"]
+    assert (report.period.label, report.project.slug, report.tag_key) == (
+        "2026-10",
+        "acme",
+        "customer",
+    )
+    # and back: the week's link from the month's page
+    back = dict(re.findall(r'<a href="\?([^"]*)" data-period-kind="(\w+)"', month.content.decode()))
+    week_params = dict(parse_qsl({v: k for k, v in back.items()}["week"].replace("&amp;", "&")))
+    assert get(staff, **week_params).context["report"].period.label == "2026-W47"
 
 
 @pytest.mark.parametrize(
