@@ -7,6 +7,8 @@ built, the ORM's queries compiled — which with two workers and 200 posts is ex
 So gunicorn's `post_worker_init` hook (costboard/gunicorn_conf.py) runs the real ingest and
 budget read once, for a throwaway project, inside a transaction that is rolled back: nothing
 is stored, no after-commit side effect runs, and the worker's connection stays open and warm.
+A step partition the warm-up's ingest made is rolled back with it, so the worker then forgets
+the months it saw: taken as made, its month's batches would all go to the DEFAULT partition.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from django.db import transaction
 from costboard.api.events import session_budget_read
 from costboard.ingest.schemas import parse_events
 from costboard.ingest.service import events_ingest
+from costboard.partitions import forget_step_partitions
 from costboard.projects import key_for, project_create
 
 log = logging.getLogger(__name__)
@@ -61,4 +64,6 @@ def worker_warm() -> float:
             transaction.set_rollback(True)
     except Exception:  # whatever it is, the worker serves without the warm-up
         log.warning("worker warm-up failed; serving cold", exc_info=True)
+    finally:
+        forget_step_partitions()  # any it made were rolled back: ingest makes them for real
     return time.perf_counter() - began

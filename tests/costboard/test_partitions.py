@@ -520,3 +520,23 @@ def test_the_sweep_analyzes_the_partitioned_step_table_once_a_day(
     assert partitions.step_statistics_refresh() is False  # analyzed less than a day ago
     tasks.step_partitions_ahead.delay()  # the sweep's task: this month's made, no ANALYZE
     assert partitions.step_statistics_refresh(every=timedelta(0)) is True
+
+
+@pytest.mark.django_db
+def test_a_worker_warm_up_rolled_back_leaves_its_month_for_ingest_to_make(
+    agent: Agent, priced: Any
+) -> None:
+    """A gunicorn worker's warm-up (costboard/warmup.py) ingests in a transaction it rolls
+    back: the month partition it made goes with it. The worker must not take that month as
+    made: its batches of the month would all go to the DEFAULT partition, until the sweep made
+    the month under them (and a batch inserting into DEFAULT meanwhile failed, a 500)."""
+    import time_machine
+
+    from costboard.warmup import worker_warm
+
+    now = datetime(2033, 8, 20, 12, tzinfo=UTC)
+    with time_machine.travel(now, tick=False):
+        worker_warm()
+        assert date(2033, 8, 1) not in step_partitions()  # rolled back with the warm-up
+        agent.events(step("a", now))
+    assert where_stored() == [("costboard_step_p203308", "a")]
