@@ -140,6 +140,7 @@ class SessionTouch:
     metadata: dict[str, Any] | None = None
     tags: dict[str, str] | None = None
     event_at: datetime | None = None
+    timed: bool = True  # False: touched by replays alone (its times are left as stored)
 
 
 @dataclass(slots=True)
@@ -151,6 +152,7 @@ class TurnTouch:
     user_message: str | None = None
     assistant_response: str | None = None
     context: dict[str, Any] | None = None
+    timed: bool = True  # False: touched by replays alone (its times are left as stored)
 
 
 def batch_plan(
@@ -351,6 +353,52 @@ def other_events_apply(
             touch.metadata = {**(touch.metadata or {}), **event.metadata}
         if event.tags is not None:
             touch.tags = {**(touch.tags or {}), **event.tags}
+
+
+def touches_retime(
+    sessions: dict[str, SessionTouch],
+    turns: dict[tuple[str, int], TurnTouch],
+    accepted: list[SessionEvent | TurnEvent],
+    inserted: list[PricedStep],
+    now: datetime,
+    *,
+    made: set[tuple[str, int]],
+) -> None:
+    """Time each touched session and turn by the batch's accepted events alone, once some were
+    replays (a replay changes nothing: without `timestamp` it is timed when it arrives, and
+    would make its session look active again); one touched by replays alone is left as stored
+    (`timed`). The turns the batch `made` keep their times (they are inserted with them)."""
+    spans: dict[Any, list[datetime]] = {}
+
+    def seen(key: Any, ts: datetime) -> None:
+        span = spans.get(key)
+        if span is None:
+            spans[key] = [ts, ts]
+        elif ts < span[0]:
+            span[0] = ts
+        elif ts > span[1]:
+            span[1] = ts
+
+    for step in inserted:
+        seen(step.session_key, step.ts)
+        if step.turn_no is not None:
+            seen((step.session_key, step.turn_no), step.ts)
+    for event in accepted:
+        ts = utc_at(event, now)
+        seen(event.session_id, ts)
+        if isinstance(event, TurnEvent):
+            seen((event.session_id, event.turn), ts)
+        elif event.parent_session_id:
+            seen(event.parent_session_id, ts)
+    touches: list[SessionTouch | TurnTouch] = [*sessions.values()]
+    touches += [touch for key, touch in turns.items() if key not in made]
+    for touch in touches:
+        key = touch.key if isinstance(touch, SessionTouch) else (touch.session_key, touch.number)
+        span = spans.get(key)
+        if span is None:
+            touch.timed = False
+        else:
+            touch.first, touch.last = span
 
 
 def step_tags(step: PricedStep, session_tags: dict[str, dict[str, str]]) -> dict[str, str] | None:

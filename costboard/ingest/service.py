@@ -62,6 +62,7 @@ from costboard.ingest.plan import (
     batch_plan,
     other_events_apply,
     step_tags,
+    touches_retime,
     utc_at,
 )
 from costboard.ingest.rollups import (
@@ -145,6 +146,9 @@ def events_ingest(
         if len(inserted) < len(steps):
             duplicates += len(steps) - len(inserted)
             hot = hot_statements(sql, project, inserted)
+        if len(inserted) < len(steps) or dup_others:
+            made = {key for key, turn in turns_now.items() if turn.new}
+            touches_retime(sessions, turns, accepted_others, inserted, now, made=made)
         runaways = turns_update(cursor, sql, project, session_ids, turns_now, turns, inserted)
         model_usage_upsert(cursor, sql, project, session_ids, inserted)
         hot += attribution_statements(sql, project, inserted, users, session_tags)

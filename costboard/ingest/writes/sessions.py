@@ -277,8 +277,8 @@ def sessions_update(
         values.append(
             [
                 row["id"],
-                sql.dt(touch.first),
-                sql.dt(touch.last),
+                sql.dt(touch.first if touch.timed else None),
+                sql.dt(touch.last if touch.timed else None),
                 *sql.usage(counted),
                 len(new_steps),
                 counted[10],
@@ -305,8 +305,11 @@ def sessions_update(
         f"""
         {with_v}
         UPDATE {SESSION_TABLE} SET
-            started_at = {sql.least}({SESSION_TABLE}.started_at, v.started_at),
-            last_active_at = {sql.greatest}({SESSION_TABLE}.last_active_at, v.last_active_at),
+            started_at = COALESCE({sql.least}({SESSION_TABLE}.started_at, v.started_at),
+                                  {SESSION_TABLE}.started_at),
+            last_active_at = COALESCE({sql.greatest}({SESSION_TABLE}.last_active_at,
+                                                     v.last_active_at),
+                                      {SESSION_TABLE}.last_active_at),
             {sums},
             step_count = {SESSION_TABLE}.step_count + v.d_steps,
             error_count = {SESSION_TABLE}.error_count + v.d_errors,

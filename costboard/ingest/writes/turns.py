@@ -114,8 +114,8 @@ def turns_update(
         counted = steps_sum(added)
         row = [
             turn.id,
-            sql.dt(touch.first),
-            sql.dt(touch.last),
+            sql.dt(touch.first if touch.timed else None),
+            sql.dt(touch.last if touch.timed else None),
             touch.user_message,
             touch.assistant_response,
             json_text(touch.context),
@@ -176,8 +176,11 @@ def _turns_write(cursor: Any, sql: Dialect, values: list[list[Any]]) -> None:
         f"""
         {with_v}
         UPDATE {TURN_TABLE} SET
-            started_at = {sql.least}({TURN_TABLE}.started_at, v.started_at),
-            last_active_at = {sql.greatest}({TURN_TABLE}.last_active_at, v.last_active_at),
+            started_at = COALESCE({sql.least}({TURN_TABLE}.started_at, v.started_at),
+                                  {TURN_TABLE}.started_at),
+            last_active_at = COALESCE({sql.greatest}({TURN_TABLE}.last_active_at,
+                                                     v.last_active_at),
+                                      {TURN_TABLE}.last_active_at),
             user_message = COALESCE(NULLIF(v.user_message, ''), {TURN_TABLE}.user_message),
             assistant_response = COALESCE(NULLIF(v.assistant_response, ''),
                                           {TURN_TABLE}.assistant_response),

@@ -187,3 +187,33 @@ def test_a_deleted_project_takes_its_receipts(agent: Agent, priced: Any) -> None
     assert list(StepReceipt.objects.values_list("project_id", "event_id")) == [
         (other.project.pk, "e1")
     ]
+
+
+@pytest.mark.django_db
+def test_a_replay_without_timestamps_leaves_its_session_and_turn_as_they_were(
+    agent: Agent, priced: Any
+) -> None:
+    """A client retrying a batch days later (its events without `timestamp`, so timed when
+    they arrive) changes nothing: its session and turn do not look active again."""
+    import time_machine
+
+    sent = JAN_31 - timedelta(days=3)
+    batch: list[dict[str, Any]] = [
+        {"type": "session", "session_id": "s", "user_id": "u1", "event_id": "open"},
+        {"type": "turn", "session_id": "s", "turn": 1, "user_message": "hi", "event_id": "t1"},
+        {**step("e1", JAN_31), "turn": 1},
+    ]
+    del batch[2]["timestamp"]
+    with time_machine.travel(sent, tick=False):
+        assert agent.events(*batch)["accepted"] == 3
+    with time_machine.travel(JAN_31, tick=False):
+        again = agent.events(*batch)
+        assert (again["accepted"], again["duplicates"]) == (0, 3)
+        # a fresh step, timed by the client an hour after the first batch, beside a replay
+        later = step("e2", sent + timedelta(hours=1))
+        assert agent.events(batch[2], later)["accepted"] == 1
+
+    session = Session.objects.get(project=agent.project, external_id="s")
+    assert (session.started_at, session.last_active_at) == (sent, sent + timedelta(hours=1))
+    turn = session.turns.get()
+    assert (turn.started_at, turn.last_active_at) == (sent, sent)
