@@ -106,12 +106,14 @@ def api_keys_revoke(*, key_ids: list[int], at: datetime) -> int:
 def sessions_delete(*, session_ids: list[int]) -> int:
     """Delete these sessions (their turns, steps and model mix with them) and count them out
     of their projects' sessions (IngestTally.sessions_deleted), in one transaction. Locked
-    first: two deletes of one session count it once. Returns how many were deleted."""
+    first, in the order a batch locks them (by external id in their project: in id order, a
+    delete racing a batch of the same sessions deadlocked): two deletes of one session count
+    it once. Returns how many were deleted."""
     with transaction.atomic():
         locked = list(
             Session.objects.select_for_update()
             .filter(pk__in=session_ids)
-            .order_by("pk")
+            .order_by("project_id", "external_id")
             .values_list("pk", "project_id")
         )
         if not locked:
