@@ -32,3 +32,20 @@ def wait_until(
         if time.monotonic() >= deadline:
             raise AssertionError(f"{what}: not within {timeout:g} s (last: {result!r})")
         time.sleep(every)
+
+
+def blocked_on_a_lock(query_like: str) -> int:
+    """How many sessions of this test's PostgreSQL database wait on a lock in a statement
+    whose text is LIKE `query_like`: what a test waits for to know another thread is queued
+    behind a lock it holds, whatever the machine's speed."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_clear_snapshot()")  # else one snapshot per transaction
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND wait_event_type = 'Lock' AND query LIKE %s",
+            [query_like],
+        )
+        (count,) = cursor.fetchone()
+    return int(count)

@@ -12,24 +12,12 @@ from django.db import connection, transaction
 from costboard.models import Session
 from costboard.projects import sessions_delete
 from tests.conftest import make_agent
-from tests.waiting import wait_until
+from tests.waiting import blocked_on_a_lock, wait_until
 
 pytestmark = pytest.mark.skipif(
     connection.vendor != "postgresql", reason="row locks are PostgreSQL's; CI runs them there"
 )
-
-
-def waiting_on_a_row() -> int:
-    """Other sessions of this database blocked on a row lock of a session's delete."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_stat_clear_snapshot()")
-        cursor.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-            " AND wait_event_type = 'Lock' AND query LIKE %s",
-            ['%FROM "costboard_session"%FOR UPDATE%'],
-        )
-        (count,) = cursor.fetchone()
-    return int(count)
+DELETE_LOCKS = '%FROM "costboard_session"%FOR UPDATE%'  # the delete's locking read
 
 
 @pytest.mark.django_db(transaction=True)
@@ -50,7 +38,10 @@ def test_a_delete_racing_a_batch_of_the_same_sessions_waits_and_never_deadlocks(
                 lock = "SELECT id FROM costboard_session WHERE id = %s FOR UPDATE"
                 cursor.execute(lock, [a.pk])
                 first_held.set()
-                wait_until(lambda: waiting_on_a_row() == 1, what="the delete behind the batch")
+                wait_until(
+                    lambda: blocked_on_a_lock(DELETE_LOCKS) == 1,
+                    what="the delete behind the batch",
+                )
                 cursor.execute(lock, [b.pk])
         except BaseException as exc:  # a deadlock's victim, reported below
             errors.append(exc)

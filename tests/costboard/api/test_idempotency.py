@@ -17,7 +17,7 @@ from costboard.ingest import idempotency
 from costboard.ingest.idempotency import _claim as claim_key
 from costboard.models import IdempotentRequest, IngestTally, Session, Step
 from tests.conftest import Agent, make_agent, run_in_threads
-from tests.waiting import wait_until
+from tests.waiting import blocked_on_a_lock, wait_until
 
 pytestmark = pytest.mark.django_db
 
@@ -166,15 +166,7 @@ def test_a_key_belongs_to_its_project(agent: Agent) -> None:
 
 def waiting_on_a_claim() -> int:
     """Sessions of this PostgreSQL database blocked in _claim's INSERT (on another's row)."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_stat_clear_snapshot()")  # else one snapshot per transaction
-        cursor.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-            " AND wait_event_type = 'Lock' AND query LIKE %s",
-            ["%ON CONFLICT (project_id, key) DO NOTHING%"],
-        )
-        (count,) = cursor.fetchone()
-    return int(count)
+    return blocked_on_a_lock("%ON CONFLICT (project_id, key) DO NOTHING%")
 
 
 @pytest.mark.django_db(transaction=True)
