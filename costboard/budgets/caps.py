@@ -196,7 +196,13 @@ def stop_verdict(
     """A session's state as told to its agent, and what stops it (`stopped_by`): its own
     exhaustion first ("session", or "runaway" when a runaway holds it under its caps), else an
     exhausted stop-budget above it ("budget:<id>", which makes it `exhausted`). The API's
-    answers and the pages both read a session's state through this."""
+    answers and the pages both read a session's state through this. A stored state below
+    what its caps now say (a project's or the environment's caps lowered, its sessions not
+    yet decided again by the recheck) reads as the caps say: never `ok` past a cap shown."""
+    if state != Session.State.EXHAUSTED and caps.exhausted(tokens_used, cost_usd):
+        state = Session.State.EXHAUSTED
+    elif state == Session.State.OK and caps.warned(tokens_used, cost_usd):
+        state = Session.State.WARNING
     if state == Session.State.EXHAUSTED:
         over = caps.exhausted(tokens_used, cost_usd)
         return state, "session" if over or not runaway else "runaway"

@@ -72,3 +72,24 @@ def test_system_caps_edited_on_the_project_recheck_the_system_session(
     # the project's conversations keep their caps and record nothing
     assert kinds(Session.objects.get(external_id="chat")) == []
     assert agent.budget("chat").json()["token_cap"] == 100_000
+
+
+def test_a_project_cap_lowered_reads_exhausted_before_its_sessions_are_decided_again(
+    agent: Agent, priced: Any
+) -> None:
+    """Between the admin's save and the outbox's recheck, a session's `<budget>` already
+    holds the new cap: it never reads `ok` with its tokens past the cap it shows."""
+    agent.events(
+        {"session_id": "s", "step_type": "x", "model": "test-sonnet", "input_tokens": 500},
+        {"step_type": "x", "model": "test-sonnet", "input_tokens": 350},  # the system session
+    )
+    admin_save(Project.objects.get(pk=agent.project.pk), token_cap=400)
+    budget = agent.budget("s").json()
+    assert (budget["tokens_used"], budget["token_cap"]) == (500, 400)
+    assert (budget["state"], budget["stopped_by"]) == ("exhausted", "session")
+    system = agent.budget("system").json()
+    assert (system["tokens_used"], system["token_cap"], system["state"]) == (350, 400, "warning")
+    outbox_dispatch()  # the recheck records the crossings, and the reads say the same
+    budget = agent.budget("s").json()
+    assert (budget["state"], budget["stopped_by"]) == ("exhausted", "session")
+    assert budget["exhausted_at"] is not None
