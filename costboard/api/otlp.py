@@ -17,14 +17,13 @@ from typing import cast
 from django.http import HttpRequest, HttpResponse
 
 from costboard.api.boundary import ApiError, ApiRequest, Operation, Reply, endpoint
-from costboard.api.encoding import BodyRefused, content_length
+from costboard.api.encoding import BodyRefused, content_length, gunzip
 from costboard.api.failures import RETRY_AFTER_SECONDS
 from costboard.api.schemas import ExportTraceServiceResponse, RpcStatus
 from costboard.ingest.otlp.decode import (
     MAX_SPANS,
     PROTOBUF,
     OtlpError,
-    otlp_gunzip,
     otlp_read,
     otlp_response,
     otlp_status,
@@ -32,6 +31,7 @@ from costboard.ingest.otlp.decode import (
 from costboard.ingest.otlp.json_models import ExportTraceServiceRequest
 from costboard.ingest.otlp.store import OtlpUnavailable, otlp_store
 from costboard.ingest.schemas import MAX_BODY_BYTES
+from costboard.models import Project
 from costboard.projects import ingest_tally
 
 # google.rpc.Code values for the Status body of an error response.
@@ -95,6 +95,13 @@ def _status_response(
     )
 
 
+def _body_refused(project: Project, exc: BodyRefused, content_type: str) -> HttpResponse:
+    """A body that cannot be read as sent, answered as OTLP answers (and counted refused)."""
+    ingest_tally(project.pk, refused=1)
+    message = f"{exc.field} {exc.message}"  # a google.rpc.Status has no field of its own
+    return _status_response(exc.status, message, content_type, exc.field)
+
+
 @endpoint(TRACES)
 def traces(request: HttpRequest) -> HttpResponse:
     project = cast(ApiRequest, request).project
@@ -106,16 +113,23 @@ def traces(request: HttpRequest) -> HttpResponse:
     try:
         length = content_length(request)
     except BodyRefused as exc:  # not a size in bytes: Django could not read the body
-        ingest_tally(project.pk, refused=1)
-        message = f"{exc.field} {exc.message}"  # a google.rpc.Status has no field of its own
-        return _status_response(exc.status, message, content_type, exc.field)
+        return _body_refused(project, exc, content_type)
     if length > MAX_BODY_BYTES:
         ingest_tally(project.pk, refused=1)  # as the events API counts a refused body
         return _status_response(
             413, f"body is {length} bytes; at most {MAX_BODY_BYTES} (5 MB)", content_type
         )
     try:
-        body = otlp_gunzip(request.body) if encoding == "gzip" else request.body
+        # the events API's reading: several gzip members in turn (RFC 1952), a bomb refused
+        # as soon as it passes the limit
+        body = (
+            gunzip(request.body, limit=MAX_BODY_BYTES, what="5 MB: export less")
+            if encoding == "gzip"
+            else request.body
+        )
+    except BodyRefused as exc:  # not the whole gzip it claims to be, or past the limit
+        return _body_refused(project, exc, content_type)
+    try:
         mapping = otlp_read(body, content_type)
     except OtlpError as exc:
         ingest_tally(project.pk, refused=1)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import json
-import zlib
 from typing import Any
 
 from google.protobuf import json_format
@@ -25,7 +24,7 @@ from costboard.ingest.otlp.json_models import (
     ExportTraceServiceRequest as ExportTraceServiceRequestJson,
 )
 from costboard.ingest.otlp.mapping import OtlpMapping, otlp_spans, without_bad_text
-from costboard.ingest.schemas import MAX_BODY_BYTES, validation_errors
+from costboard.ingest.schemas import validation_errors
 
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
@@ -51,28 +50,6 @@ def _too_many_spans(spans: int) -> OtlpError:
         "max_export_batch_size",
         field="resourceSpans",
     )
-
-
-def otlp_gunzip(body: bytes, *, limit: int = MAX_BODY_BYTES) -> bytes:
-    """A gzip body decompressed, several gzip members one after the other read in turn (as
-    RFC 1952 allows, and as the events API reads them), refusing (413) to grow past `limit`
-    bytes and (400) bytes after a member that are not gzip: no part of an export is dropped
-    unsaid."""
-    data = bytearray()
-    rest = body
-    while True:
-        inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
-        try:
-            data += inflater.decompress(rest, limit - len(data) + 1)
-        except zlib.error as exc:
-            raise OtlpError(400, f"Content-Encoding is gzip but the body is not: {exc}") from None
-        if len(data) > limit:
-            raise OtlpError(413, f"decompressed body is over {limit} bytes (5 MB): export less")
-        if not inflater.eof:
-            raise OtlpError(400, "truncated gzip body: send the whole gzip stream")
-        rest = inflater.unused_data
-        if not rest:
-            return bytes(data)
 
 
 def otlp_decode(body: bytes, content_type: str) -> ExportTraceServiceRequest:
