@@ -368,37 +368,31 @@ def touches_retime(
     replays (a replay changes nothing: without `timestamp` it is timed when it arrives, and
     would make its session look active again); one touched by replays alone is left as stored
     (`timed`). The turns the batch `made` keep their times (they are inserted with them)."""
-    spans: dict[Any, list[datetime]] = {}
-
-    def seen(key: Any, ts: datetime) -> None:
-        span = spans.get(key)
-        if span is None:
-            spans[key] = [ts, ts]
-        elif ts < span[0]:
-            span[0] = ts
-        elif ts > span[1]:
-            span[1] = ts
-
-    for step in inserted:
-        seen(step.session_key, step.ts)
+    timed_sessions: dict[str, SessionTouch] = {}
+    timed_turns: dict[tuple[str, int], TurnTouch] = {}
+    for step in inserted:  # batch_plan's touches, of what was accepted
+        _touch_session(timed_sessions, step.session_key, step.ts)
         if step.turn_no is not None:
-            seen((step.session_key, step.turn_no), step.ts)
+            _touch_turn(timed_turns, step.session_key, step.turn_no, step.ts)
     for event in accepted:
         ts = utc_at(event, now)
-        seen(event.session_id, ts)
+        _touch_session(timed_sessions, event.session_id, ts)
         if isinstance(event, TurnEvent):
-            seen((event.session_id, event.turn), ts)
+            _touch_turn(timed_turns, event.session_id, event.turn, ts)
         elif event.parent_session_id:
-            seen(event.parent_session_id, ts)
-    touches: list[SessionTouch | TurnTouch] = [*sessions.values()]
-    touches += [touch for key, touch in turns.items() if key not in made]
-    for touch in touches:
-        key = touch.key if isinstance(touch, SessionTouch) else (touch.session_key, touch.number)
-        span = spans.get(key)
-        if span is None:
-            touch.timed = False
-        else:
-            touch.first, touch.last = span
+            _touch_session(timed_sessions, event.parent_session_id, ts)
+    for key, touch in sessions.items():
+        _retimed(touch, timed_sessions.get(key))
+    for number, turn in turns.items():
+        if number not in made:
+            _retimed(turn, timed_turns.get(number))
+
+
+def _retimed(touch: SessionTouch | TurnTouch, timed: SessionTouch | TurnTouch | None) -> None:
+    if timed is None:
+        touch.timed = False
+    else:
+        touch.first, touch.last = timed.first, timed.last
 
 
 def step_tags(step: PricedStep, session_tags: dict[str, dict[str, str]]) -> dict[str, str] | None:
