@@ -4,7 +4,7 @@ stop-budget holding each, their model mix, and the total counted from the tallie
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import date, timedelta
 
@@ -77,6 +77,13 @@ def session_stop(session: Session, caps: Caps, budget: PeriodBudget | None) -> S
     )
     by_budget = stopped_by is not None and stopped_by.startswith("budget:")
     return SessionStop(state=state, stopped_by=stopped_by, budget=budget if by_budget else None)
+
+
+def listed_stop(session: Session, caps: Caps, stops: Mapping[int, PeriodBudget]) -> SessionStop:
+    """session_stop of a session read for a list, annotated `held_by_budget` (holds.held_by):
+    its holding budget found among `stops`, the stop-budgets in force by id."""
+    held = stops.get(session.held_by_budget)  # type: ignore[attr-defined]
+    return session_stop(session, caps, held)
 
 
 @dataclass(frozen=True)

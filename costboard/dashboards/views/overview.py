@@ -26,7 +26,7 @@ from costboard.dashboards.selectors.overview import (
     spend_by_period,
     usage_breakdown,
 )
-from costboard.dashboards.selectors.sessions import SessionStop, session_stop
+from costboard.dashboards.selectors.sessions import SessionStop, listed_stop
 from costboard.dashboards.selectors.shared import day_start
 from costboard.dashboards.views.shared import figures, period_start, stops_now, tag_breakdown
 from costboard.models import Session
@@ -48,10 +48,7 @@ def overview(request: HttpRequest) -> HttpResponse:
 
     def stopped(sessions: Iterable[Session]) -> list[tuple[Session, SessionStop]]:
         """Each with its state as its agent is told it: held by a stop-budget, exhausted."""
-        return [
-            (s, session_stop(s, session_caps(s), by_id.get(s.held_by_budget)))  # type: ignore[attr-defined]
-            for s in sessions
-        ]
+        return [(s, listed_stop(s, session_caps(s), by_id)) for s in sessions]
 
     anomalies, anomalies_total = anomalies_recent(
         project_ids=ids, since=timezone.now() - timedelta(days=7)

@@ -18,8 +18,8 @@ from costboard.dashboards.selectors.sessions import (
     SESSION_SORTS,
     STATE_FILTERS,
     SessionFilters,
+    listed_stop,
     model_mix,
-    session_stop,
     sessions_filtered,
     sessions_total,
 )
@@ -85,8 +85,7 @@ def sessions_list(request: HtmxHttpRequest) -> HttpResponse:
     rows = []
     for s in page:
         caps = session_caps(s)
-        stop = session_stop(s, caps, by_id.get(s.held_by_budget))  # type: ignore[attr-defined]
-        rows.append((s, caps, mix.get(s.pk, []), stop))
+        rows.append((s, caps, mix.get(s.pk, []), listed_stop(s, caps, by_id)))
     all_time = request.GET.copy()
     all_time.pop("page", None)
     all_time["since"] = ""
