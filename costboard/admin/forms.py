@@ -282,7 +282,7 @@ USD_CAP_FIELDS = ("cost_cap_usd", "system_cost_cap_usd")
 TOKEN_CAP_FIELDS = ("token_cap", "system_token_cap")
 
 
-def usd_caps_check(form: forms.ModelForm[Any], cleaned: Mapping[str, Any]) -> None:
+def caps_check(form: forms.ModelForm[Any], cleaned: Mapping[str, Any]) -> None:
     """A USD cap below 0, or a token cap below 1, is an error on its field: the API's session
     event takes those (docs/api.md), and a cap under them would hold every session
     exhausted."""
@@ -304,11 +304,12 @@ def usd_caps_check(form: forms.ModelForm[Any], cleaned: Mapping[str, Any]) -> No
 
 
 class SessionCapsForm(forms.ModelForm[Session]):
-    """A session's own caps, as the admin edits them: a USD cap of 0 or more."""
+    """A session's own caps, as the admin edits them: a USD cap of 0 or more, a token cap of
+    1 or more (caps_check)."""
 
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean() or {}
-        usd_caps_check(self, cleaned)
+        caps_check(self, cleaned)
         return cleaned
 
 
@@ -361,7 +362,7 @@ class ProjectForm(forms.ModelForm[Project]):
 
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean() or {}
-        usd_caps_check(self, cleaned)
+        caps_check(self, cleaned)
         if "pagerduty_routing_key" in self.fields:
             if cleaned.get("pagerduty_routing_key_remove"):
                 cleaned["pagerduty_routing_key"] = ""
