@@ -66,6 +66,10 @@ def change_form(staff: Client, url: str) -> dict[str, Any]:
     return data
 
 
+USD_CAPS = ("cost_cap_usd", "system_cost_cap_usd")
+TOKEN_CAPS = ("token_cap", "system_token_cap")
+
+
 def project_form(agent: Agent, staff: Client) -> tuple[str, dict[str, Any]]:
     """The project's admin change page and its form's fields as it renders them."""
     url = f"/admin/costboard/project/{agent.project.pk}/change/"
@@ -184,38 +188,35 @@ def test_price_save_refuses_a_negative_rate_whoever_calls_it(db: None) -> None:
     assert not ModelPrice.objects.exists()
 
 
-@pytest.mark.parametrize("field", ["cost_cap_usd", "system_cost_cap_usd"])
-def test_a_projects_negative_usd_cap_is_a_form_error(
-    agent: Agent, staff: Client, field: str
+@pytest.mark.parametrize(
+    ("field", "refused_value", "message", "least", "stored"),
+    [
+        # the API's session event takes a USD cap of 0 or more, a token cap of 1 or more; a cap
+        # under that held every session exhausted
+        *[(f, "-1", "must be 0 or more USD, got -1", "0", Decimal(0)) for f in USD_CAPS],
+        *[(f, "0", "must be 1 or more tokens, got 0", "1", 1) for f in TOKEN_CAPS],
+    ],
+)
+def test_a_projects_cap_under_what_the_api_takes_is_a_form_error(
+    agent: Agent,
+    staff: Client,
+    field: str,
+    refused_value: str,
+    message: str,
+    least: str,
+    stored: Decimal | int,
 ) -> None:
-    # the API's session event takes a cap of 0 or more; -1 held every session exhausted
     url, data = project_form(agent, staff)
-    data[field] = ["-1"]
+    data[field] = [refused_value]
     refused = staff.post(url, data)
     assert refused.status_code == 200
-    assert "must be 0 or more USD, got -1" in field_errors(refused.content.decode(), field)
+    assert message in field_errors(refused.content.decode(), field)
     agent.project.refresh_from_db()
     assert getattr(agent.project, field) is None
-    data[field] = ["0"]
+    data[field] = [least]
     assert staff.post(url, data).status_code == 302
     agent.project.refresh_from_db()
-    assert getattr(agent.project, field) == Decimal(0)
-
-
-@pytest.mark.parametrize("field", ["token_cap", "system_token_cap"])
-def test_a_projects_token_cap_of_0_is_a_form_error(agent: Agent, staff: Client, field: str) -> None:
-    # the API's session event takes a token cap of 1 or more; 0 held every session exhausted
-    url, data = project_form(agent, staff)
-    data[field] = ["0"]
-    refused = staff.post(url, data)
-    assert refused.status_code == 200
-    assert "must be 1 or more tokens, got 0" in field_errors(refused.content.decode(), field)
-    agent.project.refresh_from_db()
-    assert getattr(agent.project, field) is None
-    data[field] = ["1"]
-    assert staff.post(url, data).status_code == 302
-    agent.project.refresh_from_db()
-    assert getattr(agent.project, field) == 1
+    assert getattr(agent.project, field) == stored
 
 
 def test_a_sessions_token_cap_of_0_is_a_form_error(agent: Agent, staff: Client) -> None:
