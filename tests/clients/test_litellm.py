@@ -158,6 +158,23 @@ def test_the_session_comes_from_metadata_then_litellm_ids(
     assert step.session.external_id == session
 
 
+def claude_answers_with(usage: Any, metadata: dict[str, Any]) -> None:
+    """A litellm.completion of Claude answered with this usage (LiteLLM's translation of an
+    Anthropic usage), the call's metadata as given."""
+    mocked = litellm.ModelResponse(
+        model="claude-sonnet-4-5",
+        choices=[{"index": 0, "finish_reason": "stop", "message": {"role": "assistant"}}],
+    )
+    # a field the response takes at run time; its class declares no `usage`
+    mocked.usage = usage  # type: ignore[attr-defined]
+    litellm.completion(
+        model="anthropic/claude-sonnet-4-5",
+        messages=MESSAGES,
+        mock_response=mocked,
+        metadata=metadata,
+    )
+
+
 def test_anthropic_cache_tokens_are_counted_once_and_priced_as_genai_prices(
     costboard: CostboardLogger,
 ) -> None:
@@ -172,18 +189,7 @@ def test_anthropic_cache_tokens_are_counted_once_and_priced_as_genai_prices(
         reasoning_content=None,
     )
     assert usage.prompt_tokens == 1150
-    mocked = litellm.ModelResponse(
-        model="claude-sonnet-4-5",
-        choices=[{"index": 0, "finish_reason": "stop", "message": {"role": "assistant"}}],
-    )
-    # a field the response takes at run time; its class declares no `usage`
-    mocked.usage = usage  # type: ignore[attr-defined]
-    litellm.completion(
-        model="anthropic/claude-sonnet-4-5",
-        messages=MESSAGES,
-        mock_response=mocked,
-        metadata={"session_id": "s-cache", "user_id": "bob"},
-    )
+    claude_answers_with(usage, {"session_id": "s-cache", "user_id": "bob"})
     [step] = stored(costboard, 1, session__external_id="s-cache")
     assert (step.model, step.provider) == ("claude-sonnet-4-5", "anthropic")
     assert (step.input_tokens, step.cache_read_input_tokens) == (50, 1000)
@@ -215,17 +221,7 @@ def test_anthropic_one_hour_cache_writes_are_priced_at_their_own_rate(
         },
         reasoning_content=None,
     )
-    mocked = litellm.ModelResponse(
-        model="claude-sonnet-4-5",
-        choices=[{"index": 0, "finish_reason": "stop", "message": {"role": "assistant"}}],
-    )
-    mocked.usage = usage  # type: ignore[attr-defined]
-    litellm.completion(
-        model="anthropic/claude-sonnet-4-5",
-        messages=MESSAGES,
-        mock_response=mocked,
-        metadata={"session_id": "s-1h"},
-    )
+    claude_answers_with(usage, {"session_id": "s-1h"})
     [step] = stored(costboard, 1, session__external_id="s-1h")
     assert_one_hour_writes_priced_apart(step)
 
