@@ -9,9 +9,14 @@ TagValue always reads an object's key. Built by name, not a lookup path: a key m
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from django.db.models.fields.json import KeyTextTransform
+
+# a tag key as events carry one (docs/api.md, "Tags"): ingest refuses any other, so a key
+# asked for elsewhere (a spend grouping, a tag budget, a report) that does not match is a typo
+TAG_KEY = re.compile(r"[a-z0-9_.-]{1,64}")
 
 
 class TagValue(KeyTextTransform):

@@ -34,6 +34,7 @@ from costboard.json_types import Money
 from costboard.models import usd
 from costboard.replicas import replica_reads
 from costboard.reports.spend import PLAIN, SUMS, spend_rows, spend_total
+from costboard.tag_values import TAG_KEY
 
 READERS = ("read", "admin")
 DEFAULT_DAYS = 30
@@ -46,8 +47,6 @@ DAY_FORMS = (
     "data can have, e.g. 2026-11-01"
 )
 _ISO_DAY = re.compile(r"\d{4}-\d{2}-\d{2}")
-# a tag key as events carry one (docs/api.md, "Tags"): any other can only be a typo
-_TAG_KEY = re.compile(r"[a-z0-9_.-]{1,64}")
 
 
 def _iso_day(value: Any) -> date:
@@ -152,7 +151,7 @@ def _groups(text: str) -> list[str]:
                 f"{name[:40]!r} is not a group: use day, model, step_type, user or tag:<key> "
                 '(e.g. "day,model" or "tag:feature")',
             )
-        if name.startswith("tag:") and not _TAG_KEY.fullmatch(name[4:]):
+        if name.startswith("tag:") and not TAG_KEY.fullmatch(name[4:]):
             raise ApiError(
                 422,
                 "group_by",

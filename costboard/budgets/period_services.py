@@ -11,7 +11,6 @@ channels the project has set up (a Slack URL for slack, a routing key for pagerd
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from datetime import datetime
 from decimal import Decimal
@@ -29,6 +28,7 @@ from costboard.input_limits import amount_fault
 from costboard.models import ApiKey, PeriodBudget, Project, Step
 from costboard.models.projects import ALERT_CHANNELS, channel_setup_fault
 from costboard.sql_arrays import Dialect
+from costboard.tag_values import TAG_KEY
 
 FIELDS = (
     "name",
@@ -48,7 +48,6 @@ MAX_WINDOW_HOURS = 720
 _WARN_AT_EXAMPLE = "e.g. [0.5, 0.8, 0.95]"
 MAX_TOKEN_LIMIT = 10**15
 MAX_COST_LIMIT = Decimal("9999999999.9999")
-_TAG_KEY = re.compile(r"[a-z0-9_.-]{1,64}")
 
 _MONEY_SCHEMA = {
     "anyOf": [
@@ -192,7 +191,7 @@ def _scope_value(project: Project, scope: str, value: str | None) -> str:
         )
     if scope == PeriodBudget.Scope.TAG:
         key, equals, tag = text.partition("=")
-        if not equals or not _TAG_KEY.fullmatch(key) or not tag or len(tag) > 128:
+        if not equals or not TAG_KEY.fullmatch(key) or not tag or len(tag) > 128:
             raise BudgetInputError(
                 "scope_value",
                 'must be a tag as key=value, e.g. "feature=search", or key=* for each value '

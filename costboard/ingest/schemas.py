@@ -35,6 +35,7 @@ from costboard.ingest.json_body import MAX_DEPTH, bad_text, json_loads, may_hold
 from costboard.ingest.normalize import Tokens, UsageError, normalize_usage
 from costboard.input_limits import FIRST_YEAR, LAST_YEAR, amount_fault
 from costboard.models import MAX_TIER_LENGTH, TIER_PATTERN
+from costboard.tag_values import TAG_KEY
 
 MAX_EVENTS = 1000
 MAX_BODY_BYTES = 5 * 1024 * 1024
@@ -44,7 +45,6 @@ MAX_MILLISECONDS = 2**31 - 1  # the step's duration column: about 24.8 days
 
 MAX_TAGS = 20
 MAX_TAG_VALUE = 128
-_TAG_KEY = re.compile(r"[a-z0-9_.-]{1,64}")
 
 
 def tags_check(value: Any) -> dict[str, str]:
@@ -54,7 +54,7 @@ def tags_check(value: Any) -> dict[str, str]:
     if len(value) > MAX_TAGS:
         raise ValueError(f"has {len(value)} keys; at most {MAX_TAGS}")
     for key, tag in value.items():
-        if not _TAG_KEY.fullmatch(key):
+        if not TAG_KEY.fullmatch(key):
             raise ValueError(
                 f"key {key[:80]!r} must be 1 to 64 of a-z 0-9 _ . - (lower case), e.g. "
                 '"feature" or "customer.tier"'

@@ -6,7 +6,6 @@ recipients (and posted to its Slack), once per recipient however often it is run
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -18,9 +17,7 @@ from costboard.reports.messages import report_text
 from costboard.reports.periods import KINDS, last_complete, period_parse, project_timezone
 from costboard.reports.selectors import spend_report
 from costboard.reports.services import spend_report_send
-
-# a tag key as events carry them (docs/api.md, "Tags")
-TAG_KEY = re.compile(r"[a-z0-9_.-]{1,64}")
+from costboard.tag_values import TAG_KEY
 
 
 class Command(BaseCommand):
