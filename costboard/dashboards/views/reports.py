@@ -28,6 +28,7 @@ from costboard.reports.periods import (
     project_timezone,
 )
 from costboard.reports.selectors import SpendReport, report_tag_keys, spend_report
+from costboard.tag_values import TAG_KEY
 
 # the periods the selector offers (any other past one is a URL away)
 PERIODS_OFFERED = {"week": 26, "month": 24}
@@ -69,13 +70,22 @@ def _asked(scope: Scope, checks: Checks) -> Asked | None:
             else:
                 period = chosen
     keys = report_tag_keys(project=project, since=period.previous.first, until=period.last)
-    offered = sorted({*keys, *([project.report_tag_key] if project.report_tag_key else [])})
+    offered = {*keys, *([project.report_tag_key] if project.report_tag_key else [])}
+    # any tag key events may carry, as `spend_report --tag` takes it: the link in a report sent
+    # by a key none of the two periods' steps have opens that report (all of it untagged)
+    asked_tag = checks.get("tag").strip()
+    if TAG_KEY.fullmatch(asked_tag):
+        offered.add(asked_tag)
     tag = checks.choice(
-        "tag", offered, what=f"a tag key of these two {kind}s", blank="the project's report tag key"
+        "tag",
+        offered,
+        what="a tag key (up to 64 of a-z 0-9 _ . -)",
+        blank="the project's report tag key",
+        shown=sorted(offered),
     )
     tag_key = tag or project.report_tag_key
     report = spend_report(project=project, period=period, tag_key=tag_key)
-    return Asked(project, tz_name, periods, offered, report)
+    return Asked(project, tz_name, periods, sorted(offered), report)
 
 
 @login_required
