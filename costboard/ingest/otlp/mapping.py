@@ -116,18 +116,27 @@ class OtlpMapping:
 
 def without_bad_text(mapping: OtlpMapping) -> OtlpMapping:
     """Spans whose text PostgreSQL would refuse (NUL: protobuf strings may hold it) are
-    rejected like other unmappable spans, with the reason."""
+    rejected like other unmappable spans, with the reason and the field (a tag's value too:
+    jsonb refuses \\u0000, which failed the whole export with a 500)."""
     kept: list[OtlpSpan] = []
     for span in mapping.spans:
         step = span.step
-        texts = [step.session_id, step.step_type, step.model, step.provider, step.error]
-        found = bad_text({"text": texts, "metadata": step.metadata})
+        texts = {
+            "session_id": step.session_id,
+            "step_type": step.step_type,
+            "model": step.model,
+            "provider": step.provider,
+            "error": step.error,
+            "tags": step.tags,
+            "metadata": step.metadata,
+        }
+        found = bad_text(texts)
         if found is None:
             kept.append(span)
         else:
             mapping.rejected += 1
             span_id = (step.event_id or "?").rsplit(":", 1)[-1]
-            mapping.errors.append(f"span {span_id}: {found[1]}")
+            mapping.errors.append(f"span {span_id}: {found[0]} {found[1]}")
     mapping.spans = kept
     return mapping
 

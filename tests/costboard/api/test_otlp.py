@@ -280,6 +280,22 @@ def test_a_bad_span_is_rejected_and_the_rest_stored(agent_priced: Agent) -> None
     assert Session.objects.get(external_id="conv-1").tokens_used == 150
 
 
+def test_a_nul_in_a_tag_rejects_its_span_and_the_rest_is_stored(agent_priced: Agent) -> None:
+    """PostgreSQL's jsonb refuses \\u0000: a tag holding one failed the whole export with a 500
+    (no span stored, and OTLP exporters do not retry a 500); now only its span is rejected."""
+
+    def build(tracer: Tracer) -> None:
+        span(tracer, "chat", {**CHAT, "costboard.tag.feature": "se\x00arch"})
+        span(tracer, "chat", {**CHAT, "costboard.tag.feature": "search"}, start=T0 + 1)
+
+    response = parsed(post_spans(agent_priced, spans_of(build)))
+    assert response.partial_success.rejected_spans == 1
+    assert "tags.feature must not contain NUL" in response.partial_success.error_message
+    step = Step.objects.get()
+    assert step.tags == {"feature": "search"}
+    assert step.cost_usd == CHAT_COST
+
+
 def test_when_every_span_is_bad_it_answers_200_and_stores_nothing(agent: Agent) -> None:
     bad = {**CHAT, "gen_ai.usage.output_tokens": -1}
     spans = spans_of(lambda tracer: [span(tracer, "chat", bad) for _ in range(2)])
