@@ -37,12 +37,16 @@ OUTPUT_KEYS = (
     "gen_ai.usage.completion_tokens",
     "llm.token_count.completion",
 )
+# The underscore spellings are OpenLLMetry's before opentelemetry-semantic-conventions-ai
+# 0.5.0 (its input_tokens includes them too): unread, the cache was priced as fresh input.
 CACHE_READ_KEYS = (
     "gen_ai.usage.cache_read.input_tokens",
+    "gen_ai.usage.cache_read_input_tokens",
     "llm.token_count.prompt_details.cache_read",
 )
 CACHE_WRITE_KEYS = (
     "gen_ai.usage.cache_creation.input_tokens",
+    "gen_ai.usage.cache_creation_input_tokens",
     "llm.token_count.prompt_details.cache_write",
 )
 REASONING_KEYS = (

@@ -258,6 +258,25 @@ def test_older_and_openinference_token_attributes_are_read(agent_priced: Agent) 
     )
 
 
+def test_openllmetrys_older_cache_attributes_are_not_priced_as_fresh_input(
+    agent_priced: Agent,
+) -> None:
+    """OpenLLMetry built on opentelemetry-semantic-conventions-ai before 0.5.0 names the cache
+    gen_ai.usage.cache_read_input_tokens / cache_creation_input_tokens, its input_tokens
+    including them (1200 = 100 + 1000 + 100): unread, all 1200 were priced as input."""
+    older = {k: v for k, v in CHAT.items() if ".input_tokens" not in k or "usage.input" in k}
+    older |= {
+        "gen_ai.usage.cache_read_input_tokens": 1000,
+        "gen_ai.usage.cache_creation_input_tokens": 100,
+    }
+    assert "gen_ai.usage.cache_read.input_tokens" not in older
+    parsed(post_spans(agent_priced, spans_of(lambda tracer: span(tracer, "chat", older))))
+    step = Step.objects.get()
+    assert (step.input_tokens, step.cache_read_input_tokens) == (100, 1000)
+    assert (step.cache_creation_input_tokens, step.output_tokens) == (100, 50)
+    assert step.cost_usd == CHAT_COST  # 100 × 3 + 50 × 15 + 1000 × 0.3 + 100 × 3.75 per MTok
+
+
 def test_a_span_without_a_session_goes_to_the_system_session(agent_priced: Agent) -> None:
     attrs = {k: v for k, v in CHAT.items() if k != "gen_ai.conversation.id"}
     parsed(post_spans(agent_priced, spans_of(lambda tracer: span(tracer, "chat", attrs))))
