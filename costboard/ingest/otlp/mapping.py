@@ -84,9 +84,24 @@ ALIAS_TAGS = (
     ("team", "metadata.user_api_key_team_alias"),
     ("key_alias", "metadata.user_api_key_alias"),
 )
+TAG_PREFIX = "costboard.tag."
 # Spans that only repeat their parent LLM span (no usage, no model): not steps. LiteLLM's
 # child span holding the provider's raw response is one.
 DUPLICATE_SPAN_NAMES = frozenset({"raw_gen_ai_request"})
+# The attributes OpenTelemetry's HTTP, database, RPC and messaging instrumentations set (the
+# current and the older names): a span with one and no attribute of the GenAI conventions is
+# the transport under a step (the provider SDK's POST below its chat span, a tool's query),
+# not a step of its own. Stored, each doubled a call's steps, and five failed requests in a row
+# (a 404 retried) read as a retry loop that ended the session.
+TRANSPORT_KEYS = (
+    "http.request.method",
+    "http.method",
+    "db.system.name",
+    "db.system",
+    "rpc.system",
+    "messaging.system",
+)
+STEP_PREFIXES = ("gen_ai.", "llm.", "openinference.", "traceloop.", TAG_PREFIX)
 MAX_TAG_VALUE = 128
 STEP_TYPE_KEYS = ("gen_ai.operation.name",)
 # OpenTelemetry's operation names stored as Costboard's step types, so a tool call is one type
@@ -109,7 +124,9 @@ class OtlpSpan:
 class OtlpMapping:
     spans: list[OtlpSpan] = field(default_factory=list)
     rejected: int = 0
-    skipped: int = 0  # duplicates of their parent span (DUPLICATE_SPAN_NAMES): not stored
+    # duplicates of their parent span (DUPLICATE_SPAN_NAMES) and transport spans
+    # (TRANSPORT_KEYS): not stored
+    skipped: int = 0
     errors: list[str] = field(default_factory=list)
 
     def error_message(self) -> str:
@@ -165,7 +182,7 @@ def otlp_spans(request: ExportTraceServiceRequest) -> OtlpMapping:
                 if session and span.trace_id not in trace_sessions:
                     trace_sessions[span.trace_id] = session
     for span, attrs, resource_attrs in raw:
-        if _duplicates_its_parent(span, attrs):
+        if _duplicates_its_parent(span, attrs) or _transport(attrs):
             mapping.skipped += 1
             continue
         try:
@@ -188,6 +205,14 @@ def _duplicates_its_parent(span: Span, attrs: dict[str, Any]) -> bool:
     return all(attrs.get(key) in (None, "") for key in keys)
 
 
+def _transport(attrs: dict[str, Any]) -> bool:
+    """An HTTP, database, RPC or messaging span with nothing of a model call or a tool: the
+    transport below a step (TRANSPORT_KEYS)."""
+    if not any(key in attrs for key in TRANSPORT_KEYS):
+        return False
+    return not any(key.startswith(STEP_PREFIXES) for key in attrs)
+
+
 def _session_of(attrs: dict[str, Any], resource_attrs: dict[str, Any]) -> str | None:
     for source in (attrs, resource_attrs):
         for key in SESSION_KEYS:
@@ -195,9 +220,6 @@ def _session_of(attrs: dict[str, Any], resource_attrs: dict[str, Any]) -> str | 
             if value is not None and str(value).strip():
                 return str(value).strip()
     return None
-
-
-TAG_PREFIX = "costboard.tag."
 
 
 def _tags_of(attrs: dict[str, Any], resource_attrs: dict[str, Any]) -> dict[str, Any] | None:

@@ -219,6 +219,48 @@ def test_an_error_span_is_a_failed_step(agent_priced: Agent) -> None:
     assert Session.objects.get(external_id="conv-1").error_count == 1
 
 
+def test_http_and_database_spans_under_a_step_are_not_steps(agent_priced: Agent) -> None:
+    """OpenTelemetry's HTTP and database instrumentations put their spans under the agent's:
+    the provider SDK's POST below the chat span, a tool's requests and query. Stored as steps,
+    they doubled a call's steps, and five failed requests in a row (a 404 retried) read as a
+    retry loop that ended the session. They are the transport, not steps; a span with a GenAI
+    attribute stays a step, whatever else it carries."""
+
+    def build(tracer: Tracer) -> None:
+        root = tracer.start_span("invoke_agent", start_time=T0)
+        chat = span(tracer, "chat test-sonnet", CHAT, parent=root)
+        span(
+            tracer, "POST", {"http.request.method": "POST", "url.full": "https://x/v1"}, parent=chat
+        )
+        tool = span(
+            tracer,
+            "execute_tool fetch",
+            {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "fetch"},
+            start=T0 + 1500 * MS,
+            parent=root,
+        )
+        for n in range(5):
+            gone = {"http.method": "GET", "http.status_code": 404}
+            span(tracer, "GET", gone, start=T0 + (1600 + n) * MS, ms=1, parent=tool, error="404")
+        span(tracer, "SELECT", {"db.system.name": "postgresql"}, start=T0 + 1700 * MS, parent=tool)
+        # an LLM call that is also an HTTP span (one instrumentation for both): a step
+        both = {**CHAT, "http.request.method": "POST", "gen_ai.usage.input_tokens": 1100}
+        span(tracer, "chat again", both, start=T0 + 1800 * MS, parent=root)
+        root.end(end_time=T0 + 2000 * MS)
+
+    answer = parsed(post_spans(agent_priced, spans_of(build)))
+    assert not answer.HasField("partial_success")
+    session = Session.objects.get(external_id="conv-1")
+    steps = Step.objects.filter(session=session)
+    assert sorted(s.step_type for s in steps) == ["chat", "chat", "invoke_agent", "tool"]
+    assert (session.step_count, session.error_count) == (4, 0)
+    assert session.runaway_reason == ""
+    again = steps.get(metadata__otlp__name="chat again")
+    assert (again.input_tokens, again.cache_read_input_tokens) == (0, 1000)
+    assert again.cost_usd == CHAT_COST - usd(100, TEST_RATES["input_mtok"])
+    assert session.cost_usd == CHAT_COST + again.cost_usd
+
+
 def test_older_and_openinference_token_attributes_are_read(agent_priced: Agent) -> None:
     older = {
         "gen_ai.system": "testco",
