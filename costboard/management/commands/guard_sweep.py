@@ -1,6 +1,9 @@
 from __future__ import annotations
 
+import logging
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
@@ -21,6 +24,20 @@ RETENTION_EVERY_S = 3600
 BILLING_EVERY_S = 86400  # the providers' bills, yesterday's and today's (docs/billing.md)
 OUTBOX_EVERY_S = 1.0
 OUTBOX_SECONDS = 10.0  # one pass's budget, so a backlog never holds up the runaway sweep long
+# After a turn that failed (the database restarting, say), the next one waits 1 s, then twice
+# as long after each failure in a row, up to this: the loop outlives the outage.
+RETRY_AT_MOST_S = 30.0
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _Last:
+    """The monotonic times the periodic jobs last ran (None: never)."""
+
+    sweep: float | None = None
+    retention: float | None = None
+    billing: float | None = None
 
 
 class Command(BaseCommand):
@@ -44,28 +61,61 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, every: int, **options: Any) -> None:
-        last_sweep: float | None = None  # monotonic times of the last runs (None: never)
-        last_retention: float | None = None
-        last_billing: float | None = None
+        last = _Last()
+        failures = 0  # turns in a row with a job that failed
         while True:
-            now = time.monotonic()
-            if last_sweep is None or now - last_sweep >= every:
-                hourly = last_retention is None or now - last_retention >= RETENTION_EVERY_S
-                self.stdout.write(self._sweep(hourly=hourly))
-                last_sweep = now
-                if hourly:
-                    last_retention = now
-            if last_billing is None or now - last_billing >= BILLING_EVERY_S:
-                for line in scheduled_import():
-                    self.stdout.write(f"billing: {line}")
-                last_billing = now
-            dispatched = outbox_dispatch(seconds=OUTBOX_SECONDS)
-            if dispatched.claimed or not every:
-                self.stdout.write(str(dispatched))
+            ran = self._turn(last, every)
             if not every:
                 return
+            failures = 0 if ran else failures + 1
+            close_old_connections()  # a broken connection is dropped; the next turn connects
+            time.sleep(min(OUTBOX_EVERY_S * 2 ** max(failures - 1, 0), RETRY_AT_MOST_S))
+
+    def _turn(self, last: _Last, every: int) -> bool:
+        """One turn of the loop: each periodic job that is due, then the outbox. False if one
+        failed: it stays due for the next turn, and the others still run."""
+        ran = True
+        now = time.monotonic()
+        if last.sweep is None or now - last.sweep >= every:
+            hourly = last.retention is None or now - last.retention >= RETENTION_EVERY_S
+            if self._run("the sweep", lambda: self._sweep(hourly=hourly), every):
+                last.sweep = now
+                if hourly:
+                    last.retention = now
+            else:
+                ran = False
+        if last.billing is None or now - last.billing >= BILLING_EVERY_S:
+            if self._run("the billing import", self._billing, every):
+                last.billing = now
+            else:
+                ran = False
+        return self._run("the outbox", lambda: self._outbox(every), every) and ran
+
+    def _run(self, what: str, job: Callable[[], str], every: int) -> bool:
+        """Run a job and write what it did. Once (no --every), its failure ends the command;
+        in the loop it is logged and the loop goes on: a database restart, a broken row, must
+        not stop the periodic jobs for good."""
+        if not every:
+            self._write(job())
+            return True
+        try:
+            self._write(job())
+        except Exception as exc:
+            log.exception("guard_sweep: %s failed (%s); it runs again on the next turn", what, exc)
             close_old_connections()
-            time.sleep(OUTBOX_EVERY_S)
+            return False
+        return True
+
+    def _write(self, text: str) -> None:
+        if text:
+            self.stdout.write(text)
+
+    def _billing(self) -> str:
+        return "\n".join(f"billing: {line}" for line in scheduled_import())
+
+    def _outbox(self, every: int) -> str:
+        dispatched = outbox_dispatch(seconds=OUTBOX_SECONDS)
+        return str(dispatched) if dispatched.claimed or not every else ""
 
     def _sweep(self, *, hourly: bool) -> str:
         result = runaway_sweep()

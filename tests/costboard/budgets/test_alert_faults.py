@@ -283,3 +283,64 @@ def test_a_receiver_that_hangs_holds_up_one_send_not_the_others(
         ) == {"delivered"}
     finally:
         other.stop()
+
+
+def backends_of_others() -> list[int]:
+    """The PostgreSQL backends of this test's database other than this process's own: the
+    subprocess's."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+            " AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
+        )
+        return [pid for (pid,) in cursor.fetchall()]
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL ends the connection")
+def test_guard_sweep_outlives_its_database_connection_ended_mid_send(
+    receiver: Receiver, tmp_path: Path
+) -> None:
+    """`guard_sweep --every 60` (make run, or a deployment without a broker) has its database
+    connection ended under it mid-turn, as a PostgreSQL restart or a failover does: the
+    attempt it was recording fails, and the loop goes on with a new connection, carrying out
+    the alerts of the batches that come after (before: the process exited with the
+    OperationalError, and no alert went out again until someone restarted it)."""
+    agent = setup_project(receiver)
+    receiver.hold()
+    assert agent.post(crossing_batch(0)).status_code == 200
+    env = {
+        **{k: v for k, v in os.environ.items() if k != "CELERY_BROKER_URL"},  # no broker
+        "DJANGO_SETTINGS_MODULE": "costboard.settings",
+        "DATABASE_URL": worker_database_url(),
+        "COSTBOARD_WEBHOOK_ALLOW_HOSTS": "127.0.0.1",
+    }
+    with (tmp_path / "sweep.log").open("wb") as log:
+        sweep = subprocess.Popen(
+            [sys.executable, "manage.py", "guard_sweep", "--every", "60"],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            wait_until(lambda: receiver.held() == 1, what=f"the send held; log {tmp_path}")
+            ended = backends_of_others()
+            assert ended  # the sweep's connection, idle while it waits on the receiver
+            with connection.cursor() as cursor:
+                for pid in ended:
+                    cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
+            receiver.release()  # the sweep records the attempt: its connection is gone
+            wait_until(lambda: receiver.received(), what="the held send answered")
+
+            assert agent.post(crossing_batch(1)).status_code == 200  # after the fault
+            later = AlertDelivery.objects.filter(budget_event__session__external_id="s-1")
+            wait_until(
+                lambda: later.filter(status="delivered").count() == 2 or sweep.poll() is not None,
+                what=f"the alerts of s-1 delivered; log {tmp_path}",
+            )
+            assert sweep.poll() is None, (tmp_path / "sweep.log").read_text()[-3000:]
+        finally:
+            sweep.terminate()
+            sweep.wait(timeout=30)
+    assert later.filter(status="delivered").count() == 2
+    assert set(backends_of_others()).isdisjoint(ended)
