@@ -93,7 +93,10 @@ def step_partitions_ahead() -> list[str]:
     return made
 
 
-@shared_task(soft_time_limit=1800, time_limit=1900, acks_late=True)  # type: ignore[untyped-decorator]
+# reject_on_worker_lost: a worker process killed mid-import (SIGKILL, the OOM killer) puts the
+# task back on the queue rather than acknowledging it: run daily, a lost run would leave
+# yesterday's bill as the day before's import saw it, never to be read again.
+@shared_task(soft_time_limit=1800, time_limit=1900, acks_late=True, reject_on_worker_lost=True)  # type: ignore[untyped-decorator]
 def billing_import() -> list[str]:
     """Every day, on the `billing` queue: yesterday's and today's bills of each provider with
     an admin key (docs/billing.md). Safe to run twice: each day's rows are replaced whole."""

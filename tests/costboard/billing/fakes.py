@@ -4,7 +4,8 @@ report and messages usage report in their documented shapes — daily buckets ov
 asked for, a page of at most `page_size` buckets with `has_more` and an opaque `next_page` —
 checks each provider's auth headers, and records every request. Faults (a 429 with
 Retry-After, a 5xx, a body that is not JSON, an answer cut off before its Content-Length) are
-queued per path, each matched by a test's predicate on the request's parameters."""
+queued per path, each matched by a test's predicate on the request's parameters; after `hold()`
+every request waits for `release()` before it is answered."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from decimal import Decimal
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
-from tests.servers import serve
+from tests.servers import HOLD_AT_MOST, serve
 
 OPENAI_KEY = "sk-admin-test-openai"
 ANTHROPIC_KEY = "sk-ant-admin01-test"
@@ -66,8 +67,23 @@ class FakeBilling:
     faults: dict[str, list[Fault]] = field(default_factory=dict)
     requests: list[Request] = field(default_factory=list)
     base_url: str = ""
+    holding: int = 0  # requests in, their answers held
     lock: threading.Lock = field(default_factory=threading.Lock)
+    gate: threading.Event = field(default_factory=threading.Event)
     _stop: Callable[[], None] = lambda: None
+
+    def __post_init__(self) -> None:
+        self.gate.set()
+
+    def hold(self) -> None:
+        self.gate.clear()
+
+    def release(self) -> None:
+        self.gate.set()
+
+    def held(self) -> int:
+        with self.lock:
+            return self.holding
 
     def fault(self, path: str, fault: Fault) -> None:
         with self.lock:
@@ -82,6 +98,11 @@ class FakeBilling:
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
+                with fake.lock:
+                    fake.holding += 1
+                fake.gate.wait(timeout=HOLD_AT_MOST)
+                with fake.lock:
+                    fake.holding -= 1
                 url = urllib.parse.urlsplit(self.path)
                 params = urllib.parse.parse_qs(url.query, keep_blank_values=True)
                 status, body, headers = fake.answer(url.path, params, dict(self.headers.items()))
@@ -104,6 +125,7 @@ class FakeBilling:
         return self
 
     def stop(self) -> None:
+        self.release()  # a held handler would keep server_close waiting
         self._stop()
 
     # --- answers ---------------------------------------------------------------------------
