@@ -124,34 +124,45 @@ def sessions_delete(*, session_ids: list[int]) -> int:
     return len(locked)
 
 
+# "TALLYCHK": the advisory lock of the tally check (PostgreSQL), so two checks at once (two
+# beats, beat and guard_sweep) take turns, and the second reads what the first put right
+_TALLY_CHECK_LOCK = 0x5441_4C4C_5943_484B
+
+
 def sessions_tally_check() -> dict[int, int]:
     """Put right any project whose tally of sessions (made less deleted) is not its count of
     sessions: sessions made or deleted some way other than ingest and the admin (raw SQL, a
     server of before the tally while its migration ran). Both are read by one statement, so
     one snapshot: a batch commits its sessions and its tally together, so a batch in flight
-    is in both or neither. Returns each corrected project's difference (sessions it had
-    more than its tally said)."""
+    is in both or neither. One check at a time (an advisory lock on PostgreSQL; SQLite's
+    write lock, taken at the transaction's start): two at once would each add the difference.
+    Returns each corrected project's difference (sessions it had more than its tally said)."""
     session, tally = Session._meta.db_table, IngestTally._meta.db_table
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"""
-            SELECT p.id,
-                   (SELECT count(*) FROM {session} s WHERE s.project_id = p.id),
-                   (SELECT COALESCE(sum(t.sessions_made - t.sessions_deleted), 0)
-                    FROM {tally} t WHERE t.project_id = p.id)
-            FROM {Project._meta.db_table} p
-            """
-        )
-        rows = cursor.fetchall()
-    drift = {pk: int(counted) - int(tallied) for pk, counted, tallied in rows if counted != tallied}
-    for project_id, off in drift.items():
-        log.warning(
-            "project %s had %+d sessions its tally did not count: corrected", project_id, off
-        )
-        if off > 0:
-            ingest_tally(project_id, sessions_made=off)
-        else:
-            ingest_tally(project_id, sessions_deleted=-off)
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            if connection.vendor == "postgresql":
+                cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_TALLY_CHECK_LOCK])
+            cursor.execute(
+                f"""
+                SELECT p.id,
+                       (SELECT count(*) FROM {session} s WHERE s.project_id = p.id),
+                       (SELECT COALESCE(sum(t.sessions_made - t.sessions_deleted), 0)
+                        FROM {tally} t WHERE t.project_id = p.id)
+                FROM {Project._meta.db_table} p
+                """
+            )
+            rows = cursor.fetchall()
+        drift = {
+            pk: int(counted) - int(tallied) for pk, counted, tallied in rows if counted != tallied
+        }
+        for project_id, off in drift.items():
+            log.warning(
+                "project %s had %+d sessions its tally did not count: corrected", project_id, off
+            )
+            if off > 0:
+                ingest_tally(project_id, sessions_made=off)
+            else:
+                ingest_tally(project_id, sessions_deleted=-off)
     return drift
 
 

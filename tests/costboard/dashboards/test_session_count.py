@@ -6,16 +6,19 @@ makes or deletes a session is put right by the hourly check."""
 from __future__ import annotations
 
 import re
+import threading
 
 import pytest
-from django.db import connection
+from django.db import connection, connections, transaction
+from django.db.models import Sum
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
-from costboard.models import Session
+from costboard.models import IngestTally, Session
 from costboard.projects import sessions_tally_check
 from costboard.retention import retention_sweep
 from tests.conftest import Agent, make_agent
+from tests.waiting import blocked_on_a_lock, wait_until
 
 pytestmark = pytest.mark.django_db
 
@@ -106,3 +109,43 @@ def test_the_hourly_check_counts_a_session_made_some_other_way(
     assert total(staff.get("/sessions/?since=").content.decode()) == 120 == Session.objects.count()
     assert sessions_tally_check() == {}  # once only
     assert "by-hand" in pages(staff, "/sessions/?since=&sort=session")
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="the row lock that holds a check")
+def test_two_checks_at_once_put_a_difference_right_once(agent: Agent) -> None:
+    """Two beats (or beat and guard_sweep) run the hourly check at the same moment: each read
+    the same difference, and each added it (the tally off the other way, until the next hour,
+    when two at once did it again). Checks take turns: the second reads what the first put
+    right."""
+    agent.events(
+        *[
+            {"session_id": f"t{n}", "step_type": "x", "model": "m", "input_tokens": 1}
+            for n in (1, 2)
+        ]
+    )
+    for n in (3, 4, 5):  # made some other way: the tally says 2
+        Session.objects.create(project=agent.project, external_id=f"by-hand-{n}")
+    results: list[dict[int, int]] = []
+
+    def check() -> None:
+        try:
+            results.append(sessions_tally_check())
+        finally:
+            connections.close_all()
+
+    with transaction.atomic():  # the tally's row held, as an ingest batch holds it to its commit
+        list(IngestTally.objects.select_for_update().filter(project=agent.project))
+        threads = [threading.Thread(target=check) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        wait_until(lambda: blocked_on_a_lock("%") == 2, what="both checks waiting")
+    for thread in threads:
+        thread.join(timeout=30)
+
+    tally = IngestTally.objects.filter(project=agent.project).aggregate(
+        made=Sum("sessions_made"), deleted=Sum("sessions_deleted")
+    )
+    assert tally["made"] - tally["deleted"] == 5 == Session.objects.count()
+    assert sorted(results, key=len) == [{}, {agent.project.pk: 3}]
+    assert sessions_tally_check() == {}
