@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from costboard.models import Session
 from memory_ui import memory_file
-from memory_ui.models import Memory, MemoryFeedback, RetrievalLog
+from memory_ui.models import Memory, MemoryEvent, MemoryFeedback, RetrievalLog
 from memory_ui.text import fingerprint
 from memory_ui.writes import decisions
 from tests.conftest import Agent, make_agent
@@ -198,6 +198,47 @@ def test_a_rejected_sentence_is_409_on_content(agent: Agent) -> None:
     assert (status, field) == (409, "content")
     assert "was rejected before" in message
     assert Memory.objects.count() == 1
+
+
+def test_a_candidates_secrets_are_redacted_before_it_is_stored(agent: Agent) -> None:
+    # docs/memory.md, "Redaction": an agent's proposal kept the key as sent, and the review
+    # queue, the memory's history and (once approved) MEMORY.md showed it to everyone
+    key = "sk-ant-api03-AbCdEfGhIjKlMnOpQrStUvWxYz0123456789abcdEFGH"
+    response = post(
+        agent,
+        "candidates",
+        {
+            "content": f"Deploys use the key {key}, ask ann@example.com",
+            "type": "project",
+            "tags": ["deploy", "ann@example.com"],
+        },
+    )
+    assert response.status_code == 201, response.content
+    said = "Deploys use the key [redacted:api_key], ask [redacted:email]"
+    assert (response.json()["content"], response.json()["tags"]) == (
+        said,
+        ["deploy", "[redacted:email]"],
+    )
+    memory = Memory.objects.get()
+    assert (memory.content, memory.tags, memory.redactions) == (
+        said,
+        ["deploy", "[redacted:email]"],
+        ["api_key", "email"],
+    )
+    stored = json.dumps(list(MemoryEvent.objects.values("before", "after", "note")))
+    assert key not in stored and "ann@example.com" not in stored
+    assert MemoryEvent.objects.get().note == "redacted: api_key, email"
+
+
+def test_a_candidate_too_long_once_redacted_is_422_on_content(agent: Agent) -> None:
+    # "password: x" grows by 18 characters ("x" becomes "[redacted:password]"): past 150
+    content = "a" * 135 + " password: x"
+    status, field, message = error(post(agent, "candidates", {"content": content, "type": "user"}))
+    assert (status, field) == (422, "content")
+    assert message == (
+        "is 165 characters once its secrets are redacted (password); at most 150: say it shorter"
+    )
+    assert not Memory.objects.exists()
 
 
 def test_the_key_decides_the_project(agent: Agent) -> None:
