@@ -24,8 +24,9 @@ class ApiKeyInline(admin.TabularInline[ApiKey, Project]):
     model = ApiKey
     extra = 0
     fields = ("prefix", "name", "role", "created_at", "last_used_at", "revoked_at")
-    # revoked on the key list's action only: cleared here, a revoked key would work again
-    readonly_fields = ("prefix", "created_at", "last_used_at", "revoked_at")
+    # revoked on the key list's action only: cleared here, a revoked key would work again;
+    # its role is the one it was issued with (another role: a new key)
+    readonly_fields = ("prefix", "role", "created_at", "last_used_at", "revoked_at")
     can_delete = False
     show_change_link = True
 
@@ -176,6 +177,13 @@ class ApiKeyAdmin(admin.ModelAdmin[ApiKey]):
     list_filter = ("project", "role", ("revoked_at", admin.EmptyFieldListFilter))
     readonly_fields = ("prefix", "created_at", "last_used_at", "revoked_at")
     actions = ["revoke"]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        """An issued key keeps its project and role (the agent holding it sends to that
+        project with that right); another is a new key. Its name may change."""
+        if obj is None:
+            return self.readonly_fields
+        return ("project", "role", *self.readonly_fields)
 
     def get_form(
         self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any

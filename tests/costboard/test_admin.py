@@ -30,8 +30,8 @@ from costboard.models import (
     SpendReportDelivery,
     WebhookEndpoint,
 )
-from tests.conftest import Agent, add_price
-from tests.costboard.test_admin_amounts import project_form
+from tests.conftest import Agent, add_price, make_agent
+from tests.costboard.test_admin_amounts import change_form, project_form
 
 pytestmark = pytest.mark.django_db
 
@@ -171,6 +171,30 @@ def test_a_staff_user_who_may_only_view_keys_cannot_revoke_one(agent: Agent) -> 
     key.refresh_from_db()
     assert key.revoked_at is not None
     assert agent.budget("nothing").status_code == 401
+
+
+def test_a_keys_project_and_role_stay_as_issued_when_its_page_is_saved(
+    agent: Agent, staff: Client
+) -> None:
+    # the key's page let staff move an agent's ingest key to another project as an admin key:
+    # the agent's usage went there, and the key read and changed that project's budgets
+    key = ApiKey.objects.get(project=agent.project)
+    other = make_agent("other")
+    url = f"/admin/costboard/apikey/{key.pk}/change/"
+    data = change_form(staff, url)
+    data.update(project=[str(other.project.pk)], role=["admin"], name=["renamed"])
+    assert staff.post(url, data).status_code == 302
+    key.refresh_from_db()
+    assert (key.project_id, key.role, key.name) == (agent.project.pk, "ingest", "renamed")
+    assert agent.budget("nothing").status_code == 404  # the key still answers for acme
+    budgets = agent.client.get("/api/v1/budgets", headers={"Authorization": f"Bearer {agent.key}"})
+    assert budgets.status_code == 403  # still ingest: period budgets need admin
+    # nor on its project's page, where the key is a row
+    url, data = project_form(agent, staff)
+    data["api_keys-0-role"] = ["admin"]  # the key's row, as the page rendered it before
+    assert staff.post(url, data).status_code == 302
+    key.refresh_from_db()
+    assert key.role == "ingest"
 
 
 def test_a_revoked_key_stays_revoked_when_its_project_is_saved(agent: Agent, staff: Client) -> None:
