@@ -105,8 +105,14 @@ def env_fraction(name: str, default: str) -> Decimal:
     return value
 
 
+def _items(text: str) -> list[str]:
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
 def env_list(name: str, default: str) -> list[str]:
-    return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
+    """Comma-separated items; blank (or only commas) is the default, as for the readers above:
+    an empty DJANGO_ALLOWED_HOSTS would answer every request 400."""
+    return _items(os.environ.get(name, "")) or _items(default)
 
 
 def env_base_url(name: str, default: str) -> str:
@@ -238,6 +244,11 @@ if _database_url:
         raise ImproperlyConfigured(
             f"DATABASE_URL={_database_url!r}: Costboard runs on PostgreSQL (or SQLite)."
         )
+    if not _db.get("NAME") and not _db.get("OPTIONS", {}).get("service"):
+        raise ImproperlyConfigured(
+            f"DATABASE_URL={_database_url!r} names no database; add it after the host, e.g. "
+            "postgres://user@127.0.0.1:5432/costboard."
+        )
 else:
     _db = {
         "ENGINE": "django.db.backends.sqlite3",
@@ -290,6 +301,12 @@ for _number, _replica_url in enumerate(_replica_urls, start=1):
             f"DATABASE_REPLICA_URLS: {_replica_url!r} is not a PostgreSQL URL; a replica is a "
             "PostgreSQL standby of DATABASE_URL's server, e.g. postgres://user@replica-1:5432/"
             "costboard."
+        )
+    # else every page that reads a replica would fail, naming no variable
+    if not _replica.get("NAME") and not _replica.get("OPTIONS", {}).get("service"):
+        raise ImproperlyConfigured(
+            f"DATABASE_REPLICA_URLS: {_replica_url!r} names no database; add it after the host, "
+            "as in DATABASE_URL, e.g. postgres://user@replica-1:5432/costboard."
         )
     _replica_options = _replica.setdefault("OPTIONS", {})
     _replica_options.setdefault("options", "-c random_page_cost=1.1")  # as the primary's
@@ -479,7 +496,8 @@ COSTBOARD_ANTHROPIC_API_BASE = env_base_url(
 COSTBOARD_SESSION_TOKEN_CAP = env_int("COSTBOARD_SESSION_TOKEN_CAP", 100_000, minimum=1)
 COSTBOARD_SESSION_COST_CAP_USD = env_decimal("COSTBOARD_SESSION_COST_CAP_USD", "5.00")
 COSTBOARD_WARN_AT_PCT = env_fraction("COSTBOARD_WARN_AT_PCT", "0.8")
-COSTBOARD_METRICS_TOKEN = env_str("COSTBOARD_METRICS_TOKEN")
+# stripped as /metrics strips the bearer it is sent: a secret file's newline would lock out all
+COSTBOARD_METRICS_TOKEN = env_str("COSTBOARD_METRICS_TOKEN").strip()
 
 # --- ingest's bounds (docs/api.md, "Limits") -------------------------------------------------
 # A statement of ingest running longer than this is cancelled (PostgreSQL; 0: no limit): its
@@ -535,7 +553,8 @@ COSTBOARD_ALERT_MAX_ATTEMPTS = env_int("COSTBOARD_ALERT_MAX_ATTEMPTS", 6, minimu
 COSTBOARD_WEBHOOK_ALLOW_HOSTS = env_list("COSTBOARD_WEBHOOK_ALLOW_HOSTS", "")
 
 # Email: SMTP when EMAIL_HOST is set; otherwise mail is printed to the console, so `make run`
-# never tries to reach a mail server. DJANGO_EMAIL_BACKEND overrides both.
+# never tries to reach a mail server. DJANGO_EMAIL_BACKEND overrides both (one that cannot be
+# imported stops start-up, named: costboard/apps.py).
 EMAIL_HOST = env_str("EMAIL_HOST").strip() or "localhost"
 EMAIL_PORT = env_int("EMAIL_PORT", 25, minimum=1)
 EMAIL_HOST_USER = env_str("EMAIL_HOST_USER")

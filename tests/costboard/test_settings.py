@@ -32,11 +32,14 @@ ROOT = Path(__file__).resolve().parents[2]
         ("WEB_CONCURRENCY", "0"),
         ("DJANGO_DEBUG", "maybe"),
         ("DATABASE_URL", "mysql://root@localhost/x"),
+        ("DATABASE_URL", "postgres://u@primary:5432"),
         ("COSTBOARD_OPENAI_API_BASE", "api.openai.com"),
         ("COSTBOARD_ANTHROPIC_API_BASE", "ftp://proxy.example"),
         ("DATABASE_REPLICA_URLS", "postgres://u@replica:port/costboard"),
         ("COSTBOARD_REPLICA_MAX_LAG_S", "soon"),
         ("COSTBOARD_REPLICA_MAX_LAG_S", "-1"),
+        ("DJANGO_EMAIL_BACKEND", "no.such.Backend"),
+        ("DJANGO_EMAIL_BACKEND", "django.core.mail.backends.smtp.SMTPBackend"),
     ],
 )
 def test_startup_fails_naming_the_variable(name: str, value: str) -> None:
@@ -81,6 +84,44 @@ def test_env_readers(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("X_URL", " http://127.0.0.1:9/ ")
     assert env_base_url("X_URL", "https://api.openai.com") == "http://127.0.0.1:9"
     assert env_base_url("X_UNSET", "https://api.openai.com") == "https://api.openai.com"
+
+
+@pytest.mark.parametrize("value", ["", " ", " , "])
+def test_a_blank_allowed_hosts_is_the_default_not_every_request_refused(value: str) -> None:
+    code = (
+        "import django; django.setup(); from django.conf import settings; "
+        "print(','.join(settings.ALLOWED_HOSTS))"
+    )
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "costboard.settings",
+        "DJANGO_ALLOWED_HOSTS": value,
+    }
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "127.0.0.1,localhost,[::1]"
+
+
+def test_a_metrics_token_read_from_a_secret_file_is_stripped() -> None:
+    """A secret mounted as a file often ends in a newline; /metrics strips the bearer it is
+    sent (tests/costboard/api/test_metrics.py), so a token kept with its newline would match
+    no scraper's."""
+    code = (
+        "import django; django.setup(); from django.conf import settings; "
+        "print(repr(settings.COSTBOARD_METRICS_TOKEN))"
+    )
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "costboard.settings",
+        "COSTBOARD_METRICS_TOKEN": "s3cret\n",
+    }
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "'s3cret'"
 
 
 def test_every_outbox_kind_has_its_handler_in_a_fresh_process() -> None:
@@ -180,6 +221,13 @@ def test_each_replica_url_is_a_database_mirroring_the_primary_in_tests() -> None
                 "DATABASE_REPLICA_URLS": "sqlite:///replica.sqlite3",
             },
             "is not a PostgreSQL URL",
+        ),
+        (
+            {
+                "DATABASE_URL": "postgres://u@primary/costboard",
+                "DATABASE_REPLICA_URLS": "postgres://u@replica:5432",
+            },
+            "'postgres://u@replica:5432' names no database",
         ),
     ],
 )
