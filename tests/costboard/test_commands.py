@@ -47,6 +47,23 @@ def test_create_api_key_refuses_a_non_slug() -> None:
         run("create_api_key", "Support Bot")
 
 
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["b" * 101], "the project slug is 101 characters long: use at most 100"),
+        (["support-bot", "--name", "n" * 101], "--name is 101 characters long: use at most 100"),
+    ],
+)
+def test_create_api_key_refuses_a_slug_or_name_too_long_storing_nothing(
+    argv: list[str], says: str
+) -> None:
+    with pytest.raises(CommandError) as refused:
+        run("create_api_key", *argv)
+    assert str(refused.value) == says
+    assert Project.objects.count() == 0
+    assert ApiKey.objects.count() == 0
+
+
 def test_costboard_status_counts_sessions(agent: Agent) -> None:
     agent.events(
         {"type": "session", "session_id": "near", "token_cap": 100},

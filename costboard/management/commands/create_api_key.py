@@ -5,7 +5,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils.text import slugify
 
-from costboard.models import ApiKey
+from costboard.models import ApiKey, Project
 from costboard.projects import project_key_create
 
 
@@ -33,6 +33,15 @@ class Command(BaseCommand):
                 f"{project!r} is not a slug: use lower-case letters, digits and hyphens, "
                 f"e.g. {slug or 'my-project'!r}"
             )
+        # PostgreSQL would refuse a longer one with a traceback, SQLite store it whole
+        for label, value, field in (
+            ("the project slug", slug, Project._meta.get_field("slug")),
+            ("--name", name, ApiKey._meta.get_field("name")),
+        ):
+            if field.max_length is not None and len(value) > field.max_length:
+                raise CommandError(
+                    f"{label} is {len(value)} characters long: use at most {field.max_length}"
+                )
         _, created, raw_key = project_key_create(slug=slug, name=name, role=role)
         if created:
             self.stderr.write(f"created project {slug}")
