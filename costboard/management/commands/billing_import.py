@@ -41,6 +41,11 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, provider: str, since: date, until: date | None, **_: Any) -> None:
         last = until or timezone.now().date()
+        if until is None and last < since:
+            raise CommandError(
+                f"--since {since} is after today ({last} UTC, the default --until): "
+                "give a day up to today"
+            )
         if last < since:
             raise CommandError(f"--until {last} is before --since {since}: swap them")
         try:

@@ -512,6 +512,19 @@ def test_the_command_names_the_bad_flag(fake: FakeBilling, argv: list[str], flag
     assert fake.requests == []
 
 
+def test_a_since_after_today_without_until_says_so_rather_than_swap(fake: FakeBilling) -> None:
+    with (
+        time_machine.travel("2026-11-03 12:00:00+00:00", tick=False),
+        pytest.raises(CommandError) as refused,
+    ):
+        call_command("billing_import", "--provider", "openai", "--since", "2026-11-05")
+    assert str(refused.value) == (
+        "--since 2026-11-05 is after today (2026-11-03 UTC, the default --until): "
+        "give a day up to today"
+    )
+    assert fake.requests == []
+
+
 def test_the_command_fails_clearly_keeping_earlier_days(fake: FakeBilling, acme: Project) -> None:
     fake.fault(OPENAI_PATHS["costs"], Fault(200, body=b"nope"))
     with pytest.raises(
