@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import secrets
 import warnings
 from datetime import timedelta
@@ -225,8 +226,18 @@ TEMPLATES = [
 ]
 
 # --- database: SQLite in the checkout unless DATABASE_URL says otherwise -------------------
+_URL_PASSWORD = re.compile(r"(://[^/@:]*:)[^/@]*@")
+
+
+def url_shown(text: str) -> str:
+    """A database URL (or a message holding one) as start-up's refusals name it: its password
+    as ***. They go to the logs (gunicorn's, a container's)."""
+    return _URL_PASSWORD.sub(r"\1***@", text)
+
+
 PREPARE_THRESHOLD = 5  # psycopg's default: runs of a statement before it is prepared
 _database_url = env_str("DATABASE_URL")
+_database_shown = url_shown(repr(_database_url))
 if _database_url:
     try:
         # Persistent connections (checked before reuse): a reconnect every minute gave each
@@ -234,7 +245,8 @@ if _database_url:
         _db = dj_database_url.parse(_database_url, conn_max_age=None, conn_health_checks=True)
     except Exception as exc:  # dj-database-url raises several types for a bad URL
         raise ImproperlyConfigured(
-            f"DATABASE_URL={_database_url!r} is not a database URL ({exc}); "
+            f"DATABASE_URL={_database_shown} is not a database URL "
+            f"({url_shown(str(exc))}); "
             "use e.g. postgres://user@127.0.0.1:5432/costboard."
         ) from None
     if _db.get("ENGINE") not in {
@@ -242,11 +254,11 @@ if _database_url:
         "django.db.backends.sqlite3",
     }:
         raise ImproperlyConfigured(
-            f"DATABASE_URL={_database_url!r}: Costboard runs on PostgreSQL (or SQLite)."
+            f"DATABASE_URL={_database_shown}: Costboard runs on PostgreSQL (or SQLite)."
         )
     if not _db.get("NAME") and not _db.get("OPTIONS", {}).get("service"):
         raise ImproperlyConfigured(
-            f"DATABASE_URL={_database_url!r} names no database; add it after the host, e.g. "
+            f"DATABASE_URL={_database_shown} names no database; add it after the host, e.g. "
             "postgres://user@127.0.0.1:5432/costboard."
         )
 else:
@@ -289,23 +301,25 @@ if _replica_urls and _db["ENGINE"] != "django.db.backends.postgresql":
         "a PostgreSQL primary; unset DATABASE_REPLICA_URLS or point DATABASE_URL at the primary."
     )
 for _number, _replica_url in enumerate(_replica_urls, start=1):
+    _replica_shown = url_shown(repr(_replica_url))
     try:
         _replica = dj_database_url.parse(_replica_url, conn_max_age=None, conn_health_checks=True)
     except Exception as exc:  # dj-database-url raises several types for a bad URL
         raise ImproperlyConfigured(
-            f"DATABASE_REPLICA_URLS: {_replica_url!r} is not a database URL ({exc}); use e.g. "
+            f"DATABASE_REPLICA_URLS: {_replica_shown} is not a database URL "
+            f"({url_shown(str(exc))}); use e.g. "
             "postgres://user@replica-1:5432/costboard,postgres://user@replica-2:5432/costboard."
         ) from None
     if _replica.get("ENGINE") != "django.db.backends.postgresql":
         raise ImproperlyConfigured(
-            f"DATABASE_REPLICA_URLS: {_replica_url!r} is not a PostgreSQL URL; a replica is a "
+            f"DATABASE_REPLICA_URLS: {_replica_shown} is not a PostgreSQL URL; a replica is a "
             "PostgreSQL standby of DATABASE_URL's server, e.g. postgres://user@replica-1:5432/"
             "costboard."
         )
     # else every page that reads a replica would fail, naming no variable
     if not _replica.get("NAME") and not _replica.get("OPTIONS", {}).get("service"):
         raise ImproperlyConfigured(
-            f"DATABASE_REPLICA_URLS: {_replica_url!r} names no database; add it after the host, "
+            f"DATABASE_REPLICA_URLS: {_replica_shown} names no database; add it after the host, "
             "as in DATABASE_URL, e.g. postgres://user@replica-1:5432/costboard."
         )
     _replica_options = _replica.setdefault("OPTIONS", {})

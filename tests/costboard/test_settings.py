@@ -57,6 +57,35 @@ def test_startup_fails_naming_the_variable(name: str, value: str) -> None:
     assert "ImproperlyConfigured" in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("DATABASE_URL", "postgres://app:s3cret-pw@primary:5432"),  # no database
+        ("DATABASE_URL", "mysql://app:s3cret-pw@primary/x"),
+        ("DATABASE_URL", "postgres://app:s3cret-pw@primary:port/x"),  # not a port
+        ("DATABASE_REPLICA_URLS", "postgres://app:s3cret-pw@replica:port/costboard"),
+        ("DATABASE_REPLICA_URLS", "mysql://app:s3cret-pw@replica/costboard"),
+    ],
+)
+def test_a_refused_database_url_is_named_without_its_password(name: str, value: str) -> None:
+    """Start-up's refusal goes to the logs (gunicorn's, a container's): it named the URL with
+    its password in it. The password is shown as ***, the rest as given."""
+    env = {**os.environ, name: value, "DJANGO_SETTINGS_MODULE": "costboard.settings"}
+    if name == "DATABASE_REPLICA_URLS":
+        env["DATABASE_URL"] = "postgres://postgres@127.0.0.1:5432/costboard"
+    result = subprocess.run(
+        [sys.executable, "manage.py", "check"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode != 0 and "ImproperlyConfigured" in result.stderr
+    assert "s3cret-pw" not in result.stderr
+    assert name in result.stderr and "app:***@" in result.stderr
+
+
 def test_env_readers(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("X_BOOL", "yes")
     monkeypatch.setenv("X_INT", " 42 ")
