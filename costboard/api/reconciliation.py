@@ -40,6 +40,7 @@ FIGURES = (
     "estimated_input_tokens",
     "billed_input_tokens",
     "uninstrumented",
+    "steps_removed",
 )
 Percent = Annotated[
     str | None,
@@ -79,6 +80,10 @@ class ReconciliationTotal(Answer):
     )
     uninstrumented: bool = Field(
         description="billed or reported by the provider with no step of Costboard's"
+    )
+    steps_removed: bool = Field(
+        description="some of the estimate's steps are no longer kept (retention): their part "
+        "is the daily rollups' (as GET /api/v1/spend counts them), by the model's provider"
     )
 
 
@@ -148,6 +153,7 @@ def figures(made: Figures) -> dict[str, Any]:
         "estimated_input_tokens": made.estimated_input_tokens,
         "billed_input_tokens": made.billed_input_tokens,
         "uninstrumented": made.uninstrumented,
+        "steps_removed": made.estimated_from_rollups,
     }
 
 

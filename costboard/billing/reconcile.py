@@ -7,7 +7,11 @@ day, exact model name and provider, their `cost_usd` and `input_tokens`. A step'
 is its price row's (the rate table's choice, `ModelPrice.provider`), else the provider it
 was sent with (canonical: `Anthropic` → `anthropic`), else the model's home provider as
 genai-prices knows it (`claude-…` → `anthropic`); a step with none of them, and tool steps
-($0 by nature), are never reconciled.
+($0 by nature), are never reconciled. Steps no longer kept (deleted by retention, or with
+their sessions in the admin) are still in the daily rollups, as the spend API counts them:
+what a day's rollup of a model holds beyond its kept steps is added to the estimate (by the
+provider of the model's kept steps, else of the bill naming its family, else the rate
+table's: `_removed_add`), and the line says `steps_removed`.
 
 What was billed is read from `BilledUsage`, per project, provider, day and model name: the
 cost from the cost sources, the reported input tokens from the usage sources. Rows sent by
@@ -34,7 +38,7 @@ is no percentage of nothing).
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta
@@ -43,9 +47,10 @@ from decimal import ROUND_HALF_EVEN, Decimal
 from django.db.models import Count, Max, Sum
 from django.db.models.functions import TruncDate
 
-from costboard.models import TOOL_MODEL, BilledUsage, Step
+from costboard.models import TOOL_MODEL, BilledUsage, DailyRollup, Step
 from costboard.pricing.families import model_family
 from costboard.pricing.names import canonical_provider, home_provider
+from costboard.pricing.rates import rate_table
 
 ZERO = Decimal(0)
 PCT = Decimal("0.01")
@@ -75,6 +80,7 @@ class Figures:
     steps: int = 0
     billed_rows: int = 0
     uninstrumented_cost_usd: Decimal = ZERO  # billed on lines with no step
+    steps_removed: int = 0  # of `steps`, those no longer kept: estimated from the rollups
 
     @property
     def drift_usd(self) -> Decimal:
@@ -89,6 +95,11 @@ class Figures:
         """The provider billed or reported something here and Costboard has no step of it."""
         return self.steps == 0 and self.billed_rows > 0
 
+    @property
+    def estimated_from_rollups(self) -> bool:
+        """Some of the estimate's steps are gone (retention): their part is the rollups'."""
+        return self.steps_removed > 0
+
     def add(self, other: Figures) -> None:
         self.estimated_cost_usd += other.estimated_cost_usd
         self.billed_cost_usd += other.billed_cost_usd
@@ -98,6 +109,7 @@ class Figures:
         self.steps += other.steps
         self.billed_rows += other.billed_rows
         self.uninstrumented_cost_usd += other.uninstrumented_cost_usd
+        self.steps_removed += other.steps_removed
 
 
 @dataclass(slots=True)
@@ -154,6 +166,7 @@ class _Side:
     tokens: int | None = None
     count: int = 0
     family: str = ""
+    removed: int = 0  # of `count`, steps no longer kept (their share read from the rollups)
 
     def add(self, cost: Decimal | None, tokens: int | None, count: int) -> None:
         self.cost += cost or ZERO
@@ -199,7 +212,10 @@ def _billed(wanted: Wanted) -> dict[_Key, dict[str | None, _Side]]:
     return billed
 
 
-def _steps(wanted: Wanted, keys: set[_Key]) -> dict[_Key, dict[str, _Side]]:
+def _steps(
+    wanted: Wanted, billed: dict[_Key, dict[str | None, _Side]]
+) -> dict[_Key, dict[str, _Side]]:
+    keys = set(billed)
     start = datetime.combine(wanted.since, time.min, tzinfo=UTC)
     end = datetime.combine(wanted.until + timedelta(days=1), time.min, tzinfo=UTC)
     projects = sorted({k[0] for k in keys})
@@ -212,15 +228,85 @@ def _steps(wanted: Wanted, keys: set[_Key]) -> dict[_Key, dict[str, _Side]]:
         .order_by()
     )
     found: dict[_Key, dict[str, _Side]] = defaultdict(dict)
+    kept: dict[tuple[int, date, str, str], _Side] = defaultdict(lambda: _Side(tokens=0))
+    sent_by: dict[tuple[int, str], Counter[str]] = defaultdict(Counter)  # project, model
     for row in steps:
+        kept[(row["project_id"], row["utc_day"], row["family"], row["model"])].add(
+            _decimal(row["cost"]), _int(row["tokens"]), _int(row["n"])
+        )
         provider = step_provider(row["price__provider"], row["provider"], row["model"])
+        sent_by[(row["project_id"], row["model"])][provider] += _int(row["n"])
         key = (row["project_id"], provider, row["utc_day"])
         if key not in keys:
             continue  # nothing billed to compare with
         side = found[key].setdefault(row["model"], _Side(tokens=0))
         side.add(_decimal(row["cost"]), _int(row["tokens"]), _int(row["n"]))
         side.family = row["family"] or model_family(row["model"])
+    _removed_add(wanted, projects, billed, kept, sent_by, found)
     return found
+
+
+def _removed_add(
+    wanted: Wanted,
+    projects: list[int],
+    billed: dict[_Key, dict[str | None, _Side]],
+    kept: dict[tuple[int, date, str, str], _Side],
+    sent_by: dict[tuple[int, str], Counter[str]],
+    found: dict[_Key, dict[str, _Side]],
+) -> None:
+    """Add what each day's rollup of a model holds beyond its kept steps (steps deleted by
+    retention: the rollups keep their totals as last priced) to `found`. A rollup keeps
+    no provider: the model's is the one its kept steps in the period have (the most of
+    them), else the one whose bill that day names its family, else the one the rate table
+    prices it by with none given, else its home provider."""
+    rollups = (
+        DailyRollup.objects.filter(
+            project_id__in=projects, day__gte=wanted.since, day__lte=wanted.until
+        )
+        .exclude(family=TOOL_MODEL)
+        .values("project_id", "day", "family", "model")
+        .annotate(cost=Sum("cost_usd"), tokens=Sum("input_tokens"), n=Sum("calls"))
+        .order_by()
+    )
+    table = None
+    billed_families: dict[tuple[int, date], list[tuple[str, set[str]]]] = defaultdict(list)
+    for (project_id, provider, day), names in sorted(billed.items()):
+        families = {model_family(name) for name in names if name}
+        billed_families[(project_id, day)].append((provider, families))
+    for row in rollups:
+        there = kept.get((row["project_id"], row["day"], row["family"], row["model"]), _Side())
+        removed = _int(row["n"]) - there.count
+        if removed <= 0:
+            continue
+        family = row["family"] or model_family(row["model"])
+        providers = sent_by.get((row["project_id"], row["model"]))
+        if providers:
+            provider = providers.most_common(1)[0][0]
+        else:
+            named = [
+                billed_by
+                for billed_by, families in billed_families[(row["project_id"], row["day"])]
+                if family in families
+            ]
+            if named:
+                provider = named[0]
+            else:
+                if table is None:
+                    table = rate_table()
+                rates = table.candidates(row["model"])
+                priced_by = next((r.provider for r in rates if r.provider), "")
+                provider = step_provider(priced_by, "", row["model"])
+        key = (row["project_id"], provider, row["day"])
+        if key not in billed:
+            continue  # nothing billed to compare with
+        side = found[key].setdefault(row["model"], _Side(tokens=0))
+        side.add(
+            _decimal(row["cost"]) - there.cost,
+            _int(row["tokens"]) - (there.tokens or 0),
+            removed,
+        )
+        side.removed += removed
+        side.family = family
 
 
 def _name(value: object) -> str | None:
@@ -258,6 +344,7 @@ def _matched(key: _Key, billed: dict[str | None, _Side], steps: dict[str, _Side]
             made.estimated_cost_usd += step.cost
             made.estimated_input_tokens += step.tokens or 0
             made.steps += step.count
+            made.steps_removed += step.removed
         return made
 
     def line(model: str | None, bills: list[_Side], ran: list[_Side]) -> Line:
@@ -308,7 +395,7 @@ def reconcile(wanted: Wanted) -> list[Line]:
     billed = _billed(wanted)
     if not billed:
         return []
-    steps = _steps(wanted, set(billed))
+    steps = _steps(wanted, billed)
     lines = [
         made
         for key in sorted(billed)

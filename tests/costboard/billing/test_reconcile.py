@@ -10,7 +10,7 @@ import csv
 import io
 import json
 from collections.abc import Iterator
-from datetime import date
+from datetime import UTC, date, datetime
 from decimal import Decimal
 from typing import Any
 
@@ -31,6 +31,7 @@ from costboard.models import (
     WebhookEndpoint,
 )
 from costboard.outbox import outbox_dispatch
+from costboard.retention import retention_sweep
 from tests.conftest import Agent, add_price, make_agent
 from tests.costboard.billing.fakes import (
     ANTHROPIC_KEY,
@@ -335,6 +336,7 @@ def test_a_billed_day_with_no_steps_is_uninstrumented(fake: FakeBilling, acme: A
             "estimated_input_tokens": 0,
             "billed_input_tokens": 777,
             "uninstrumented": True,
+            "steps_removed": False,
         }
     ]
 
@@ -694,6 +696,7 @@ def test_csv_has_the_same_rows(fake: FakeBilling, acme: Agent) -> None:
         "estimated_input_tokens",
         "billed_input_tokens",
         "uninstrumented",
+        "steps_removed",
     ]
     assert table[1] == [
         "2026-11-01",
@@ -705,6 +708,7 @@ def test_csv_has_the_same_rows(fake: FakeBilling, acme: Agent) -> None:
         "-0.33",
         "1000000",
         "1000000",
+        "false",
         "false",
     ]
     assert table[-1] == [
@@ -718,6 +722,108 @@ def test_csv_has_the_same_rows(fake: FakeBilling, acme: Agent) -> None:
         "0",
         "",
         "true",
+        "false",
     ]
     assert len(table) == 1 + len(EXPECTED)
     assert json.loads(json.dumps(table))  # plain text cells
+
+
+# --- retention ---------------------------------------------------------------------------------
+
+
+def send_bill(agent: Agent, *rows: dict[str, str]) -> None:
+    rows_sent = rows_from_json({"rows": list(rows)}, default_project=agent.project)
+    billing_rows_replace(rows_sent, source="api")
+
+
+def test_a_day_past_retention_is_estimated_from_its_daily_rollups(acme: Agent) -> None:
+    # D1 openai: 2 steps of gpt-4o, $7.00; anthropic: 1 of claude-sonnet-4-5, $4.50; billed
+    # $7.20 and $4.50. Retention (30 days, run 40 days later) deletes every step of D1.
+    send_bill(
+        acme,
+        {"date": str(D1), "provider": "openai", "model": "gpt-4o-2024-08-06", "cost_usd": "7.20"},
+        {"date": str(D1), "provider": "anthropic", "model": "claude-sonnet-4-5",
+         "cost_usd": "4.50"},
+    )  # fmt: skip
+    before = reconciliation(acme, until=str(D1))
+    Project.objects.filter(pk=acme.project.pk).update(retention_days=30)
+    assert retention_sweep(datetime(2026, 12, 11, tzinfo=UTC)).steps_deleted == 5  # D1's, D2's
+    after = reconciliation(acme, until=str(D1))
+    # the same figures as while the steps were kept, not $0 against the bill (all
+    # "uninstrumented"); each line says its steps were removed by retention
+    assert as_tuples(after["rows"]) == as_tuples(before["rows"]) == [
+        ("2026-11-01", "anthropic", "claude-sonnet-4-5", "4.50", "4.50", "0.00", "0.00",
+         1_000_000, None, False),
+        ("2026-11-01", "openai", "gpt-4o-2024-08-06", "7.00", "7.20", "0.20", "2.78",
+         2_000_000, None, False),
+    ]  # fmt: skip
+    assert [r["steps_removed"] for r in before["rows"]] == [False, False]
+    assert [r["steps_removed"] for r in after["rows"]] == [True, True]
+    assert after["total"]["estimated_cost_usd"] == "11.50"
+    assert after["total"]["uninstrumented_cost_usd"] == "0.00"
+    assert after["total"]["steps_removed"] is True
+    # as the spend API counts the day
+    spend = (
+        Client()
+        .get("/api/v1/spend", {"since": str(D1), "until": str(D1)}, headers=reader(acme))
+        .json()
+    )
+    assert spend["total"]["cost_usd"] == "11.50"
+    # the bill sent again is judged by the same estimate: 2.78 %, no drift alert (not 100 %)
+    send_bill(
+        acme,
+        {"date": str(D1), "provider": "openai", "model": "gpt-4o-2024-08-06", "cost_usd": "7.20"},
+    )
+    assert not BillingDrift.objects.exists()
+
+
+def test_a_day_partly_past_retention_keeps_its_kept_steps_and_adds_the_rest(acme: Agent) -> None:
+    # two more gpt-4o steps on D2 at 23:00 ($2.50 each with D2's 10:00 one of $4.50); the
+    # cutoff falls at D2 12:00: the 10:00 step goes, the two at 23:00 stay
+    acme.events(
+        step(D2, "gpt-4o", 1_000_000, 0) | {"timestamp": f"{D2}T23:00:00Z"},
+        step(D2, "gpt-4o", 1_000_000, 0) | {"timestamp": f"{D2}T23:00:00Z"},
+    )
+    send_bill(acme, {"date": str(D2), "provider": "openai", "model": "gpt-4o",
+                     "cost_usd": "9.50"})  # fmt: skip
+    Project.objects.filter(pk=acme.project.pk).update(retention_days=30)
+    assert retention_sweep(datetime(2026, 12, 2, 12, tzinfo=UTC)).steps_deleted == 5
+    rows = reconciliation(acme, since=str(D2), until=str(D2))["rows"]
+    assert [
+        (r["model"], r["estimated_cost_usd"], r["estimated_input_tokens"], r["uninstrumented"])
+        for r in rows
+    ] == [("gpt-4o", "9.50", 3_800_000, False)]
+    assert [r["steps_removed"] for r in rows] == [True]
+
+
+def test_a_removed_steps_provider_is_their_kept_siblings_else_the_bill_naming_their_family(
+    acme: Agent,
+) -> None:
+    # acme-large is priced by zeta (the steps are sent with it) and by azure, which the rate
+    # table would pick for the name alone: a rollup keeps no provider, the steps told zeta
+    add_price("acme-large", provider="zeta", input_mtok=Decimal(1), output_mtok=Decimal(1))
+    add_price("acme-large", provider="azure", input_mtok=Decimal(1), output_mtok=Decimal(1))
+    acme.events(
+        step(D1, "acme-large", 1_000_000, 0, provider="zeta", session_id="z1"),  # $1.00
+        step(D2, "acme-large", 2_000_000, 0, provider="zeta", session_id="z2"),  # $2.00
+    )
+    send_bill(
+        acme,
+        {"date": str(D1), "provider": "zeta", "model": "acme-large-2026-01-01", "cost_usd": "1.10"},
+        {"date": str(D2), "provider": "zeta", "model": "acme-large", "cost_usd": "2.00"},
+    )
+    Project.objects.filter(pk=acme.project.pk).update(retention_days=30)
+    retention_sweep(datetime(2026, 12, 2, tzinfo=UTC))  # D1's steps go, D2's stay
+
+    def zeta(since: date, until: date) -> list[tuple[Any, ...]]:
+        rows = reconciliation(acme, since=str(since), until=str(until))["rows"]
+        return [(r["day"], r["model"], r["estimated_cost_usd"], r["uninstrumented"],
+                 r["steps_removed"]) for r in rows if r["provider"] == "zeta"]  # fmt: skip
+
+    # D2's kept steps say zeta
+    assert zeta(D1, D2) == [
+        ("2026-11-01", "acme-large-2026-01-01", "1.00", False, True),
+        ("2026-11-02", "acme-large", "2.00", False, False),
+    ]
+    # D1 alone, no step kept: zeta's bill names the family
+    assert zeta(D1, D1) == [("2026-11-01", "acme-large-2026-01-01", "1.00", False, True)]

@@ -4,7 +4,7 @@ apart, and only the projects the user may see."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, time, timedelta
 from decimal import Decimal
 
 import pytest
@@ -14,7 +14,8 @@ from django.utils import timezone
 
 from costboard.billing.services import billing_rows_replace
 from costboard.billing.uploads import rows_from_json
-from costboard.models import Membership
+from costboard.models import Membership, Project
+from costboard.retention import retention_sweep
 from tests.conftest import Agent, add_price, make_agent
 
 pytestmark = pytest.mark.django_db
@@ -85,6 +86,28 @@ def test_the_page_shows_the_largest_gap_first_and_the_uninstrumented_apart(
         [5.0, 2.0],
         [5.6, 3.35],
     )
+
+
+def test_a_day_whose_steps_retention_deleted_keeps_its_estimate_and_says_so(
+    acme: Agent, staff: Client
+) -> None:
+    Project.objects.filter(slug="acme").update(retention_days=30)
+    # 30 days after D2 began: D1's step is deleted, D2's kept
+    assert (
+        retention_sweep(datetime.combine(D2, time(), UTC) + timedelta(days=30)).steps_deleted == 1
+    )
+    response = staff.get("/reconciliation/", {"project": "acme"})
+    gaps = response.context["gaps"]
+    # D1 still $5.00 estimated (from its daily rollup), not $0 and $5.60 uninstrumented
+    assert [(g.day, g.model, g.estimated_cost_usd, g.uninstrumented, g.steps_removed)
+            for g in gaps] == [
+        (D2, "codestral-latest", Decimal(0), True, 0),
+        (D1, "mistral-large", Decimal(5), False, 1),
+        (D2, "mistral-large", Decimal(2), False, 0),
+    ]  # fmt: skip
+    html = response.content.decode()
+    assert html.count("data-steps-removed ") == 1  # D1's line
+    assert "data-steps-removed-note" in html
 
 
 def test_the_drill_down_narrows_to_a_day_and_a_model(acme: Agent, staff: Client) -> None:
