@@ -150,6 +150,19 @@ def _secret_key() -> str:
 SECRET_KEY = _secret_key()
 ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost,[::1]")
 CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", "")
+# Served over HTTPS only (docs/operations.md, "Behind TLS"): the session and CSRF cookies are
+# sent over HTTPS alone, a TLS-terminating proxy's X-Forwarded-Proto says the request was
+# secure (the proxy must set it; with every request HTTPS, a client's own says nothing new),
+# and DJANGO_HSTS_SECONDS (0: none) has browsers keep to HTTPS for that long.
+HTTPS = env_bool("DJANGO_HTTPS", False)
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = HTTPS
+SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if HTTPS else None
+SECURE_HSTS_SECONDS = env_int("DJANGO_HSTS_SECONDS", 0, minimum=0)
+if SECURE_HSTS_SECONDS and not HTTPS:
+    raise ImproperlyConfigured(
+        f"DJANGO_HSTS_SECONDS={SECURE_HSTS_SECONDS} without DJANGO_HTTPS=1: HSTS is sent only "
+        "over HTTPS; set DJANGO_HTTPS=1 when Costboard is served over HTTPS, or unset it."
+    )
 
 INSTALLED_APPS = [
     "django.contrib.admin",

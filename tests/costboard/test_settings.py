@@ -40,6 +40,9 @@ ROOT = Path(__file__).resolve().parents[2]
         ("COSTBOARD_REPLICA_MAX_LAG_S", "-1"),
         ("DJANGO_EMAIL_BACKEND", "no.such.Backend"),
         ("DJANGO_EMAIL_BACKEND", "django.core.mail.backends.smtp.SMTPBackend"),
+        ("DJANGO_HTTPS", "maybe"),
+        ("DJANGO_HSTS_SECONDS", "-1"),
+        ("DJANGO_HSTS_SECONDS", "3600"),  # without DJANGO_HTTPS=1: never sent
     ],
 )
 def test_startup_fails_naming_the_variable(name: str, value: str) -> None:
@@ -84,6 +87,57 @@ def test_a_refused_database_url_is_named_without_its_password(name: str, value: 
     assert result.returncode != 0 and "ImproperlyConfigured" in result.stderr
     assert "s3cret-pw" not in result.stderr
     assert name in result.stderr and "app:***@" in result.stderr
+
+
+HTTPS_PROBE = """
+import django, json
+django.setup()
+from django.conf import settings
+from django.test import Client, override_settings
+from django.test.utils import setup_test_environment
+setup_test_environment()
+plain = {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"}  # no manifest
+with override_settings(STORAGES={**settings.STORAGES, "staticfiles": plain}):
+    response = Client().get("/accounts/login/", HTTP_X_FORWARDED_PROTO="https")
+cookie = response.cookies["csrftoken"]
+print(json.dumps({
+    "hsts": response.headers.get("Strict-Transport-Security"),
+    "secure": bool(cookie["secure"]),
+    "is_secure": response.wsgi_request.is_secure(),
+}))
+"""
+
+
+@pytest.mark.parametrize(
+    ("env", "seen"),
+    [
+        ({}, {"hsts": None, "secure": False, "is_secure": False}),
+        ({"DJANGO_HTTPS": "1"}, {"hsts": None, "secure": True, "is_secure": True}),
+        (
+            {"DJANGO_HTTPS": "1", "DJANGO_HSTS_SECONDS": "31536000"},
+            {"hsts": "max-age=31536000", "secure": True, "is_secure": True},
+        ),
+    ],
+)
+def test_behind_tls_the_cookies_are_secure_and_hsts_is_sent(
+    env: dict[str, str], seen: dict[str, object]
+) -> None:
+    """Behind a TLS-terminating proxy the session and CSRF cookies went out without Secure and
+    no HSTS could be sent: DJANGO_HTTPS=1 (and DJANGO_HSTS_SECONDS) say it is served over
+    HTTPS. Off by default, so `make run` on http://127.0.0.1 keeps working."""
+    base = {
+        k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_HTTPS", "DJANGO_HSTS"))
+    }
+    result = subprocess.run(
+        [sys.executable, "-c", HTTPS_PROBE],
+        cwd=ROOT,
+        env={**base, **env, "DJANGO_SETTINGS_MODULE": "costboard.settings"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == seen
 
 
 def test_env_readers(monkeypatch: pytest.MonkeyPatch) -> None:
