@@ -23,9 +23,11 @@ from __future__ import annotations
 import http
 import http.client
 import ipaddress
+import math
 import re
 import socket
 import ssl
+import time
 import urllib.request
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -306,18 +308,64 @@ def webhook_url_refusal(url: str) -> str | None:
 # --- connecting to the checked addresses only ---------------------------------------------
 
 
+class _DeadlineSocket(socket.socket):
+    """A TCP socket whose every wait is cut to what is left of its request's deadline: the
+    timeout bounds the whole request, so a receiver that trickles its reply a byte at a time
+    (each within a socket timeout, which is per wait) cannot hold a dispatcher past it."""
+
+    deadline = math.inf  # time.monotonic()'s
+
+    def recv_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> int:
+        _cut_to_deadline(self, self.deadline)
+        return super().recv_into(buffer, nbytes, flags)
+
+    def sendall(self, data: Any, flags: int = 0) -> None:
+        _cut_to_deadline(self, self.deadline)
+        super().sendall(data, flags)
+
+
+class _DeadlineSSLSocket(ssl.SSLSocket):
+    """_DeadlineSocket's cut for TLS (the context's `sslsocket_class`)."""
+
+    deadline = math.inf
+
+    def recv_into(self, buffer: Any, nbytes: int | None = None, flags: int = 0) -> int:
+        _cut_to_deadline(self, self.deadline)
+        return super().recv_into(buffer, nbytes, flags)
+
+    def sendall(self, data: Any, flags: int = 0) -> None:
+        _cut_to_deadline(self, self.deadline)
+        super().sendall(data, flags)
+
+
+def _cut_to_deadline(sock: socket.socket, deadline: float) -> None:
+    if deadline == math.inf:
+        return
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("the request took longer than its timeout in all")
+    sock.settimeout(left)
+
+
 def _pinned_socket(
     addresses: tuple[IPAddress, ...],
     port: int,
     timeout: float | None,
-) -> socket.socket:
+) -> _DeadlineSocket:
     """A TCP connection to the first of `addresses` that answers (as socket.create_connection
-    tries each address a name resolves to), without resolving anything again."""
+    tries each address a name resolves to), without resolving anything again. `timeout`
+    bounds the connecting and everything read and sent on it after (_DeadlineSocket)."""
+    deadline = time.monotonic() + timeout if isinstance(timeout, int | float) else math.inf
     error: OSError | None = None
     for address in addresses:
+        family = socket.AF_INET6 if address.version == 6 else socket.AF_INET
+        sock = _DeadlineSocket(family, socket.SOCK_STREAM)
+        sock.deadline = deadline
         try:
-            sock = socket.create_connection((str(address), port), timeout)
+            _cut_to_deadline(sock, deadline)
+            sock.connect((str(address), port))
         except OSError as exc:
+            sock.close()
             error = exc
             continue
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -349,11 +397,16 @@ class _PinnedHTTPSConnection(http.client.HTTPSConnection):
 
     def connect(self) -> None:
         sock = _pinned_socket(self._addresses, self.port, self.timeout)
+        self._tls.sslsocket_class = _DeadlineSSLSocket
         try:  # SNI and the certificate check are for the URL's host name, not the address
-            self.sock = self._tls.wrap_socket(sock, server_hostname=self.host)
+            _cut_to_deadline(sock, sock.deadline)  # the handshake within what is left
+            tls = self._tls.wrap_socket(sock, server_hostname=self.host)
         except BaseException:
             sock.close()
             raise
+        assert isinstance(tls, _DeadlineSSLSocket)  # noqa: S101 — the class set above
+        tls.deadline = sock.deadline
+        self.sock = tls
 
 
 class _PinnedHTTPHandler(urllib.request.HTTPHandler):

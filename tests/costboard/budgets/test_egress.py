@@ -650,3 +650,69 @@ def test_a_garbled_reply_is_named_by_its_kind_only(
     settings.COSTBOARD_WEBHOOK_ALLOW_HOSTS = ["127.0.0.1"]
     delivery = send(project, f"http://127.0.0.1:{garbler}/hook")
     assert (delivery.status, delivery.error) == ("pending", "bad HTTP reply (BadStatusLine)")
+
+
+@dataclass
+class Trickler:
+    """A receiver that answers 200 a byte at a time, each byte well within the timeout of one
+    wait, the whole reply far past it: a socket timeout alone never fires."""
+
+    port: int = 0
+    gap: float = 0.3  # between two bytes (the test's timeout is 1 second)
+    bytes_sent: int = 0
+    finished: threading.Event = field(default_factory=threading.Event)
+    reply: bytes = b"HTTP/1.1 200 OK\r\nX-Slow: " + b"z" * 40 + b"\r\nContent-Length: 0\r\n\r\n"
+
+
+@pytest.fixture
+def trickler() -> Iterator[Trickler]:
+    state = Trickler()
+    server = socket.create_server(("127.0.0.1", 0))
+    state.port = server.getsockname()[1]
+    stop = threading.Event()
+
+    def serve() -> None:
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                conn.recv(65536)  # the request (a small one: headers and body at once)
+                try:
+                    for byte in state.reply:
+                        if stop.wait(state.gap):
+                            return
+                        conn.sendall(bytes([byte]))
+                        state.bytes_sent += 1
+                except OSError:  # the sender hung up
+                    continue
+                state.finished.set()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield state
+    stop.set()
+    thread.join(timeout=5)
+    server.close()
+
+
+def test_a_reply_trickled_a_byte_at_a_time_is_cut_at_the_timeout(
+    project: Project, trickler: Trickler, settings: Any
+) -> None:
+    """COSTBOARD_ALERT_TIMEOUT_SECONDS bounds the whole request, not each wait: a receiver
+    sending its reply a byte every 0.3 s (about 20 s in all) is let go at the timeout, the
+    attempt retried later, and its host left alone like one that hangs."""
+    settings.COSTBOARD_WEBHOOK_ALLOW_HOSTS = ["127.0.0.1"]
+    settings.COSTBOARD_ALERT_TIMEOUT_SECONDS = 1
+    url = f"http://127.0.0.1:{trickler.port}/hook"
+    delivery = send(project, url)
+    assert not trickler.finished.is_set()  # let go before the reply was all sent
+    assert 0 < trickler.bytes_sent < len(trickler.reply)
+    assert (delivery.status, delivery.response_code) == ("pending", None)  # retried later
+    assert "TimeoutError" in delivery.error, delivery.error
+    # the host let a request time out: not asked again for a while
+    again = send(project, url)
+    assert (again.status, again.attempts) == ("pending", 1)
+    assert again.error.startswith("not sent: 127.0.0.1 let a request time out"), again.error
