@@ -1,5 +1,6 @@
 """The period budgets' pages: each budget in its current period with its forecast, the
-sessions it stops, and one budget's past periods, crossings and held sessions."""
+sessions it stops, and one budget's past periods, crossings and held sessions; and the alert
+channels whose deliveries fail (here and on the overview)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
 from decimal import Decimal
 
-from django.db.models import Count, Q
+from django.db.models import Count, Max, Min, Q
 
+from costboard.budgets.alert_senders import alert_addresses
 from costboard.budgets.holds import budget_sessions
 from costboard.budgets.periods import (
     Forecast,
@@ -28,7 +30,15 @@ from costboard.budgets.periods import (
     zone,
 )
 from costboard.dashboards.selectors.shared import ZERO
-from costboard.models import BudgetEvent, PeriodBudget, Session
+from costboard.models import (
+    AlertDelivery,
+    BudgetEvent,
+    PeriodBudget,
+    Project,
+    Session,
+    WebhookEndpoint,
+)
+from costboard.models.alerts import shown_target
 
 
 @dataclass(frozen=True)
@@ -262,3 +272,118 @@ def budget_detail(
         stopped_total=total,
         members=members_nearest_limit(budget, now) if per_member(budget) else [],
     )
+
+
+# --- alert channels whose deliveries fail ----------------------------------------------------
+
+# how far back the delivery log is read for a channel's last outcomes
+ALERT_FAILURES_DAYS = 30
+
+
+@dataclass(frozen=True)
+class ChannelFailing:
+    """A project's alert channel (one target of it) whose latest attempt failed: its alerts
+    are not arriving. Gone once an alert to it is delivered."""
+
+    project: Project
+    channel: str  # "webhook", "email", "slack", "pagerduty"
+    target: str  # as shown: no Slack or webhook path, a routing key by its last 4 characters
+    since: datetime  # the first alert that failed after the last one delivered
+    error: str  # the latest failed attempt's short reason (ours, never the receiver's reply)
+    retrying: bool  # the latest failed delivery is still pending: retried on its schedule
+
+
+def _shown(channel: str, target: str) -> str:
+    if channel == AlertDelivery.Channel.WEBHOOK:  # a path may hold a token (Teams, Discord)
+        return shown_target(AlertDelivery.Channel.SLACK, target)
+    return shown_target(channel, target)
+
+
+def _targets_now(projects: Sequence[Project]) -> set[tuple[int, str, str]]:
+    """Each (project, channel, target) the projects send their alerts to now: a target
+    changed or removed since is no longer the project's to fix."""
+    webhooks = WebhookEndpoint.objects.filter(project__in=projects, active=True)
+    targets = {(pid, "webhook", url) for pid, url in webhooks.values_list("project_id", "url")}
+    for project in projects:
+        targets.update((project.pk, "email", a) for a in alert_addresses(project.alert_emails))
+        if project.slack_webhook_url:
+            targets.add((project.pk, "slack", project.slack_webhook_url))
+        if project.pagerduty_routing_key:
+            targets.add((project.pk, "pagerduty", project.pagerduty_routing_key))
+    return targets
+
+
+def alert_channels_failing(*, project_ids: list[int], now: datetime) -> list[ChannelFailing]:
+    """The alert channels of these projects whose latest attempt (in the last
+    ALERT_FAILURES_DAYS) failed — a failure retried counts from its first attempt — each with
+    since when and the last error; a channel with an alert delivered since is not one, nor a
+    target the project no longer sends to. One query when none fails, five at most, whatever the
+    size of the log."""
+    failed = Q(status=AlertDelivery.Status.FAILED) | (
+        Q(status=AlertDelivery.Status.PENDING) & ~Q(error="")
+    )
+    log = AlertDelivery.objects.filter(
+        project_id__in=project_ids,
+        created_at__gte=now - timedelta(days=ALERT_FAILURES_DAYS),
+        last_attempt_at__isnull=False,
+    )
+    outcomes = (
+        log.values_list("project_id", "channel", "target")
+        .annotate(
+            delivered=Max("delivered_at", filter=Q(status=AlertDelivery.Status.DELIVERED)),
+            failed=Max("last_attempt_at", filter=failed),
+        )
+        .order_by()
+    )
+    failing = {
+        (project_id, channel, target): delivered
+        for project_id, channel, target, delivered, last_failed in outcomes
+        if last_failed is not None and (delivered is None or last_failed > delivered)
+    }
+    if not failing:  # the page's one query when every channel works
+        return []
+    projects = {p.pk: p for p in Project.objects.filter(pk__in={k[0] for k in failing})}
+    current = _targets_now(list(projects.values()))
+    failing = {key: delivered for key, delivered in failing.items() if key in current}
+    if not failing:
+        return []
+    since_last_delivered = Q()
+    for (project_id, channel, target), delivered in failing.items():
+        group = Q(project_id=project_id, channel=channel, target=target)
+        since_last_delivered |= group & Q(last_attempt_at__gt=delivered) if delivered else group
+    failures = log.filter(failed, since_last_delivered)
+    bounds = {
+        (project_id, channel, target): (first, last)
+        for project_id, channel, target, first, last in failures.values_list(
+            "project_id", "channel", "target"
+        )
+        .annotate(first=Min("created_at"), last=Max("last_attempt_at"))
+        .order_by()
+    }
+    at_last = Q()
+    for (project_id, channel, target), (_, last) in bounds.items():
+        at_last |= Q(project_id=project_id, channel=channel, target=target, last_attempt_at=last)
+    latest = {
+        (project_id, channel, target): (error, status == AlertDelivery.Status.PENDING)
+        for project_id, channel, target, error, status in failures.filter(at_last)
+        .order_by("pk")
+        .values_list("project_id", "channel", "target", "error", "status")
+    }
+    found = []
+    for key, delivered in failing.items():
+        if key not in latest:  # delivered between the queries
+            continue
+        project_id, channel, target = key
+        first = bounds[key][0]
+        error, retrying = latest[key]
+        found.append(
+            ChannelFailing(
+                project=projects[project_id],
+                channel=channel,
+                target=_shown(channel, target),
+                since=max(first, delivered) if delivered else first,
+                error=error,
+                retrying=retrying,
+            )
+        )
+    return sorted(found, key=lambda f: (f.project.name, f.channel, f.target))

@@ -9,6 +9,7 @@ from django.utils import timezone
 
 from costboard.dashboards.scope import scope_for
 from costboard.dashboards.selectors.budgets import (
+    alert_channels_failing,
     budget_detail,
     budget_in_scope,
     budgets_current,
@@ -22,13 +23,18 @@ from costboard.replicas import replica_reads
 @replica_reads
 def budgets_page(request: HttpRequest) -> HttpResponse:
     """Every period budget of the projects in scope in its current period: its state, spent
-    against its limits, its forecast, and how many sessions it stops."""
+    against its limits, its forecast, and how many sessions it stops; and the projects' alert
+    channels whose deliveries fail."""
     scope = scope_for(request)
     now = timezone.now()
     rows = budgets_current(project_ids=scope.project_ids, now=now)
     # each with how many sessions it stops now (None: it stops none now)
     stopped = budgets_stopped_counts(rows=rows, stops=stops_now(scope.project_ids))
-    context = {"scope": scope, "rows": [(row, stopped.get(row.budget.pk)) for row in rows]}
+    context = {
+        "scope": scope,
+        "rows": [(row, stopped.get(row.budget.pk)) for row in rows],
+        "alerts_failing": alert_channels_failing(project_ids=scope.project_ids, now=now),
+    }
     return render(request, "costboard/budgets.html", context)
 
 

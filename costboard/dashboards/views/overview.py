@@ -1,6 +1,6 @@
 """The overview (/): spend by period, the month's charts, the costliest and flagged sessions,
-the spend anomalies of the last 7 days, the budgets, the tag breakdown and, for staff, the
-unpriced models; and /favicon.ico."""
+the spend anomalies of the last 7 days, the budgets, the alert channels failing, the tag
+breakdown and, for staff, the unpriced models; and /favicon.ico."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from costboard.budgets.caps import session_caps
 from costboard.dashboards import charts
 from costboard.dashboards.params import Checks
 from costboard.dashboards.scope import scope_for
-from costboard.dashboards.selectors.budgets import budgets_current
+from costboard.dashboards.selectors.budgets import alert_channels_failing, budgets_current
 from costboard.dashboards.selectors.flagged import sessions_flagged
 from costboard.dashboards.selectors.overview import (
     anomalies_recent,
@@ -66,6 +66,7 @@ def overview(request: HttpRequest) -> HttpResponse:
         "anomalies": anomalies,
         "anomalies_total": anomalies_total,
         "budgets": budgets_current(project_ids=ids, now=timezone.now()),
+        "alerts_failing": alert_channels_failing(project_ids=ids, now=timezone.now()),
         **tag_breakdown(checks, ids, since, today),
         "unpriced": (models_unpriced(project_ids=ids) if request.user.is_staff else []),
         "figures": figures(

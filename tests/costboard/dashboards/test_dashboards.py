@@ -387,7 +387,8 @@ def test_query_counts_do_not_grow_with_the_data(
     for path, headers in pages:
         with django_assert_max_num_queries(counts[path]):
             get(path, headers)
-    assert max(counts.values()) <= 15  # the overview: 14, and its spend anomalies (issue 34)
+    # the overview: 14, its spend anomalies (issue 34) and its alert channels failing
+    assert max(counts.values()) <= 16
     assert DailyRollup.objects.count() >= 2
 
 
@@ -505,7 +506,8 @@ def test_every_benchmarked_page_runs_a_bounded_number_of_queries(
     for case in cases:
         with django_assert_max_num_queries(counts[case.path], info=case.path):
             get(case.path, case.htmx)
-    assert max(counts.values()) <= 15  # the overview: 14, and its spend anomalies (issue 34)
+    # the overview: 14, its spend anomalies (issue 34) and its alert channels failing
+    assert max(counts.values()) <= 16
 
 
 def test_the_costliest_sessions_are_of_the_same_30_utc_days_as_the_tiles(
