@@ -243,18 +243,43 @@ def step_partitions_cover(*, days: Iterable[date], now: datetime) -> None:
         log.warning("could not make step partitions now (%s); the DEFAULT one takes them", exc)
 
 
+def step_default_hold(cursor: Any, *, days: Iterable[date], now: datetime) -> None:
+    """Ingest's part, in its transaction before its steps go in: when a step may go to the
+    DEFAULT partition (its month unknown to this process, or past: retention in another
+    process may have dropped it), take the row locks of the step table and of the DEFAULT
+    partition first, in the order partition DDL takes them. A month being made meanwhile is
+    then waited for, and the steps are routed by the partitions as they are after it.
+    Without this the INSERT routed a step to the DEFAULT partition before waiting there for
+    the month to be attached, and PostgreSQL refused the row: a 500."""
+    this = month_of(now)
+    if all(month in _known and month >= this for month in {day.replace(day=1) for day in days}):
+        return
+    cursor.execute(f"LOCK TABLE ONLY {STEP_TABLE}, {DEFAULT_PARTITION} IN ROW EXCLUSIVE MODE")
+
+
 def step_partition_drop(month: date, *, droppable: Callable[[list[int]], bool]) -> int:
     """Detach and drop one month's partition if `droppable` says yes to the projects with
-    steps in it (read with new steps held off); return how many steps it held, else 0."""
+    steps in it (and no other has steps there once new steps are held off); return how many
+    steps it held, else 0."""
     name = partition_name(month)
     with _partition_ddl() as cursor:
         if month not in step_partitions():
             return 0
-        cursor.execute(f"LOCK TABLE {name} IN SHARE MODE")  # readers go on, writers wait
-        if not droppable(step_partition_projects(month)):
+        # asked and counted (the long part) before the lock, then checked under it: a step of
+        # another project since is a no (the next hour asks again), a later id is counted
+        projects = step_partition_projects(month)
+        if not droppable(projects):
             return 0
-        cursor.execute(f"SELECT count(*) FROM {name}")
-        [count] = cursor.fetchone()
+        cursor.execute(f"SELECT count(*), coalesce(max(id), 0) FROM {name}")
+        [count, last] = cursor.fetchone()
+        # The step table first, as a batch takes it before the month it routes a row to:
+        # holding the month while waiting for the table was a deadlock with a batch holding
+        # the table and waiting for the month. Readers and writers of steps wait till commit.
+        cursor.execute(f"LOCK TABLE ONLY {STEP_TABLE} IN ACCESS EXCLUSIVE MODE")
+        if not set(step_partition_projects(month)) <= set(projects):
+            return 0
+        cursor.execute(f"SELECT count(*) FROM {name} WHERE id > %s", [last])
+        count += cursor.fetchone()[0]
         cursor.execute(f"ALTER TABLE {STEP_TABLE} DETACH PARTITION {name}")
         cursor.execute(f"DROP TABLE {name}")
     _known.discard(month)

@@ -78,7 +78,7 @@ from costboard.ingest.writes.sessions import session_spends, sessions_lock, sess
 from costboard.ingest.writes.steps import steps_insert
 from costboard.ingest.writes.turns import turns_ensure, turns_update
 from costboard.models import BudgetEvent, Project
-from costboard.partitions import step_partitions_cover
+from costboard.partitions import step_default_hold, step_partitions_cover
 from costboard.projects import ingest_tally_statement
 from costboard.sql_arrays import Dialect
 
@@ -131,6 +131,8 @@ def events_ingest(
 
     with sums_in_range(len(events)), transaction.atomic(), sql.cursor() as cursor:
         ingest_settings(cursor)
+        if steps and sql.postgres:
+            step_default_hold(cursor, days={step.day for step in steps}, now=now)
         rows, sessions_made = sessions_lock(cursor, sql, project, sessions)
         accepted_others, dup_others = receipts_insert(cursor, sql, project, others, now)
         duplicates += dup_others

@@ -540,3 +540,153 @@ def test_a_worker_warm_up_rolled_back_leaves_its_month_for_ingest_to_make(
         assert date(2033, 8, 1) not in step_partitions()  # rolled back with the warm-up
         agent.events(step("a", now))
     assert where_stored() == [("costboard_step_p203308", "a")]
+
+
+def lock_waiters() -> int:
+    """How many backends of this database wait for a lock (another connection's view)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_locks WHERE NOT granted AND database = "
+            "(SELECT oid FROM pg_database WHERE datname = current_database())"
+        )
+        return int(cursor.fetchone()[0])
+
+
+def until_a_lock_waits() -> None:
+    """Return once another backend waits for a lock (5 s at most: the test then fails)."""
+    for _ in range(500):
+        if lock_waiters():
+            return
+        threading.Event().wait(0.01)
+    raise AssertionError("no backend waited for a lock")
+
+
+def post_while_the_month_is_made(
+    agent: Agent, at: datetime, monkeypatch: pytest.MonkeyPatch
+) -> Any:
+    """Make the month of `at` (as the sweep, or ingest in another process, would) while a
+    batch of one step at `at` is posted: the batch goes in once the month's making holds the
+    DEFAULT partition and waits behind it. The batch's answer."""
+    making = threading.Event()
+    make = partitions._partition_make
+
+    def make_once_a_batch_waits(cursor: Any, month: date) -> str:
+        making.set()  # the DEFAULT partition is locked: a batch now waits behind us
+        until_a_lock_waits()
+        return make(cursor, month)
+
+    monkeypatch.setattr(partitions, "_partition_make", make_once_a_batch_waits)
+    answers: dict[int, Any] = {}
+
+    def work(index: int) -> None:
+        if index == 0:
+            step_partitions_ensure(months=[partitions.month_of(at)])
+            return
+        assert making.wait(timeout=5)
+        answers[1] = agent.post({"events": [step("late", at, 20)]})
+
+    assert run_in_threads(2, work) == []
+    return answers[1]
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_month_made_while_a_batch_of_it_waits_for_the_default_partition(
+    priced: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A step outside the ingest window goes to the DEFAULT partition; the sweep (another
+    process) makes its month meanwhile. The batch that waited for the DEFAULT partition
+    behind it was routed there before the month existed, and PostgreSQL refused the row
+    (the DEFAULT partition's constraint had changed under it): a 500. It is stored in its
+    new month instead."""
+    agent = make_agent("far")
+    try:
+        # far past the window: ingest never makes this month itself
+        answer = post_while_the_month_is_made(agent, datetime(2091, 3, 15, tzinfo=UTC), monkeypatch)
+        assert answer.status_code == 200, answer.content
+        assert answer.json()["accepted"] == 1
+        assert where_stored() == [("costboard_step_p209103", "late")]
+    finally:
+        step_partition_drop(date(2091, 3, 1), droppable=lambda projects: True)
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_month_dropped_elsewhere_and_made_again_while_a_batch_of_it_waits(
+    priced: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Retention in another process (a Celery worker) dropped August, which this process
+    still takes as made: its late August step goes to the DEFAULT partition, while ingest in
+    a third process makes August again. That was the same 500."""
+    agent = make_agent("late")
+    agent.events(step("aug-1", datetime(2026, 8, 2, tzinfo=UTC), 10))  # August made, known
+    with connection.cursor() as cursor:  # dropped elsewhere: this process is not told
+        cursor.execute("ALTER TABLE costboard_step DETACH PARTITION costboard_step_p202608")
+        cursor.execute("DROP TABLE costboard_step_p202608")
+    try:
+        answer = post_while_the_month_is_made(agent, datetime(2026, 8, 3, tzinfo=UTC), monkeypatch)
+        assert answer.status_code == 200, answer.content
+        assert where_stored() == [("costboard_step_p202608", "late")]
+        session = Session.objects.get(project=agent.project, external_id="s")
+        assert (session.step_count, session.input_tokens) == (2, 30)
+    finally:
+        step_partition_drop(date(2026, 8, 1), droppable=lambda projects: True)
+
+
+def holds_new_steps_off(month: str) -> bool:
+    """Whether this connection holds the lock that keeps new steps out of the month while it
+    is dropped (the step table's, or the month's own)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_locks WHERE pid = pg_backend_pid() AND granted"
+            " AND mode IN ('ShareLock', 'AccessExclusiveLock')"
+            " AND relation IN ('costboard_step'::regclass, %s::regclass)",
+            [f"costboard_step_p{month}"],
+        )
+        return bool(cursor.fetchone()[0])
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_retention_dropping_a_month_while_a_batch_writes_to_it(
+    priced: Any, clock: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Retention drops August (past A's 30 days) while a late batch of August steps goes in.
+    The drop held August's partition and waited for the step table, the batch held the step
+    table and waited for August: a deadlock, the batch a 500 (or the retention sweep lost).
+    Now the drop takes the step table first: the batch waits for it, then goes on into the
+    DEFAULT partition (August is gone), and the drop counts what it held."""
+    a = make_agent("a", retention_days=30)
+    a.events(step("aug-1", datetime(2026, 8, 2, tzinfo=UTC), 10))
+    answers: dict[int, Any] = {}
+    dropped: dict[int, int] = {}
+    batch_sent = threading.Event()
+    projects_of = partitions.step_partition_projects
+
+    def projects_once_a_batch_waits(month: date) -> list[int]:
+        if holds_new_steps_off(f"{month:%Y%m}"):
+            batch_sent.set()
+            until_a_lock_waits()
+        return projects_of(month)
+
+    monkeypatch.setattr(partitions, "step_partition_projects", projects_once_a_batch_waits)
+
+    def work(index: int) -> None:
+        if index == 0:
+            dropped[0] = step_partition_drop(
+                date(2026, 8, 1), droppable=lambda projects: projects == [a.project.pk]
+            )
+            return
+        assert batch_sent.wait(timeout=5)
+        answers[1] = a.post({"events": [step("aug-2", datetime(2026, 8, 3, tzinfo=UTC), 20)]})
+
+    try:
+        assert run_in_threads(2, work) == []
+        assert answers[1].status_code == 200, answers[1].content
+        assert dropped == {0: 1}
+        assert not exists("costboard_step_p202608")
+        assert where_stored() == [(DEFAULT_PARTITION, "aug-2")]
+        session = Session.objects.get(project=a.project, external_id="s")
+        assert (session.step_count, session.input_tokens) == (2, 30)
+    finally:
+        step_partition_drop(date(2026, 8, 1), droppable=lambda projects: True)
