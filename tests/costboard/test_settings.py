@@ -19,6 +19,19 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def started(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """`python <args>` in a fresh process from the checkout, its settings read from `env` over
+    this process's environment: what start-up makes of it."""
+    return subprocess.run(
+        [sys.executable, *args],
+        cwd=ROOT,
+        env={**os.environ, "DJANGO_SETTINGS_MODULE": "costboard.settings", **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
 @pytest.mark.parametrize(
     ("name", "value"),
     [
@@ -46,15 +59,7 @@ ROOT = Path(__file__).resolve().parents[2]
     ],
 )
 def test_startup_fails_naming_the_variable(name: str, value: str) -> None:
-    env = {**os.environ, name: value, "DJANGO_SETTINGS_MODULE": "costboard.settings"}
-    result = subprocess.run(
-        [sys.executable, "manage.py", "check"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = started(["manage.py", "check"], {name: value})
     assert result.returncode != 0
     assert name in result.stderr
     assert "ImproperlyConfigured" in result.stderr
@@ -73,17 +78,10 @@ def test_startup_fails_naming_the_variable(name: str, value: str) -> None:
 def test_a_refused_database_url_is_named_without_its_password(name: str, value: str) -> None:
     """Start-up's refusal goes to the logs (gunicorn's, a container's): it named the URL with
     its password in it. The password is shown as ***, the rest as given."""
-    env = {**os.environ, name: value, "DJANGO_SETTINGS_MODULE": "costboard.settings"}
+    env = {name: value}
     if name == "DATABASE_REPLICA_URLS":
         env["DATABASE_URL"] = "postgres://postgres@127.0.0.1:5432/costboard"
-    result = subprocess.run(
-        [sys.executable, "manage.py", "check"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = started(["manage.py", "check"], env)
     assert result.returncode != 0 and "ImproperlyConfigured" in result.stderr
     assert "s3cret-pw" not in result.stderr
     assert name in result.stderr and "app:***@" in result.stderr
@@ -125,17 +123,7 @@ def test_behind_tls_the_cookies_are_secure_and_hsts_is_sent(
     """Behind a TLS-terminating proxy the session and CSRF cookies went out without Secure and
     no HSTS could be sent: DJANGO_HTTPS=1 (and DJANGO_HSTS_SECONDS) say it is served over
     HTTPS. Off by default, so `make run` on http://127.0.0.1 keeps working."""
-    base = {
-        k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_HTTPS", "DJANGO_HSTS"))
-    }
-    result = subprocess.run(
-        [sys.executable, "-c", HTTPS_PROBE],
-        cwd=ROOT,
-        env={**base, **env, "DJANGO_SETTINGS_MODULE": "costboard.settings"},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = started(["-c", HTTPS_PROBE], {"DJANGO_HTTPS": "0", "DJANGO_HSTS_SECONDS": "0", **env})
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads(result.stdout.strip().splitlines()[-1]) == seen
 
@@ -175,14 +163,7 @@ def test_a_blank_allowed_hosts_is_the_default_not_every_request_refused(value: s
         "import django; django.setup(); from django.conf import settings; "
         "print(','.join(settings.ALLOWED_HOSTS))"
     )
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "costboard.settings",
-        "DJANGO_ALLOWED_HOSTS": value,
-    }
-    result = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
-    )
+    result = started(["-c", code], {"DJANGO_ALLOWED_HOSTS": value})
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "127.0.0.1,localhost,[::1]"
 
@@ -195,14 +176,7 @@ def test_a_metrics_token_read_from_a_secret_file_is_stripped() -> None:
         "import django; django.setup(); from django.conf import settings; "
         "print(repr(settings.COSTBOARD_METRICS_TOKEN))"
     )
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "costboard.settings",
-        "COSTBOARD_METRICS_TOKEN": "s3cret\n",
-    }
-    result = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
-    )
+    result = started(["-c", code], {"COSTBOARD_METRICS_TOKEN": "s3cret\n"})
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "'s3cret'"
 
@@ -222,29 +196,19 @@ def test_every_outbox_kind_has_its_handler_in_a_fresh_process() -> None:
         f"print(all(handler_of(k) for k in {kinds!r})); "
         "print('costboard.tasks.outbox_dispatch' in app.tasks)"
     )
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "costboard.settings"}
-    result = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
-    )
+    result = started(["-c", code], {})
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["True", "True"]
 
 
 def _random_page_cost(database_url: str) -> str:
-    env = {
-        **os.environ,
-        "DATABASE_URL": database_url,
-        "DJANGO_SETTINGS_MODULE": "costboard.settings",
-    }
     code = (
         "import django; django.setup()\n"
         "from django.db import connection\n"
         "with connection.cursor() as c:\n"
         "    c.execute('SHOW random_page_cost'); print(c.fetchone()[0])\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
-    )
+    result = started(["-c", code], {"DATABASE_URL": database_url})
     assert result.returncode == 0, result.stderr
     return result.stdout.strip()
 
@@ -266,14 +230,7 @@ def _replica_settings(**env: str) -> subprocess.CompletedProcess[str]:
         "d['OPTIONS'].get('connect_timeout'), d['CONN_MAX_AGE']] "
         "for a, d in settings.DATABASES.items() if a != 'default'}))"
     )
-    return subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=ROOT,
-        env={**os.environ, "DJANGO_SETTINGS_MODULE": "costboard.settings", **env},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    return started(["-c", code], env)
 
 
 def test_each_replica_url_is_a_database_mirroring_the_primary_in_tests() -> None:
