@@ -91,16 +91,14 @@ class RedisServer:
 
 
 @dataclass
-class Receiver:
-    """An HTTP receiver: records each POST's X-Costboard-Delivery header and answers 200, at
-    once or, after `hold()`, only when the test calls `release()`."""
+class Holding:
+    """A local server's replies held while a test looks at what waits on them: after
+    `hold()` a request counts in `held()` and is answered once the test calls `release()`
+    (or after HOLD_AT_MOST)."""
 
-    base_url: str = ""
-    deliveries: list[str] = field(default_factory=list)
     holding: int = 0  # requests in, their replies held
     lock: threading.Lock = field(default_factory=threading.Lock)
     gate: threading.Event = field(default_factory=threading.Event)
-    _stop: Callable[[], None] = lambda: None
 
     def __post_init__(self) -> None:
         self.gate.set()
@@ -115,17 +113,32 @@ class Receiver:
         with self.lock:
             return self.holding
 
+    def wait_if_held(self) -> None:
+        """In the handler, before it answers: counted in `held()` while the gate is shut."""
+        with self.lock:
+            self.holding += 1
+        self.gate.wait(timeout=HOLD_AT_MOST)
+        with self.lock:
+            self.holding -= 1
+
+
+@dataclass
+class Receiver(Holding):
+    """An HTTP receiver: records each POST's X-Costboard-Delivery header and answers 200, at
+    once or, after `hold()`, only when the test calls `release()`."""
+
+    base_url: str = ""
+    deliveries: list[str] = field(default_factory=list)
+    _stop: Callable[[], None] = lambda: None
+
     def start(self) -> Receiver:
         state = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                state.wait_if_held()
                 with state.lock:
-                    state.holding += 1
-                state.gate.wait(timeout=HOLD_AT_MOST)
-                with state.lock:
-                    state.holding -= 1
                     state.deliveries.append(self.headers.get("X-Costboard-Delivery", ""))
                 self.send_response(200)
                 self.send_header("Content-Length", "0")

@@ -12,7 +12,6 @@ from __future__ import annotations
 import base64
 import json
 import re
-import threading
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,7 +20,7 @@ from decimal import Decimal
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
-from tests.servers import HOLD_AT_MOST, serve
+from tests.servers import Holding, serve
 
 OPENAI_KEY = "sk-admin-test-openai"
 ANTHROPIC_KEY = "sk-ant-admin01-test"
@@ -59,7 +58,7 @@ class Request:
 
 
 @dataclass
-class FakeBilling:
+class FakeBilling(Holding):
     """Both providers' billing APIs; `results[path][day]` is that day's bucket's results."""
 
     page_size: int = 2
@@ -67,23 +66,7 @@ class FakeBilling:
     faults: dict[str, list[Fault]] = field(default_factory=dict)
     requests: list[Request] = field(default_factory=list)
     base_url: str = ""
-    holding: int = 0  # requests in, their answers held
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    gate: threading.Event = field(default_factory=threading.Event)
     _stop: Callable[[], None] = lambda: None
-
-    def __post_init__(self) -> None:
-        self.gate.set()
-
-    def hold(self) -> None:
-        self.gate.clear()
-
-    def release(self) -> None:
-        self.gate.set()
-
-    def held(self) -> int:
-        with self.lock:
-            return self.holding
 
     def fault(self, path: str, fault: Fault) -> None:
         with self.lock:
@@ -98,11 +81,7 @@ class FakeBilling:
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
-                with fake.lock:
-                    fake.holding += 1
-                fake.gate.wait(timeout=HOLD_AT_MOST)
-                with fake.lock:
-                    fake.holding -= 1
+                fake.wait_if_held()
                 url = urllib.parse.urlsplit(self.path)
                 params = urllib.parse.parse_qs(url.query, keep_blank_values=True)
                 status, body, headers = fake.answer(url.path, params, dict(self.headers.items()))

@@ -12,7 +12,7 @@ from collections import Counter
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import pytest
 import time_machine
@@ -200,6 +200,24 @@ def test_a_slow_receiver_never_slows_ingest(receiver: Receiver, settings: Any) -
     assert Step.objects.filter(project=agent.project).count() == 6
 
 
+def guard_sweep_started(log: IO[bytes], *args: str) -> subprocess.Popen[bytes]:
+    """`manage.py guard_sweep` in its own process, without a broker, on the test's database,
+    its output into `log`."""
+    env = {
+        **{k: v for k, v in os.environ.items() if k != "CELERY_BROKER_URL"},  # no broker
+        "DJANGO_SETTINGS_MODULE": "costboard.settings",
+        "DATABASE_URL": worker_database_url(),
+        "COSTBOARD_WEBHOOK_ALLOW_HOSTS": "127.0.0.1",
+    }
+    return subprocess.Popen(
+        [sys.executable, "manage.py", "guard_sweep", *args],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+
+
 def test_a_dispatcher_killed_mid_send_leaves_the_alert_to_the_next_one(
     receiver: Receiver, tmp_path: Path
 ) -> None:
@@ -209,20 +227,8 @@ def test_a_dispatcher_killed_mid_send_leaves_the_alert_to_the_next_one(
     agent = setup_project(receiver)
     assert agent.post(crossing_batch(0)).status_code == 200  # soft_warned and exhausted
     receiver.hold()
-    env = {
-        **{k: v for k, v in os.environ.items() if k != "CELERY_BROKER_URL"},  # no broker
-        "DJANGO_SETTINGS_MODULE": "costboard.settings",
-        "DATABASE_URL": worker_database_url(),
-        "COSTBOARD_WEBHOOK_ALLOW_HOSTS": "127.0.0.1",
-    }
     with (tmp_path / "sweep.log").open("wb") as log:
-        sweep = subprocess.Popen(
-            [sys.executable, "manage.py", "guard_sweep"],
-            cwd=ROOT,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+        sweep = guard_sweep_started(log)
         try:
             wait_until(lambda: receiver.held() == 1, what=f"the send held; log {tmp_path}")
         finally:
@@ -308,20 +314,8 @@ def test_guard_sweep_outlives_its_database_connection_ended_mid_send(
     agent = setup_project(receiver)
     receiver.hold()
     assert agent.post(crossing_batch(0)).status_code == 200
-    env = {
-        **{k: v for k, v in os.environ.items() if k != "CELERY_BROKER_URL"},  # no broker
-        "DJANGO_SETTINGS_MODULE": "costboard.settings",
-        "DATABASE_URL": worker_database_url(),
-        "COSTBOARD_WEBHOOK_ALLOW_HOSTS": "127.0.0.1",
-    }
     with (tmp_path / "sweep.log").open("wb") as log:
-        sweep = subprocess.Popen(
-            [sys.executable, "manage.py", "guard_sweep", "--every", "60"],
-            cwd=ROOT,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+        sweep = guard_sweep_started(log, "--every", "60")
         try:
             wait_until(lambda: receiver.held() == 1, what=f"the send held; log {tmp_path}")
             ended = backends_of_others()
