@@ -17,7 +17,8 @@ import ssl
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -613,9 +614,10 @@ def test_a_redirect_is_not_followed(project: Project, receiver: Receiver, settin
     assert [r["path"] for r in receiver.requests] == ["/hook"]
 
 
-@pytest.fixture
-def garbler() -> Iterator[int]:
-    """A TCP server answering every connection with a line that is not HTTP."""
+@contextmanager
+def tcp_server(answer: Callable[[socket.socket, threading.Event], None]) -> Iterator[int]:
+    """A local TCP server on a port of its own (yielded): `answer(connection, stop)` for each
+    connection, one at a time, until the block ends."""
     server = socket.create_server(("127.0.0.1", 0))
     stop = threading.Event()
 
@@ -627,21 +629,34 @@ def garbler() -> Iterator[int]:
             except TimeoutError:
                 continue
             with conn:
-                request = b""
-                while b"\r\n\r\n" not in request:
-                    request += conn.recv(65536)
-                head, _, body = request.partition(b"\r\n\r\n")
-                length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
-                while len(body) < length:
-                    body += conn.recv(65536)
-                conn.sendall(f"{LEAK} not http\r\n\r\n".encode())
+                answer(conn, stop)
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
-    yield server.getsockname()[1]
-    stop.set()
-    thread.join(timeout=5)
-    server.close()
+    try:
+        yield server.getsockname()[1]
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+        server.close()
+
+
+@pytest.fixture
+def garbler() -> Iterator[int]:
+    """A TCP server answering every connection with a line that is not HTTP."""
+
+    def answer(conn: socket.socket, stop: threading.Event) -> None:
+        request = b""
+        while b"\r\n\r\n" not in request:
+            request += conn.recv(65536)
+        head, _, body = request.partition(b"\r\n\r\n")
+        length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+        while len(body) < length:
+            body += conn.recv(65536)
+        conn.sendall(f"{LEAK} not http\r\n\r\n".encode())
+
+    with tcp_server(answer) as port:
+        yield port
 
 
 def test_a_garbled_reply_is_named_by_its_kind_only(
@@ -667,35 +682,21 @@ class Trickler:
 @pytest.fixture
 def trickler() -> Iterator[Trickler]:
     state = Trickler()
-    server = socket.create_server(("127.0.0.1", 0))
-    state.port = server.getsockname()[1]
-    stop = threading.Event()
 
-    def serve() -> None:
-        server.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                conn, _ = server.accept()
-            except TimeoutError:
-                continue
-            with conn:
-                conn.recv(65536)  # the request (a small one: headers and body at once)
-                try:
-                    for byte in state.reply:
-                        if stop.wait(state.gap):
-                            return
-                        conn.sendall(bytes([byte]))
-                        state.bytes_sent += 1
-                except OSError:  # the sender hung up
-                    continue
-                state.finished.set()
+    def answer(conn: socket.socket, stop: threading.Event) -> None:
+        conn.recv(65536)  # the request (a small one: headers and body at once)
+        try:
+            for byte in state.reply:
+                if stop.wait(state.gap):
+                    return
+                conn.sendall(bytes([byte]))
+                state.bytes_sent += 1
+        except OSError:  # the sender hung up
+            return
+        state.finished.set()
 
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    yield state
-    stop.set()
-    thread.join(timeout=5)
-    server.close()
+    with tcp_server(answer) as state.port:
+        yield state
 
 
 def test_a_reply_trickled_a_byte_at_a_time_is_cut_at_the_timeout(
