@@ -76,7 +76,7 @@ from costboard.ingest.sql import ingest_settings, sums_in_range
 from costboard.ingest.writes.receipts import receipts_insert
 from costboard.ingest.writes.sessions import session_spends, sessions_lock, sessions_update
 from costboard.ingest.writes.steps import steps_insert
-from costboard.ingest.writes.turns import turns_ensure, turns_update
+from costboard.ingest.writes.turns import turns_ensure, turns_replayed_drop, turns_update
 from costboard.models import BudgetEvent, Project
 from costboard.partitions import step_default_hold, step_partitions_cover
 from costboard.projects import ingest_tally_statement
@@ -151,6 +151,7 @@ def events_ingest(
         if len(inserted) < len(steps) or dup_others:
             made = {key for key, turn in turns_now.items() if turn.new}
             touches_retime(sessions, turns, accepted_others, inserted, now, made=made)
+            turns_replayed_drop(turns_now, turns, accepted_others, inserted)
         runaways = turns_update(cursor, sql, project, session_ids, turns_now, turns, inserted)
         model_usage_upsert(cursor, sql, project, session_ids, inserted)
         hot += attribution_statements(sql, project, inserted, users, session_tags)

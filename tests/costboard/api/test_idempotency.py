@@ -15,7 +15,7 @@ from django.test import Client
 from costboard.api.openapi import openapi_document
 from costboard.ingest import idempotency
 from costboard.ingest.idempotency import _claim as claim_key
-from costboard.models import IdempotentRequest, IngestTally, Session, Step
+from costboard.models import IdempotentRequest, IngestTally, Session, Step, Turn
 from tests.conftest import Agent, make_agent, run_in_threads
 from tests.waiting import blocked_on_a_lock, wait_until
 
@@ -51,6 +51,23 @@ def test_without_a_key_a_retried_batch_without_event_ids_counts_twice(agent: Age
     agent.events(step())
     agent.events(step())
     assert input_tokens(agent) == 200
+
+
+def test_a_replay_naming_another_turn_makes_no_turn(agent: Agent) -> None:
+    """A replay changes nothing: one that names a turn not seen yet (a step's or a turn
+    event's event_id sent again under another turn number) leaves no empty turn behind."""
+    said = {"type": "turn", "session_id": "s1", "event_id": "t1", "user_message": "hi"}
+    agent.events(step(event_id="e1", turn=1), {**said, "turn": 1})
+    replay = agent.events(
+        step(event_id="e1", turn=2), {**said, "turn": 3}, step(event_id="e2", turn=4)
+    )
+    assert (replay["accepted"], replay["duplicates"]) == (1, 2)
+    assert (replay["sessions"]["s1"]["turns"], replay["sessions"]["s1"]["steps"]) == (2, 2)
+    turns = Turn.objects.filter(project=agent.project).order_by("number")
+    assert [(t.number, t.step_count, t.input_tokens) for t in turns] == [(1, 1, 100), (4, 1, 100)]
+    session = Session.objects.get(project=agent.project, external_id="s1")
+    assert (session.turn_count, session.step_count, session.input_tokens) == (2, 2, 200)
+    assert agent.budget("s1").json()["turns"] == 2
 
 
 def test_the_same_key_and_body_get_the_stored_answer_and_count_once(agent: Agent) -> None:
