@@ -88,40 +88,48 @@ def turn_check(
             last_error = step.error
         if flag is not None:
             continue
-        if failed_limit and streaks.fail_streak == failed_limit:
+        # at or past a threshold, not only at it: one lowered in the admin below where a
+        # turn stands flags the turn's next step (a session is flagged once: engine.py)
+        if failed_limit and streaks.fail_streak >= failed_limit:
+            failed = streaks.fail_streak
             flag = Flag(
                 rule=RETRY_LOOP,
-                reason=f"retry loop: {failed_limit} failed steps in a row in turn {turn_number}",
+                reason=f"retry loop: {failed} failed steps in a row in turn {turn_number}",
                 at=step.ts,
                 evidence={
                     "turn": turn_number,
-                    "failed_in_a_row": failed_limit,
+                    "failed_in_a_row": failed,
                     "threshold": failed_limit,
                     "step_type": step.step_type,
                     "model": step.model,
                     "last_error": (step.error or last_error)[:300],
                 },
             )
-        elif repeat_limit and streaks.repeat_streak == repeat_limit:
+        elif repeat_limit and streaks.repeat_streak >= repeat_limit:
+            same = streaks.repeat_streak
             flag = Flag(
                 rule=RETRY_LOOP,
                 reason=f"retry loop: the same {step.step_type} step ({step.model}) "
-                f"{repeat_limit} times in a row in turn {turn_number}",
+                f"{same} times in a row in turn {turn_number}",
                 at=step.ts,
                 evidence={
                     "turn": turn_number,
-                    "same_step_in_a_row": repeat_limit,
+                    "same_step_in_a_row": same,
                     "threshold": repeat_limit,
                     "step_type": step.step_type,
                     "model": step.model,
                     "prompt_tokens": getattr(step, "prompt_tokens", None),
                 },
             )
-        elif steps_limit and steps_before + index + 1 == steps_limit + 1:
+        elif steps_limit and steps_before + index + 1 > steps_limit:
             flag = Flag(
                 rule=TURN_STEPS,
                 reason=f"turn {turn_number} has more than {steps_limit} steps",
                 at=step.ts,
-                evidence={"turn": turn_number, "steps": steps_limit + 1, "threshold": steps_limit},
+                evidence={
+                    "turn": turn_number,
+                    "steps": steps_before + index + 1,
+                    "threshold": steps_limit,
+                },
             )
     return streaks, flag

@@ -181,6 +181,37 @@ def test_thresholds_are_the_projects(agent: Agent, priced: Any) -> None:
 
 
 @pytest.mark.parametrize(
+    ("field", "turn_steps", "extra", "rule", "evidence"),
+    [
+        ("runaway_failed_steps", 4, {"ok": False}, "retry_loop", {"failed_in_a_row": 5}),
+        ("runaway_repeated_steps", 6, {"prompt": 4200}, "retry_loop", {"same_step_in_a_row": 7}),
+        ("runaway_turn_steps", 30, {}, "turn_steps", {"steps": 31}),
+    ],
+)
+def test_a_threshold_lowered_below_a_turns_run_flags_its_next_step(
+    agent: Agent,
+    priced: Any,
+    field: str,
+    turn_steps: int,
+    extra: dict[str, Any],
+    rule: str,
+    evidence: dict[str, int],
+) -> None:
+    # a turn under the thresholds; then the admin lowers one below where the turn stands
+    agent.events(*[step(n, **extra) for n in range(turn_steps)])
+    assert runaway_events(agent) == []
+    setattr(agent.project, field, 3)
+    agent.project.save()
+    answer = agent.events(step(turn_steps, **extra))
+    assert answer["sessions"]["s"]["runaway"] is True
+    [event] = runaway_events(agent)
+    assert event.at == T0 + timedelta(seconds=turn_steps)  # its next step, not never
+    assert event.detail["rule"] == rule
+    assert {k: event.detail["evidence"][k] for k in evidence} == evidence
+    assert event.detail["evidence"]["threshold"] == 3
+
+
+@pytest.mark.parametrize(
     ("prompt", "pressure", "summarize"),
     [(160_000, Decimal("0.8"), True), (159_999, Decimal("0.799995"), False)],
 )
