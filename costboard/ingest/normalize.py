@@ -15,7 +15,9 @@ their prompt total, so they are subtracted here — once — never counted twice
 
 Reasoning tokens are reported apart for information; they are already inside output tokens
 (OpenAI's completion_tokens and Anthropic's output_tokens include them), so they are not priced
-again.
+again; Gemini's are not (thoughtsTokenCount is beside candidatesTokenCount), so they are added
+to its output. Gemini's toolUsePromptTokenCount (the prompts of its tools, beside
+promptTokenCount) is added to its input, as genai-prices and Google bill it.
 """
 
 from __future__ import annotations
@@ -127,8 +129,11 @@ def normalize_usage(usage: Mapping[str, Any]) -> Tokens:
         prompt = _count(usage, "promptTokenCount")
         cached = _count(usage, "cachedContentTokenCount")
         thoughts = _count(usage, "thoughtsTokenCount")
+        # the prompts of its tools (a search's results) are billed as input, reported apart
+        tool_prompt = _count(usage, "toolUsePromptTokenCount")
         return Tokens(
-            input_tokens=_subtract(prompt, cached, "promptTokenCount", "cachedContentTokenCount"),
+            input_tokens=_subtract(prompt, cached, "promptTokenCount", "cachedContentTokenCount")
+            + tool_prompt,
             # thinking is billed as output but reported beside the candidates
             output_tokens=_count(usage, "candidatesTokenCount") + thoughts,
             cache_read_input_tokens=cached,

@@ -1,13 +1,16 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
+import genai_prices
 import pytest
 
 from costboard.api.events import prefers_minimal
 from costboard.models import BudgetEvent, DailyRollup, EventReceipt, Session, Step, Turn
+from costboard.pricing.sync import prices_sync
 from tests.conftest import Agent, make_agent, usd
 
 pytestmark = pytest.mark.django_db
@@ -440,3 +443,45 @@ def test_prefer_return_minimal_answers_only_the_sessions_to_act_on(
 )
 def test_the_prefer_header_is_read_as_rfc_7240_says(prefer: str, minimal: bool) -> None:
     assert prefers_minimal(prefer) is minimal
+
+
+def test_a_gemini_step_with_tool_use_prompt_tokens_costs_what_genai_prices_says(
+    agent: Agent,
+) -> None:
+    # Gemini reports the tool prompts (a search's results) beside promptTokenCount: billed as
+    # input, they also take this call past gemini-2.5-pro's 200k long-context tier
+    prices_sync()
+    metadata = {
+        "promptTokenCount": 150_000,
+        "cachedContentTokenCount": 20_000,
+        "candidatesTokenCount": 500,
+        "thoughtsTokenCount": 300,
+        "toolUsePromptTokenCount": 60_000,
+        "totalTokenCount": 210_800,
+    }
+    agent.events(
+        step(
+            model="gemini-2.5-pro",
+            provider="google",
+            usage=metadata,
+            timestamp="2026-11-20T12:00:00Z",
+        )
+    )
+    extracted = genai_prices.extract_usage(
+        {"modelVersion": "gemini-2.5-pro", "usageMetadata": metadata}, provider_id="google"
+    )
+    theirs = genai_prices.calc_price(
+        extracted.usage,
+        "gemini-2.5-pro",
+        provider_id="google",
+        genai_request_timestamp=datetime(2026, 11, 20, 12, tzinfo=UTC),
+    ).total_price
+    stored = Step.objects.get()
+    assert (stored.input_tokens, stored.cache_read_input_tokens, stored.output_tokens) == (
+        190_000,
+        20_000,
+        800,
+    )
+    # 190,000 x $2.50 + 20,000 x $0.25 + 800 x $15 per million, all at the >200k tier
+    assert stored.cost_usd == theirs == Decimal("0.492")
+    assert Session.objects.get().cost_usd == Decimal("0.492")

@@ -172,3 +172,24 @@ def test_unreadable_usage_names_the_field(usage: dict[str, object], field: str) 
     with pytest.raises(UsageError) as caught:
         normalize_usage(usage)
     assert caught.value.field == field
+
+
+def test_gemini_tool_use_prompt_tokens_are_billed_as_input() -> None:
+    # toolUsePromptTokenCount (a search's results fed back) is beside promptTokenCount, not
+    # inside it; Google bills it as input, as genai-prices' own usage extractor counts it
+    tokens = normalize_usage(
+        {
+            "promptTokenCount": 150_000,
+            "cachedContentTokenCount": 20_000,
+            "candidatesTokenCount": 500,
+            "thoughtsTokenCount": 300,
+            "toolUsePromptTokenCount": 60_000,
+            "totalTokenCount": 210_800,
+        }
+    )
+    assert tokens == Tokens(
+        input_tokens=190_000,
+        output_tokens=800,
+        cache_read_input_tokens=20_000,
+        reasoning_tokens=300,
+    )
