@@ -25,15 +25,27 @@ def _rate_text(amount: Decimal) -> str:
     return f"${amount.normalize():f}"
 
 
-def _row_text(rate: Rate) -> str:
-    base = rate.base
-    rates = (base.input, base.output, base.cache_read, base.cache_write)
+def _row_text(rate: Rate, prompt: int = 0, one_hour: int = 0) -> str:
+    """The row, and the rates it priced this call at: a long-context tier's once the call's
+    `prompt` input tokens (cache reads and writes included) are past its start, and the
+    1-hour cache write rate when the call wrote any."""
+    used = rate.rates_for(prompt)
+    rates = (used.input, used.output, used.cache_read, used.cache_write)
     listed = " / ".join(
         f"{_rate_text(r)} {name}" for r, name in zip(rates, PER_MILLION, strict=True)
     )
+    if one_hour:
+        listed += f" / {_rate_text(used.cache_write_1h)} 1-hour cache write"
     who = f"{rate.provider}/" if rate.provider else ""
     tier = "" if rate.service_tier == STANDARD_TIER else f", {rate.service_tier} tier"
-    tiers = " (long-context tiers past their start)" if rate.tiers else ""
+    past = [start for start, _ in rate.tiers if prompt > start]
+    if past:
+        tiers = (
+            f" (its long-context rates: {prompt:,} input tokens, cache included, are past "
+            f"{past[-1]:,})"
+        )
+    else:
+        tiers = " (long-context tiers past their start)" if rate.tiers else ""
     return (
         f"{who}{rate.model}{tier} price from {rate.effective_from:%Y-%m-%d}: "
         f"{listed} per million tokens{tiers}"
@@ -50,7 +62,9 @@ def price_explanation(step: Step, table: RateTable | None = None) -> str:
     rate = table.by_id.get(step.price_id)
     if rate is None:
         return f"Priced by price row #{step.price_id}, since removed; a repricing follows."
-    parts = [_row_text(rate) + "."]
+    prompt = step.input_tokens + step.cache_read_input_tokens + step.cache_creation_input_tokens
+    one_hour = min(step.cache_creation_1h_input_tokens, step.cache_creation_input_tokens)
+    parts = [_row_text(rate, prompt, one_hour) + "."]
     if step.service_tier != rate.service_tier:
         parts.append(
             f"No {step.service_tier} price for this model then: priced at its standard price."

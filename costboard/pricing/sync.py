@@ -314,6 +314,9 @@ def prices_sync() -> SyncResult:
         if all(_same(getattr(row, name), values[name]) for name in COMPARED):
             result.unchanged += 1
             continue
+        if row.model_regex != values["model_regex"]:
+            # the names only the old clause matched are repriced too
+            result.changed.append(PriceMatch(row.model, row.model_regex))
         for name in COMPARED:
             setattr(row, name, values[name])
         to_update.append(row)

@@ -1,13 +1,16 @@
 from __future__ import annotations
 
+import io
 from datetime import UTC, date, datetime
 from decimal import Decimal
 
 import pytest
+from django.core.management import call_command
 from django.db import connection
 from genai_prices import Usage, calc_price
 
 from costboard.models import DailyRollup, ModelPrice, PriceAdjustment, Session, Step
+from costboard.pricing.explain import price_explanation
 from costboard.pricing.names import model_aliases
 from costboard.pricing.rates import rate_table
 from costboard.pricing.sync import prices_sync
@@ -219,6 +222,62 @@ def test_long_context_tier_prices_every_token_of_the_call(agent: Agent) -> None:
     )
 
 
+def test_a_steps_price_explanation_names_the_rates_that_priced_it(agent: Agent) -> None:
+    """A call past a long-context tier's start is explained with that tier's rates (the
+    base rates would not give its cost), and 1-hour cache writes with their rate."""
+    add_price(
+        "test-long",
+        tiers=[
+            {
+                "start": 200_000,
+                "input_mtok": "6",
+                "output_mtok": "22.5",
+                "cache_read_mtok": "0.6",
+                "cache_write_mtok": "7.5",
+                "cache_write_1h_mtok": "12",
+            }
+        ],
+    )
+    usage = {
+        "input_tokens": 150_000,
+        "output_tokens": 10,
+        "cache_read_input_tokens": 40_000,
+        "cache_creation_input_tokens": 30_000,
+        "cache_creation": {
+            "ephemeral_5m_input_tokens": 10_000,
+            "ephemeral_1h_input_tokens": 20_000,
+        },
+    }
+    agent.events(
+        {"event_id": "large", "step_type": "x", "model": "test-long", "usage": usage},
+        {"event_id": "small", "step_type": "x", "model": "test-long", "input_tokens": 1000},
+    )
+    large = Step.objects.get(event_id="large")
+    assert (
+        large.cost_usd
+        == (
+            usd(150_000, Decimal(6))
+            + usd(10, Decimal("22.5"))
+            + usd(40_000, Decimal("0.6"))
+            + usd(10_000, Decimal("7.5"))
+            + usd(20_000, Decimal(12))
+        )
+        == Decimal("1.239225")
+    )
+    explained = price_explanation(large)
+    assert (
+        "$6 in / $22.5 out / $0.6 cache read / $7.5 cache write / $12 1-hour cache write per "
+        "million tokens (its long-context rates: 220,000 input tokens, cache included, are "
+        "past 200,000)." in explained
+    ), explained
+    assert explained.endswith("List cost $1.239225.")
+    small = price_explanation(Step.objects.get(event_id="small"))
+    assert (
+        "$3 in / $15 out / $0.3 cache read / $3.75 cache write per million tokens "
+        "(long-context tiers past their start)." in small
+    ), small
+
+
 def test_a_manual_price_of_the_same_date_wins_over_the_builtin_one(agent: Agent) -> None:
     add_price("test-both", provider="anthropic", input_mtok=Decimal(1))
     ModelPrice.objects.filter(model="test-both").update(source=ModelPrice.Source.BUILTIN)
@@ -344,6 +403,34 @@ def test_sync_prices_refreshes_a_builtin_row_that_drifted(db: None) -> None:
     result = prices_sync()
     assert result.updated == 1
     assert ModelPrice.objects.get(pk=row.pk).input_mtok == original
+
+
+def test_sync_prices_reprices_the_steps_a_narrowed_match_no_longer_covers(agent: Agent) -> None:
+    """A genai-prices upgrade that narrows a model's match clause: the steps only the old
+    clause matched are repriced (here unpriced), not left at the row's price."""
+    prices_sync()
+    row = ModelPrice.objects.get(provider="openai", model="gpt-4o", service_tier="standard")
+    ModelPrice.objects.filter(pk=row.pk).update(model_regex="^gpt-4o")  # an older, broader one
+    agent.events(
+        {
+            "step_type": "x",
+            "model": "gpt-4o-zzz-preview",
+            "provider": "openai",
+            "input_tokens": 1000,
+        }
+    )
+    step = Step.objects.get()
+    assert (step.price_id, step.cost_usd) == (row.pk, usd(1000, Decimal("2.5")))
+
+    out = io.StringIO()
+    call_command("sync_prices", stdout=out)  # no broker in tests: it dispatches the repricing
+
+    assert "0 created, 1 updated" in out.getvalue()
+    step.refresh_from_db()
+    assert (step.price_id, step.cost_usd) == (None, Decimal(0))
+    rollup = DailyRollup.objects.get(model="gpt-4o-zzz-preview")
+    assert (rollup.cost_usd, rollup.unpriced_calls) == (Decimal(0), 1)
+    assert Session.objects.get().cost_usd == Decimal(0)
 
 
 def test_rate_table_notices_a_price_edit(agent: Agent, priced: ModelPrice) -> None:
