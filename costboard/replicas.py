@@ -58,14 +58,18 @@ def lag_measured(alias: str) -> Decimal | None:
     """Seconds the replica `alias` is behind its primary: 0 when it has replayed all it has
     received (or is not a standby at all), LAG_UNKNOWN when behind with no transaction replayed
     yet; None when it does not answer."""
-    connection = connections[alias]
+    # On a connection made for the measurement, not the process's open one: a replica whose
+    # machine stopped answering (frozen, or cut off) sends no reset, and a query on the open
+    # connection would wait for ever, where connecting gives up after its connect_timeout.
+    connection = connections.create_connection(alias)
     try:
         with connection.cursor() as cursor:
             cursor.execute(LAG_SQL)
             row = cursor.fetchone()
     except DatabaseError:
-        connection.close()  # the next use connects again
         return None
+    finally:
+        connection.close()
     return lag_of(row)
 
 
@@ -81,7 +85,7 @@ def lag_of(row: tuple[bool, bool, Any]) -> Decimal:
 
 class LagGauge:
     """Each replica's lag, measured at most once per `keep_seconds` of `clock` per process (a
-    replica that did not answer is not asked again for as long)."""
+    replica that did not answer is not asked again for as long, counted from its answer)."""
 
     def __init__(
         self,
@@ -104,7 +108,9 @@ class LagGauge:
             return reading[1]
         lag = self.measure(alias)
         with self._lock:
-            self._readings[alias] = (now, lag)
+            # kept from when the reading came: a replica that took its connect timeout (longer
+            # than the keep time) to fail is not asked again by the very next page
+            self._readings[alias] = (self.clock(), lag)
         return lag
 
     def unreachable(self, alias: str) -> None:

@@ -9,8 +9,11 @@ statements over Costboard's tables that it ran.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import signal
+import threading
 from collections import Counter
 from collections.abc import Iterator
 from decimal import Decimal
@@ -293,3 +296,49 @@ def test_a_replica_that_is_down_does_not_break_the_pages(
 def test_the_pair_is_the_one_started() -> None:
     assert Path(PAIR.root).exists()
     assert connections["replica_1"].settings_dict["PORT"] == PAIR.replica_port
+
+
+def _children(parent: int) -> list[int]:
+    """The processes whose parent is `parent` (a postmaster's backends, walreceiver, …)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):  # a process that ended meanwhile
+            # after the command's closing parenthesis: state, then the parent's pid
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == parent:
+                found.append(int(stat.parent.name))
+    return found
+
+
+def test_a_replica_that_stops_answering_on_an_open_connection_does_not_hang_the_pages(
+    world: tuple[Agent, Client, Session], primary: Server, replica: Server, clock: Clock
+) -> None:
+    """A replica whose machine stops answering (frozen, or cut off) leaves this process's
+    connection to it open: the next lag check must not wait on that connection for ever, but
+    find the replica unreachable within its connect timeout and send the page to the primary.
+    (Should it wait, the replica is thawed after a minute and the page reads it.)"""
+    _, browser, _ = world
+    assert read_by(primary, replica, browser, "/")[1] == "replica"  # its connection is open
+    postmaster = int((PAIR.root / "replica" / "postmaster.pid").read_text().split()[0])
+    frozen = [postmaster, *_children(postmaster)]
+
+    def send(sent: signal.Signals) -> None:
+        for pid in frozen:
+            with contextlib.suppress(ProcessLookupError):  # a backend that was ending
+                os.kill(pid, sent)
+
+    def thaw() -> None:
+        send(signal.SIGCONT)
+
+    send(signal.SIGSTOP)
+    thaw_later = threading.Timer(60, thaw)
+    thaw_later.start()
+    try:
+        clock.tick()  # the lag is measured again
+        response = browser.get("/sessions/")
+    finally:
+        thaw_later.cancel()
+        thaw()
+    assert response.status_code == 200
+    assert PRIMARY_NOTE in response.content.decode()
+    clock.tick()
+    assert read_by(primary, replica, browser, "/")[1] == "replica"
