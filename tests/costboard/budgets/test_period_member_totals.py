@@ -26,7 +26,9 @@ pytestmark = pytest.mark.django_db
 INPUT_RATE = Decimal("2.718281")
 OUTPUT_RATE = Decimal("11.314159")
 # a quarter past an hour, two days back: the tests' clock, turned by hand
-T0 = datetime.now(UTC).replace(minute=15, second=0, microsecond=0) - timedelta(days=2)
+# two days ago at 12:15 UTC: the test reads the day's budget an hour later, still that day
+# (at the clock's own hour, a run after 23:00 UTC read the next day: 0 tokens)
+T0 = datetime.now(UTC).replace(hour=12, minute=15, second=0, microsecond=0) - timedelta(days=2)
 HOUR = timedelta(hours=1)
 
 # (input, output) tokens of each member's steps: against a 10,000-token limit (warn at 80 %)
