@@ -24,6 +24,9 @@ from tests.servers import RedisServer
 from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[3]
+# how long a liveness wait allows a Celery worker to start (or to replace its pool process)
+# and take the task: a bound on "never", not a measure of speed (tests/waiting.py)
+WORKER_START_S = 120.0
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),  # the worker process reads what we commit
@@ -72,13 +75,17 @@ def test_a_worker_killed_mid_import_leaves_the_import_to_be_done_again(tmp_path:
     try:
         fake.hold()
         beat.send_task("costboard.tasks.billing_import", queue="billing")  # beat's daily entry
-        wait_until(lambda: fake.held() == 1, what=f"the import asking for costs; log {tmp_path}")
+        wait_until(  # a worker's cold start first: on a busy two-core machine, past 30 s
+            lambda: fake.held() == 1,
+            timeout=WORKER_START_S,
+            what=f"the import asking for costs; log {tmp_path}",
+        )
         [killed] = pool_processes(worker)
         os.kill(killed, signal.SIGKILL)  # mid-import: nothing of it committed
         fake.release()
         wait_until(
             lambda: BilledUsage.objects.count() == 10,
-            timeout=60,
+            timeout=WORKER_START_S,  # a new pool process, as cold
             what=f"the import done again (have {BilledUsage.objects.count()}); log {tmp_path}",
         )
     finally:
