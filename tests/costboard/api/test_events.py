@@ -12,6 +12,7 @@ from costboard.api.events import prefers_minimal
 from costboard.models import BudgetEvent, DailyRollup, EventReceipt, Session, Step, Turn
 from costboard.pricing.sync import prices_sync
 from tests.conftest import Agent, make_agent, usd
+from tests.costboard.ingest.test_normalize import GEMINI_WITH_TOOL_PROMPTS
 
 pytestmark = pytest.mark.django_db
 
@@ -451,14 +452,7 @@ def test_a_gemini_step_with_tool_use_prompt_tokens_costs_what_genai_prices_says(
     # Gemini reports the tool prompts (a search's results) beside promptTokenCount: billed as
     # input, they also take this call past gemini-2.5-pro's 200k long-context tier
     prices_sync()
-    metadata = {
-        "promptTokenCount": 150_000,
-        "cachedContentTokenCount": 20_000,
-        "candidatesTokenCount": 500,
-        "thoughtsTokenCount": 300,
-        "toolUsePromptTokenCount": 60_000,
-        "totalTokenCount": 210_800,
-    }
+    metadata = GEMINI_WITH_TOOL_PROMPTS
     agent.events(
         step(
             model="gemini-2.5-pro",

@@ -174,19 +174,22 @@ def test_unreadable_usage_names_the_field(usage: dict[str, object], field: str) 
     assert caught.value.field == field
 
 
+# Gemini's usageMetadata of a call whose tools' prompts (a search's results, fed back) are
+# reported beside promptTokenCount: 150,000 + 60,000 input, past gemini-2.5-pro's 200k tier
+GEMINI_WITH_TOOL_PROMPTS = {
+    "promptTokenCount": 150_000,
+    "cachedContentTokenCount": 20_000,
+    "candidatesTokenCount": 500,
+    "thoughtsTokenCount": 300,
+    "toolUsePromptTokenCount": 60_000,
+    "totalTokenCount": 210_800,
+}
+
+
 def test_gemini_tool_use_prompt_tokens_are_billed_as_input() -> None:
     # toolUsePromptTokenCount (a search's results fed back) is beside promptTokenCount, not
     # inside it; Google bills it as input, as genai-prices' own usage extractor counts it
-    tokens = normalize_usage(
-        {
-            "promptTokenCount": 150_000,
-            "cachedContentTokenCount": 20_000,
-            "candidatesTokenCount": 500,
-            "thoughtsTokenCount": 300,
-            "toolUsePromptTokenCount": 60_000,
-            "totalTokenCount": 210_800,
-        }
-    )
+    tokens = normalize_usage(GEMINI_WITH_TOOL_PROMPTS)
     assert tokens == Tokens(
         input_tokens=190_000,
         output_tokens=800,

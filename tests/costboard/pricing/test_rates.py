@@ -181,18 +181,20 @@ def test_an_unknown_model_is_stored_unpriced_never_guessed(agent: Agent) -> None
     assert (rollup.calls, rollup.unpriced_calls) == (1, 1)
 
 
+# test-long's rates past 200,000 input tokens (cache included): twice its base
+LONG_TIER = {
+    "start": 200_000,
+    "input_mtok": "6",
+    "output_mtok": "22.5",
+    "cache_read_mtok": "0.6",
+    "cache_write_mtok": "7.5",
+}
+
+
 def test_long_context_tier_prices_every_token_of_the_call(agent: Agent) -> None:
     add_price(
         "test-long",
-        tiers=[
-            {
-                "start": 200_000,
-                "input_mtok": "6",
-                "output_mtok": "22.5",
-                "cache_read_mtok": "0.6",
-                "cache_write_mtok": "7.5",
-            }
-        ],
+        tiers=[LONG_TIER],
     )
     agent.events(
         {
@@ -227,16 +229,7 @@ def test_a_steps_price_explanation_names_the_rates_that_priced_it(agent: Agent) 
     base rates would not give its cost), and 1-hour cache writes with their rate."""
     add_price(
         "test-long",
-        tiers=[
-            {
-                "start": 200_000,
-                "input_mtok": "6",
-                "output_mtok": "22.5",
-                "cache_read_mtok": "0.6",
-                "cache_write_mtok": "7.5",
-                "cache_write_1h_mtok": "12",
-            }
-        ],
+        tiers=[{**LONG_TIER, "cache_write_1h_mtok": "12"}],
     )
     usage = {
         "input_tokens": 150_000,
