@@ -363,11 +363,12 @@ def touches_retime(
     now: datetime,
     *,
     made: set[tuple[str, int]],
-) -> None:
+) -> set[tuple[str, int]]:
     """Time each touched session and turn by the batch's accepted events alone, once some were
     replays (a replay changes nothing: without `timestamp` it is timed when it arrives, and
     would make its session look active again); one touched by replays alone is left as stored
-    (`timed`). The turns the batch `made` keep their times (they are inserted with them)."""
+    (`timed`). The turns the batch `made` keep their times (they are inserted with them).
+    Returns the turns the accepted events name: one made for replays alone is none of them."""
     timed_sessions: dict[str, SessionTouch] = {}
     timed_turns: dict[tuple[str, int], TurnTouch] = {}
     for step in inserted:  # batch_plan's touches, of what was accepted
@@ -386,6 +387,7 @@ def touches_retime(
     for number, turn in turns.items():
         if number not in made:
             _retimed(turn, timed_turns.get(number))
+    return set(timed_turns)
 
 
 def _retimed(touch: SessionTouch | TurnTouch, timed: SessionTouch | TurnTouch | None) -> None:

@@ -150,8 +150,8 @@ def events_ingest(
             hot = hot_statements(sql, project, inserted)
         if len(inserted) < len(steps) or dup_others:
             made = {key for key, turn in turns_now.items() if turn.new}
-            touches_retime(sessions, turns, accepted_others, inserted, now, made=made)
-            turns_replayed_drop(turns_now, turns, accepted_others, inserted)
+            named = touches_retime(sessions, turns, accepted_others, inserted, now, made=made)
+            turns_replayed_drop(turns_now, turns, named)
         runaways = turns_update(cursor, sql, project, session_ids, turns_now, turns, inserted)
         model_usage_upsert(cursor, sql, project, session_ids, inserted)
         hot += attribution_statements(sql, project, inserted, users, session_tags)

@@ -11,7 +11,6 @@ from typing import Any
 
 from costboard.budgets.engine import Flag
 from costboard.ingest.plan import PricedStep, TurnTouch, steps_sum
-from costboard.ingest.schemas import SessionEvent, TurnEvent
 from costboard.ingest.sql import USAGE, USAGE_COLUMNS, json_text
 from costboard.ingest.turn_rules import TurnStreaks, turn_check
 from costboard.models import Project, Turn
@@ -79,14 +78,12 @@ def turns_ensure(
 def turns_replayed_drop(
     turns_now: dict[tuple[str, int], _TurnNow],
     turns: dict[tuple[str, int], TurnTouch],
-    accepted: list[SessionEvent | TurnEvent],
-    inserted: list[PricedStep],
+    named: set[tuple[str, int]],
 ) -> None:
-    """Forget the new turns only replays named (a step's or a turn event's event_id sent
-    again under another turn number): a replay changes nothing (docs/api.md, "Idempotency"),
-    so no empty turn is made for it; its reserved id goes unused."""
-    named = {(step.session_key, step.turn_no) for step in inserted if step.turn_no is not None}
-    named.update((e.session_id, e.turn) for e in accepted if isinstance(e, TurnEvent))
+    """Forget the new turns no accepted event `named` (touches_retime's): only replays named
+    them (a step's or a turn event's event_id sent again under another turn number), and a
+    replay changes nothing (docs/api.md, "Idempotency"), so no empty turn is made for it; its
+    reserved id goes unused."""
     for key in [key for key, turn in turns_now.items() if turn.new and key not in named]:
         del turns_now[key], turns[key]
 
