@@ -32,7 +32,7 @@ import urllib.request
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache, partial
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 from django.conf import settings
@@ -308,43 +308,37 @@ def webhook_url_refusal(url: str) -> str | None:
 # --- connecting to the checked addresses only ---------------------------------------------
 
 
-class _DeadlineSocket(socket.socket):
-    """A TCP socket whose every wait is cut to what is left of its request's deadline: the
+class _Deadline:
+    """A socket whose every wait is cut to what is left of its request's deadline: the
     timeout bounds the whole request, so a receiver that trickles its reply a byte at a time
-    (each within a socket timeout, which is per wait) cannot hold a dispatcher past it."""
+    (each within a socket timeout, which is per wait) cannot hold a dispatcher past it. Mixed
+    into the TCP socket and, as the context's `sslsocket_class`, the TLS one."""
 
     deadline = math.inf  # time.monotonic()'s
 
-    def recv_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> int:
-        _cut_to_deadline(self, self.deadline)
-        return super().recv_into(buffer, nbytes, flags)
+    def cut_to_deadline(self) -> None:
+        if self.deadline == math.inf:
+            return
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the request took longer than its timeout in all")
+        cast(socket.socket, self).settimeout(left)
 
-    def sendall(self, data: Any, flags: int = 0) -> None:
-        _cut_to_deadline(self, self.deadline)
-        super().sendall(data, flags)
+    def recv_into(self, *args: Any) -> int:
+        self.cut_to_deadline()
+        return cast(int, super().recv_into(*args))  # type: ignore[misc]
 
-
-class _DeadlineSSLSocket(ssl.SSLSocket):
-    """_DeadlineSocket's cut for TLS (the context's `sslsocket_class`)."""
-
-    deadline = math.inf
-
-    def recv_into(self, buffer: Any, nbytes: int | None = None, flags: int = 0) -> int:
-        _cut_to_deadline(self, self.deadline)
-        return super().recv_into(buffer, nbytes, flags)
-
-    def sendall(self, data: Any, flags: int = 0) -> None:
-        _cut_to_deadline(self, self.deadline)
-        super().sendall(data, flags)
+    def sendall(self, *args: Any) -> None:
+        self.cut_to_deadline()
+        super().sendall(*args)  # type: ignore[misc]
 
 
-def _cut_to_deadline(sock: socket.socket, deadline: float) -> None:
-    if deadline == math.inf:
-        return
-    left = deadline - time.monotonic()
-    if left <= 0:
-        raise TimeoutError("the request took longer than its timeout in all")
-    sock.settimeout(left)
+class _DeadlineSocket(_Deadline, socket.socket):
+    pass
+
+
+class _DeadlineSSLSocket(_Deadline, ssl.SSLSocket):
+    pass
 
 
 def _pinned_socket(
@@ -362,7 +356,7 @@ def _pinned_socket(
         sock = _DeadlineSocket(family, socket.SOCK_STREAM)
         sock.deadline = deadline
         try:
-            _cut_to_deadline(sock, deadline)
+            sock.cut_to_deadline()
             sock.connect((str(address), port))
         except OSError as exc:
             sock.close()
@@ -399,7 +393,7 @@ class _PinnedHTTPSConnection(http.client.HTTPSConnection):
         sock = _pinned_socket(self._addresses, self.port, self.timeout)
         self._tls.sslsocket_class = _DeadlineSSLSocket
         try:  # SNI and the certificate check are for the URL's host name, not the address
-            _cut_to_deadline(sock, sock.deadline)  # the handshake within what is left
+            sock.cut_to_deadline()  # the handshake within what is left
             tls = self._tls.wrap_socket(sock, server_hostname=self.host)
         except BaseException:
             sock.close()
