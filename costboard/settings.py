@@ -20,6 +20,8 @@ import django_stubs_ext
 from csp.constants import NONE, SELF
 from django.core.exceptions import ImproperlyConfigured
 from kombu import Queue
+from kombu.transport import TRANSPORT_ALIASES
+from kombu.utils.url import url_to_parts
 
 # Django's generic classes (ModelAdmin, ModelForm, Paginator…) take their type argument at run
 # time too, as they do in django-stubs: `class ProjectAdmin(admin.ModelAdmin[Project])` under
@@ -449,6 +451,22 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = 6 * 1024 * 1024
 
 # --- Celery: Redis in production; no broker means tasks run in-process ----------------------
 _broker = env_str("CELERY_BROKER_URL")
+if _broker:
+    # kombu reads a bad URL only when a task is first sent: `redis//host` as the host "is",
+    # a port "abc" as a ValueError, `http://` as "No such transport". Refused here by name.
+    _broker_shown = url_shown(repr(_broker))
+    try:
+        _broker_parts = url_to_parts(_broker)
+    except ValueError as exc:  # a port that is not a number
+        raise ImproperlyConfigured(
+            f"CELERY_BROKER_URL={_broker_shown} is not a broker URL ({url_shown(str(exc))}); "
+            "use e.g. redis://127.0.0.1:6379/0."
+        ) from None
+    if "://" not in _broker or _broker_parts.scheme not in TRANSPORT_ALIASES:
+        raise ImproperlyConfigured(
+            f"CELERY_BROKER_URL={_broker_shown} names no broker Celery knows; use e.g. "
+            "redis://127.0.0.1:6379/0 (or unset it: tasks then run in-process)."
+        )
 CELERY_TASK_ALWAYS_EAGER = not _broker
 CELERY_BROKER_URL = _broker or "memory://"
 CELERY_TASK_EAGER_PROPAGATES = True

@@ -56,6 +56,9 @@ def started(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess
         ("DJANGO_HTTPS", "maybe"),
         ("DJANGO_HSTS_SECONDS", "-1"),
         ("DJANGO_HSTS_SECONDS", "3600"),  # without DJANGO_HTTPS=1: never sent
+        ("CELERY_BROKER_URL", "redis//127.0.0.1:6379/0"),  # kombu: the host "is"
+        ("CELERY_BROKER_URL", "http://127.0.0.1:6379/0"),
+        ("CELERY_BROKER_URL", "127.0.0.1:6379"),
     ],
 )
 def test_startup_fails_naming_the_variable(name: str, value: str) -> None:
@@ -73,6 +76,8 @@ def test_startup_fails_naming_the_variable(name: str, value: str) -> None:
         ("DATABASE_URL", "postgres://app:s3cret-pw@primary:port/x"),  # not a port
         ("DATABASE_REPLICA_URLS", "postgres://app:s3cret-pw@replica:port/costboard"),
         ("DATABASE_REPLICA_URLS", "mysql://app:s3cret-pw@replica/costboard"),
+        ("CELERY_BROKER_URL", "redis://app:s3cret-pw@broker:port/0"),  # not a port
+        ("CELERY_BROKER_URL", "htttp://app:s3cret-pw@broker:6379/0"),
     ],
 )
 def test_a_refused_database_url_is_named_without_its_password(name: str, value: str) -> None:
