@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import argparse
 import logging
 import time
 from collections.abc import Callable
@@ -40,6 +41,17 @@ class _Last:
     billing: float | None = None
 
 
+def _seconds(value: str) -> int:
+    """--every's N: a whole number of seconds in digits 0-9 (a negative one swept every
+    second, and int() reads other digits too)."""
+    text = value.strip()
+    if not (text.isascii() and text.isdigit()):
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a number of seconds: write 0 (once) or N > 0, e.g. --every 60"
+        )
+    return int(text)
+
+
 class Command(BaseCommand):
     help = (
         "Run the runaway sweep (burn rate, projected overrun, long sessions) and the spend "
@@ -55,7 +67,7 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
             "--every",
-            type=int,
+            type=_seconds,
             default=0,
             help="Repeat the runaway sweep every N seconds (0: run everything once).",
         )

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import time_machine
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 from django.db.models import Sum
 
 from costboard import tasks
@@ -428,3 +428,10 @@ def test_the_system_session_has_caps_of_its_own(agent: Agent, priced: Any) -> No
     agent.project.system_token_cap = None  # then the project's session cap applies to it too
     agent.project.save()
     assert agent.budget("system").json()["token_cap"] == 1000
+
+
+@pytest.mark.parametrize("every", ["-5", "1.5", "soon", "１２"])
+def test_every_that_is_not_a_number_of_seconds_is_refused_naming_it(every: str) -> None:
+    """A negative --every swept every second (its due test always true) instead of refusing."""
+    with pytest.raises(CommandError, match=r"--every.*not a number of seconds.*--every 60"):
+        call_command("guard_sweep", "--every", every)
