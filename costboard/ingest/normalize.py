@@ -10,13 +10,16 @@ their prompt total, so they are subtracted here — once — never counted twice
 |                        | or input_tokens + output_tokens alone                      |
 | OpenAI Chat            | prompt_tokens / completion_tokens               |
 | OpenAI Responses       | input_tokens with input_tokens_details, output_tokens_details |
-|                        | or total_tokens                                            |
+|                        | or total_tokens (Realtime: input_token_details)            |
 | Gemini usageMetadata   | promptTokenCount / candidatesTokenCount         |
+| Bedrock Converse       | inputTokens / outputTokens                      |
 
 Reasoning tokens are reported apart for information; they are already inside output tokens
 (OpenAI's completion_tokens and Anthropic's output_tokens include them), so they are not priced
 again; Gemini's are not (thoughtsTokenCount is beside candidatesTokenCount), so they are added
-to its output. Gemini's toolUsePromptTokenCount (the prompts of its tools, beside
+to its output. xAI's are not either: its completion_tokens leaves them out, which its
+total_tokens shows (prompt + completion + reasoning), and then they are added to the output, as
+genai-prices and xAI bill them. Gemini's toolUsePromptTokenCount (the prompts of its tools, beside
 promptTokenCount) is added to its input, as genai-prices and Google bill it.
 """
 
@@ -109,6 +112,14 @@ def normalize_usage(usage: Mapping[str, Any]) -> Tokens:
             raise UsageError(f"{ttl_path} must be an object", field=ttl_path)
         one_hour = _count(ttl or {}, "ephemeral_1h_input_tokens", ttl_path)
         completion_details = _details(usage, "completion_tokens_details")
+        completion = _count(usage, "completion_tokens")
+        reasoning = _count(
+            completion_details, "reasoning_tokens", "usage.completion_tokens_details"
+        )
+        total = usage.get("total_tokens")
+        if reasoning and total == prompt + completion + reasoning:
+            # xAI: the reasoning is billed as output but left out of completion_tokens
+            completion += reasoning
         return Tokens(
             input_tokens=_subtract(
                 prompt,
@@ -116,13 +127,11 @@ def normalize_usage(usage: Mapping[str, Any]) -> Tokens:
                 "prompt_tokens",
                 _cache_parts("prompt_tokens_details", written),
             ),
-            output_tokens=_count(usage, "completion_tokens"),
+            output_tokens=completion,
             cache_read_input_tokens=cached,
             cache_creation_input_tokens=written,
             cache_creation_1h_input_tokens=min(one_hour, written),
-            reasoning_tokens=_count(
-                completion_details, "reasoning_tokens", "usage.completion_tokens_details"
-            ),
+            reasoning_tokens=reasoning,
         )
 
     if "promptTokenCount" in usage or "candidatesTokenCount" in usage:  # Gemini
@@ -140,6 +149,9 @@ def normalize_usage(usage: Mapping[str, Any]) -> Tokens:
             reasoning_tokens=thoughts,
         )
 
+    if "inputTokens" in usage or "outputTokens" in usage:  # Bedrock Converse
+        return _bedrock_usage(usage)
+
     if "input_tokens" in usage or "output_tokens" in usage:
         anthropic_cache = (
             "cache_read_input_tokens" in usage
@@ -149,19 +161,24 @@ def normalize_usage(usage: Mapping[str, Any]) -> Tokens:
         responses_shape = (
             "input_tokens_details" in usage
             or "output_tokens_details" in usage
+            or "input_token_details" in usage
             or "total_tokens" in usage
         )
-        if responses_shape and not anthropic_cache:  # OpenAI Responses
+        if responses_shape and not anthropic_cache:  # OpenAI Responses (or Realtime)
             input_total = _count(usage, "input_tokens")
-            input_details = _details(usage, "input_tokens_details")
-            cached = _count(input_details, "cached_tokens", "usage.input_tokens_details")
-            written = _count(input_details, "cache_write_tokens", "usage.input_tokens_details")
+            # the Realtime API's response.done usage says input_token_details (singular)
+            key = "input_tokens_details"
+            if key not in usage and "input_token_details" in usage:
+                key = "input_token_details"
+            input_details = _details(usage, key)
+            cached = _count(input_details, "cached_tokens", f"usage.{key}")
+            written = _count(input_details, "cache_write_tokens", f"usage.{key}")
             return Tokens(
                 input_tokens=_subtract(
                     input_total,
                     cached + written,
                     "input_tokens",
-                    _cache_parts("input_tokens_details", written),
+                    _cache_parts(key, written),
                 ),
                 output_tokens=_count(usage, "output_tokens"),
                 cache_read_input_tokens=cached,
@@ -194,5 +211,36 @@ def normalize_usage(usage: Mapping[str, Any]) -> Tokens:
     raise UsageError(
         "usage is not a recognized usage object: expected Anthropic (input_tokens, "
         "output_tokens, cache_*), OpenAI Chat (prompt_tokens, completion_tokens) or OpenAI "
-        "Responses (input_tokens, output_tokens, *_details); or send the token fields directly"
+        "Responses (input_tokens, output_tokens, *_details), Gemini (promptTokenCount, "
+        "candidatesTokenCount) or Bedrock Converse (inputTokens, outputTokens); or send the "
+        "token fields directly"
+    )
+
+
+def _bedrock_usage(usage: Mapping[str, Any]) -> Tokens:
+    """Bedrock Converse's usage: inputTokens excludes the cache, as Anthropic's input_tokens
+    does; `cacheDetails` lists the cache writes by time to live (`5m`, `1h`)."""
+    written = _count(usage, "cacheWriteInputTokens")
+    details = usage.get("cacheDetails")
+    if details is None:
+        details = []
+    if not isinstance(details, list):
+        raise UsageError("usage.cacheDetails must be an array", field="usage.cacheDetails")
+    one_hour = listed = 0
+    for index, detail in enumerate(details):
+        path = f"usage.cacheDetails.{index}"
+        if not isinstance(detail, Mapping):
+            raise UsageError(f"{path} must be an object", field=path)
+        tokens = _count(detail, "inputTokens", path)
+        listed += tokens
+        if detail.get("ttl") == "1h":
+            one_hour += tokens
+    if not written:
+        written = listed
+    return Tokens(
+        input_tokens=_count(usage, "inputTokens"),
+        output_tokens=_count(usage, "outputTokens"),
+        cache_read_input_tokens=_count(usage, "cacheReadInputTokens"),
+        cache_creation_input_tokens=written,
+        cache_creation_1h_input_tokens=min(one_hour, written),
     )

@@ -237,7 +237,7 @@ class StepEvent(_Event):
     usage: dict[str, Any] | None = Field(
         default=None,
         description="a provider's raw usage object (Anthropic Messages, OpenAI Chat Completions "
-        "or Responses, Gemini usageMetadata); explicit token fields win over it",
+        "or Responses, Gemini usageMetadata, Bedrock Converse); explicit token fields win over it",
     )
     metadata: dict[str, Any] | None = None
     tags: Tags | None = Field(
