@@ -49,7 +49,7 @@ from django.db.models.functions import TruncDate
 
 from costboard.models import TOOL_MODEL, BilledUsage, DailyRollup, Step
 from costboard.pricing.families import model_family
-from costboard.pricing.names import canonical_provider, home_provider
+from costboard.pricing.names import billing_provider, home_provider
 from costboard.pricing.rates import rate_table
 
 ZERO = Decimal(0)
@@ -145,13 +145,10 @@ class Wanted:
 
 
 def step_provider(price_provider: str | None, sent: str, model: str) -> str:
-    """The provider a step is billed by: its price row's, else the one it was sent with,
-    else its model's home provider; "" when none is known."""
-    if price_provider:
-        return price_provider.lower()
-    if sent.strip():
-        return canonical_provider(sent.strip())
-    return home_provider(model) or ""
+    """The provider a step is billed by: its price row's (or, priced by the row of a provider
+    whose models the one it was sent through resells, that reseller's: Azure, not OpenAI),
+    else the one it was sent with, else its model's home provider; "" when none is known."""
+    return billing_provider(price_provider or "", sent) or home_provider(model) or ""
 
 
 # --- reading -----------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from decimal import Decimal
 
 from costboard.models import STANDARD_TIER, Step, usd
 from costboard.pricing.families import is_tool_model
-from costboard.pricing.names import canonical_provider
+from costboard.pricing.names import billing_provider
 from costboard.pricing.rates import Rate, RateTable, rate_table
 
 PER_MILLION = ("in", "out", "cache read", "cache write")
@@ -84,7 +84,7 @@ def price_explanation(step: Step, table: RateTable | None = None) -> str:
     if table.adjustments:
         adjustment = table.adjustment_at(
             step.project_id,
-            rate.provider or canonical_provider(step.provider),
+            billing_provider(rate.provider, step.provider),
             step.family,
             step.timestamp,
         )

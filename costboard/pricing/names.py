@@ -58,3 +58,27 @@ def model_aliases(model: str) -> list[str]:
         if n and n not in seen and n != model:
             seen.append(n)
     return seen
+
+
+@lru_cache(maxsize=1024)
+def _resold(provider: str) -> frozenset[str]:
+    """The providers whose models `provider` sells at their prices (genai-prices'
+    `fallback_model_providers`: Azure's OpenAI models, Vertex's Claude)."""
+    from genai_prices import data_snapshot
+
+    found = data_snapshot.find_provider_by_id(data_snapshot.get_snapshot().providers, provider)
+    return frozenset(found.fallback_model_providers or ()) if found is not None else frozenset()
+
+
+def billing_provider(price_provider: str, sent: str) -> str:
+    """The provider that bills a step: its price row's, except that a step sent through a
+    provider reselling the row's provider's models (Azure for OpenAI's, Google for
+    Anthropic's) is billed by the one it was sent through; without a row's provider, the one
+    it was sent with (canonical)."""
+    provider = canonical_provider(sent) if sent.strip() else ""
+    if not price_provider:
+        return provider
+    price_provider = price_provider.lower()
+    if provider and provider != price_provider and price_provider in _resold(provider):
+        return provider
+    return price_provider

@@ -13,9 +13,9 @@ admins. Ingest, `RateTable.price()` and repricing all choose the row with `rate_
 Each row prices one service tier (standard, batch, flex, priority, …): a step is priced by
 its tier's series, and by the standard series when its model has no row of that tier then.
 A negotiated adjustment (PriceAdjustment) then scales the list cost: of those in effect for
-the step's project, its price row's provider and family, the most specific (project and
-family, project, family, provider), then the latest; each part of the cost × (1 + pct/100),
-kept to 12 places half-even as every cost is.
+the step's project, the provider billing it (`names.billing_provider`) and its family, the
+most specific (project and family, project, family, provider), then the latest; each part
+of the cost × (1 + pct/100), kept to 12 places half-even as every cost is.
 
 The table, the adjustments with it, lives in memory per process (a few thousand rows) and
 is reloaded when the `(count, max(updated_at))` of the price or the adjustment table
@@ -39,7 +39,12 @@ from django.db import connection
 from costboard.models import STANDARD_TIER, ModelPrice, PriceAdjustment
 from costboard.money import pico_usd
 from costboard.pricing.adjustments import Adjustment, adjustment_from_row
-from costboard.pricing.names import canonical_provider, home_provider, model_aliases
+from costboard.pricing.names import (
+    billing_provider,
+    canonical_provider,
+    home_provider,
+    model_aliases,
+)
 
 MILLION = Decimal(1_000_000)
 CENT_FRACTION = Decimal("1e-12")  # costs are kept to 12 places (see models.COST)
@@ -462,14 +467,15 @@ class RateTable:
     def adjust(
         self, cost: PicoCost, project_id: int, provider: str, family: str, when: datetime
     ) -> PicoCost:
-        """A list cost with the negotiated adjustment of its project, its price row's
-        provider (else the step's) and family at `when` applied, if any."""
+        """A list cost with the negotiated adjustment of its project, the provider billing
+        it (`billing_provider`: its price row's, or the reseller's it was sent through) and
+        family at `when` applied, if any."""
         price_id = cost[0]
         if price_id is None or not self.adjustments:
             return cost
         rate = self.by_id[price_id]
         adjustment = self.adjustment_at(
-            project_id, rate.provider or canonical_provider(provider), family, when
+            project_id, billing_provider(rate.provider, provider), family, when
         )
         if adjustment is None:
             return cost
@@ -479,9 +485,9 @@ class RateTable:
     def adjustment_at(
         self, project_id: int, provider: str, family: str, when: datetime
     ) -> Adjustment | None:
-        """The negotiated adjustment for a step of this project, its price row's provider
-        and family, at this instant: of those in effect, the most specific, then the
-        latest (docs/pricing.md, "Negotiated rates"); None: list price."""
+        """The negotiated adjustment for a step of this project, the provider billing it
+        (`billing_provider`) and family, at this instant: of those in effect, the most
+        specific, then the latest (docs/pricing.md, "Negotiated rates"); None: list price."""
         key = (project_id, provider, family)
         found = self._adjusting.get(key)
         if found is None:

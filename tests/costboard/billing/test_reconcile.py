@@ -827,3 +827,21 @@ def test_a_removed_steps_provider_is_their_kept_siblings_else_the_bill_naming_th
     ]
     # D1 alone, no step kept: zeta's bill names the family
     assert zeta(D1, D1) == [("2026-11-01", "acme-large-2026-01-01", "1.00", False, True)]
+
+
+def test_an_azure_step_priced_by_openais_row_reconciles_with_azures_bill(acme: Agent) -> None:
+    # Azure resells OpenAI's models at OpenAI's list: priced by the openai row, billed by Azure
+    acme.events(step(D3, "gpt-4o", 1_000_000, 0, provider="azure"))  # $2.50
+    rows = rows_from_json(
+        {"rows": [{"date": str(D3), "provider": "azure", "model": "gpt-4o", "cost_usd": "2.60"}]},
+        default_project=acme.project,
+    )
+    billing_rows_replace(rows, source="api")
+    [line] = reconcile(Wanted([acme.project.pk], D3, D3))
+    assert (line.provider, line.model, line.estimated_cost_usd, line.billed_cost_usd) == (
+        "azure",
+        "gpt-4o",
+        Decimal("2.50"),
+        Decimal("2.60"),
+    )
+    assert (line.steps, line.uninstrumented) == (1, False)

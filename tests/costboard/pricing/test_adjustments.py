@@ -255,3 +255,27 @@ def test_the_admin_adds_an_adjustment_that_reprices_and_shows_beside_the_list_pr
     )
     assert bad.status_code == 200 and "from -100 (free) to 1000" in bad.content.decode()
     assert PriceAdjustment.objects.count() == 1
+
+
+def test_azures_adjustment_scales_its_steps_priced_by_openais_row(agent: Agent) -> None:
+    # Azure resells OpenAI's models at OpenAI's list (genai-prices prices them by OpenAI's
+    # rows): an Azure step is priced by the openai row, but Azure bills it, so Azure's
+    # contract scales it and OpenAI's does not
+    add_price("test-gpt", provider="openai")
+    for provider, percent in (("azure", "-20"), ("openai", "-50")):
+        adjustment_save(
+            adjustment=PriceAdjustment(
+                provider=provider, percent=Decimal(percent), effective_from=date(2026, 11, 1)
+            )
+        )
+    outbox_dispatch()
+    agent.events(
+        step("az", model="test-gpt", provider="azure"),
+        step("oa", model="test-gpt", provider="openai"),
+    )
+    azure = Step.objects.get(provider="azure")
+    assert azure.price is not None and azure.price.provider == "openai"
+    assert azure.cost_usd == scaled(azure, "-20") == list_cost(azure) * Decimal("0.8")
+    assert "−20 % negotiated on list for azure from 2026-11-01" in price_explanation(azure)
+    openai = Step.objects.get(provider="openai")
+    assert openai.cost_usd == scaled(openai, "-50")
