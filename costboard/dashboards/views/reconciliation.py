@@ -15,7 +15,6 @@ from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
 from django.urls import reverse
-from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from costboard.billing.proposals import (
@@ -28,7 +27,7 @@ from costboard.billing.reconcile import Line, Wanted, grouped, reconcile, total
 from costboard.dashboards import charts
 from costboard.dashboards.params import Checks
 from costboard.dashboards.scope import scope_for
-from costboard.dashboards.views.shared import figures, period_start, read_period
+from costboard.dashboards.views.shared import figures, period_start, read_days
 from costboard.input_limits import amount_fault
 from costboard.pricing.services import PriceError, adjustment_set
 from costboard.replicas import replica_reads
@@ -76,11 +75,7 @@ def reconciliation_page(request: HttpRequest) -> HttpResponse:
 def _page(request: HttpRequest, apply_error: str = "", status: int = 200) -> HttpResponse:
     scope = scope_for(request)
     checks = Checks(request.GET)
-    period = read_period(checks.params)
-    checks.named(period.errors)
-    today = timezone.now().date()
-    until = period.until or today
-    since = period.since or period_start(period.until)
+    since, until = read_days(checks)
     if (until - since).days >= MAX_DAYS:
         checks.errors["since"] = (
             f"at most {MAX_DAYS} days at once: pick a start on or after "

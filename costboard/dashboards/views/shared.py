@@ -131,6 +131,25 @@ def period_start(until: date | None) -> date:
     return min(today, until or today) - timedelta(days=PERIOD_DAYS - 1)
 
 
+def read_days(checks: Checks) -> tuple[date, date]:
+    """A page's from/to filter with its defaults (until today, since the PERIOD_DAYS that end
+    at until), each wrong field named in `checks`. A start after today without an end would
+    be a period that runs backwards, shown empty: named, and the default period shown, as the
+    API refuses since after until (docs/pages.md, "Parameters")."""
+    today = timezone.now().date()
+    period = read_period(checks.params)
+    checks.named(period.errors)
+    until = period.until or today
+    since = period.since or period_start(period.until)
+    if since > until:  # only a since given after today: read_period checks both given
+        checks.errors["since"] = (
+            f"{since:%Y-%m-%d} is after today, {until:%Y-%m-%d}, where the period ends "
+            "without an end date: pick a start on or before it, or an end (to) on or after it"
+        )
+        since = period_start(until)
+    return since, until
+
+
 def csv_refused(request: HttpRequest, checks: Checks, page: str) -> HttpResponse:
     """A CSV asked for with a bad filter: no file, but the 422 page naming each bad parameter
     and linking to the list with the same filters, where the form shows them."""

@@ -6,7 +6,6 @@ from __future__ import annotations
 from django.contrib.auth.decorators import login_required
 from django.http import HttpResponse
 from django.shortcuts import render
-from django.utils import timezone
 
 from costboard.dashboards import charts
 from costboard.dashboards.params import Checks
@@ -23,8 +22,7 @@ from costboard.dashboards.views.shared import (
     HtmxHttpRequest,
     checked_models,
     figures,
-    period_start,
-    read_period,
+    read_days,
     tag_breakdown,
 )
 from costboard.models import MAX_TIER_LENGTH, TIER_WORD, service_tier_word
@@ -38,11 +36,7 @@ def steps_page(request: HtmxHttpRequest) -> HttpResponse:
     breakdown all of the steps the filters keep."""
     scope = scope_for(request)
     checks = Checks(request.GET)
-    today = timezone.now().date()
-    period = read_period(request.GET)
-    checks.named(period.errors)
-    since = period.since or period_start(period.until)
-    until = period.until or today
+    since, until = read_days(checks)
     ids = scope.project_ids
     names = step_names(project_ids=ids)
     model, exact = checked_models(checks, names)

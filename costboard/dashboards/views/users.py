@@ -8,14 +8,13 @@ from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
-from django.utils import timezone
 
 from costboard.dashboards.csv import users_csv_text
 from costboard.dashboards.params import Checks
 from costboard.dashboards.scope import scope_for
 from costboard.dashboards.selectors.shared import ZERO
 from costboard.dashboards.selectors.users import USER_SORTS, users_spend
-from costboard.dashboards.views.shared import PAGE_SIZE, csv_refused, period_start, read_period
+from costboard.dashboards.views.shared import PAGE_SIZE, csv_refused, read_days
 from costboard.replicas import replica_reads
 
 
@@ -35,11 +34,7 @@ def users_csv(request: HttpRequest) -> HttpResponse:
 
 
 def _users_period(checks: Checks) -> tuple[date, date, str]:
-    today = timezone.now().date()
-    period = read_period(checks.params)
-    checks.named(period.errors)
-    since = period.since or period_start(period.until)
-    until = period.until or today
+    since, until = read_days(checks)
     sort = checks.sort("sort", USER_SORTS, default="-cost")
     return since, until, sort
 

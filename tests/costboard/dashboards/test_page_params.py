@@ -228,6 +228,20 @@ def test_a_page_past_the_last_names_the_pages_there_are(
     assert sessions_shown(response) == sessions_shown(staff.get("/sessions/"))
 
 
+# A start after today without an end: the end the page takes is today, so the period would
+# run backwards and show nothing under a 200 ("Dec 5 – Nov 29 · $0.00 in all"), an empty
+# file for the CSV; GET /api/v1/spend refuses since after until the same way.
+@pytest.mark.parametrize("path", ["/users/", "/users/export.csv", "/steps/", "/reconciliation/"])
+def test_a_start_after_today_without_an_end_is_named(staff: Client, data: Agent, path: str) -> None:
+    response = staff.get(path, {"since": "2999-12-31"})
+    assert response.status_code == 422
+    found = errors(response.content.decode())
+    assert list(found) == ["since"]
+    assert found["since"].startswith("2999-12-31 is after today, ")
+    # with an end on or after it, the same start is a period (of no spend yet)
+    assert staff.get(path, {"since": "2999-12-31", "until": "2999-12-31"}).status_code == 200
+
+
 # --- /steps/: one filter for the table, the charts and the tags ---------------------------
 
 
