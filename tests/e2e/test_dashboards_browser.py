@@ -167,3 +167,56 @@ def test_a_one_step_session_draws_its_point_and_a_tool_only_one_says_it_has_no_t
         assert words in note.first.text_content()
         assert page.locator(f'[data-chart="{name}"] .scatterlayer .trace').count() == 0
     assert page.errors == []
+
+
+def test_another_filter_keeps_the_exact_model_name(live_server: Any, page: Any) -> None:
+    """/steps/ and /sessions/ filtered to one exact name (its chip shown) keep it when another
+    filter changes: the form sends it, so the figures, the URL and the CSV link stay of that
+    name, as the chip says, not of its whole family."""
+    from costboard.pricing.sync import prices_sync
+
+    get_user_model().objects.create_superuser("viewer", "", "pw-viewer-123")
+    prices_sync()
+    make_agent("acme").events(
+        *[
+            {
+                "session_id": session,
+                "turn": 1,
+                "step_type": step_type,
+                "model": model,
+                "input_tokens": 1000,
+                "output_tokens": 100,
+            }
+            for session, step_type, model in (
+                ("dated", "response", "gpt-4o-2024-08-06"),
+                ("routed", "response", "openai/gpt-4o"),
+                ("routed-search", "search", "openai/gpt-4o"),
+            )
+        ]
+    )
+    base = live_server.url
+    log_in(page, base)
+
+    page.goto(f"{base}/steps/?model=gpt-4o&exact=openai%2Fgpt-4o")
+    calls = '#step-table tr[data-family="gpt-4o"] td.num'
+    assert page.locator("[data-exact-filter]").is_visible()
+    assert page.locator(calls).all_text_contents()[0::8] == ["1", "1"]  # response, search
+    page.select_option("select[name=step_type]", "response")
+    page.wait_for_url("**/steps/?*step_type=response*")
+    assert "exact=openai%2Fgpt-4o" in page.url
+    assert page.locator(calls).first.text_content() == "1"  # not the family's 2
+
+    page.goto(f"{base}/sessions/?model=gpt-4o&exact=openai%2Fgpt-4o")
+    listed = "document.querySelectorAll('tr[data-session]')"
+    assert page.locator("tr[data-session]").count() == 2
+    page.select_option("select[name=state]", "ok")
+    page.wait_for_url("**/sessions/?*state=ok*")
+    assert "exact=openai%2Fgpt-4o" in page.url
+    page.wait_for_function(f"{listed}.length === 2")
+    rows = page.locator("tr[data-session]")
+    assert sorted(rows.evaluate_all("rows => rows.map(r => r.dataset.session)")) == [
+        "routed",
+        "routed-search",
+    ]
+    assert "exact=openai%2Fgpt-4o" in page.get_attribute("text=Export CSV", "href")
+    assert page.errors == []
