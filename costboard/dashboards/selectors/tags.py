@@ -36,6 +36,14 @@ def tag_keys(*, project_ids: list[int], since: date, until: date) -> list[str]:
     return list(keys[:TAG_KEYS_SHOWN])
 
 
+def tag_key_carried(*, project_ids: list[int], since: date, until: date, key: str) -> bool:
+    """Whether steps carried the tag key between two UTC days (a key past the TAG_KEYS_SHOWN
+    that tag_keys lists)."""
+    return TagDailyRollup.objects.filter(
+        project_id__in=project_ids, day__gte=since, day__lte=until, key=key
+    ).exists()
+
+
 def spend_by_tag(
     *,
     project_ids: list[int],

@@ -18,7 +18,12 @@ from django_htmx.middleware import HtmxDetails
 from costboard.budgets.holds import stops_in_force
 from costboard.dashboards.params import Checks
 from costboard.dashboards.selectors.steps import StepFilter, StepNames
-from costboard.dashboards.selectors.tags import spend_by_tag, tag_keys
+from costboard.dashboards.selectors.tags import (
+    TAG_KEYS_SHOWN,
+    spend_by_tag,
+    tag_key_carried,
+    tag_keys,
+)
 from costboard.input_limits import FIRST_YEAR, LAST_YEAR
 from costboard.models import PeriodBudget
 
@@ -91,8 +96,17 @@ def tag_breakdown(
     steps: StepFilter = StepFilter(),  # noqa: B008 (frozen)
 ) -> dict[str, Any]:
     """The tag keys of the period and the spend per value of the one asked for
-    (`?tag_key=`), else the first; of the steps `steps` keeps."""
+    (`?tag_key=`), else the first; of the steps `steps` keeps. The keys listed are the first
+    TAG_KEYS_SHOWN; any other the period's steps carried is a URL away (one more query)."""
     keys = tag_keys(project_ids=ids, since=since, until=until)
+    asked = checks.get("tag_key").strip()
+    if (
+        asked
+        and asked not in keys
+        and len(keys) == TAG_KEYS_SHOWN
+        and tag_key_carried(project_ids=ids, since=since, until=until, key=asked)
+    ):
+        keys = [*keys, asked]
     key = checks.choice("tag_key", keys, what="a tag key of this period", blank="the first")
     key = key or (keys[0] if keys else "")
     rows = (

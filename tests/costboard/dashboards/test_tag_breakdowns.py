@@ -15,7 +15,7 @@ from django.test import Client
 from django.utils import timezone
 
 from costboard.dashboards.selectors.overview import spend_by_period
-from costboard.dashboards.selectors.tags import spend_by_tag
+from costboard.dashboards.selectors.tags import TAG_KEYS_SHOWN, spend_by_tag
 from costboard.models import Step
 from costboard.templatetags.costboard_tags import usd
 from tests.conftest import Agent, add_price, streamed
@@ -188,3 +188,34 @@ def test_a_tag_key_of_digits_is_a_key_not_an_array_index(staff: Client, agent: A
         assert listed(staff, tag) == sessions
         assert exported(staff, tag) == sessions
     assert listed(staff, "") == ["a", "b"]  # positive control
+
+
+def test_a_tag_key_past_the_ones_listed_is_still_a_key_of_the_period(
+    staff: Client, agent: Agent
+) -> None:
+    """The pages list the period's first TAG_KEYS_SHOWN tag keys; a key after them that steps
+    carried was refused as "not a tag key of this period" (422, no breakdown), while
+    GET /api/v1/spend?group_by=tag:<key> answered it. A key no step carried still is."""
+    add_price("test-sonnet")
+    keys = [f"k{n:02d}" for n in range(TAG_KEYS_SHOWN + 5)]
+    agent.events(
+        *(
+            {
+                "session_id": "s",
+                "step_type": "x",
+                "model": "test-sonnet",
+                "input_tokens": 100 * (n + 1),
+                "tags": {key: "v"},
+            }
+            for n, key in enumerate(keys)
+        )
+    )
+    last = keys[-1]
+    for path in ("/steps/", "/"):
+        response = staff.get(path, {"tag_key": last})
+        html = response.content.decode()
+        assert response.status_code == 200, path
+        assert value_cost(html, "v") == usd(cost_where(last, "v"))
+        assert untagged_cost(html) == usd(cost_without(last))
+        assert f'aria-current="true" data-tag-key="{last}"' in html
+        assert staff.get(path, {"tag_key": "k99"}).status_code == 422  # carried by none
