@@ -13,7 +13,9 @@ event carries an `event_id`, and every batch an `Idempotency-Key` that its retri
 server answers a retry of a batch it already stored with that batch's answer). Timeouts,
 connection errors, 408, 429, 5xx and a reply that is not a JSON object are retried
 `max_retries` times with exponential back-off and jitter, or after the server's Retry-After
-(seconds or an HTTP date, at most `max_retry_after`); other 4xx never are. The agent never
+(seconds or an HTTP date, at most `max_retry_after`); other 4xx never are. A batch whose
+retries ran out while Costboard could not be reached (anything but a 500) is kept in the
+buffer for the next round, so a restart of Costboard loses nothing. The agent never
 waits on the network inside `step()`: a down or slow server costs it nothing; what could not
 be sent is counted in `cb.stats` and logged on the `costboard.client` logger.
 
@@ -27,12 +29,14 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import decimal
 import email.utils
 import enum
 import http.client
 import json
 import logging
 import math
+import numbers
 import os
 import random
 import threading
@@ -114,9 +118,10 @@ class ClientStats:
     sent: int = 0  # accepted by the server (duplicates included: they are stored once)
     duplicates: int = 0  # replays the server already had (a retry after a lost response)
     dropped: int = 0  # thrown away unsent because the buffer was full (oldest first)
-    failed: int = 0  # given up on: retries exhausted, or refused by the server (4xx)
+    failed: int = 0  # given up on: refused by the server (4xx), or retries exhausted on a 500
+    # (what could not reach Costboard is kept in the buffer, to be sent once it answers)
     retries: int = 0  # requests repeated after a timeout, connection error, 408, 429 or 5xx
-    buffered: int = 0  # waiting to be sent, in flight included
+    buffered: int = 0  # waiting to be sent, in flight and kept through an outage included
     last_error: str | None = None
 
 
@@ -127,11 +132,17 @@ class _Outcome(enum.Enum):
 
 
 class _Transient(Exception):
-    """A failure worth retrying; `retry_after` is the server's hint in seconds, if any."""
+    """A failure worth retrying; `retry_after` is the server's hint in seconds, if any.
+    `unreachable`: Costboard was not reached or is restarting (no answer, a proxy's 502/504
+    or page, 503, 408, 429), so the batch is kept once its retries run out; a 500 is an
+    answer to this batch, which is given up on then."""
 
-    def __init__(self, message: str, retry_after: float | None = None) -> None:
+    def __init__(
+        self, message: str, retry_after: float | None = None, *, unreachable: bool = True
+    ) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+        self.unreachable = unreachable
 
 
 class _Refused(Exception):
@@ -147,10 +158,31 @@ def _now_iso() -> str:
     return datetime.now(timezone.utc).isoformat()
 
 
+def _number(value: Any) -> Any:
+    """A number of another type (Decimal, numpy's) as JSON has it: a whole one as an int (a
+    token count sent as "120" is refused), a Decimal with a fraction as its exact text (USD
+    amounts are decimal strings), anything else unchanged."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
+    if isinstance(value, decimal.Decimal) and value.is_finite():
+        return int(value) if value == value.to_integral_value() else str(value)
+    if isinstance(value, numbers.Real) and not isinstance(value, float):
+        return float(value)
+    return value
+
+
+def _json_default(value: Any) -> Any:
+    """What json.dumps cannot write itself: numbers as `_number`, anything else as text."""
+    number = _number(value)
+    return number if number is not value else str(value)
+
+
 def _plain(value: Any) -> Any:
     """An SDK object (pydantic model, dict-like or plain object) → JSON-ready dicts and lists."""
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
+    if isinstance(value, numbers.Number):
+        return _number(value)
     if isinstance(value, Mapping):
         return {str(k): _plain(v) for k, v in value.items() if v is not None}
     if isinstance(value, (list, tuple)):
@@ -468,7 +500,7 @@ class Costboard:
         session_id: str,
         *,
         token_cap: int | None = None,
-        cost_cap_usd: str | None = None,
+        cost_cap_usd: str | decimal.Decimal | None = None,
         user_id: str | None = None,
         parent_session_id: str | None = None,
         ended: bool | None = None,
@@ -476,7 +508,7 @@ class Costboard:
         tags: Mapping[str, str] | None = None,
     ) -> None:
         """Announce a session or change it (caps, end, tags merged key by key);
-        `cost_cap_usd` is a decimal string."""
+        `cost_cap_usd` is a decimal string or a Decimal."""
         fields = {
             "token_cap": token_cap,
             "cost_cap_usd": None if cost_cap_usd is None else str(cost_cap_usd),
@@ -697,6 +729,8 @@ class Costboard:
                         self._cond.wait(timeout=self.flush_interval)
                 while not self._stop.is_set():
                     outcome = self._send_one_batch(deadline=None, in_worker=True)
+                    if outcome is _Outcome.REQUEUE:  # unreachable: a full interval before
+                        self._stop.wait(self.flush_interval)  # the next round
                     if outcome is not _Outcome.SENT:
                         break  # empty, or the server is unwell: wait for the next interval
             except Exception:  # the background thread must never die of a surprise
@@ -756,6 +790,16 @@ class Costboard:
                 continue  # the rest of the batch was valid: send it without the bad events
             except _Transient as exc:
                 self._note_error(f"POST /api/v1/events: {exc}")
+                if attempt >= self.max_retries and exc.unreachable:
+                    # a restart outlasts the retries: kept (within max_buffer) for the next
+                    # round, at the next flush_interval or flush()
+                    log.warning(
+                        "costboard: %d events kept to send again after %d attempts: %s",
+                        len(batch),
+                        attempt + 1,
+                        exc,
+                    )
+                    return _Outcome.REQUEUE
                 if attempt >= self.max_retries:
                     with self._lock:
                         self._counts["failed"] += len(batch)
@@ -788,7 +832,7 @@ class Costboard:
         return ceiling / 2 + random.uniform(0, ceiling / 2)  # noqa: S311 — jitter: not all clients at once
 
     def _post(self, batch: list[dict[str, Any]], timeout: float, key: str) -> Any:
-        data = json.dumps({"events": batch}, default=str).encode()
+        data = json.dumps({"events": batch}, default=_json_default).encode()
         headers = {**self._headers(), "Content-Type": "application/json", "Idempotency-Key": key}
         request = urllib.request.Request(
             f"{self.base_url}/api/v1/events", data=data, headers=headers, method="POST"
@@ -801,7 +845,9 @@ class Costboard:
             status = exc.code
             if status in (408, 429) or status >= 500:
                 raise _Transient(
-                    f"HTTP {status} {_reason(exc)}", _retry_after(exc.headers.get("Retry-After"))
+                    f"HTTP {status} {_reason(exc)}",
+                    _retry_after(exc.headers.get("Retry-After")),
+                    unreachable=status in (408, 429, 502, 503, 504),
                 ) from None
             try:
                 body: Any = json.loads(exc.read() or b"null")
@@ -963,6 +1009,6 @@ def _reason(exc: urllib.error.HTTPError, body: Any = None) -> str:
         errors = body.get("errors")
         if isinstance(errors, list) and errors and isinstance(errors[0], dict):
             first = errors[0]
-            where = f" (event {first['index']})" if "index" in first else ""
+            where = f" (event {first['index']})" if first.get("index") is not None else ""
             return f"{first.get('field', '')}: {first.get('message', '')}{where}"
     return str(exc.reason)
