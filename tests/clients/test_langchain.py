@@ -10,7 +10,7 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
-from costboard_client import BudgetExceeded
+from costboard_client import BudgetExceeded, integrations
 from costboard_client.integrations.langchain import CostboardCallbackHandler
 from genai_prices import Usage, calc_price
 from langchain_core.language_models.chat_models import BaseChatModel
@@ -23,8 +23,9 @@ from langchain_core.tools import tool
 
 from costboard.models import TOOL_MODEL, Session, Step
 from costboard.pricing.sync import prices_sync
-from tests.clients.conftest import assert_one_hour_writes_priced_apart
+from tests.clients.conftest import Clock, assert_one_hour_writes_priced_apart
 from tests.conftest import Agent, make_agent
+from tests.servers import Relay
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -149,6 +150,68 @@ def test_an_exhausted_session_refuses_the_next_model_run(
         model.invoke("second", config=config)
     assert refused.value.session_id == "lc-cap"
     assert next(replies).content == "Never sent."  # the model was not called
+    assert Step.objects.filter(session__external_id="lc-cap").count() == 1
+
+
+def test_with_costboard_down_model_runs_wait_on_it_at_most_once_per_pause(
+    live_server: Any, acme: Agent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fail open, as the LiteLLM logger does (docs/integrations.md, "From LiteLLM"): a run's
+    check sends the steps buffered before it, but once that found Costboard unreachable the
+    runs of the next pause go ahead without waiting on it (each run waited up to the client's
+    timeout, all the while Costboard was down); the steps are stored once it is back."""
+    clock = Clock()  # the pause's clock
+    monkeypatch.setattr(integrations, "_monotonic", clock)
+    relay = Relay(live_server.url).start()
+    acme.events({"type": "session", "session_id": "lc-cap", "token_cap": 100})
+    handler = CostboardCallbackHandler(
+        relay.url,
+        acme.key,
+        flush_interval=60,
+        flush_at=1000,
+        timeout=0.5,
+        max_retries=10_000,  # nothing given up on while cut off
+        backoff=0.05,
+        max_backoff=0.2,
+    )
+    flushes: list[bool] = []
+    flush = handler.client.flush
+
+    def counted_flush(timeout: float | None = 10.0) -> bool:
+        flushes.append(sent_all := flush(timeout))
+        return sent_all
+
+    monkeypatch.setattr(handler.client, "flush", counted_flush)
+    model = GenericFakeChatModel(messages=iter([answer(f"Reply {n}.", 90, 20) for n in range(6)]))
+    config: Any = {"callbacks": [handler], "metadata": {"session_id": "lc-cap"}}
+    try:
+        model.invoke("first", config=config)
+        with pytest.raises(BudgetExceeded):  # heard exhausted before the cut
+            model.invoke("second", config=config)
+        flushes.clear()
+
+        relay.stop()  # Costboard unreachable: connections refused
+        other: Any = {"callbacks": [handler], "metadata": {"session_id": "lc-open"}}
+        model.invoke("a", config=other)  # nothing buffered: nothing to wait for
+        model.invoke("b", config=other)  # its check tried to send the first step
+        assert flushes == [False]
+        model.invoke("c", config=other)  # within the pause: no wait
+        model.invoke("d", config=other)
+        assert flushes == [False]
+        with pytest.raises(BudgetExceeded):  # what was heard still holds
+            model.invoke("e", config=config)
+        assert handler.client.stats.buffered == 4
+
+        clock.now += integrations.UNREACHABLE_PAUSE
+        relay.start()
+        model.invoke("f", config=other)  # the pause is over: its check sends the four
+        assert flushes == [False, True]
+        assert handler.flush(timeout=10)
+    finally:
+        handler.client.close(timeout=1)
+        relay.stop()
+    steps = Step.objects.filter(session__external_id="lc-open")
+    assert [(s.input_tokens, s.output_tokens) for s in steps] == [(90, 20)] * 5
     assert Step.objects.filter(session__external_id="lc-cap").count() == 1
 
 

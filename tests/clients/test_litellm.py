@@ -16,8 +16,7 @@ from typing import Any
 
 import litellm
 import pytest
-from costboard_client import BudgetExceeded
-from costboard_client.integrations import litellm as integration
+from costboard_client import BudgetExceeded, integrations
 from costboard_client.integrations.litellm import CostboardLogger, openai_usage
 from genai_prices import Usage, calc_price
 from litellm.llms.anthropic.chat.transformation import AnthropicConfig
@@ -405,7 +404,7 @@ def test_with_costboard_cut_off_calls_go_ahead_on_the_budgets_last_heard(
     known to be exhausted stays refused; any other call goes ahead, the checks waiting on a
     flush at most once per pause, and its step is sent once Costboard answers again."""
     clock = Clock()  # the pause's clock; the client keeps its own
-    monkeypatch.setattr(integration, "_monotonic", clock)
+    monkeypatch.setattr(integrations, "_monotonic", clock)
     relay = Relay(live_server.url).start()
     acme.events({"type": "session", "session_id": "s-cap", "token_cap": 25})
     # a client that keeps retrying, so that nothing is given up on while cut off
@@ -447,7 +446,7 @@ def test_with_costboard_cut_off_calls_go_ahead_on_the_budgets_last_heard(
 
             relay.start()
             relay.garbage()  # up, but not Costboard answering
-            clock.now += integration.UNREACHABLE_PAUSE
+            clock.now += integrations.UNREACHABLE_PAUSE
             plain_acompletion("s-open")  # goes ahead; its check's flush got garbage
             assert flushes == [False, False]
             assert mock_calls == ["gpt-4o"] * 5

@@ -12,10 +12,14 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["session_user_event", "tags_from", "turn_from"]
+if TYPE_CHECKING:
+    from costboard_client._client import Costboard
+
+__all__ = ["FreshCheck", "session_user_event", "tags_from", "turn_from"]
 
 log = logging.getLogger("costboard.client")
 
@@ -23,6 +27,36 @@ TAG_KEY = re.compile(r"^[a-z0-9_.-]{1,64}$")  # the server's rule (docs/api.md, 
 MAX_TAG_VALUE = 128
 MAX_TAGS = 20
 MAX_TURN = 2**31 - 1
+UNREACHABLE_PAUSE = 30.0  # after a check's flush found Costboard down, checks skip it this long
+
+# Looked up at each use, so that a test can turn time by hand
+_monotonic = time.monotonic
+
+
+class FreshCheck:
+    """A budget check before a call, on a current budget: the steps still buffered are sent
+    first, waiting at most the client's `timeout`. When nothing got through (Costboard down
+    or answering garbage), the checks of the next UNREACHABLE_PAUSE seconds do not wait
+    again: calls go ahead on the budgets last heard (fail open, docs/integrations.md)."""
+
+    def __init__(self, client: Costboard) -> None:
+        self.client = client
+        self._flush_again_at = 0.0  # (monotonic) when a check may wait on a flush again
+
+    def __call__(self, session_id: str | None) -> None:
+        client = self.client
+        if client.stats.buffered and _monotonic() >= self._flush_again_at:
+            sent_before = client.stats.sent
+            sent_all = client.flush(timeout=client.timeout)
+            if not sent_all and client.stats.sent == sent_before:  # nothing got through
+                self._flush_again_at = _monotonic() + UNREACHABLE_PAUSE
+                log.warning(
+                    "costboard: unreachable (%s); calls go ahead on the last known budgets, "
+                    "without waiting on it for %g s",
+                    client.stats.last_error,
+                    UNREACHABLE_PAUSE,
+                )
+        client.check(session_id)
 
 
 def tags_from(*sources: Any) -> dict[str, str] | None:

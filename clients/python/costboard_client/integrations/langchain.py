@@ -15,7 +15,8 @@ metadata, which a chain passes to every run inside it. A failed run is a failed 
 run is a tool step (model "none", $0). A model run of a session known to be exhausted is
 refused with `BudgetExceeded` before the model is called (the handler sets `raise_error`, so
 LangChain lets that one exception through; its own other errors are only logged). Steps still
-buffered are sent before that check, so it reads a current budget.
+buffered are sent before that check, so it reads a current budget; when Costboard could not be
+reached, the runs of the next UNREACHABLE_PAUSE seconds go ahead without waiting on it.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from langchain_core.callbacks import BaseCallbackHandler
 
 from costboard_client._client import BudgetExceeded, Costboard, log
 from costboard_client.integrations import (
+    FreshCheck,
     session_user_event,
     tags_from,
     text_from,
@@ -112,6 +114,7 @@ class CostboardCallbackHandler(BaseCallbackHandler):  # type: ignore[misc]
                 raise ValueError("CostboardCallbackHandler needs base_url and api_key, or client")
             client = Costboard(base_url, api_key, **client_options)
         self.client = client
+        self._fresh_check = FreshCheck(client)
         self._runs: dict[UUID, _Run] = {}
         self._users: set[tuple[str, str]] = set()
         self._lock = threading.Lock()
@@ -182,9 +185,7 @@ class CostboardCallbackHandler(BaseCallbackHandler):  # type: ignore[misc]
             log.warning("costboard: could not start a LangChain run", exc_info=True)
             return
         try:
-            if self.client.stats.buffered:  # the steps before this one first: a current budget
-                self.client.flush(timeout=self.client.timeout)
-            self.client.check(run.session_id)
+            self._fresh_check(run.session_id)  # the steps before this one first
         except BudgetExceeded:
             self._pop(run_id)
             raise  # the model is not called: LangChain re-raises it (raise_error)

@@ -52,6 +52,7 @@ from litellm.integrations.custom_logger import CustomLogger
 
 from costboard_client._client import KNOWN_SESSIONS, BudgetExceeded, Costboard, Recent, _plain, log
 from costboard_client.integrations import (
+    FreshCheck,
     session_user_event,
     tags_from,
     text_from,
@@ -76,10 +77,6 @@ ALIAS_TAGS = (("team", "user_api_key_team_alias"), ("key_alias", "user_api_key_a
 REFUSAL = "costboard: "  # how the proxy's refusals begin
 SETTLE_SECONDS = 5.0  # flush() waits at most this long for LiteLLM to log calls it made
 MAX_PENDING = 10_000
-UNREACHABLE_PAUSE = 30.0  # after a check's flush found Costboard down, checks skip it this long
-
-# Looked up at each use, so that a test can turn time by hand
-_monotonic = time.monotonic
 
 
 def openai_usage(usage: Any) -> dict[str, Any] | None:
@@ -169,7 +166,7 @@ class CostboardLogger(CustomLogger):  # type: ignore[misc]
         # after the call returns, and flush() waits for those
         self._pending: set[str] = set()
         self._settled = threading.Condition()
-        self._flush_again_at = 0.0  # (monotonic) when a check may wait on a flush again
+        self._fresh_check = FreshCheck(client)
 
     # --- before a call ----------------------------------------------------------------------
 
@@ -185,18 +182,7 @@ class CostboardLogger(CustomLogger):  # type: ignore[misc]
         to be exhausted; steps still buffered are sent first (waiting at most the client's
         `timeout`), so the budget is current. Costboard down: the last known budget decides."""
         session = _session_of(metadata or {}, litellm_session_id, litellm_trace_id)
-        if self.client.stats.buffered and _monotonic() >= self._flush_again_at:
-            sent_before = self.client.stats.sent
-            sent_all = self.client.flush(timeout=self.client.timeout)
-            if not sent_all and self.client.stats.sent == sent_before:  # nothing got through
-                self._flush_again_at = _monotonic() + UNREACHABLE_PAUSE
-                log.warning(
-                    "costboard: unreachable (%s); LiteLLM calls go ahead on the last known "
-                    "budgets, without waiting on it for %g s",
-                    self.client.stats.last_error,
-                    UNREACHABLE_PAUSE,
-                )
-        self.client.check(session)
+        self._fresh_check(session)
 
     def completion(self, **kwargs: Any) -> Any:
         """`litellm.completion(**kwargs)`, refused with BudgetExceeded before the call when
