@@ -24,6 +24,14 @@ deduplicated per event and target, and receivers dedupe on X-Costboard-Delivery)
 Handlers register by kind at import time (`outbox_handler`); the cost app's are in the modules
 that own the work, memory_ui's in memory_ui/hooks.py, so the cost app never imports memory_ui.
 
+A kind whose handler names `lanes` (alert deliveries: costboard/budgets/alerts.py) is carried
+out concurrently within a pass: its items claimed together are put in lanes — the items of
+one lane one after another, in order — and up to `concurrency()` threads take a lane each, so
+one slow receiver holds its own lane, not the others. Each thread closes its own database
+connections when done (Django's are per thread). A dispatcher called inside a transaction
+(a test's) carries every item out itself: another thread's connection would not see what
+that transaction wrote.
+
 Each kind names the Celery queue that carries it out (docs/operations.md, "Queues"): alerts,
 memory detection and repricing have their own, so a worker busy with an hour's repricing never
 holds up an alert. `outbox_dispatch(queue=…)` takes only that queue's kinds (the default
@@ -34,13 +42,15 @@ without a queue it takes every kind, as guard_sweep does without a broker.
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from queue import Empty, SimpleQueue
 from typing import Any
 
-from django.db import transaction
+from django.db import connections, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -67,6 +77,8 @@ class Attempt:
 
 
 Run = Callable[[dict[str, Any], Attempt], None]
+# the lane of each payload, in order: a lane's items go one after another, lanes concurrently
+Lanes = Callable[[list[dict[str, Any]]], list[Hashable]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +91,8 @@ class Handler:
     lease_seconds: int  # longer than the work can take, so a live attempt is never taken over
     atomic: bool  # the work and the item's delete commit together (exactly once)
     queue: str  # the Celery queue whose dispatcher carries it out
+    lanes: Lanes | None = None  # None: one after another in the dispatcher's own thread
+    concurrency: Callable[[], int] = lambda: 1  # threads at most, a lane each (with `lanes`)
 
 
 _HANDLERS: dict[str, Handler] = {}
@@ -92,8 +106,12 @@ def outbox_handler(
     lease_seconds: int = 300,
     atomic: bool = True,
     queue: str = DEFAULT_QUEUE,
+    lanes: Lanes | None = None,
+    concurrency: Callable[[], int] = lambda: 1,
 ) -> Callable[[Run], Run]:
-    """Register `run(payload, attempt)` as what carries out items of `kind`, on `queue`."""
+    """Register `run(payload, attempt)` as what carries out items of `kind`, on `queue`; with
+    `lanes`, the items claimed together go out in `concurrency()` threads (the module
+    docstring)."""
     if queue not in QUEUES:
         raise ValueError(f"outbox kind {kind!r}: queue {queue!r} is not one of {QUEUES}")
 
@@ -106,6 +124,8 @@ def outbox_handler(
             lease_seconds=lease_seconds,
             atomic=atomic,
             queue=queue,
+            lanes=lanes,
+            concurrency=concurrency,
         )
         return run
 
@@ -150,6 +170,13 @@ class Dispatched:
     retried: int = 0
     failed: int = 0
     kinds: dict[str, int] = field(default_factory=dict)
+
+    def add(self, other: Dispatched) -> None:
+        self.done += other.done
+        self.retried += other.retried
+        self.failed += other.failed
+        for kind, count in other.kinds.items():
+            self.kinds[kind] = self.kinds.get(kind, 0) + count
 
     @property
     def claimed(self) -> int:
@@ -237,6 +264,72 @@ def _carry_out(item: OutboxItem, result: Dispatched) -> None:
     result.retried += 1
 
 
+def _carry_out_all(items: list[OutboxItem], result: Dispatched) -> None:
+    """Carry out the items claimed together: those of a kind with lanes concurrently
+    (_carry_out_lanes), after the others, which go one after another in this thread — as
+    every item does inside a transaction, whose writes another connection would not see."""
+    in_lanes: dict[str, list[OutboxItem]] = {}
+    inside_transaction = connections["default"].in_atomic_block
+    for item in items:
+        handler = _HANDLERS.get(item.kind)
+        if handler is None or handler.lanes is None or inside_transaction:
+            _carry_out(item, result)
+        else:
+            in_lanes.setdefault(item.kind, []).append(item)
+    for kind, batch in in_lanes.items():
+        _carry_out_lanes(_HANDLERS[kind], batch, result)
+
+
+def _carry_out_lanes(handler: Handler, items: list[OutboxItem], result: Dispatched) -> None:
+    """Items of one kind in their lanes (`handler.lanes`): a lane's items one after another,
+    in order, and up to `handler.concurrency()` lanes at once, each thread taking the next
+    lane when done and closing its database connections at the end. The first error a thread
+    met outside a handler (the database gone) is raised here once all have stopped: that
+    thread's lane is left to the leases, as this thread's rest of the pass would be."""
+    assert handler.lanes is not None  # noqa: S101 — only a kind with lanes comes here
+    lanes: dict[Hashable, list[OutboxItem]] = {}
+    keys = handler.lanes([item.payload for item in items])
+    for item, key in zip(items, keys, strict=True):
+        lanes.setdefault(key, []).append(item)
+    count = min(max(handler.concurrency(), 1), len(lanes))
+    if count <= 1:
+        for item in items:
+            _carry_out(item, result)
+        return
+    todo: SimpleQueue[list[OutboxItem]] = SimpleQueue()
+    for lane in lanes.values():
+        todo.put(lane)
+    results = [Dispatched() for _ in range(count)]
+    errors: list[BaseException] = []
+
+    def work(mine: Dispatched) -> None:
+        try:
+            while True:
+                try:
+                    lane = todo.get_nowait()
+                except Empty:
+                    return
+                for item in lane:
+                    _carry_out(item, mine)
+        except BaseException as exc:  # raised in the dispatcher's thread below
+            errors.append(exc)
+        finally:
+            connections.close_all()  # this thread's own
+
+    threads = [
+        threading.Thread(target=work, args=(mine,), name=f"outbox {handler.kind} {n}")
+        for n, mine in enumerate(results, 1)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for mine in results:
+        result.add(mine)
+    if errors:
+        raise errors[0]
+
+
 def outbox_dispatch(
     *, limit: int = 20, seconds: float | None = None, queue: str | None = None
 ) -> Dispatched:
@@ -250,8 +343,7 @@ def outbox_dispatch(
         items = _claim(limit, timezone.now(), kinds)
         if not items:
             return result
-        for item in items:
-            _carry_out(item, result)  # may queue more (an alert's deliveries): the next pass
+        _carry_out_all(items, result)  # may queue more (an alert's deliveries): the next pass
         if seconds is not None and time.monotonic() - started > seconds:
             return result
 

@@ -592,6 +592,9 @@ COSTBOARD_ALERT_TIMEOUT_SECONDS = env_int("COSTBOARD_ALERT_TIMEOUT_SECONDS", 5, 
 # A failed delivery is retried after 30 s, 60 s, 120 s, … until this many attempts.
 COSTBOARD_ALERT_RETRY_SECONDS = env_int("COSTBOARD_ALERT_RETRY_SECONDS", 30, minimum=0)
 COSTBOARD_ALERT_MAX_ATTEMPTS = env_int("COSTBOARD_ALERT_MAX_ATTEMPTS", 6, minimum=1)
+# Deliveries a dispatcher sends at once (threads), each target's one after another, so a
+# slow receiver holds up only its own alerts; 1: one after another (costboard/outbox.py).
+COSTBOARD_ALERT_CONCURRENCY = env_int("COSTBOARD_ALERT_CONCURRENCY", 4, minimum=1)
 # Intranet receivers webhooks may reach although loopback or private (costboard/egress.py):
 # host names (.domain for its subdomains) and addresses or CIDRs, comma-separated.
 # A bad entry stops start-up, named (costboard/apps.py).

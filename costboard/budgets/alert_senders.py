@@ -103,8 +103,9 @@ def _destination(url: str, *, checked: bool) -> Destination | Attempt:
 
 # A host whose receiver let a request time out is left alone for a while: its next deliveries
 # in this process fail at once (retried on their schedule) instead of each waiting out
-# COSTBOARD_ALERT_TIMEOUT_SECONDS, while the alerts claimed behind them — other projects'
-# too, as a dispatcher sends its items one after another — wait on a receiver that hangs.
+# COSTBOARD_ALERT_TIMEOUT_SECONDS, while the alerts claimed behind them — a target's go one
+# after another, and the dispatcher's few threads may all be taken — wait on a receiver that
+# hangs. Dispatching threads share it (under the lock).
 SILENT_FOR = timedelta(seconds=60)
 _silent: dict[tuple[str, int], datetime] = {}  # (host, port) → until when
 _silent_lock = threading.Lock()

@@ -24,6 +24,9 @@ Flow
 3. `alert.deliver` claims its delivery with a conditional UPDATE (only a pending delivery
    with no attempt in flight, so two dispatchers never send it at once), makes one attempt
    and records it in the delivery log; a retryable failure is tried again by the outbox.
+   The deliveries a dispatcher claims together go out COSTBOARD_ALERT_CONCURRENCY at a time,
+   each target's one after another (`_delivery_lanes`): a receiver slow to answer holds up
+   its own alerts, not another channel's or project's.
 4. A PagerDuty incident is over when the budget's period ended or its ledger is no longer
    exhausted (a rolling budget's: its window now, summed from its hours, under its limits),
    or the session is no longer exhausted or was acknowledged since: the sweep
@@ -56,7 +59,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -510,6 +513,20 @@ def alert_deliver(delivery_id: int, *, final: bool = True) -> str:
     return status
 
 
+def _delivery_lanes(payloads: list[dict[str, Any]]) -> list[Hashable]:
+    """The lane of each `alert.deliver` item (costboard/outbox.py): its delivery's channel and
+    target, so one target hears its alerts one after another, in order (a PagerDuty resolve
+    after its trigger), while the others' go out beside them; a delivery gone has its own."""
+    ids = [int(payload["delivery_id"]) for payload in payloads]
+    targets = {
+        pk: (channel, target)
+        for pk, channel, target in AlertDelivery.objects.filter(pk__in=ids).values_list(
+            "pk", "channel", "target"
+        )
+    }
+    return [targets.get(pk, ("", str(pk))) for pk in ids]
+
+
 @outbox_handler(
     DELIVER,
     max_attempts=lambda: settings.COSTBOARD_ALERT_MAX_ATTEMPTS,
@@ -517,6 +534,10 @@ def alert_deliver(delivery_id: int, *, final: bool = True) -> str:
     lease_seconds=CLAIM_LEASE_SECONDS,
     atomic=False,  # the delivery row records each attempt itself
     queue=ALERTS_QUEUE,
+    # the deliveries claimed together go out COSTBOARD_ALERT_CONCURRENCY at a time, a target's
+    # one after another: a slow receiver holds up its own alerts, not the others'
+    lanes=_delivery_lanes,
+    concurrency=lambda: settings.COSTBOARD_ALERT_CONCURRENCY,
 )
 def _deliver_item(payload: dict[str, Any], attempt: OutboxAttempt) -> None:
     alert_deliver(int(payload["delivery_id"]), final=attempt.final)

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import time_machine
 from django.core.management import call_command
-from django.db import connection, transaction
+from django.db import connection, connections, transaction
 from django.db.models import F
 from django.test import Client
 from django.utils import timezone
@@ -184,6 +184,68 @@ def test_concurrent_dispatchers_carry_out_each_item_exactly_once(handlers: None)
     assert sum(r.done for r in results) == 400
     assert len([r for r in results if r.done]) > 1  # they did share the work
     assert not OutboxItem.objects.exists()
+
+
+def lanes_noted(seen: list[tuple[int, Any]], lock: threading.Lock, *, patience: float) -> None:
+    """Register `test.lane`, in lanes by its payload's "lane", two threads at most: item 1
+    waits (up to `patience` seconds) until item 3, of another lane, has run, so one after
+    another it could not finish. Each item notes its number and the database connection it
+    ran a query on."""
+    ran_3 = threading.Event()
+
+    def run(payload: dict[str, Any], attempt: Attempt) -> None:
+        OutboxItem.objects.exists()  # on this thread's own connection
+        with lock:
+            seen.append((payload["n"], connections["default"]))  # this thread's
+        if payload["n"] == 1 and not ran_3.wait(timeout=patience):
+            raise AssertionError("item 3 did not run while item 1 waited")
+        if payload["n"] == 3:
+            ran_3.set()
+
+    outbox.outbox_handler(
+        "test.lane",
+        lanes=lambda payloads: [payload["lane"] for payload in payloads],
+        concurrency=lambda: 2,
+        atomic=False,  # as alert deliveries: SQLite's write lock is not held while one waits
+    )(run)
+    items = [(1, "a"), (2, "a"), (3, "b")]
+    outbox.outbox_add_many(outbox.Item("test.lane", {"n": n, "lane": lane}) for n, lane in items)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_kind_with_lanes_runs_them_at_once_each_in_order(handlers: None) -> None:
+    """A lane's items one after another, in order; the lanes in threads of their own, each
+    closing its database connection when done."""
+    seen: list[tuple[int, Any]] = []
+    lock = threading.Lock()
+    lanes_noted(seen, lock, patience=30)
+    result = outbox_dispatch()
+    assert (result.done, result.retried, result.failed, result.kinds) == (
+        3,
+        0,
+        0,
+        {"test.lane": 3},
+    )
+    order = [n for n, _ in seen]  # 1 waited for 3 (it was done, not retried), 2 after 1
+    assert order.index(1) < order.index(2) and order.index(3) < order.index(2)
+    used = {id(conn): conn for _, conn in seen}
+    assert id(connections["default"]) not in used  # not the dispatcher's own
+    assert [conn.connection for conn in used.values()] == [None] * len(used)  # all closed
+    assert not OutboxItem.objects.exists()
+
+
+@pytest.mark.django_db
+def test_a_dispatcher_inside_a_transaction_carries_every_lane_out_itself(
+    handlers: None,
+) -> None:
+    """Another thread's connection would not see the transaction's writes: every item runs in
+    the dispatcher's own thread, one after another (item 1 waits for 3 in vain: retried)."""
+    seen: list[tuple[int, Any]] = []
+    lanes_noted(seen, threading.Lock(), patience=0.1)
+    result = outbox_dispatch()
+    assert (result.done, result.retried, result.failed) == (2, 1, 0)
+    assert [n for n, _ in seen] == [1, 2, 3]
+    assert {id(conn) for _, conn in seen} == {id(connections["default"])}
 
 
 @pytest.mark.django_db

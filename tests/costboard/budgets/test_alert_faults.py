@@ -5,6 +5,7 @@ batch, stores each once, never waits, and every alert goes out once when it can.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -200,14 +201,15 @@ def test_a_slow_receiver_never_slows_ingest(receiver: Receiver, settings: Any) -
     assert Step.objects.filter(project=agent.project).count() == 6
 
 
-def guard_sweep_started(log: IO[bytes], *args: str) -> subprocess.Popen[bytes]:
+def guard_sweep_started(log: IO[bytes], *args: str, **more: str) -> subprocess.Popen[bytes]:
     """`manage.py guard_sweep` in its own process, without a broker, on the test's database,
-    its output into `log`."""
+    its output into `log`; `more`: more of its environment."""
     env = {
         **{k: v for k, v in os.environ.items() if k != "CELERY_BROKER_URL"},  # no broker
         "DJANGO_SETTINGS_MODULE": "costboard.settings",
         "DATABASE_URL": worker_database_url(),
         "COSTBOARD_WEBHOOK_ALLOW_HOSTS": "127.0.0.1",
+        **more,
     }
     return subprocess.Popen(
         [sys.executable, "manage.py", "guard_sweep", *args],
@@ -253,10 +255,10 @@ def test_a_dispatcher_killed_mid_send_leaves_the_alert_to_the_next_one(
 def test_a_receiver_that_hangs_holds_up_one_send_not_the_others(
     receiver: Receiver, settings: Any
 ) -> None:
-    """One dispatcher sends its claimed items one after another. A project whose receiver
-    hangs costs it one timeout: that host's other deliveries are put off (retried on their
-    schedule) instead of each waiting out the timeout, and another project's alerts go out
-    in the same pass."""
+    """One dispatcher sends a target's deliveries one after another. A project whose
+    receiver hangs costs its lane one timeout: that host's other deliveries are put off
+    (retried on their schedule) instead of each waiting out the timeout, and another
+    project's alerts go out in the same pass."""
     settings.COSTBOARD_ALERT_TIMEOUT_SECONDS = 1
     hanging = setup_project(receiver)
     other = Receiver().start()
@@ -289,6 +291,131 @@ def test_a_receiver_that_hangs_holds_up_one_send_not_the_others(
         ) == {"delivered"}
     finally:
         other.stop()
+
+
+def slow_and_answering(receiver: Receiver, other: Receiver) -> tuple[Agent, Agent]:
+    """A project whose receiver is slow (`receiver`), its alerts queued first, and another
+    project's webhook at `other`."""
+    slow = setup_project(receiver)
+    answering = make_agent("answers")
+    WebhookEndpoint.objects.create(
+        project=answering.project, url=f"{other.base_url}/hook", secret="whsec-other"
+    )
+    return slow, answering
+
+
+def delivery_ids(agent: Agent) -> list[str]:
+    deliveries = AlertDelivery.objects.filter(project=agent.project).order_by("pk")
+    return [str(pk) for pk in deliveries.values_list("pk", flat=True)]
+
+
+def test_a_slow_receiver_holds_up_its_own_alerts_not_another_project_s(
+    receiver: Receiver, settings: Any
+) -> None:
+    """A receiver that answers slowly but within its timeout (a webhook having a bad minute)
+    holds up only its own lane: the deliveries a pass claims go out concurrently
+    (COSTBOARD_ALERT_CONCURRENCY), so another project's alerts arrive while it is still held,
+    a target's own alerts go one after another in order, and each goes out once. Before,
+    the pass sent them one after another and the other project heard nothing until the slow
+    receiver answered."""
+    settings.COSTBOARD_ALERT_TIMEOUT_SECONDS = 2 * HOLD_AT_MOST  # slow, never timed out
+    other = Receiver().start()
+    try:
+        slow, answering = slow_and_answering(receiver, other)
+        receiver.hold()
+        assert slow.post(crossing_batch(0)).status_code == 200  # two alerts, queued first
+        assert answering.post(crossing_batch(1)).status_code == 200  # two more
+        results: list[Any] = []
+        dispatcher = threading.Thread(target=lambda: results.append(sweep_once()), daemon=True)
+        dispatcher.start()
+        try:
+            wait_until(
+                lambda: receiver.held() == 1 and len(other.received()) == 2,
+                what="the other project's alerts while the slow receiver holds one",
+            )
+            assert receiver.received() == []  # the slow one still held: nothing answered
+            assert other.received() == delivery_ids(answering)
+        finally:
+            receiver.release()
+            dispatcher.join(timeout=30)
+        assert not dispatcher.is_alive()
+    finally:
+        other.stop()
+    # the run's counts: two dispatches, four deliveries, each done once
+    [result] = results
+    assert (result.done, result.retried, result.failed) == (6, 0, 0)
+    assert result.kinds == {"alerts.dispatch": 2, "alert.deliver": 4}
+    assert receiver.received() == delivery_ids(slow)  # in order: soft_warned, exhausted
+    deliveries = AlertDelivery.objects.all()
+    assert sorted(deliveries.values_list("status", "attempts")) == [("delivered", 1)] * 4
+    assert not OutboxItem.objects.exists()
+    if connection.vendor == "postgresql":  # the sending threads closed their connections
+        wait_until(lambda: not backends_of_others(), what="the threads' connections closed")
+
+
+OUTBOX_LINE = re.compile(r"^outbox: (\d+) done, (\d+) to retry, (\d+) failed$", re.M)
+
+
+def sweep_once() -> Any:
+    """One outbox_dispatch in this thread, as guard_sweep's loop runs it, its database
+    connection closed after."""
+    try:
+        return outbox_dispatch()
+    finally:
+        connection.close()
+
+
+def test_two_dispatchers_with_a_slow_receiver_send_every_alert_once(
+    receiver: Receiver, tmp_path: Path
+) -> None:
+    """Two guard_sweep processes at once, each sending its deliveries concurrently: while the
+    slow receiver holds its replies the other project's alerts arrive, and once it answers
+    every delivery has gone out once — none twice, none lost — and the two runs' counts add
+    up to every item once."""
+    other = Receiver().start()
+    try:
+        slow, answering = slow_and_answering(receiver, other)
+        receiver.hold()
+        for n in range(3):
+            assert slow.post(crossing_batch(n)).status_code == 200
+            assert answering.post(crossing_batch(10 + n)).status_code == 200
+        logs = [(tmp_path / f"sweep-{n}.log").open("wb") for n in (1, 2)]
+        sweeps = [
+            guard_sweep_started(log, COSTBOARD_ALERT_TIMEOUT_SECONDS=str(2 * int(HOLD_AT_MOST)))
+            for log in logs
+        ]
+        try:
+            wait_until(
+                lambda: receiver.held() >= 1 and len(other.received()) == 6,
+                what=f"the other project's alerts while the slow receiver holds; logs {tmp_path}",
+            )
+            assert receiver.received() == []  # the slow one still held: nothing answered
+            receiver.release()
+            for sweep in sweeps:
+                assert sweep.wait(timeout=60) == 0, f"logs {tmp_path}"
+        finally:
+            receiver.release()
+            for sweep in sweeps:
+                sweep.kill()
+                sweep.wait(timeout=30)
+            for log in logs:
+                log.close()
+    finally:
+        other.stop()
+    assert Counter(other.received()) == dict.fromkeys(delivery_ids(answering), 1)
+    assert Counter(receiver.received()) == dict.fromkeys(delivery_ids(slow), 1)
+    deliveries = AlertDelivery.objects.all()
+    assert sorted(deliveries.values_list("status", "attempts")) == [("delivered", 1)] * 12
+    assert not OutboxItem.objects.exists()
+    # each run's counts (guard_sweep prints them): together every item once, six dispatches
+    # and twelve deliveries
+    runs = [
+        [int(n) for n in found.groups()]
+        for n in (1, 2)
+        for found in OUTBOX_LINE.finditer((tmp_path / f"sweep-{n}.log").read_text())
+    ]
+    assert len(runs) == 2, runs
+    assert [sum(column) for column in zip(*runs, strict=True)] == [18, 0, 0], runs
 
 
 def backends_of_others() -> list[int]:

@@ -733,7 +733,11 @@ def test_without_an_email_host_mail_goes_to_the_console() -> None:
 
 @pytest.mark.parametrize(
     ("name", "value"),
-    [("COSTBOARD_ALERT_MAX_ATTEMPTS", "0"), ("COSTBOARD_BASE_URL", "costboard.example.com")],
+    [
+        ("COSTBOARD_ALERT_MAX_ATTEMPTS", "0"),
+        ("COSTBOARD_ALERT_CONCURRENCY", "0"),
+        ("COSTBOARD_BASE_URL", "costboard.example.com"),
+    ],
 )
 def test_a_bad_alert_setting_stops_startup_naming_it(name: str, value: str) -> None:
     result = _settings_value("COSTBOARD_BASE_URL", **{name: value})
