@@ -65,11 +65,14 @@ def nice_step(top: float, ticks: int = 5) -> float:
     if top <= 0:
         return 1.0
     raw = top / ticks
-    power = 10 ** math.floor(math.log10(raw))
+    exponent = math.floor(math.log10(raw))
+    # read from its decimal text: 5 × 1e-06 in binary is 4.9999999999999996e-06, whose
+    # labels would run to 22 decimals
     for mantissa in (1, 2, 5, 10):
-        if mantissa * power >= raw:
-            return float(mantissa * power)
-    return float(10 * power)  # pragma: no cover - the loop always returns
+        step = float(f"{mantissa}e{exponent}")
+        if step >= raw:
+            return step
+    return float(f"10e{exponent}")  # pragma: no cover - the loop always returns
 
 
 def _step_decimals(step: float) -> int:

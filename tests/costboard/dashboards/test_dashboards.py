@@ -329,6 +329,30 @@ def test_a_session_without_steps_says_so(staff: Client, agent: Agent, priced: No
     assert "· 1 step ·" in one
 
 
+def test_a_cheap_sessions_cost_axis_reads_its_ticks_as_the_tables_do(
+    staff: Client, agent: Agent, priced: None
+) -> None:
+    """A session of $0.000021 (2 input and 1 output tokens at $3 and $15 per million): its
+    cost-per-turn axis is ticked every $0.000005, written so, not in binary floating point's
+    22 decimals ("$0.0000050000000000000004")."""
+    agent.events(
+        {"session_id": "cheap", "turn": 1, "step_type": "intent", "model": "test-sonnet"}
+        | {"input_tokens": 2, "output_tokens": 1}
+    )
+    session = Session.objects.get(external_id="cheap")
+    assert session.cost_usd == Decimal("0.000021")
+    response = staff.get(f"/sessions/{session.pk}/")
+    assert 'data-total="cost">$0.000021<' in response.content.decode()
+    assert figures(response)["per_turn"]["layout"]["yaxis"]["ticktext"] == [
+        "$0",
+        "$0.000005",
+        "$0.00001",
+        "$0.000015",
+        "$0.00002",
+        "$0.000025",
+    ]
+
+
 def test_steps_page_table_equals_the_steps(staff: Client, agent: Agent, priced: None) -> None:
     traffic(agent)
     response = staff.get("/steps/")
