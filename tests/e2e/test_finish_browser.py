@@ -123,6 +123,32 @@ def test_a_session_id_of_128_characters_fits_a_phone(
     assert phone.locator("h1 code").inner_text() == long_id  # the session's page
 
 
+@pytest.mark.parametrize("width", [1400, 1024])
+def test_a_long_user_id_fits_its_tile_on_a_desktop_too(
+    live_server: Any, page: Any, width: int
+) -> None:
+    """The phone's rule, wide: a user id with no space to break at wraps within its tile
+    instead of widening the row of tiles past the screen."""
+    get_user_model().objects.create_superuser("viewer", "", "pw-viewer-123")
+    user_id = "customer-success+enterprise-trial@globex-corporation.example.com"
+    agent = make_agent("longids")
+    agent.events(
+        {"type": "session", "session_id": "long-user", "user_id": user_id},
+        {"session_id": "long-user", "step_type": "x", "model": "m", "input_tokens": 5},
+    )
+    pk = Session.objects.get(external_id="long-user").pk
+    base = live_server.url
+    log_in(page, base)
+    page.set_viewport_size({"width": width, "height": 900})
+    page.goto(f"{base}/sessions/{pk}/")
+    page.wait_for_load_state("networkidle")
+    width_now = page.evaluate("document.documentElement.scrollWidth")
+    assert (width_now, page.evaluate(OVERFLOWING)) == (width, [])
+    user = page.locator("#budget-tiles .tile .big.small")
+    assert user.inner_text() == user_id
+    assert user.evaluate("e => e.scrollWidth - e.clientWidth") == 0  # none of it past the tile
+
+
 def test_the_switcher_on_a_session_page_lands_on_that_projects_sessions(
     live_server: Any, demo: None, page: Any
 ) -> None:
