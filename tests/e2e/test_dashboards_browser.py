@@ -169,54 +169,100 @@ def test_a_one_step_session_draws_its_point_and_a_tool_only_one_says_it_has_no_t
     assert page.errors == []
 
 
-def test_another_filter_keeps_the_exact_model_name(live_server: Any, page: Any) -> None:
-    """/steps/ and /sessions/ filtered to one exact name (its chip shown) keep it when another
-    filter changes: the form sends it, so the figures, the URL and the CSV link stay of that
-    name, as the chip says, not of its whole family."""
+def test_a_sort_chosen_on_the_list_survives_a_filter_and_the_all_time_link(
+    live_server: Any, page: Any
+) -> None:
+    # The column headers and the filters both swap only the table: a filter changed after a
+    # header was clicked sent the sort of the page as first loaded, and "All time" led to
+    # the filters of that first page.
+    get_user_model().objects.create_superuser("viewer", "", "pw-viewer-123")
+    add_price("test-sonnet")
+    add_price("test-haiku", input_mtok=Decimal(1), output_mtok=Decimal(5))
+    agent = make_agent("acme")
+    traffic(agent, sessions=4, turns=1)  # s0 the latest and cheapest, s3 the oldest, costliest
+    agent.events(
+        {"type": "session", "session_id": "over", "token_cap": 1000},
+        {"session_id": "over", "step_type": "response", "model": "test-sonnet", "turn": 1}
+        | {"input_tokens": 1200, "output_tokens": 34},
+    )
+    base = live_server.url
+    log_in(page, base)
+    page.goto(f"{base}/sessions/")
+
+    def listed() -> list[str]:
+        return [r.get_attribute("data-session") for r in page.locator("tr[data-session]").all()]
+
+    assert [s for s in listed() if s != "over"] == ["s0", "s1", "s2", "s3"]
+    page.click("th >> text=Cost / cap")
+    page.wait_for_url("**/sessions/?sort=-cost")
+    assert [s for s in listed() if s != "over"] == ["s3", "s2", "s1", "s0"]
+
+    page.select_option("select[name=state]", "ok")
+    page.wait_for_function("document.querySelectorAll('tr[data-session]').length === 4")
+    assert "sort=-cost" in page.url
+    assert listed() == ["s3", "s2", "s1", "s0"]
+
+    page.click("[data-all-time]")
+    page.wait_for_url("**/sessions/?*since=*")
+    assert "state=ok" in page.url and "sort=-cost" in page.url
+    assert listed() == ["s3", "s2", "s1", "s0"]
+    assert page.errors == []
+
+
+def test_an_exact_model_filter_stays_while_other_filters_change(
+    live_server: Any, page: Any
+) -> None:
+    # The exact-name chip (a click on one of a family's names) sat outside the part htmx
+    # swaps and sent nothing: the next filter changed dropped it while the chip still said
+    # it applied, and its × went back to the filters of the page as first loaded.
     from costboard.pricing.sync import prices_sync
 
     get_user_model().objects.create_superuser("viewer", "", "pw-viewer-123")
     prices_sync()
-    make_agent("acme").events(
-        *[
-            {
-                "session_id": session,
-                "turn": 1,
-                "step_type": step_type,
-                "model": model,
-                "input_tokens": 1000,
-                "output_tokens": 100,
-            }
-            for session, step_type, model in (
-                ("dated", "response", "gpt-4o-2024-08-06"),
-                ("routed", "response", "openai/gpt-4o"),
-                ("routed-search", "search", "openai/gpt-4o"),
-            )
-        ]
+    agent = make_agent("acme")
+    dated = "gpt-4o-2024-08-06"
+    agent.events(
+        {"type": "session", "session_id": "dated-over", "token_cap": 1000},
+        {"session_id": "dated-over", "turn": 1, "step_type": "response", "model": dated}
+        | {"input_tokens": 1200, "output_tokens": 10},
+        {"session_id": "dated-ok", "turn": 1, "step_type": "intent", "model": dated}
+        | {"input_tokens": 100, "output_tokens": 10},
+        {"session_id": "plain-ok", "turn": 1, "step_type": "response", "model": "gpt-4o"}
+        | {"input_tokens": 100, "output_tokens": 10},
     )
     base = live_server.url
     log_in(page, base)
 
-    page.goto(f"{base}/steps/?model=gpt-4o&exact=openai%2Fgpt-4o")
-    calls = '#step-table tr[data-family="gpt-4o"] td.num'
-    assert page.locator("[data-exact-filter]").is_visible()
-    assert page.locator(calls).all_text_contents()[0::8] == ["1", "1"]  # response, search
-    page.select_option("select[name=step_type]", "response")
-    page.wait_for_url("**/steps/?*step_type=response*")
-    assert "exact=openai%2Fgpt-4o" in page.url
-    assert page.locator(calls).first.text_content() == "1"  # not the family's 2
+    def listed() -> list[str]:
+        return sorted(
+            r.get_attribute("data-session") for r in page.locator("tr[data-session]").all()
+        )
 
-    page.goto(f"{base}/sessions/?model=gpt-4o&exact=openai%2Fgpt-4o")
-    listed = "document.querySelectorAll('tr[data-session]')"
-    assert page.locator("tr[data-session]").count() == 2
+    page.goto(f"{base}/sessions/?exact={dated}")
+    assert listed() == ["dated-ok", "dated-over"]
     page.select_option("select[name=state]", "ok")
     page.wait_for_url("**/sessions/?*state=ok*")
-    assert "exact=openai%2Fgpt-4o" in page.url
-    page.wait_for_function(f"{listed}.length === 2")
-    rows = page.locator("tr[data-session]")
-    assert sorted(rows.evaluate_all("rows => rows.map(r => r.dataset.session)")) == [
-        "routed",
-        "routed-search",
-    ]
-    assert "exact=openai%2Fgpt-4o" in page.get_attribute("text=Export CSV", "href")
+    assert f"exact={dated}" in page.url
+    assert listed() == ["dated-ok"]
+    assert f"exact={dated}" in page.get_attribute("text=Export CSV", "href")
+    assert page.locator("[data-exact-filter]").count() == 1
+    page.click("[data-exact-filter] a")  # × drops the exact name, keeps the state chosen
+    page.wait_for_url("**/sessions/?*")
+    assert "exact=" not in page.url and "state=ok" in page.url
+    assert listed() == ["dated-ok", "plain-ok"]
+
+    def calls() -> list[str]:  # of the gpt-4o rows, one per step type
+        rows = page.locator('#step-table tr[data-family="gpt-4o"]').all()
+        return [r.locator("td.num").first.inner_text() for r in rows]
+
+    page.goto(f"{base}/steps/?exact={dated}")
+    assert calls() == ["1", "1"]  # an intent and a response
+    page.select_option("select[name=step_type]", "response")
+    page.wait_for_url("**/steps/?*step_type=response*")
+    assert f"exact={dated}" in page.url
+    assert calls() == ["1"]  # dated-over's response; plain-ok's is another name
+    page.click("[data-exact-filter] a")
+    page.wait_for_url("**/steps/?*")
+    assert "exact=" not in page.url and "step_type=response" in page.url
+    assert calls() == ["2"]
     assert page.errors == []
