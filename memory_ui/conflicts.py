@@ -29,6 +29,8 @@ import unicodedata
 from dataclasses import dataclass
 from functools import lru_cache
 
+from memory_ui.text import marks
+
 # a number with its inner separators ("3.11", "2026-03-01", "1,000", "10:30"), or a word
 _TOKEN = re.compile(r"\d+(?:[.,:/-]\d+)*|[^\W\d_]+")
 # "doesn't" → "does not", "can't" → "can not", "won't" → "will not"
@@ -120,7 +122,9 @@ def read(text: str) -> Reading:
     negations = 0
     opposites: set[tuple[int, str]] = set()
     frame: list[str] = []
-    tokens = _TOKEN.findall(folded)
+    signs = marks(folded)  # a word's combining marks are part of it ("दिन" is not "दान")
+    pattern = re.compile(rf"\d+(?:[.,:/-]\d+)*|(?:[^\W\d_]|[{signs}])+") if signs else _TOKEN
+    tokens = pattern.findall(folded)
     for at, token in enumerate(tokens):
         if token[0].isdigit():
             numbers.append(_canonical(token))

@@ -199,6 +199,48 @@ def test_stored_memories_get_their_frame_key() -> None:
 
 
 @pytest.mark.django_db(transaction=True)
+def test_stored_memories_get_keys_that_keep_marks_and_symbols() -> None:
+    """memory_ui 0006 reads the keys again: "दिन" and "दान" (vowel signs, combining marks) and
+    "🚀" and "!!!" (no letter) had one fingerprint each pair; an eviction keeps its empty keys."""
+    import hashlib
+
+    from memory_ui.conflicts import frame_key
+    from memory_ui.text import fingerprint
+
+    before = ("memory_ui", "0005_session_turn_without_constraints")
+    executor = MigrationExecutor(connection)
+    latest = [leaf("costboard"), leaf("memory_ui")]
+    executor.migrate([before])
+    old = executor.loader.project_state([before]).apps
+    from costboard.models import Project  # costboard's tables stay at their latest
+
+    project = Project.objects.create(name="Old", slug="old")
+    Memory = old.get_model("memory_ui", "Memory")
+    old_keys = {  # as the rule before stored them
+        "दिन": hashlib.sha256("द न".encode()).hexdigest(),
+        "दान": hashlib.sha256("द न".encode()).hexdigest(),
+        "🚀": hashlib.sha256(b"").hexdigest(),
+        "!!!": hashlib.sha256(b"").hexdigest(),
+        "Deploys happen on Tuesdays": fingerprint("Deploys happen on Tuesdays"),
+    }
+    for text, key in old_keys.items():
+        Memory.objects.create(project_id=project.pk, type="project", content=text, fingerprint=key)
+    Memory.objects.create(project_id=project.pk, type="project", content="दिन", proposal="evict")
+
+    executor = MigrationExecutor(connection)
+    executor.migrate(latest)
+    new = executor.loader.project_state(latest).apps
+    rows = new.get_model("memory_ui", "Memory").objects
+    keys = dict(rows.filter(proposal="new").values_list("content", "fingerprint"))
+    assert keys == {text: fingerprint(text) for text in old_keys}
+    assert len(set(keys.values())) == len(old_keys)
+    frames = dict(rows.filter(proposal="new").values_list("content", "frame_key"))
+    assert frames == {text: frame_key(text) for text in old_keys}
+    assert frames["दिन"] != frames["दान"]
+    assert rows.filter(proposal="evict").values_list("fingerprint", "frame_key").get() == ("", "")
+
+
+@pytest.mark.django_db(transaction=True)
 def test_sessions_get_the_families_of_their_model_mix() -> None:
     """0024 gives each stored session the families of its model-mix rows; a session without
     any keeps an empty object."""

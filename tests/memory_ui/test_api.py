@@ -176,6 +176,27 @@ def test_the_same_sentence_again_answers_200_with_the_memory_merged(agent: Agent
     assert Memory.objects.count() == 1
 
 
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        ("दिन", "दान"),  # Devanagari: the vowel signs are combining marks, the words differ
+        ("नीति बदलो", "नाता बदला"),
+        ("🚀🚀🚀", "!!!"),  # no letter or digit in either
+        ("✅", "❌"),
+    ],
+)
+def test_sentences_differing_only_in_marks_or_symbols_are_two_candidates(
+    agent: Agent, first: str, second: str
+) -> None:
+    one = post(agent, "candidates", {"content": first, "type": "project"})
+    two = post(agent, "candidates", {"content": second, "type": "project"})
+    assert (one.status_code, two.status_code) == (201, 201), two.content
+    assert two.json()["content"] == second
+    assert sorted(Memory.objects.values_list("content", flat=True)) == sorted([first, second])
+    again = post(agent, "candidates", {"content": second, "type": "project"})
+    assert (again.status_code, again.json()["id"]) == (200, two.json()["id"])
+
+
 def test_merging_into_an_approved_memory_keeps_it_approved_and_approves_nothing_new(
     agent: Agent,
 ) -> None:
