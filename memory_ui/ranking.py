@@ -11,10 +11,12 @@ relevance, PostgreSQL — three tries, each only when the one before matched not
   1. full text, every word: `to_tsvector('english', content) @@ websearch_to_tsquery('english',
      q)` (the expression of the GIN index memory_content_fts, so the index is used; quotes, `or`
      and `-word` work as in a web search; English stemming: "deploying" finds "deploys");
-  2. full text, any word: the same tsquery with its `&` made `|` (skipped for one word);
+  2. full text, any word: the tsquery's words joined by `|` (skipped for one word);
   3. trigrams: `lower(content) %> lower(q)` (the trigram index memory_content_trgm; true when
      word_similarity ≥ pg_trgm.word_similarity_threshold, 0.6 by default), so a typo, a part
      of a word ("ruf") or a query of stop words only still finds a memory.
+  A `-word` keeps the memories that have it out of the second and third tries, as out of
+  the first.
   Full-text relevance is `ts_rank_cd` over the best `ts_rank_cd` of the matches: the query's
   best match is 1 and the others are relative to it (ts_rank_cd of a one-line memory is about
   0.1 a matched word, so rank/(rank+1) would leave relevance too small to count against
@@ -23,7 +25,8 @@ relevance, elsewhere (SQLite) — the same three tries, portable: the share of t
   the memory has, |Q ∩ M| / |Q| (terms: text.normalize's words without English stop words, a
   plural "s" dropped; candidates picked in SQL by `content LIKE %term%`), first needing every
   term, then any; then the share of the query's trigrams found in the memory (≥ 0.6, like
-  word_similarity) over the scope's newest PORTABLE_SCAN memories.
+  word_similarity) over the scope's newest PORTABLE_SCAN memories. A `-word` is a term no
+  memory found may have.
 importance = the stored importance. freshness = 0.5^(age in days / half-life), the half-life
   COSTBOARD_MEMORY_HALF_LIFE_DAYS, the age from decided_at (else created_at), never above 1.
   credibility by source: stated by the user 1.0, inferred by the agent 0.6, tool output 0.3.
@@ -335,18 +338,47 @@ class _SqlScoring:
             return [_candidate(row, float(row[-1])) for row in cursor.fetchall()]
 
 
+def _operands(tsquery: str) -> tuple[list[str], list[str]]:
+    """The operands of a tsquery's text (as websearch_to_tsquery prints it: `'deploy' &
+    !'stage' | ( 'run' <-> 'on' )`) split at its top-level `&` and `|`: those wanted, and
+    those refused (`-word`, printed `!'word'`), without their `!`. Quoted lexemes and
+    parenthesized phrases are one operand each; a double negation is neither."""
+    parts, start, depth, quoted = [], 0, 0, False
+    for at, char in enumerate(tsquery):
+        if char == "'":
+            quoted = not quoted  # a quote inside a lexeme is doubled: toggled twice
+        elif quoted:
+            continue
+        elif char in "()":
+            depth += 1 if char == "(" else -1
+        elif depth == 0 and tsquery[at - 1 : at + 2] in (" & ", " | "):
+            parts.append(tsquery[start : at - 1])
+            start = at + 2
+    parts.append(tsquery[start:])
+    parts = [part.strip() for part in parts if part.strip()]
+    wanted = [part for part in parts if not part.startswith("!")]
+    refused = [part[1:] for part in parts if part.startswith("!") and part[1:2] != "!"]
+    return wanted, refused
+
+
 def _candidates_postgresql(
     live: QuerySet[Memory], query: str, scoring: _SqlScoring
 ) -> list[_Candidate]:
     with connection.cursor() as cursor:
         cursor.execute("SELECT websearch_to_tsquery('english', %s)::text", [query])
         every_word = cursor.fetchone()[0]
-    tsqueries = [every_word] if every_word else []  # empty: only stop words
-    if " & " in every_word:
-        tsqueries.append(every_word.replace(" & ", " | "))  # lexemes are quoted: no space in
-    for tsquery in tsqueries:
+    wanted, refused = _operands(every_word)
+    # the tries after the first: any word wanted, and none of the memories a `-word` refuses
+    fallback = live
+    if refused:
+        unwanted = _TsQuery(Value(" | ".join(refused)))
+        fallback = live.exclude(_Matches(_EnglishVector(F("content")), unwanted))
+    tries = [(live, every_word)] if every_word else []  # empty: only stop words
+    if len(wanted) > 1 or (wanted and refused):
+        tries.append((fallback, " | ".join(wanted)))
+    for memories, tsquery in tries:
         matches = (
-            live.filter(_Matches(_EnglishVector(F("content")), _TsQuery(Value(tsquery))))
+            memories.filter(_Matches(_EnglishVector(F("content")), _TsQuery(Value(tsquery))))
             .annotate(raw=_RankCd(_EnglishVector(F("content")), _TsQuery(Value(tsquery))))
             .values_list(*_FIELDS, "raw")
         )
@@ -355,7 +387,7 @@ def _candidates_postgresql(
             return found
     lowered = Lower(Value(query, output_field=TextField()))
     similar = (
-        live.filter(_WordSimilar(Lower(F("content")), lowered))
+        fallback.filter(_WordSimilar(Lower(F("content")), lowered))
         .annotate(raw=_WordSimilarity(lowered, Lower(F("content"))))
         .values_list(*_FIELDS, "raw")
     )
@@ -387,14 +419,19 @@ def terms(text: str) -> set[str]:
 
 
 def _candidates_portable(live: QuerySet[Memory], query: str) -> list[_Candidate]:
-    wanted = terms(query)
+    words = query.split()
+    # a `-word` refuses the memories that have it, as websearch_to_tsquery's does
+    refused = terms(" ".join(w[1:] for w in words if w.startswith("-") and len(w) > 1))
+    asked = " ".join(w for w in words if not w.startswith("-"))
+    wanted = terms(asked)
     if wanted:
         # every term is a substring of a word it matches, so icontains never misses one
         matching = live.filter(reduce(or_, (Q(content__icontains=t) for t in wanted)))
         scored = []
         for row in matching.values_list(*_FIELDS):
-            found = len(wanted & terms(row[2]))
-            if found:
+            has = terms(row[2])
+            found = len(wanted & has)
+            if found and not refused & has:
                 scored.append((row, found / len(wanted)))
         for needed in (len(wanted), 1):
             chosen = [
@@ -402,13 +439,13 @@ def _candidates_portable(live: QuerySet[Memory], query: str) -> list[_Candidate]
             ]
             if chosen:
                 return chosen
-    query_grams = trigrams(query)
+    query_grams = trigrams(asked)
     if not query_grams:
         return []
     newest = live.order_by("-updated_at", "-pk").values_list(*_FIELDS)[:PORTABLE_SCAN]
     result = []
     for row in newest:
         share = len(query_grams & trigrams(row[2])) / len(query_grams)
-        if share >= TRIGRAM_MATCH:
+        if share >= TRIGRAM_MATCH and not refused & terms(row[2]):
             result.append(_candidate(row, share))
     return result

@@ -208,6 +208,20 @@ def test_the_portable_terms_drop_stop_words_and_plurals() -> None:
     }
 
 
+def test_a_minus_word_keeps_its_memories_out_of_every_try(project: Project) -> None:
+    remember(project, "Deploys to staging run on port 5433")
+    release = remember(project, "Releases go out on Tuesdays")
+    plain = remember(project, "Use ruff for lint")
+    remember(project, "Use ruff, never black")
+    # no memory has every word: the memories with any of them, none with the word refused
+    assert ids(search(project, "deploy -staging")) == []
+    assert ids(search(project, "deploy releases -staging")) == [release.pk]
+    assert ids(search(project, "ruff -black")) == [plain.pk]
+    # nor does a typo found by trigrams bring one back
+    assert ids(search(project, "stagng -staging")) == []
+    assert ids(search(project, "deploy staging"))  # positive control
+
+
 @on_postgres
 def test_postgresql_full_text_stems_words(project: Project) -> None:
     deploys = remember(project, "Deploys happen on Tuesdays after the standup")
