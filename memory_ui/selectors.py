@@ -140,9 +140,13 @@ def memories_approved(
     *, project_ids: Sequence[int], type: str = "", scope: str = ""
 ) -> QuerySet[Memory]:
     """Approved memories not past their TTL (memory_file.unexpired): what the browser lists
-    beside each scope's MEMORY.md."""
+    beside each scope's MEMORY.md. An approved eviction is a decision, not a memory: left
+    out, as MEMORY.md leaves it out."""
     approved = Memory.objects.filter(
-        unexpired(timezone.now()), project_id__in=project_ids, status=Memory.Status.APPROVED
+        unexpired(timezone.now()),
+        project_id__in=project_ids,
+        status=Memory.Status.APPROVED,
+        proposal=Memory.Proposal.NEW,
     )
     if type:
         approved = approved.filter(type=type)
@@ -197,7 +201,10 @@ def type_groups(
         return {}
     in_pairs = reduce(or_, (Q(project_id=p, scope=s) for p, s in pairs))
     approved = Memory.objects.filter(
-        in_pairs, unexpired(timezone.now()), status=Memory.Status.APPROVED
+        in_pairs,
+        unexpired(timezone.now()),
+        status=Memory.Status.APPROVED,
+        proposal=Memory.Proposal.NEW,
     )
     if type:
         approved = approved.filter(type=type)
@@ -348,7 +355,8 @@ def memory_metrics(*, project_ids: Sequence[int], now: datetime | None = None) -
     stock = memories.aggregate(
         pending=Count("id", filter=Q(status=Memory.Status.PENDING)),
         oldest=Min("created_at", filter=Q(status=Memory.Status.PENDING)),
-        approved=Count("id", filter=Q(status=Memory.Status.APPROVED)),
+        # an approved eviction is not a memory: counted as MEMORY.md and the browser count
+        approved=Count("id", filter=Q(status=Memory.Status.APPROVED, proposal="new")),
     )
     decided = Q(action__in=[MemoryEvent.Action.APPROVED, MemoryEvent.Action.REJECTED])
     gone = Q(action__in=[MemoryEvent.Action.EXPIRED, MemoryEvent.Action.EVICTED])
@@ -394,7 +402,8 @@ def similar_memories(
     limit: int = 3,
 ) -> list[tuple[Memory, float]]:
     """A scope's memories most like `content`, with their similarity (pg_trgm's on
-    PostgreSQL, the same measure in Python elsewhere), most similar first.
+    PostgreSQL, the same measure in Python elsewhere), most similar first; memories only
+    (no lifecycle proposal, approved or not) and none past its TTL.
 
     On PostgreSQL the GiST trigram index over lower(content) (migration 0004) answers it,
     nearest first (`<->`), only rows at least `threshold` similar (`%`, with
@@ -409,6 +418,7 @@ def similar_memories(
                 FROM memory_ui_memory
                 WHERE lower(content) %% lower(%s)
                   AND project_id = %s AND scope = %s AND status = ANY(%s) AND id <> %s
+                  AND proposal = %s AND (expires_at IS NULL OR expires_at > %s)
                 ORDER BY lower(content) <-> lower(%s), id
                 LIMIT %s
                 """,
@@ -419,13 +429,21 @@ def similar_memories(
                     scope,
                     list(statuses),
                     exclude or 0,
+                    Memory.Proposal.NEW,
+                    timezone.now(),
                     content,
                     limit,
                 ],
             )
             return [(m, float(m.sim)) for m in rows]  # type: ignore[attr-defined]
     pool = (
-        Memory.objects.filter(project=project, scope=scope, status__in=statuses)
+        Memory.objects.filter(
+            unexpired(timezone.now()),
+            project=project,
+            scope=scope,
+            status__in=statuses,
+            proposal=Memory.Proposal.NEW,
+        )
         .exclude(pk=exclude or 0)
         .order_by("-updated_at")[:PORTABLE_SCAN]
     )

@@ -821,6 +821,46 @@ def test_the_browser_leaves_out_a_memory_past_its_ttl_before_the_sweep(
     assert listed(staff.get("/memory/?project=acme&q=fax+machines").content.decode()) == [kept.pk]
     only = staff.get("/memory/?project=acme&type=project&scope=project").content.decode()
     assert listed(only) == [kept.pk]
+    # nor is it "similar approved" beside a candidate
+    pending = stored(agent, "Fax machines are kept and serviced on Mondays", status="pending")
+    aside = staff.get(f"/memory/{pending.pk}/similar/", headers=HTMX).content.decode()
+    assert [int(pk) for pk in re.findall(r'data-similar-to="(\d+)"', aside)] == [kept.pk]
+
+
+def test_an_approved_eviction_is_not_listed_or_counted_as_a_memory(
+    staff: Client, agent: Agent
+) -> None:
+    """An eviction proposal, once approved, is a decision kept for its history, not a
+    sentence an agent reads: the browser, its counts, the similar aside and the metrics
+    leave it out as MEMORY.md does."""
+    kept = approved(agent, "Fax machines are kept in room 4")
+    cut = approved(agent, "Fax machines are serviced on Mondays")
+    evict = proposals.proposal_create(
+        project=agent.project,
+        kind=Memory.Proposal.EVICT,
+        fields=MemoryFields.of(
+            content="Fax machines: 1 entry MEMORY.md cannot hold", type="project"
+        ),
+        target_ids=[cut.pk],
+        note="MEMORY.md is over its cap",
+        proposed_by="lifecycle",
+    )
+    decisions.memory_approve(evict, by=None)
+    assert memory_md(agent.project).text == f"[project] {kept.content}\n"
+    html = staff.get("/memory/?project=acme").content.decode()
+    assert listed(html) == [kept.pk]
+    assert 'data-approved="1"' in html
+    group = staff.get("/memory/?project=acme&scope=project&type=project").content.decode()
+    assert listed(group) == [kept.pk]
+    assert listed(staff.get("/memory/?q=fax+machines").content.decode()) == [kept.pk]
+    pending = stored(
+        agent, "Fax machines are kept in the entry that MEMORY.md cannot hold", status="pending"
+    )
+    aside = staff.get(f"/memory/{pending.pk}/similar/", headers=HTMX).content.decode()
+    assert [int(pk) for pk in re.findall(r'data-similar-to="(\d+)"', aside)] == [kept.pk]
+    metrics = staff.get("/memory/metrics/?project=acme").content.decode()
+    # 1 expired (the evicted one) / (1 approved now + 1 expired)
+    assert metric(metrics, "cleanup") == ("1", "2", "50.0%")
 
 
 def test_a_group_shows_ten_then_more(staff: Client, agent: Agent) -> None:
