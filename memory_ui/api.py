@@ -216,7 +216,9 @@ FEEDBACK = Operation(
     body=MemoryFeedback,
     responses={
         201: Reply("stored", FeedbackStored),
-        404: Reply("no such memory (or search) in this project"),
+        404: Reply(
+            "no such memory (or search) in this project, or a memory the search did not return"
+        ),
         422: Reply("memory_id, useful or retrieval_id invalid"),
     },
 )

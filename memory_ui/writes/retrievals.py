@@ -44,7 +44,8 @@ def memory_feedback_add(
     now: datetime | None = None,
 ) -> MemoryFeedback:
     """Was a retrieved memory useful? The memory (and the search, if given) must be the
-    project's (NotFound otherwise); the ids themselves were checked where they came in."""
+    project's, and one the search returned (NotFound otherwise); the ids themselves were
+    checked where they came in."""
     memory_pk, retrieval_pk = feedback.memory_id, feedback.retrieval_id
     memory = Memory.objects.filter(project=project, pk=memory_pk).only("pk").first()
     if memory is None:
@@ -54,6 +55,13 @@ def memory_feedback_add(
         retrieval = RetrievalLog.objects.filter(project=project, pk=retrieval_pk).first()
         if retrieval is None:
             raise NotFound("retrieval_id", f"no search {retrieval_pk} in project {project.slug}")
+        if memory_pk not in retrieval.memory_ids:
+            # feedback on what a search did not return would count in its hit rate
+            raise NotFound(
+                "memory_id",
+                f"search {retrieval_pk} did not return memory {memory_pk}: rate one of its "
+                "results, or leave retrieval_id out",
+            )
     return MemoryFeedback.objects.create(
         project=project,
         memory=memory,

@@ -441,6 +441,29 @@ def test_feedback_on_another_projects_memory_or_search_is_404(agent: Agent) -> N
     assert not MemoryFeedback.objects.exists()
 
 
+def test_feedback_on_a_memory_the_search_did_not_return_is_404(agent: Agent) -> None:
+    ruff = approved(agent, "Always use ruff")
+    other = approved(agent, "Deploys happen on Tuesdays")
+    search = get(agent, "search", q="ruff").json()
+    assert [r["id"] for r in search["results"]] == [ruff.pk]
+    response = post(
+        agent,
+        "feedback",
+        {"memory_id": other.pk, "useful": True, "retrieval_id": search["retrieval_id"]},
+    )
+    status, field, message = error(response)
+    assert (status, field) == (404, "memory_id")
+    assert f"search {search['retrieval_id']} did not return memory {other.pk}" in message
+    assert not MemoryFeedback.objects.exists()
+    returned = post(
+        agent,
+        "feedback",
+        {"memory_id": ruff.pk, "useful": True, "retrieval_id": search["retrieval_id"]},
+    )
+    assert returned.status_code == 201
+    assert MemoryFeedback.objects.get().memory == ruff
+
+
 @pytest.mark.parametrize(
     ("payload", "field"),
     [

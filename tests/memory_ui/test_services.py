@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -524,9 +525,13 @@ def test_feedback_needs_the_projects_memory_and_search(project: Project) -> None
     (mine,) = approved(project, 1, "Deploys happen on Tuesdays")
     (theirs,) = approved(other, 1, "Their fact")
     log = retrievals.retrieval_log_record(
-        project=project, query="deploys " * 100, scope="project", k=5, ranked=[]
+        project=project,
+        query="deploys " * 100,
+        scope="project",
+        k=5,
+        ranked=[SimpleNamespace(memory_id=mine.pk)],
     )
-    assert (len(log.query), log.results, log.memory_ids) == (cleaners.MAX_QUERY, 0, [])
+    assert (len(log.query), log.results, log.memory_ids) == (cleaners.MAX_QUERY, 1, [mine.pk])
     stored = retrievals.memory_feedback_add(
         project=project,
         feedback=Feedback.of(memory_id=mine.pk, useful=True, retrieval_id=log.pk),
