@@ -336,6 +336,16 @@ def budget_check(
                 'cannot change between "*" (each member on its own) and one value: make a '
                 "new budget and delete this one",
             )
+        kept = (("scope", scope, stored.scope), ("scope_value", scope_value, stored.scope_value))
+        for field, value, was in kept:
+            if value != was:
+                # its ledgers hold the spend of its scope: under another, one who spent
+                # nothing would read (and be stopped by) what the old scope spent
+                raise BudgetInputError(
+                    field,
+                    f"cannot change from {was[:64]!r} to {value[:64]!r}: the spend counted so "
+                    "far is its scope's; make a new budget with it and delete this one",
+                )
         if rolling(changed) != rolling(stored):
             # a rolling budget's ledger holds its window, a calendar one's its periods
             raise BudgetInputError(

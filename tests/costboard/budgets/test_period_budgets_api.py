@@ -380,6 +380,52 @@ def test_a_calendar_budget_keeps_its_period_and_timezone(
         [error] = refused.json()["errors"]
         assert error["field"] == field
         assert "make a new budget with it and delete this one" in error["message"]
-    assert admin.call("GET", path).json() == spent
+    # as it was (its forecast aside: today's pace moves with the clock)
+    after = admin.call("GET", path).json()
+    assert {k: v for k, v in after.items() if not k.startswith("forecast_")} == {
+        k: v for k, v in spent.items() if not k.startswith("forecast_")
+    }
     assert agent.budget("s").json()["stopped_by"] == f"budget:{made['id']}"
     assert admin.call("PATCH", path, {"name": "renamed"}).status_code == 200  # the rest change
+
+
+def test_a_budget_keeps_its_scope(admin: Admin, agent: Agent, priced: object) -> None:
+    made = admin.call(
+        "POST",
+        "/api/v1/budgets",
+        {"name": "u-1's", "scope": "user", "scope_value": "u-1", "token_limit": 100,
+         "action": "stop"},
+    ).json()  # fmt: skip
+    agent.events({"type": "session", "session_id": "a", "user_id": "u-1"},
+                 {"type": "session", "session_id": "b", "user_id": "u-2"},
+                 {"step_type": "response", "model": "test-sonnet", "session_id": "a",
+                  "input_tokens": 150})  # fmt: skip
+    path = f"/api/v1/budgets/{made['id']}"
+    spent = admin.call("GET", path).json()
+    assert (spent["state"], spent["tokens_used"], spent["cost_usd"]) == (
+        "exhausted",
+        150,
+        "0.00045",
+    )
+    # under another scope the spend counted so far is another's: u-2, who spent nothing,
+    # would read u-1's 150 tokens and be stopped by them
+    for change in (
+        {"scope_value": "u-2"},
+        {"scope": "project", "scope_value": None},
+        {"scope": "tag", "scope_value": "team=a"},
+    ):
+        refused = admin.call("PATCH", path, change)
+        assert refused.status_code == 422, refused.content
+        [error] = refused.json()["errors"]
+        assert error["field"] == ("scope" if "scope" in change else "scope_value")
+        assert "make a new budget with it and delete this one" in error["message"]
+    # as it was (its forecast aside: today's pace moves with the clock)
+    after = admin.call("GET", path).json()
+    assert {k: v for k, v in after.items() if not k.startswith("forecast_")} == {
+        k: v for k, v in spent.items() if not k.startswith("forecast_")
+    }
+    assert agent.budget("b").json()["stopped_by"] is None
+    assert agent.budget("a").json()["stopped_by"] == f"budget:{made['id']}"
+    # the same scope sent again, spaces around it, is no change
+    same = admin.call("PATCH", path, {"scope": "user", "scope_value": " u-1 ", "name": "u-1"})
+    assert same.status_code == 200, same.content

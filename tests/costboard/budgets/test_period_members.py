@@ -508,10 +508,14 @@ def test_the_admin_keeps_a_budget_per_member_or_not(admin_client: Client, agent:
     refused = admin_client.post(url, form)
     assert refused.status_code == 200
     assert "cannot change between" in refused.content.decode()
-    kept = admin_client.post(url, {**form, "scope_value": "plan=*", "token_limit": "2000"})
+    # nor to another tag: its members' spend is their customers'
+    other = admin_client.post(url, {**form, "scope_value": "plan=*"})
+    assert other.status_code == 200
+    assert "the spend counted so far is its scope&#x27;s" in other.content.decode()
+    kept = admin_client.post(url, {**form, "scope_value": "customer=*", "token_limit": "2000"})
     assert kept.status_code == 302, kept.content.decode()[:2000]
     b.refresh_from_db()
-    assert (b.scope_value, b.token_limit) == ("plan=*", 2000)
+    assert (b.scope_value, b.token_limit) == ("customer=*", 2000)
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="a column collation: PostgreSQL's")
