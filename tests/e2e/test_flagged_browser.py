@@ -87,3 +87,44 @@ def test_raise_a_cap_and_acknowledge_in_chromium(live_server: Any, page: Any) ->
     assert {kind for kind, _ in fetched} >= {"script", "stylesheet"}
     for kind, url in fetched:
         assert urlsplit(url).path.startswith("/static/"), (kind, url)
+
+
+def _drawn(page: Any, chart: str) -> dict[str, Any]:
+    """What Plotly drew in a chart: its gauge's cap (the threshold) and its end tick."""
+    return page.evaluate(
+        """(chart) => {
+            const g = document.querySelector(`[data-chart=${chart}]`).data[0].gauge;
+            return {cap: g.threshold.value, ticks: g.axis.ticktext, colour: g.bar.color};
+        }""",
+        chart,
+    )
+
+
+def test_a_cap_raised_on_the_session_page_redraws_its_dials(live_server: Any, page: Any) -> None:
+    get_user_model().objects.create_superuser("viewer", "", "pw-viewer-123")
+    agent = make_agent("acme")
+    capped(agent, "over", "exhausted")  # 1,000 tokens of a 1,000 cap
+    session = Session.objects.get(external_id="over")
+    base = live_server.url
+
+    log_in(page, base)
+    page.goto(f"{base}/sessions/{session.pk}/")
+    page.wait_for_function("document.querySelector('[data-chart=tokens_gauge] .main-svg')")
+    assert _drawn(page, "tokens_gauge")["cap"] == 1000
+    page.evaluate("window.__kept = 'same page'")  # gone if the page reloads
+
+    banner = page.locator("#flag-banner")
+    banner.locator("summary", has_text="Raise cap").click()
+    banner.locator("input[name=token_cap]").fill("4000")
+    banner.locator("button", has_text="Raise").click()
+    page.wait_for_selector("#budget-tiles >> text=of 4,000")
+    assert page.evaluate("window.__kept") == "same page"
+    # the dial says what the tile says: 1,000 of a 4,000 cap, not still at its old cap
+    page.wait_for_function(
+        "document.querySelector('[data-chart=tokens_gauge]').data[0].gauge.threshold.value === 4000"
+    )
+    drawn = _drawn(page, "tokens_gauge")
+    assert drawn["ticks"] == ["0", "3.2k", "4k"]
+    assert drawn["colour"] == _drawn(page, "cost_gauge")["colour"]  # below warning: both green
+    assert Session.objects.get(pk=session.pk).token_cap == 4000
+    assert page.errors == []

@@ -15,14 +15,22 @@ from costboard.budgets import services
 from costboard.budgets.caps import session_caps
 from costboard.dashboards.forms import RaiseCapForm
 from costboard.dashboards.scope import Scope, scope_for
-from costboard.dashboards.selectors.session import session_budget_events
+from costboard.dashboards.selectors.session import (
+    session_budget_events,
+    session_cumulative_tokens,
+)
 from costboard.dashboards.views.flagged import (
     can_act_on_sessions,
     flag_counts,
     flag_row,
     flagged_render,
 )
-from costboard.dashboards.views.session import session_in_scope, session_render, stop_holding
+from costboard.dashboards.views.session import (
+    budget_figures,
+    session_in_scope,
+    session_render,
+    stop_holding,
+)
 from costboard.dashboards.views.shared import HtmxHttpRequest
 from costboard.models import Session
 
@@ -57,6 +65,10 @@ def _acted(
                 "caps": caps,
                 "flag": row,
                 "events": session_budget_events(session=session),
+                # its dials and cumulative chart, drawn against the caps now
+                "budget_figures": budget_figures(
+                    session, caps, session_cumulative_tokens(session=session)
+                ),
             }
             return render(request, "costboard/_session_flag.html", context, status=status)
         # the row, and the list's counts out of band: an acknowledged session leaves "All"

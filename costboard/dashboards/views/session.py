@@ -3,11 +3,14 @@ banner with the raise-cap form when it is flagged."""
 
 from __future__ import annotations
 
+from datetime import datetime
+from typing import Any
+
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 
-from costboard.budgets.caps import session_caps
+from costboard.budgets.caps import Caps, session_caps
 from costboard.budgets.holds import session_held_by
 from costboard.dashboards import charts
 from costboard.dashboards.forms import RaiseCapForm
@@ -62,25 +65,33 @@ def session_render(
         "detail": detail,
         "events": detail.events,
         "flag": flag_row(session, caps, user=request.user, form=form, held=stop_holding(session)),
-        "figures": figures(
-            tokens_gauge=charts.gauge(
-                title="tokens",
-                value=session.tokens_used,
-                cap=caps.token_cap,
-                warn_at=caps.warn_at_pct,
-                usd=False,
-            ),
-            cost_gauge=charts.gauge(
-                title="USD",
-                value=session.cost_usd,
-                cap=caps.cost_cap_usd,
-                warn_at=caps.warn_at_pct,
-                usd=True,
-            ),
-            cumulative=charts.cumulative_tokens(
-                detail.cumulative, cap=caps.token_cap, warn_at=caps.warn_at_pct
-            ),
-            per_turn=charts.cost_per_turn(detail.cost_by_turn),
-        ),
+        "budget_figures": budget_figures(session, caps, detail.cumulative),
+        "figures": figures(per_turn=charts.cost_per_turn(detail.cost_by_turn)),
     }
     return render(request, "costboard/session.html", context, status=status)
+
+
+def budget_figures(
+    session: Session, caps: Caps, cumulative: list[tuple[datetime, int]]
+) -> dict[str, Any]:
+    """The session's charts drawn against its caps (its dials and cumulative tokens): the
+    page's, and drawn again with the caps a raise set."""
+    return figures(
+        tokens_gauge=charts.gauge(
+            title="tokens",
+            value=session.tokens_used,
+            cap=caps.token_cap,
+            warn_at=caps.warn_at_pct,
+            usd=False,
+        ),
+        cost_gauge=charts.gauge(
+            title="USD",
+            value=session.cost_usd,
+            cap=caps.cost_cap_usd,
+            warn_at=caps.warn_at_pct,
+            usd=True,
+        ),
+        cumulative=charts.cumulative_tokens(
+            cumulative, cap=caps.token_cap, warn_at=caps.warn_at_pct
+        ),
+    )

@@ -99,13 +99,20 @@ def priced(db: None) -> None:
 
 
 def figures(response: Any) -> dict[str, Any]:
+    """The page's figures: `#figures`, and a session page's drawn against its caps
+    (`#budget-figures`)."""
     found = re.search(
         r'<script id="figures" type="application/json">(.*?)</script>',
         response.content.decode(),
         re.S,
     )
     assert found is not None
-    return json.loads(found.group(1))
+    budget = re.search(
+        r'<script id="budget-figures" type="application/json">(.*?)</script>',
+        response.content.decode(),
+        re.S,
+    )
+    return {**json.loads(found.group(1)), **(json.loads(budget.group(1)) if budget else {})}
 
 
 def assert_valid_figures(response: Any, names: set[str]) -> None:
@@ -321,7 +328,7 @@ def test_a_session_without_steps_says_so(staff: Client, agent: Agent, priced: No
         {"session_id": "one", "turn": 1, "step_type": "x", "model": "test-haiku"},
     )
     empty = staff.get(f"/sessions/{Session.objects.get(external_id='empty').pk}/")
-    html = empty.content.decode().split('<script id="figures"')[0]  # what the page shows
+    html = re.sub(r"<script .*?</script>", "", empty.content.decode(), flags=re.S)  # shown
     assert '<p class="muted" data-no-steps>No steps yet.</p>' in html
     assert "outside any turn" not in html and "listed below" not in html
     assert 'data-total="cost">$0.00<' in html
