@@ -19,7 +19,7 @@ provider's UTC day was billed how far from Costboard's estimate::
      "project": "acme", "provider": "openai", "day": "2026-11-01",
      "estimated_cost_usd": "90.00", "billed_cost_usd": "100.00", "drift_usd": "10.00",
      "drift_pct": "10.00", "threshold_pct": "5.00",
-     "reconciliation_url": "https://costboard.example/reconciliation/?project=acme&day=…"}
+     "reconciliation_url": "https://costboard.example/reconciliation/?project=acme&…"}
 
 `event_id` is then the drift's id (its own sequence, not a budget event's).
 
@@ -147,8 +147,11 @@ def _period_payload(delivery: AlertDelivery, event: BudgetEvent) -> dict[str, An
 
 def _drift_payload(delivery: AlertDelivery, drift: BillingDrift) -> dict[str, Any]:
     project = delivery.project
+    day = drift.day.isoformat()
+    # `until` the day: the page's default period (the 30 days to today) has left the day
+    # behind a month after the alert, and then names it outside the period shown
     query = urlencode(
-        {"project": project.slug, "provider": drift.provider, "day": drift.day.isoformat()}
+        {"project": project.slug, "provider": drift.provider, "day": day, "until": day}
     )
     return {
         "delivery_id": delivery.pk,

@@ -431,7 +431,7 @@ def test_a_day_10_pct_off_alerts_once_and_a_day_within_5_pct_never(
         "drift_pct": "10.00",
         "threshold_pct": "5.00",
         "reconciliation_url": "https://costboard.example/reconciliation/?project=acme"
-        "&provider=openai&day=2026-11-02",
+        "&provider=openai&day=2026-11-02&until=2026-11-02",
     }
     emails = sorted(m.subject for m in mail.outbox if " billed " in m.subject)
     assert emails == [

@@ -8,13 +8,15 @@ from datetime import UTC, datetime, time, timedelta
 from decimal import Decimal
 
 import pytest
+import time_machine
 from django.contrib.auth import get_user_model
 from django.test import Client
 from django.utils import timezone
 
 from costboard.billing.services import billing_rows_replace
 from costboard.billing.uploads import rows_from_json
-from costboard.models import Membership, Project
+from costboard.budgets.alert_messages import alert_payload
+from costboard.models import AlertDelivery, BillingDrift, Membership, Project
 from costboard.retention import retention_sweep
 from tests.conftest import Agent, add_price, make_agent
 
@@ -163,3 +165,21 @@ def test_login_is_required(db: None) -> None:
     response = Client().get("/reconciliation/")
     assert response.status_code == 302
     assert "/accounts/login/" in response["Location"]
+
+
+def test_a_drift_alerts_link_shows_its_day_a_month_later(acme: Agent, staff: Client) -> None:
+    """The link in a billing-drift alert (docs/billing.md, "Drift alerts") opens the drifted
+    day however long after the alert it is followed, not a 422 naming the day outside the
+    default 30 days."""
+    drift = BillingDrift.objects.get(project=acme.project, provider="mistral", day=D1)
+    delivery = AlertDelivery.objects.create(
+        project=acme.project, billing_drift=drift, channel="email", target="ops@example.com"
+    )
+    link = alert_payload(delivery)["reconciliation_url"]
+    with time_machine.travel(datetime.combine(D1 + timedelta(days=45), time(12), UTC)):
+        staff.force_login(get_user_model().objects.get(username="root"))  # signed in again
+        response = staff.get(link)
+    assert response.status_code == 200, response.content.decode()[-3000:]
+    assert [(g.day, g.provider, g.model, g.drift_usd) for g in response.context["gaps"]] == [
+        (D1, "mistral", "mistral-large", Decimal("0.60"))
+    ]
