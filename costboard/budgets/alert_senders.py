@@ -17,7 +17,6 @@ from __future__ import annotations
 import http.client
 import json
 import logging
-import re
 import threading
 import time
 import urllib.error
@@ -56,6 +55,7 @@ from costboard.egress import (
 )
 from costboard.models import AlertDelivery, Project, WebhookEndpoint
 from costboard.models.alerts import shown_target
+from costboard.models.projects import ADDRESS_SEPARATORS
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ def alert_addresses(text: str) -> list[str]:
     """The valid addresses of `Project.alert_emails` (split on commas, semicolons and
     whitespace), each once; an invalid one is skipped with a log line."""
     addresses: list[str] = []
-    for item in re.split(r"[\s,;]+", text):
+    for item in ADDRESS_SEPARATORS.split(text):
         if not item or item in addresses:
             continue
         try:

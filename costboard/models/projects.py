@@ -12,12 +12,13 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.core.validators import MaxValueValidator, MinValueValidator
+from django.core.validators import MaxValueValidator, MinValueValidator, validate_email
 from django.db import models
 from django.utils import timezone
 
 from costboard.egress import webhook_url_check
 from costboard.models.fields import cap_field
+from costboard.tag_values import TAG_KEY
 
 ALERT_CHANNELS = ("webhook", "email", "slack", "pagerduty")
 # an Events API v2 integration key (a service's, or an event orchestration's "R0…")
@@ -54,6 +55,23 @@ def channel_setup_fault(project: Project, channels: Collection[str]) -> tuple[st
             "(admin, Projects) or leave pagerduty out",
         )
     return None
+
+
+# how `alert_emails` and `report_recipients` are split (costboard/budgets/alert_senders.py)
+ADDRESS_SEPARATORS = re.compile(r"[\s,;]+")
+
+
+def invalid_addresses(text: str) -> list[str]:
+    """The items of an address list that are no email address: the senders skip them."""
+    bad: list[str] = []
+    for item in ADDRESS_SEPARATORS.split(text):
+        if not item:
+            continue
+        try:
+            validate_email(item)
+        except ValidationError:
+            bad.append(item)
+    return bad
 
 
 def default_alert_channels() -> list[str]:
@@ -247,6 +265,27 @@ class Project(models.Model):
                         params={"reason": check.refusal},
                     )
                 ]
+        for name in ("alert_emails", "report_recipients"):
+            bad = [] if name in skip or name in errors else invalid_addresses(getattr(self, name))
+            if bad:
+                shown = ", ".join(f"“{item[:80]}”" for item in bad[:5])
+                errors[name] = [
+                    ValidationError(
+                        "Not an email address: %(shown)s. Write bare addresses "
+                        "(ann@example.com), one per line or comma-separated.",
+                        code="address",
+                        params={"shown": shown},
+                    )
+                ]
+        tag_key = self.report_tag_key
+        if tag_key and "report_tag_key" not in skip and not TAG_KEY.fullmatch(tag_key):
+            errors["report_tag_key"] = [
+                ValidationError(
+                    "Not a tag key: up to 64 of a-z 0-9 _ . - as agents send tags (e.g. "
+                    "customer), or blank for no tag table.",
+                    code="tag_key",
+                )
+            ]
         key = self.pagerduty_routing_key
         if key and "pagerduty_routing_key" not in skip and not ROUTING_KEY.fullmatch(key):
             errors["pagerduty_routing_key"] = [

@@ -62,7 +62,9 @@ def report_url(report: SpendReport) -> str:
 
 
 def report_subject(report: SpendReport) -> str:
-    """Costboard spend, week 2026-W47: Acme $1,234.56 (+12.5 % vs previous)."""
+    """Costboard spend, week 2026-W47: Acme $1,234.56 (+12.5 % vs previous). One line: a
+    project's name may hold a line break, and a header with one is refused by the mail
+    library (every attempt would fail)."""
     total = Decimal(report.total["cost_usd"])
     versus = pct_change(report.change_pct, new=bool(total))
     if versus == "new":
@@ -72,7 +74,8 @@ def report_subject(report: SpendReport) -> str:
     else:
         versus = "none either period"
     title = report.period.title
-    return f"Costboard spend, {title}: {report.project.name} {usd_text(total)} ({versus})"
+    name = " ".join(report.project.name.splitlines())
+    return f"Costboard spend, {title}: {name} {usd_text(total)} ({versus})"
 
 
 def _context(report: SpendReport) -> dict[str, Any]:

@@ -48,8 +48,10 @@ log = logging.getLogger(__name__)
 
 DELIVER = "reports.deliver"  # outbox kind
 SLACK = "slack"  # the target of a Slack delivery
-# The scheduled run sends a period only this soon after it ended, so a project given
-# recipients (or a sweep started) mid-month is not sent last month's report out of the blue.
+# The scheduled run sends a period this soon after it ended, or later only to a project sent
+# the period before, so a project given recipients (or a sweep started) mid-month is not sent
+# last month's report out of the blue, and one whose report was due while the schedule was
+# down is sent it late.
 SCHEDULE_GRACE = timedelta(days=1)
 _ERROR_CHARS = 2000
 
@@ -108,10 +110,24 @@ def spend_report_send(*, project: Project, period: ReportPeriod, tag_key: str) -
     return Queued(project, period, len(made), already)
 
 
+def _sent_before_not_since(project: Project, period: ReportPeriod) -> bool:
+    """The project was sent the period before `period` and nothing of `period` yet: a run
+    that missed the end of `period` (the schedule down) sends it late (one query)."""
+    starts = set(
+        SpendReportDelivery.objects.filter(
+            project=project,
+            period=period.kind,
+            period_start__in=[period.previous.first, period.first],
+        ).values_list("period_start", flat=True)
+    )
+    return starts == {period.previous.first}
+
+
 def spend_reports_due(*, now: datetime) -> list[Queued]:
     """The scheduled run (beat, or guard_sweep without a broker): each project with report
     recipients is sent its last complete week and month, once, within SCHEDULE_GRACE of the
-    period's end in its budget timezone — safe to run as often as wanted."""
+    period's end in its budget timezone, or later if the project was sent the period before
+    (the schedule was down at the end) — safe to run as often as wanted."""
     done = []
     for project in Project.objects.exclude(report_recipients="").order_by("pk"):
         if not report_targets(project):
@@ -119,7 +135,9 @@ def spend_reports_due(*, now: datetime) -> list[Queued]:
         tz_name = project_timezone(project)
         for kind in KINDS:
             period = last_complete(kind, now=now, tz_name=tz_name)
-            if now - ended_at(period, tz_name) < SCHEDULE_GRACE:
+            if now - ended_at(period, tz_name) < SCHEDULE_GRACE or _sent_before_not_since(
+                project, period
+            ):
                 queued = spend_report_send(
                     project=project, period=period, tag_key=project.report_tag_key
                 )

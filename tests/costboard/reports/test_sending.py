@@ -19,8 +19,9 @@ from django.core import mail
 from django.core.mail import EmailMessage
 from django.core.mail.backends.locmem import EmailBackend
 from django.core.management import CommandError, call_command
+from django.test import Client
 
-from costboard.models import OutboxItem, SpendReportDelivery
+from costboard.models import OutboxItem, Project, SpendReportDelivery
 from costboard.outbox import outbox_dispatch
 from costboard.reports.periods import period_of
 from costboard.reports.services import spend_report_send, spend_reports_due
@@ -324,10 +325,36 @@ def test_the_schedule_sends_each_period_once_within_a_day_of_its_end(showback: S
 
     assert due("2026-11-23T00:30:00Z") == ["acme: week 2026-W47: 2 queued"]
     assert due("2026-11-23T01:30:00Z") == []  # sent already
-    assert due("2026-11-25T10:00:00Z") == []  # W47 ended more than a day ago
+    assert due("2026-11-25T10:00:00Z") == []  # W47 sent already
+    assert due("2026-11-30T00:30:00Z") == ["acme: week 2026-W48: 2 queued"]
     assert due("2026-12-01T00:30:00Z") == ["acme: month 2026-11: 2 queued"]
     dispatch_at("2026-12-01T00:30:00Z")
-    assert len(mail.outbox) == 4
+    assert len(mail.outbox) == 6
+
+
+def test_a_report_due_while_the_schedule_was_down_is_sent_once_late(
+    showback: Showback,
+) -> None:
+    """The sweep down from Sunday to Wednesday: the week a project was being sent reports
+    for goes out late, once, not skipped; a project given recipients since is not sent a
+    report out of the blue."""
+
+    def due(now: str) -> list[str]:
+        with time_machine.travel(now, tick=False):
+            return [str(q) for q in spend_reports_due(now=datetime_of(now))]
+
+    assert due("2026-11-16T00:30:00Z") == ["acme: week 2026-W46: 2 queued"]
+    # down from here until Wednesday of W48; newco given its recipients meanwhile
+    make_agent("newco", report_recipients="new@example.com")
+    assert due("2026-11-25T10:00:00Z") == ["acme: week 2026-W47: 2 queued"]
+    assert due("2026-11-25T11:00:00Z") == []
+    dispatch_at("2026-11-25T11:00:00Z")
+    assert sorted((m.to[0], m.subject[:31]) for m in mail.outbox) == [
+        ("ann@example.com", "Costboard spend, week 2026-W46:"),
+        ("ann@example.com", "Costboard spend, week 2026-W47:"),
+        ("boss@example.com", "Costboard spend, week 2026-W46:"),
+        ("boss@example.com", "Costboard spend, week 2026-W47:"),
+    ]
 
 
 def test_the_schedule_keeps_to_the_projects_timezone(showback: Showback) -> None:
@@ -406,3 +433,102 @@ def test_two_sends_at_once_make_one_delivery_per_recipient() -> None:
     assert sum(queued) == 2
     assert SpendReportDelivery.objects.count() == 2
     assert OutboxItem.objects.filter(kind="reports.deliver").count() == 2
+
+
+def test_a_project_name_with_a_line_break_is_emailed_on_one_subject_line(
+    showback: Showback,
+) -> None:
+    """A project's name is typed into the admin, a line break included: the subject is one
+    line, not a header the mail library refuses on every attempt."""
+    project = showback.agent.project
+    project.name = "Acme\r\nBcc: everyone@example.com"
+    project.save()
+    assert "2 queued" in run("--period", "week", "--send")
+    assert set(SpendReportDelivery.objects.values_list("status", "error")) == {("delivered", "")}
+    assert {m.subject for m in mail.outbox} == {
+        "Costboard spend, week 2026-W47: Acme Bcc: everyone@example.com $6.45 (+43.3 % vs previous)"
+    }
+    assert sorted(m.recipients()[0] for m in mail.outbox) == [
+        "ann@example.com",
+        "boss@example.com",
+    ]
+
+
+def admin_fields(project: Project, **changed: Any) -> dict[str, Any]:
+    """The project admin's change form as it stands, with `changed`."""
+    fields = {
+        "name": project.name,
+        "slug": project.slug,
+        "alert_channels": ["webhook", "email"],
+        "alert_emails": project.alert_emails,
+        "report_recipients": project.report_recipients,
+        "report_tag_key": project.report_tag_key,
+        **{
+            name: getattr(project, name)
+            for name in (
+                "runaway_failed_steps",
+                "runaway_repeated_steps",
+                "runaway_turn_steps",
+                "runaway_burn_window_minutes",
+                "runaway_burn_factor",
+                "runaway_burn_floor",
+                "runaway_overrun_minutes",
+                "runaway_max_hours",
+            )
+        },
+        "reconciliation_drift_pct": "5",
+        "anomaly_k": "3",
+        "anomaly_floor_usd": "5",
+        **{
+            f"{prefix}-{name}": value
+            for prefix in ("memberships", "api_keys", "webhooks")
+            for name, value in (("TOTAL_FORMS", 0), ("INITIAL_FORMS", 0))
+        },
+    }
+    return fields | changed
+
+
+def test_the_admin_names_recipients_and_a_tag_key_no_report_could_use(
+    showback: Showback, staff: Client
+) -> None:
+    """An address the report would skip, or a tag key no step can carry, is refused when the
+    project is saved, naming the field, not accepted to send nothing (or all untagged)."""
+    project = showback.agent.project
+    page = f"/admin/costboard/project/{project.pk}/change/"
+    refused = staff.post(
+        page,
+        admin_fields(
+            project,
+            report_recipients="Ann Smith <ann@example.com>, boss@example.com",
+            alert_emails="ops@example,com",
+            report_tag_key="Customer",
+        ),
+    )
+    assert refused.status_code == 200
+    errors = refused.context["adminform"].form.errors
+    assert errors["report_recipients"] == [
+        "Not an email address: “Ann”, “Smith”, “<ann@example.com>”. Write bare addresses "
+        "(ann@example.com), one per line or comma-separated."
+    ]
+    assert errors["alert_emails"] == [
+        "Not an email address: “ops@example”, “com”. Write bare addresses "
+        "(ann@example.com), one per line or comma-separated."
+    ]
+    assert errors["report_tag_key"] == [
+        "Not a tag key: up to 64 of a-z 0-9 _ . - as agents send tags (e.g. customer), or "
+        "blank for no tag table."
+    ]
+    project.refresh_from_db()
+    assert project.report_tag_key == "customer"  # unchanged
+    saved = staff.post(
+        page,
+        admin_fields(
+            project, report_recipients="ann@example.com;\nboss@example.com", report_tag_key="team"
+        ),
+    )
+    assert saved.status_code == 302
+    project.refresh_from_db()
+    assert (project.report_recipients, project.report_tag_key) == (
+        "ann@example.com;\nboss@example.com",
+        "team",
+    )
