@@ -4,6 +4,7 @@ spend anomalies alerted."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from django.contrib import admin, messages
@@ -27,6 +28,21 @@ def _masked_secret(endpoint: WebhookEndpoint) -> str:
     return f"••••{endpoint.secret[-4:]}" if len(endpoint.secret) >= 12 else "••••"
 
 
+def view_only_fields(fields: Sequence[Any], shown: Mapping[str, str | None]) -> list[Any]:
+    """A page's fields for a user who may only view it: Django shows each field's stored
+    value there, so a secret's field becomes its masked display (`shown`; None: left out).
+    A group of fields on one line is a tuple of names."""
+    kept: list[Any] = []
+    for field in fields:
+        if isinstance(field, str):
+            name = shown.get(field, field)
+            if name is not None:
+                kept.append(name)
+        else:
+            kept.append(tuple(view_only_fields(field, shown)))
+    return kept
+
+
 class WebhookEndpointInline(admin.StackedInline[WebhookEndpoint, Project]):
     model = WebhookEndpoint
     form = WebhookEndpointForm
@@ -37,6 +53,12 @@ class WebhookEndpointInline(admin.StackedInline[WebhookEndpoint, Project]):
     @admin.display(description="current secret")
     def secret_hint(self, obj: WebhookEndpoint | None) -> str:
         return _masked_secret(obj) if obj is not None and obj.pk else "-"
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        fields = super().get_fields(request, obj)
+        if self.has_change_permission(request, obj):
+            return fields
+        return view_only_fields(fields, {"secret": None})  # the current secret's hint stays
 
 
 @admin.register(WebhookEndpoint)
@@ -50,7 +72,11 @@ class WebhookEndpointAdmin(admin.ModelAdmin[WebhookEndpoint]):
 
     def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         fields = ["project", "name", "url", "secret", "kinds", "active"]
-        return [*fields, "secret_hint", "created_at"] if obj is not None else fields
+        if obj is None:
+            return fields
+        if not self.has_change_permission(request, obj):
+            fields = view_only_fields(fields, {"secret": None})
+        return [*fields, "secret_hint", "created_at"]
 
     @admin.display(description="secret")
     def secret_hint(self, obj: WebhookEndpoint) -> str:

@@ -11,12 +11,13 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
 
-from costboard.admin.alerts import WebhookEndpointInline, url_note_show
+from costboard.admin.alerts import WebhookEndpointInline, url_note_show, view_only_fields
 from costboard.admin.forms import DECIMAL_OVERRIDES, ApiKeyForm, ProjectForm
 from costboard.budgets import services as budget_services
 from costboard.budgets.alert_senders import channels_test
 from costboard.budgets.services import PROJECT_CAP_FIELDS as CAP_FIELDS
 from costboard.models import ApiKey, Membership, Project, WebhookEndpoint
+from costboard.models.alerts import shown_target
 from costboard.projects import api_keys_revoke
 
 
@@ -116,6 +117,33 @@ class ProjectAdmin(admin.ModelAdmin[Project]):
         ("Spend anomalies", {"fields": ("anomaly_k", "anomaly_floor_usd")}),
         ("API", {"fields": ("api_rate_limit", "api_max_in_flight")}),
     ]
+
+    # a user who may only view sees the alert channels' secrets as the delivery log shows them
+    readonly_fields = ("pagerduty_key_shown", "slack_url_shown")
+    VIEW_ONLY = {
+        "pagerduty_routing_key": "pagerduty_key_shown",
+        "pagerduty_routing_key_remove": None,
+        "slack_webhook_url": "slack_url_shown",
+    }
+
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
+        fieldsets = super().get_fieldsets(request, obj)
+        if obj is None or self.has_change_permission(request, obj):
+            return fieldsets
+        return [
+            (name, {**options, "fields": view_only_fields(options["fields"], self.VIEW_ONLY)})
+            for name, options in fieldsets
+        ]
+
+    @admin.display(description="PagerDuty routing key")
+    def pagerduty_key_shown(self, obj: Project) -> str:
+        key = obj.pagerduty_routing_key
+        return shown_target("pagerduty", key) if key else "-"
+
+    @admin.display(description="Slack incoming-webhook URL")
+    def slack_url_shown(self, obj: Project) -> str:
+        url = obj.slack_webhook_url
+        return shown_target("slack", url) if url else "-"
 
     def save_model(self, request: HttpRequest, obj: Project, form: Any, change: bool) -> None:
         caps = {name: getattr(obj, name) for name in CAP_FIELDS if name in form.changed_data}

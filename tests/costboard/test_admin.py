@@ -207,3 +207,26 @@ def test_a_revoked_key_stays_revoked_when_its_project_is_saved(agent: Agent, sta
     key.refresh_from_db()
     assert key.revoked_at is not None
     assert agent.budget("nothing").status_code == 401
+
+
+def test_a_staff_user_who_may_only_view_sees_no_secret_of_a_channel(agent: Agent) -> None:
+    # a view-only page shows each field's stored value: the routing key, the Slack URL's
+    # secret path and each webhook's secret were there in full
+    project = agent.project
+    project.pagerduty_routing_key = "R0UTINGKEY0123456789abcdefPD42"
+    project.slack_webhook_url = "https://hooks.slack.com/services/T000/B000/SLACKSECRET"
+    project.save()
+    endpoint = WebhookEndpoint.objects.create(
+        project=project, url="https://hooks.example.com/costboard", secret="HOOKSECRET" * 3 + "wh99"
+    )
+    viewer = staff_with("viewer", "view_project", "view_webhookendpoint")
+    project_page = viewer.get(f"/admin/costboard/project/{project.pk}/change/")
+    endpoint_page = viewer.get(f"/admin/costboard/webhookendpoint/{endpoint.pk}/change/")
+    for page in (project_page, endpoint_page):
+        assert page.status_code == 200
+        html = page.content.decode()
+        assert "R0UTINGKEY" not in html and "SLACKSECRET" not in html and "HOOKSECRET" not in html
+        assert "••••wh99" in html  # the webhook's secret by its last characters
+    html = project_page.content.decode()
+    assert "routing key …PD42" in html and "https://hooks.slack.com/…" in html
+    assert "Remove the PagerDuty routing key" not in html
