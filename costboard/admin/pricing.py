@@ -17,7 +17,7 @@ from costboard.models import ModelPrice, PriceAdjustment
 from costboard.numbers import count_text
 from costboard.pricing import services as pricing_services
 from costboard.pricing.families import price_families
-from costboard.pricing.rates import rate_table
+from costboard.pricing.rates import RateTable, rate_table
 from costboard.pricing.services import RATE_FIELDS
 
 
@@ -51,7 +51,10 @@ class ModelPriceAdmin(admin.ModelAdmin[ModelPrice]):
     def negotiated(self, obj: ModelPrice) -> str:
         """The adjustment on this row's list price in force today for every project, and
         how many projects have their own (docs/pricing.md, "Negotiated rates")."""
-        table = rate_table()
+        # the table the list read once for its page (get_changelist_instance), not per row
+        table: RateTable | None = getattr(obj, "listed_rate_table", None)
+        if table is None:
+            table = rate_table()
         rate = table.by_id.get(obj.pk)
         if rate is None or not table.adjustments:
             return "—"
@@ -82,6 +85,15 @@ class ModelPriceAdmin(admin.ModelAdmin[ModelPrice]):
         if obj.window_start is None or obj.window_end is None:
             return "all day"
         return f"{obj.window_start:%H:%M}–{obj.window_end:%H:%M}"
+
+    def get_changelist_instance(self, request: HttpRequest) -> Any:
+        """The page's rows, each holding the rate table read once for the page: read per row
+        (its version checked by a query each time), a page of 50 rows made 50 queries."""
+        changelist = super().get_changelist_instance(request)
+        table = rate_table()
+        for price in changelist.result_list:  # the rows the page and its cells' forms show
+            price.listed_rate_table = table
+        return changelist
 
     def get_changelist_form(self, request: HttpRequest, **kwargs: Any) -> Any:
         # the list's editable rates are checked as the price form checks them (Django
@@ -135,6 +147,7 @@ class PriceAdjustmentAdmin(admin.ModelAdmin[PriceAdjustment]):
     form = PriceAdjustmentForm
     formfield_overrides = DECIMAL_OVERRIDES  # the percent as written, in the digits 0-9
     list_display = ("provider", "family_shown", "project", "percent", "effective_from", "note")
+    list_select_related = ("project",)  # a nullable key: Django's own select_related skips it
     list_filter = ("provider", "project")
     search_fields = ("provider", "family", "note")
     readonly_fields = ("created_at", "updated_at")

@@ -34,11 +34,18 @@ class ApiKeyInline(admin.TabularInline[ApiKey, Project]):
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False  # keys are made on the API key page, where the key is shown once
 
+    def get_queryset(self, request: HttpRequest) -> QuerySet[ApiKey]:
+        return super().get_queryset(request).select_related("project")  # each row's title
+
 
 class MembershipInline(admin.TabularInline[Membership, Project]):
     model = Membership
     extra = 1
     autocomplete_fields = ("user",)
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Membership]:
+        # each row's title names its user and project
+        return super().get_queryset(request).select_related("user", "project")
 
 
 @admin.register(Membership)
