@@ -76,8 +76,8 @@ def _money(value: Any) -> Decimal:
         raise ValueError(fault)
     if not _MONEY.fullmatch(text):
         raise ValueError(
-            f"{text[:40]!r} is not a USD amount: write digits with at most 12 decimals, "
-            'e.g. "12.34"'
+            f"{text[:40]!r} is not a USD amount: write at most 12 digits before the point and "
+            'at most 12 decimals, e.g. "12.34"'
         )
     return Decimal(text)
 
@@ -217,7 +217,9 @@ def rows_from_csv(
     row's index counts the data rows from 0 (the header is not one). A cell holding NUL is
     refused naming its row and column; a token cell is read as a number only when it is
     ASCII digits, else the model refuses it in words."""
-    reader = csv.reader(io.StringIO(text.removeprefix("\ufeff")))
+    # newline="": lines end in LF, CRLF or a lone CR (a spreadsheet's "CSV (Macintosh)"),
+    # and a quoted cell keeps its own line breaks
+    reader = csv.reader(io.StringIO(text.removeprefix("\ufeff"), newline=""))
     try:
         header = [name.strip().lower() for name in next(reader)]
     except (StopIteration, csv.Error):

@@ -16,6 +16,7 @@ from django.test import Client
 
 from costboard.models import ApiKey, BilledUsage, ProviderProject
 from tests.conftest import Agent, make_agent
+from tests.costboard.test_admin import staff_with
 
 pytestmark = pytest.mark.django_db
 
@@ -194,6 +195,9 @@ GOOD = {"date": "2026-11-01", "provider": "mistral", "cost_usd": "1.00"}
         ({"date": "01/11/2026"}, "date", "YYYY-MM-DD"),
         ({"cost_usd": "12.3.4"}, "cost_usd", "not a USD amount"),
         ({"cost_usd": "1.0000000000001"}, "cost_usd", "at most 12 decimals"),
+        # 13 digits before the point: "at most 12 decimals" alone named what was not wrong
+        ({"cost_usd": "1000000000000"}, "cost_usd", "at most 12 digits before the point"),
+        ({"cost_usd": 10**13}, "cost_usd", "at most 12 digits before the point"),
         ({"cost_usd": True}, "cost_usd", "USD amount"),
         ({"provider": "Open AI"}, "provider", "not a provider name"),
         ({"input_tokens": -1}, "input_tokens", "greater than or equal to 0"),
@@ -357,6 +361,21 @@ def test_the_admin_csv_upload_refuses_nul_and_a_token_cell_not_of_ascii_digits(
     assert BilledUsage.objects.count() == 0
 
 
+@pytest.mark.parametrize("newline", ["\r", "\r\n", "\n"])
+def test_a_csv_whatever_its_line_ends_is_read_row_by_row(staff: Client, newline: str) -> None:
+    # a spreadsheet's "CSV (Macintosh)" ends its lines with a lone CR: the whole file was one
+    # line, refused as "no header row"
+    bill = newline.join(
+        ["date,provider,model,cost_usd", "2026-11-01,mistral,mistral-large,1.5",
+         '2026-11-02,mistral,"codestral",0.25', ""]
+    )  # fmt: skip
+    assert upload(staff, bill).status_code == 302
+    assert rows() == [
+        (date(2026, 11, 1), "mistral", "csv", "mistral-large", None, Decimal("1.5"), None, None),
+        (date(2026, 11, 2), "mistral", "csv", "codestral", None, Decimal("0.25"), None, None),
+    ]
+
+
 def test_the_admin_uploads_a_bill_across_projects_and_a_new_one_replaces_it_whole(
     staff: Client,
 ) -> None:
@@ -392,3 +411,14 @@ def test_a_mapping_saved_in_the_admin_moves_the_imported_rows(staff: Client) -> 
     deleted = staff.post(f"/admin/costboard/providerproject/{mapping.pk}/delete/", {"post": "yes"})
     assert deleted.status_code == 302
     assert BilledUsage.objects.get().project is None
+
+
+def test_the_upload_link_is_offered_only_to_who_may_upload(staff: Client) -> None:
+    # a user who may only view the billed rows followed the link to a 403
+    viewer = staff_with("viewer", "view_billedusage")
+    listed = viewer.get("/admin/costboard/billedusage/")
+    assert listed.status_code == 200 and b"Upload a CSV bill" not in listed.content
+    assert viewer.get(UPLOAD).status_code == 403
+    uploader = staff_with("uploader", "view_billedusage", "add_billedusage")
+    assert b"Upload a CSV bill" in uploader.get("/admin/costboard/billedusage/").content
+    assert uploader.get(UPLOAD).status_code == 200
