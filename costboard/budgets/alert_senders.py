@@ -74,16 +74,19 @@ def describe(exc: BaseException) -> str:
 
 def alert_addresses(text: str) -> list[str]:
     """The valid addresses of `Project.alert_emails` (split on commas, semicolons and
-    whitespace), each once; an invalid one is skipped with a log line."""
+    whitespace), each once whatever its case (one mailbox, one mail: the first spelling);
+    an invalid one is skipped with a log line."""
     addresses: list[str] = []
+    seen: set[str] = set()
     for item in ADDRESS_SEPARATORS.split(text):
-        if not item or item in addresses:
+        if not item or item.casefold() in seen:
             continue
         try:
             validate_email(item)
         except ValidationError:
             log.warning("alert email %r is not a valid address; skipped", item)
             continue
+        seen.add(item.casefold())
         addresses.append(item)
     return addresses
 

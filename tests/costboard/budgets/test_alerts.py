@@ -609,6 +609,10 @@ def test_signatures_are_checked_in_constant_time_and_refuse_replays() -> None:
 def test_alert_addresses_are_split_validated_and_deduplicated() -> None:
     text = " a@example.com,b@example.com\n\nnope  c@example.com;a@example.com "
     assert alert_addresses(text) == ["a@example.com", "b@example.com", "c@example.com"]
+    # one mailbox in another case is one recipient, not a second mail (the first spelling)
+    assert alert_addresses("Ann@Example.com\nann@example.com ANN@EXAMPLE.COM") == [
+        "Ann@Example.com"
+    ]
     assert alert_addresses("") == []
 
 
