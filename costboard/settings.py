@@ -157,6 +157,10 @@ CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", "")
 # secure (the proxy must set it; with every request HTTPS, a client's own says nothing new),
 # and DJANGO_HSTS_SECONDS (0: none) has browsers keep to HTTPS for that long.
 HTTPS = env_bool("DJANGO_HTTPS", False)
+# Messages wait for the next page in the session (the database), not in Django's default
+# messages cookie, which is signed but readable: a new API key's one showing travelled in a
+# Set-Cookie header that proxies log and the browser keeps.
+MESSAGE_STORAGE = "django.contrib.messages.storage.session.SessionStorage"
 SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = HTTPS
 SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if HTTPS else None
 SECURE_HSTS_SECONDS = env_int("DJANGO_HSTS_SECONDS", 0, minimum=0)

@@ -5,6 +5,7 @@ agent reads; `read` only reads; `admin` does everything. A key whose role may no
 from __future__ import annotations
 
 import io
+import re
 from typing import Any
 
 import pytest
@@ -80,6 +81,23 @@ def test_the_document_lists_the_403_of_keyed_operations() -> None:
     assert "403" in paths["/api/v1/events"]["post"]["responses"]
     assert "403" in paths["/api/v1/sessions/{session_id}/budget"]["get"]["responses"]
     assert "403" not in paths["/api/v1/openapi.json"]["get"]["responses"]
+
+
+def test_a_new_keys_secret_is_shown_once_and_never_sent_in_a_cookie(admin_client: Client) -> None:
+    """The new key's message waits for the next page on the server (the session), not in
+    Django's messages cookie: that cookie is signed, not encrypted, so the key travelled in
+    a Set-Cookie header that proxies and the browser's cookie store keep."""
+    project = Project.objects.create(name="Acme", slug="acme")
+    saved = admin_client.post(
+        "/admin/costboard/apikey/add/", {"project": project.pk, "name": "ci", "role": "ingest"}
+    )
+    assert saved.status_code == 302
+    shown = admin_client.get(saved["Location"]).content.decode()
+    raw = re.search(r"New key for acme: (\S+) ", shown)
+    assert raw is not None and ApiKey.objects.get(name="ci").prefix in raw.group(1)
+    assert "messages" not in saved.cookies  # the signed (readable) cookie Django used
+    assert all(raw.group(1) not in morsel.value for morsel in saved.cookies.values())
+    assert raw.group(1) not in admin_client.get(saved["Location"]).content.decode()  # once
 
 
 def test_the_admin_makes_a_key_with_a_role(admin_client: Client) -> None:
