@@ -321,6 +321,41 @@ def outbox_beat(celery_worker: dict[str, str]) -> Iterator[None]:
         yield
 
 
+# the project admin's fields besides the alert channels and reports (costboard/admin/projects.py)
+PROJECT_ADMIN_KEPT = (
+    "runaway_failed_steps",
+    "runaway_repeated_steps",
+    "runaway_turn_steps",
+    "runaway_burn_window_minutes",
+    "runaway_burn_factor",
+    "runaway_burn_floor",
+    "runaway_overrun_minutes",
+    "runaway_max_hours",
+    "reconciliation_drift_pct",
+    "anomaly_k",
+    "anomaly_floor_usd",
+)
+
+
+def project_admin_fields(project: Project, **changed: Any) -> dict[str, Any]:
+    """The project admin's change form as it stands (its inlines empty), with `changed`."""
+    fields = {
+        "name": project.name,
+        "slug": project.slug,
+        "alert_channels": project.alert_channels,
+        "alert_emails": project.alert_emails,
+        "report_recipients": project.report_recipients,
+        "report_tag_key": project.report_tag_key,
+        **{name: getattr(project, name) for name in PROJECT_ADMIN_KEPT},
+        **{
+            f"{prefix}-{name}": 0
+            for prefix in ("memberships", "api_keys", "webhooks")
+            for name in ("TOTAL_FORMS", "INITIAL_FORMS")
+        },
+    }
+    return fields | changed
+
+
 @pytest.fixture
 def staff(db: None) -> Client:
     user = get_user_model().objects.create_superuser("root", "", "pw-root-123")

@@ -45,7 +45,7 @@ from costboard.models import (
     WebhookEndpoint,
 )
 from costboard.outbox import outbox_dispatch
-from tests.conftest import Agent, add_price, make_agent, run_in_threads
+from tests.conftest import Agent, add_price, make_agent, project_admin_fields, run_in_threads
 from tests.servers import free_port, wait_for_port
 
 KEY = "R0" + "abcdefghij0123456789ABCDEF1234"[:30]  # 32 letters and digits
@@ -725,35 +725,13 @@ def test_the_project_admin_keeps_the_routing_key_write_only_and_sends_tests(
     page = f"/admin/costboard/project/{project.pk}/change/"
     form = staff.get(page)
     assert form.status_code == 200
-    fields = {
-        "name": project.name,
-        "slug": project.slug,
-        "alert_channels": ["email", "pagerduty"],
-        "alert_emails": "ops@example.com",
-        "slack_webhook_url": f"{hook.url}{SLACK}",
-        "pagerduty_routing_key": KEY,
-        **{
-            name: getattr(project, name)
-            for name in (
-                "runaway_failed_steps",
-                "runaway_repeated_steps",
-                "runaway_turn_steps",
-                "runaway_burn_window_minutes",
-                "runaway_burn_factor",
-                "runaway_burn_floor",
-                "runaway_overrun_minutes",
-                "runaway_max_hours",
-            )
-        },
-        "reconciliation_drift_pct": "5",
-        "anomaly_k": "3",
-        "anomaly_floor_usd": "5",
-        **{
-            f"{prefix}-{name}": value
-            for prefix in ("memberships", "api_keys", "webhooks")
-            for name, value in (("TOTAL_FORMS", 0), ("INITIAL_FORMS", 0))
-        },
-    }
+    fields = project_admin_fields(
+        project,
+        alert_channels=["email", "pagerduty"],
+        alert_emails="ops@example.com",
+        slack_webhook_url=f"{hook.url}{SLACK}",
+        pagerduty_routing_key=KEY,
+    )
     saved = staff.post(page, fields)
     assert saved.status_code == 302, saved.content.decode()[:3000]
     project.refresh_from_db()

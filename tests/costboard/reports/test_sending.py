@@ -21,11 +21,11 @@ from django.core.mail.backends.locmem import EmailBackend
 from django.core.management import CommandError, call_command
 from django.test import Client
 
-from costboard.models import OutboxItem, Project, SpendReportDelivery
+from costboard.models import OutboxItem, SpendReportDelivery
 from costboard.outbox import outbox_dispatch
 from costboard.reports.periods import period_of
 from costboard.reports.services import spend_report_send, spend_reports_due
-from tests.conftest import make_agent, run_in_threads
+from tests.conftest import make_agent, project_admin_fields, run_in_threads
 from tests.costboard.reports.showback import NOW, SCRIPT, W46, W47, Showback, spend_two_weeks
 from tests.costboard.reports.test_report import SUMS, api_spend
 from tests.servers import free_port, serve
@@ -454,40 +454,6 @@ def test_a_project_name_with_a_line_break_is_emailed_on_one_subject_line(
     ]
 
 
-def admin_fields(project: Project, **changed: Any) -> dict[str, Any]:
-    """The project admin's change form as it stands, with `changed`."""
-    fields = {
-        "name": project.name,
-        "slug": project.slug,
-        "alert_channels": ["webhook", "email"],
-        "alert_emails": project.alert_emails,
-        "report_recipients": project.report_recipients,
-        "report_tag_key": project.report_tag_key,
-        **{
-            name: getattr(project, name)
-            for name in (
-                "runaway_failed_steps",
-                "runaway_repeated_steps",
-                "runaway_turn_steps",
-                "runaway_burn_window_minutes",
-                "runaway_burn_factor",
-                "runaway_burn_floor",
-                "runaway_overrun_minutes",
-                "runaway_max_hours",
-            )
-        },
-        "reconciliation_drift_pct": "5",
-        "anomaly_k": "3",
-        "anomaly_floor_usd": "5",
-        **{
-            f"{prefix}-{name}": value
-            for prefix in ("memberships", "api_keys", "webhooks")
-            for name, value in (("TOTAL_FORMS", 0), ("INITIAL_FORMS", 0))
-        },
-    }
-    return fields | changed
-
-
 def test_the_admin_names_recipients_and_a_tag_key_no_report_could_use(
     showback: Showback, staff: Client
 ) -> None:
@@ -497,7 +463,7 @@ def test_the_admin_names_recipients_and_a_tag_key_no_report_could_use(
     page = f"/admin/costboard/project/{project.pk}/change/"
     refused = staff.post(
         page,
-        admin_fields(
+        project_admin_fields(
             project,
             report_recipients="Ann Smith <ann@example.com>, boss@example.com",
             alert_emails="ops@example,com",
@@ -522,7 +488,7 @@ def test_the_admin_names_recipients_and_a_tag_key_no_report_could_use(
     assert project.report_tag_key == "customer"  # unchanged
     saved = staff.post(
         page,
-        admin_fields(
+        project_admin_fields(
             project, report_recipients="ann@example.com;\nboss@example.com", report_tag_key="team"
         ),
     )
