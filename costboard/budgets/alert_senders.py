@@ -26,9 +26,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.core.exceptions import ValidationError
 from django.core.mail import send_mail
-from django.core.validators import validate_email
 from django.utils import timezone
 
 from costboard.budgets.alert_messages import (
@@ -55,7 +53,7 @@ from costboard.egress import (
 )
 from costboard.models import AlertDelivery, Project, WebhookEndpoint
 from costboard.models.alerts import shown_target
-from costboard.models.projects import ADDRESS_SEPARATORS
+from costboard.models.projects import addresses_read
 
 log = logging.getLogger(__name__)
 
@@ -75,19 +73,10 @@ def describe(exc: BaseException) -> str:
 def alert_addresses(text: str) -> list[str]:
     """The valid addresses of `Project.alert_emails` (split on commas, semicolons and
     whitespace), each once whatever its case (one mailbox, one mail: the first spelling);
-    an invalid one is skipped with a log line."""
-    addresses: list[str] = []
-    seen: set[str] = set()
-    for item in ADDRESS_SEPARATORS.split(text):
-        if not item or item.casefold() in seen:
-            continue
-        try:
-            validate_email(item)
-        except ValidationError:
-            log.warning("alert email %r is not a valid address; skipped", item)
-            continue
-        seen.add(item.casefold())
-        addresses.append(item)
+    an invalid one is skipped with a log line (`addresses_read`)."""
+    addresses, invalid = addresses_read(text)
+    for item in invalid:
+        log.warning("alert email %r is not a valid address; skipped", item)
     return addresses
 
 

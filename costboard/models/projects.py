@@ -57,21 +57,28 @@ def channel_setup_fault(project: Project, channels: Collection[str]) -> tuple[st
     return None
 
 
-# how `alert_emails` and `report_recipients` are split (costboard/budgets/alert_senders.py)
+# how `alert_emails` and `report_recipients` are split into addresses
 ADDRESS_SEPARATORS = re.compile(r"[\s,;]+")
 
 
-def invalid_addresses(text: str) -> list[str]:
-    """The items of an address list that are no email address: the senders skip them."""
-    bad: list[str] = []
+def addresses_read(text: str) -> tuple[list[str], list[str]]:
+    """An address list (`alert_emails`, `report_recipients`) as (the addresses, each once
+    whatever its case, by its first spelling; the items that are no address). The senders
+    mail the first and skip the second; the admin names the second."""
+    valid: list[str] = []
+    invalid: list[str] = []
+    seen: set[str] = set()
     for item in ADDRESS_SEPARATORS.split(text):
-        if not item:
+        if not item or item.casefold() in seen:
             continue
+        seen.add(item.casefold())
         try:
             validate_email(item)
         except ValidationError:
-            bad.append(item)
-    return bad
+            invalid.append(item)
+        else:
+            valid.append(item)
+    return valid, invalid
 
 
 def default_alert_channels() -> list[str]:
@@ -266,7 +273,7 @@ class Project(models.Model):
                     )
                 ]
         for name in ("alert_emails", "report_recipients"):
-            bad = [] if name in skip or name in errors else invalid_addresses(getattr(self, name))
+            bad = [] if name in skip or name in errors else addresses_read(getattr(self, name))[1]
             if bad:
                 shown = ", ".join(f"“{item[:80]}”" for item in bad[:5])
                 errors[name] = [
