@@ -75,7 +75,7 @@ def billing_provider(price_provider: str, sent: str) -> str:
     provider reselling the row's provider's models (Azure for OpenAI's, Google for
     Anthropic's) is billed by the one it was sent through; without a row's provider, the one
     it was sent with (canonical)."""
-    provider = canonical_provider(sent) if sent.strip() else ""
+    provider = canonical_provider(sent)  # "" when none was sent
     if not price_provider:
         return provider
     price_provider = price_provider.lower()
