@@ -15,7 +15,9 @@ The allow list holds host names (`hooks.corp.example`; `.corp.example` for a dom
 subdomains: sent wherever they resolve) and addresses or CIDRs (`10.0.0.0/8`: an address
 inside is allowed). Cloud metadata addresses and names are refused whatever the list says.
 
-A failed request keeps its status and a short reason of ours, never what the receiver said.
+A failed request keeps its status and a short reason of ours, never what the receiver said —
+but for where a redirect points (its Location's scheme, host and path: `redirect_reason`),
+which the admin needs to set the final URL.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache, partial
 from typing import Any, cast
-from urllib.parse import urlsplit
+from urllib.parse import urljoin, urlsplit
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
@@ -461,5 +463,45 @@ def status_reason(code: int) -> str:
         phrase = http.HTTPStatus(code).phrase
     except ValueError:
         return f"HTTP {code}"
-    note = " (redirects are not followed: use the final URL)" if 300 <= code < 400 else ""
-    return f"HTTP {code} {phrase}{note}"
+    return f"HTTP {code} {phrase}"
+
+
+def _printable(text: str) -> str:
+    return "".join(c if c.isprintable() else "?" for c in text)
+
+
+def redirect_reason(code: int, location: str | None, url: str, *, path_secret: bool) -> str:
+    """Why a 3xx answer fails at once, and where the URL redirects (`location` resolved
+    against `url`): the admin sets the final URL, as a retry would be redirected the same.
+    Only the scheme, host and path of it are shown — a query may hold a token — and with
+    `path_secret` (a Slack URL, whose path is its secret) no path either."""
+    fix = "redirects are not followed: use the final URL"
+    status = status_reason(code)
+    if not location or not location.strip():
+        return short(f"{status}: the URL redirects (no Location given); {fix}")
+    parts, host, port = None, "", ""
+    try:
+        parts = urlsplit(urljoin(url, location.strip()))
+        host = parts.hostname or ""
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:  # a port that is no number, a bad IPv6 literal
+        parts = None
+    if parts is None or parts.scheme not in {"http", "https"} or not host:
+        return short(f"{status}: the URL redirects to an address that is no http(s) URL; {fix}")
+    host = f"[{host}]" if ":" in host else host
+    if path_secret:
+        where = f"{parts.scheme}://{host}{port}/…"
+    else:
+        where = f"{parts.scheme}://{host}{port}{parts.path}" + ("?…" if parts.query else "")
+    return f"{status}: the URL redirects to {short(_printable(where))}; {fix}"
+
+
+_REDIRECT_PATH = re.compile(
+    r"(the URL redirects to [A-Za-z][A-Za-z0-9+.-]*://[^/]*)/.*?(?=; redirects are not followed)"
+)
+
+
+def redirect_pathless(reason: str) -> str:
+    """A failure's reason with the path a redirect names left out (`https://host/…`), for
+    whoever is shown a webhook's URL without its path: it may hold a token."""
+    return _REDIRECT_PATH.sub(r"\1/…", reason)

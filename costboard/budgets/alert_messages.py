@@ -80,6 +80,7 @@ from costboard.models import (
     SpendAnomaly,
     usd,
 )
+from costboard.slack_text import slack_cut, slack_escaped, slack_literal
 
 SIGNATURE_TOLERANCE_SECONDS = 300
 
@@ -361,10 +362,13 @@ def _anomaly_email(payload: dict[str, Any]) -> tuple[str, str]:
     return subject, "\n".join(lines) + "\n"
 
 
-def alert_email(payload: dict[str, Any]) -> tuple[str, str]:
-    """The subject and plain-text body of an alert email. The subject is one line: a session
-    id or a tag value is whatever an agent sent, a line break included, and a header with one
-    is refused by the mail library (every attempt would fail)."""
+# An email subject's characters at most: a mail header line may not pass 998 octets (RFC
+# 5322), and a name quoted with escapes ('\U000e0001…') is one word with nowhere to fold
+SUBJECT_CHARS = 250
+
+
+def _email(payload: dict[str, Any]) -> tuple[str, str]:
+    """The subject, whole and on one line, and the body of an alert email."""
     if payload["kind"] == "billing_drift":
         subject, body = _drift_email(payload)
     elif payload["kind"] == "anomaly":
@@ -372,6 +376,17 @@ def alert_email(payload: dict[str, Any]) -> tuple[str, str]:
     else:
         subject, body = _budget_email(payload)
     return " ".join(subject.splitlines()), body
+
+
+def alert_email(payload: dict[str, Any]) -> tuple[str, str]:
+    """The subject and plain-text body of an alert email. The subject is one line: a session
+    id or a tag value is whatever an agent sent, a line break included, and a header with one
+    is refused by the mail library (every attempt would fail); and past SUBJECT_CHARS it is
+    cut with "…" (the body has it all)."""
+    subject, body = _email(payload)
+    if len(subject) > SUBJECT_CHARS:
+        subject = subject[: SUBJECT_CHARS - 1] + "…"
+    return subject, body
 
 
 def _budget_email(payload: dict[str, Any]) -> tuple[str, str]:
@@ -430,7 +445,7 @@ def alert_summary(payload: dict[str, Any]) -> str:
     cost cap"), the email's subject without its tag."""
     if payload["kind"] == "test":
         return f"{payload['project']}: a test alert from Costboard"
-    subject, _ = alert_email(payload)
+    subject, _ = _email(payload)
     return subject.removeprefix("[Costboard] ")
 
 
@@ -495,42 +510,47 @@ def alert_facts(payload: dict[str, Any]) -> list[tuple[str, str]]:
 # --- Slack ------------------------------------------------------------------------------------
 
 
-def _slack_escaped(text: str) -> str:
-    """Text as Slack's mrkdwn reads it literally (its three control characters escaped)."""
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+# Block Kit's limits: a section's text, one of its fields
+SECTION_CHARS, FIELD_CHARS = 3000, 2000
 
 
 def slack_message(payload: dict[str, Any]) -> dict[str, Any]:
     """The JSON an incoming webhook receives: `text` (the notification's line) and Block Kit
     blocks — the headline, the facts as fields (budget, scope and member, spend / limit, the
-    forecast when known) and the link (absolute when COSTBOARD_BASE_URL is set)."""
+    forecast when known) and the link (absolute when COSTBOARD_BASE_URL is set). What users
+    named (a project, session, budget, member, tag value) shows as written, and text past
+    a block's limit is cut with "…" (costboard/slack_text.py)."""
     summary = alert_summary(payload)
     link = alert_link(payload)
-    headline = f"*{_slack_escaped(summary)}*"
+    headline = slack_literal(summary)
     if payload["kind"] == "test":
-        headline += f"\n{_slack_escaped(payload['message'])}"
+        headline += f"\n{slack_escaped(payload['message'])}"
     blocks: list[dict[str, Any]] = [
-        {"type": "section", "text": {"type": "mrkdwn", "text": headline[:3000]}}
+        {
+            "type": "section",
+            "text": {"type": "mrkdwn", "text": f"*{slack_cut(headline, SECTION_CHARS - 2)}*"},
+        }
     ]
     facts = alert_facts(payload) if payload["kind"] != "test" else []
     if facts:
-        blocks.append(
-            {
-                "type": "section",
-                "fields": [
-                    {"type": "mrkdwn", "text": f"*{label}*\n{_slack_escaped(text)}"[:2000]}
-                    for label, text in facts[:10]
-                ],
-            }
-        )
+        fields = []
+        for label, text in facts[:10]:
+            shown = f"*{label}*\n"
+            fields.append(
+                {
+                    "type": "mrkdwn",
+                    "text": shown + slack_cut(slack_literal(text), FIELD_CHARS - len(shown)),
+                }
+            )
+        blocks.append({"type": "section", "fields": fields})
     context = f"Costboard · {payload['kind']} at {payload['at']}"
     if link is not None and link.startswith(("http://", "https://")):
         context += f" · <{link}|Open in Costboard>"
     elif link is not None:
-        context += f" · {_slack_escaped(link)}"
+        context += f" · {slack_escaped(link)}"
     blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": context}]})
     # the notification's line is mrkdwn too: a budget named "<!channel>" must not ping
-    text = _slack_escaped(summary if link is None else f"{summary} {link}")
+    text = slack_literal(summary) + ("" if link is None else f" {slack_escaped(link)}")
     return {"text": text, "blocks": blocks}
 
 

@@ -7,9 +7,11 @@ Every HTTP channel goes through the egress rules (costboard/egress.py): a webhoo
 URL is checked at every send and the request connects to the checked addresses only, with no
 proxy and no redirect; PagerDuty's Events API URL is the operator's setting
 (COSTBOARD_PAGERDUTY_EVENTS_URL), resolved but not refused. One retry policy for all of them
-(the alerts module's docstring): 2xx delivered (PagerDuty answers 202), 4xx but 408 and 429
-failed at once, anything else retried. A failure keeps its status and a short reason of ours,
-never the receiver's reply; a routing key or a Slack URL is shown masked (`shown_target`).
+(the alerts module's docstring): 2xx delivered (PagerDuty answers 202), 3xx (a redirect,
+naming where to) and 4xx but 408 and 429 failed at once, anything else retried. A failure
+keeps its status and a short reason of ours, never the receiver's reply (a redirect's
+Location is ours to show, cut to its scheme, host and path); a routing key or a Slack URL is
+shown masked (`shown_target`).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from costboard.budgets.alert_messages import (
 from costboard.egress import (
     Destination,
     WebhookRefused,
+    redirect_reason,
     short,
     status_reason,
     trusted_destination,
@@ -131,10 +134,22 @@ def silent_hosts_forget() -> None:
         _silent.clear()
 
 
-def post_json(url: str, body: bytes, headers: dict[str, str], *, checked: bool = True) -> Attempt:
+NO_REPLY = "no reply: the receiver closed the connection without answering"
+
+
+def post_json(
+    url: str,
+    body: bytes,
+    headers: dict[str, str],
+    *,
+    checked: bool = True,
+    path_secret: bool = False,
+) -> Attempt:
     """POST a JSON body, with the retry policy's reading of what came back. `checked`: the
     URL goes through the egress check (one typed into the admin). A host that let a request
-    time out in the last SILENT_FOR is not asked again until then: a retryable failure."""
+    time out in the last SILENT_FOR is not asked again until then: a retryable failure. A
+    redirect fails at once, naming where it goes (`path_secret`: without its path, as for
+    a Slack URL)."""
     destination = _destination(url, checked=checked)
     if isinstance(destination, Attempt):
         return destination
@@ -159,13 +174,19 @@ def post_json(url: str, body: bytes, headers: dict[str, str], *, checked: bool =
             code = response.status
     except urllib.error.HTTPError as exc:  # every status outside 2xx
         code = exc.code
+        location = exc.headers.get("Location") if exc.headers is not None else None
         exc.close()  # unread: a failure keeps its status, never the receiver's body
+        if 300 <= code < 400:  # not followed, and a retry would be redirected the same
+            error = redirect_reason(code, location, url, path_secret=path_secret)
+            return Attempt(ok=False, response_code=code, error=error, permanent=True)
         permanent = 400 <= code < 500 and code not in {408, 429}
         return Attempt(ok=False, response_code=code, error=status_reason(code), permanent=permanent)
     except urllib.error.URLError as exc:  # refused, timeout while connecting, TLS
         if _timed_out(exc):
             _fell_silent(destination)
         return Attempt(ok=False, error=short(f"cannot connect: {exc.reason}"))
+    except http.client.RemoteDisconnected:  # read the request, hung up without a word
+        return Attempt(ok=False, error=NO_REPLY)
     except http.client.HTTPException as exc:  # a malformed reply: its text is the receiver's
         return Attempt(ok=False, error=f"bad HTTP reply ({type(exc).__name__})")
     except (OSError, ValueError) as exc:  # timeout, reset, …
@@ -220,7 +241,8 @@ def email_send(delivery: AlertDelivery) -> Attempt:
 
 def slack_send(delivery: AlertDelivery) -> Attempt:
     """The message to the incoming-webhook URL the delivery was made for."""
-    return post_json(delivery.target, _json(slack_message(alert_payload(delivery))), {})
+    body = _json(slack_message(alert_payload(delivery)))
+    return post_json(delivery.target, body, {}, path_secret=True)
 
 
 def _pagerduty_post(event: dict[str, Any]) -> Attempt:
@@ -279,7 +301,7 @@ def channels_test(project: Project, *, now: datetime) -> list[ProbeSent]:
         sent.append(ProbeSent("email", address, _mail(subject, text, address)))
     if project.slack_webhook_url:
         url = project.slack_webhook_url
-        attempt = post_json(url, _json(slack_message(payload)), {})
+        attempt = post_json(url, _json(slack_message(payload)), {}, path_secret=True)
         sent.append(ProbeSent("slack", shown_target("slack", url), attempt))
     key = project.pagerduty_routing_key
     if key:

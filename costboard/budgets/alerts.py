@@ -44,8 +44,11 @@ Retry policy
 retry — the receiver refused this request and would refuse it again (wrong URL, rejected
 signature); fix it and use "Retry selected deliveries" in the admin. So is a URL the egress
 check refuses (costboard/egress.py: the host is resolved once, every address checked,
-and the request connects to a checked address). Anything else (5xx, 3xx — redirects are not
-followed —, 408, 429, refused connections, timeouts) and any mail backend error: retried
+and the request connects to a checked address), and a 3xx: redirects are not followed (the
+egress rules) and a retry would be redirected the same, so the error names where the URL
+redirects ("HTTP 301 Moved Permanently: the URL redirects to https://…/hook; …use the final
+URL"). Anything else (5xx, 408, 429, refused connections, timeouts) and any mail backend
+error: retried
 after COSTBOARD_ALERT_RETRY_SECONDS × 2ⁿ seconds (n = 0, 1, …) until
 COSTBOARD_ALERT_MAX_ATTEMPTS attempts, then failed. Delivery is at least once: a request that
 timed out may have arrived and is sent again. A failed attempt keeps its status and a short

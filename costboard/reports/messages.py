@@ -18,6 +18,7 @@ from costboard.exports import csv_cell
 from costboard.models import usd
 from costboard.numbers import usd_text
 from costboard.reports.selectors import COUNTS, Line, SpendReport
+from costboard.slack_text import slack_escaped, slack_literal
 
 CSV_HEADER = [
     "grouping",
@@ -121,17 +122,13 @@ def report_csv_name(report: SpendReport) -> str:
     return f"spend-{report.project.slug}-{report.period.label}.csv"
 
 
-def _slack_escaped(text: str) -> str:
-    """Slack's three control characters in message text (its docs, "Escaping text")."""
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-
-
 def report_slack(report: SpendReport) -> dict[str, Any]:
     """The Slack message: the total against the period before, each table's top movers, and
-    a link to the report. Names are escaped: tag values and users are what agents sent."""
+    a link to the report. Names show as written (costboard/slack_text.py): tag values and
+    users are what agents sent, a project's name what an admin typed."""
     total = Decimal(report.total["cost_usd"])
     lines = [
-        f"*{_slack_escaped(report_subject(report))}*",
+        f"*{slack_literal(report_subject(report))}*",
         f"Total {usd_text(total)}, previous {usd_text(Decimal(report.previous_total['cost_usd']))}"
         f" ({usd_change(report.change_usd)}, {pct_change(report.change_pct, new=bool(total))})",
     ]
@@ -139,10 +136,12 @@ def report_slack(report: SpendReport) -> dict[str, Any]:
         if not table.movers:
             continue
         movers = ", ".join(
-            f"{_slack_escaped(line.label)} {usd_change(line.change_usd)}" for line in table.movers
+            f"{slack_literal(line.label)} {usd_change(line.change_usd)}" for line in table.movers
         )
-        lines.append(f"{_slack_escaped(table.title)}, top movers: {movers}")
+        lines.append(f"{slack_literal(table.title)}, top movers: {movers}")
     url = report_url(report)
     # a path is no link in Slack: COSTBOARD_BASE_URL makes it one
-    lines.append(f"<{url}|Open the report>" if "://" in url else f"The report: {url}")
+    lines.append(
+        f"<{url}|Open the report>" if "://" in url else f"The report: {slack_escaped(url)}"
+    )
     return {"text": "\n".join(lines)}

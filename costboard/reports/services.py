@@ -180,7 +180,7 @@ def _slack_send(
         return None, "the project has no Slack webhook URL now", True
     report = spend_report(project=delivery.project, period=period, tag_key=delivery.tag_key)
     body = json.dumps(report_slack(report), ensure_ascii=False).encode()
-    sent = post_json(url, body, {})
+    sent = post_json(url, body, {}, path_secret=True)
     return sent.response_code, sent.error, sent.permanent
 
 

@@ -30,6 +30,7 @@ from costboard.budgets.periods import (
     zone,
 )
 from costboard.dashboards.selectors.shared import ZERO
+from costboard.egress import redirect_pathless
 from costboard.models import (
     AlertDelivery,
     BudgetEvent,
@@ -382,7 +383,7 @@ def alert_channels_failing(*, project_ids: list[int], now: datetime) -> list[Cha
                 channel=channel,
                 target=_shown(channel, target),
                 since=max(first, delivered) if delivered else first,
-                error=error,
+                error=redirect_pathless(error),  # where a URL redirects: as the target
                 retrying=retrying,
             )
         )

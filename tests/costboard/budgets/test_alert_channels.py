@@ -67,6 +67,7 @@ class Hook:
     port: int = field(default_factory=free_port)
     requests: list[tuple[str, Any]] = field(default_factory=list)
     queued: dict[str, list[int]] = field(default_factory=dict)
+    location: str = ""  # the Location a 3xx answer names
     lock: threading.Lock = field(default_factory=threading.Lock)
     server: ThreadingHTTPServer | None = None
 
@@ -97,6 +98,8 @@ class Hook:
                     return
                 reply = b'{"status":"success"}' if status < 300 else b'{"status":"invalid"}'
                 self.send_response(status)
+                if 300 <= status < 400:
+                    self.send_header("Location", state.location)
                 self.send_header("Content-Length", str(len(reply)))
                 self.end_headers()
                 self.wfile.write(reply)
@@ -866,3 +869,73 @@ def test_a_slack_message_escapes_its_text_as_slack_asks(
         assert message["blocks"][0]["text"]["text"].startswith(
             "*acme: budget '&lt;!channel&gt; R&amp;D' (month"
         )
+
+
+def test_names_agents_send_show_literally_in_slack(
+    agent: Agent, hook: Hook, clock: time_machine.Traveller
+) -> None:
+    """Slack has no escape for `*`, `_`, `~` and backticks: a session id made of them is
+    sent as look-alikes that format nothing (∗ ˍ ∼ ˋ), and its `<…|…>` as text, so the
+    message shows the id as the agent sent it, not bold, italic, struck, code or a link."""
+    set_up(agent.project, hook, channels=["slack"])
+    add_price("test-sonnet")
+    name = "_deploy_ *prod* ~old~ `rm` <https://evil.example|click me> >quote"
+    spend(agent, name, 2_000, token_cap=1_000)  # soft_warned and exhausted
+    outbox_dispatch()
+    [message] = [m for m in hook.to(SLACK) if "exhausted its" in m["text"]]
+    shown = "ˍdeployˍ ∗prod∗ ∼old∼ ˋrmˋ &lt;https://evil.example|click me&gt; &gt;quote"
+    assert message["blocks"][0]["text"]["text"] == (
+        f"*acme: session {shown} exhausted its token cap*"
+    )
+    fields = [f["text"] for f in message["blocks"][1]["fields"]]
+    assert fields[0] == f"*Session*\n{shown}"
+    assert message["text"].startswith(f"acme: session {shown} exhausted its token cap ")
+    for text in (message["text"], *fields, message["blocks"][0]["text"]["text"][1:-1]):
+        assert not {"_", "~", "`", "<"} & set(text.split(" https://")[0]), text
+
+
+def test_a_slack_url_that_redirects_fails_at_once_naming_where_it_goes(
+    agent: Agent, hook: Hook, clock: time_machine.Traveller
+) -> None:
+    """A redirect will answer the same on every retry (and is never followed: the egress
+    rules): the delivery fails at its first attempt, saying where the URL redirects — a
+    Slack URL's secret path masked — so the admin sets the final URL."""
+    set_up(agent.project, hook, channels=["slack"])
+    hook.location = "https://hooks.slack.com/services/T000/B000/newsecret"
+    hook.answer_first(SLACK, 301, 301)
+    add_price("test-sonnet")
+    spend(agent, "s", 2_000, token_cap=1_000)  # soft_warned and exhausted
+    outbox_dispatch()
+    deliveries = AlertDelivery.objects.order_by("pk")
+    assert [(d.status, d.attempts, d.response_code) for d in deliveries] == [("failed", 1, 301)] * 2
+    assert {d.error for d in deliveries} == {
+        "HTTP 301 Moved Permanently: the URL redirects to https://hooks.slack.com/…; "
+        "redirects are not followed: use the final URL"
+    }
+    assert len(hook.to(SLACK)) == 2
+    assert not OutboxItem.objects.exists()
+    clock.shift(3600)
+    outbox_dispatch()
+    assert len(hook.to(SLACK)) == 2  # never retried
+
+
+def test_an_alert_email_subject_stays_within_the_mail_line_limit(
+    agent: Agent, hook: Hook, clock: time_machine.Traveller, mailoutbox: list[mail.EmailMessage]
+) -> None:
+    """A budget named with 100 invisible tag characters is quoted in the subject as
+    `'\\U000e0001…'`: 1,000 characters with no space to fold at, a header line past the 998
+    octets mail allows (RFC 5322), which a mail server may refuse on every attempt. The
+    subject is cut with "…" to SUBJECT_CHARS; the body keeps the whole name."""
+    set_up(agent.project, hook, channels=["email"])
+    Project.objects.filter(pk=agent.project.pk).update(alert_emails="ops@example.com")
+    add_price("test-sonnet")
+    budget(agent.project, name="\U000e0001" * 100, cost_limit_usd="1.00")
+    spend(agent, "s", 1_000_000)  # soft_warned and exhausted
+    outbox_dispatch()
+    assert len(mailoutbox) == 2
+    for message in mailoutbox:
+        assert len(message.subject) == 250 and message.subject.endswith("…")
+        assert message.subject.startswith("[Costboard] acme: budget '\\U000e0001\\U000e0001")
+        raw = message.message().as_bytes()
+        assert max(len(line) for line in raw.split(b"\n")) <= 998
+        assert "\\U000e0001" * 100 in message.body

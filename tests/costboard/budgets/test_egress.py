@@ -36,6 +36,8 @@ from costboard.budgets.alert_senders import webhook_send as _webhook_send
 from costboard.budgets.alerts import DISPATCH, alerts_dispatch
 from costboard.egress import (
     REASON_CHARS,
+    redirect_pathless,
+    redirect_reason,
     webhook_allow_list,
     webhook_url_check,
     webhook_url_refusal,
@@ -604,14 +606,60 @@ def test_a_failed_delivery_keeps_its_status_never_the_reply(
     assert LEAK.encode() not in staff.get("/admin/costboard/alertdelivery/").content
 
 
-def test_a_redirect_is_not_followed(project: Project, receiver: Receiver, settings: Any) -> None:
+def test_a_redirect_is_not_followed_and_fails_at_once_naming_where(
+    project: Project, receiver: Receiver, settings: Any
+) -> None:
+    """A redirect answers the same on every retry: failed at the first attempt, with where
+    the URL redirects (relative resolved; the query, which may hold a token, left out)."""
     settings.COSTBOARD_WEBHOOK_ALLOW_HOSTS = ["127.0.0.1"]
     receiver.status = 302
-    receiver.headers = {"Location": "http://127.0.0.1:{port}/elsewhere"}
+    receiver.headers = {"Location": "/elsewhere/hook?token=s3cr3t"}
     delivery = send(project, receiver.url())
-    assert (delivery.status, delivery.response_code) == ("pending", 302)  # retried later
-    assert delivery.error == "HTTP 302 Found (redirects are not followed: use the final URL)"
+    assert (delivery.status, delivery.response_code, delivery.attempts) == ("failed", 302, 1)
+    assert delivery.error == (
+        f"HTTP 302 Found: the URL redirects to http://127.0.0.1:{receiver.port}/elsewhere/hook?…; "
+        "redirects are not followed: use the final URL"
+    )
     assert [r["path"] for r in receiver.requests] == ["/hook"]
+
+
+def test_a_redirect_without_a_location_fails_at_once_too(
+    project: Project, receiver: Receiver, settings: Any
+) -> None:
+    settings.COSTBOARD_WEBHOOK_ALLOW_HOSTS = ["127.0.0.1"]
+    receiver.status = 307
+    delivery = send(project, receiver.url())
+    assert (delivery.status, delivery.response_code) == ("failed", 307)
+    assert delivery.error == (
+        "HTTP 307 Temporary Redirect: the URL redirects (no Location given); "
+        "redirects are not followed: use the final URL"
+    )
+
+
+@pytest.mark.parametrize(
+    ("location", "where"),
+    [
+        ("https://b.example:8443/x?t=1", "to https://b.example:8443/x?…"),
+        ("/y", "to https://a.example/y"),
+        ("http://[::1]:9/z", "to http://[::1]:9/z"),
+        ("javascript:alert(1)", "to an address that is no http(s) URL"),
+        ("http://h:99999/", "to an address that is no http(s) URL"),
+        ("http://b.example/a b\x07c", "to http://b.example/a b?c"),
+    ],
+)
+def test_a_redirect_reason_names_where_without_query_or_controls(location: str, where: str) -> None:
+    fix = "redirects are not followed: use the final URL"
+    reason = redirect_reason(301, location, "https://a.example/hook", path_secret=False)
+    assert reason == f"HTTP 301 Moved Permanently: the URL redirects {where}; {fix}"
+    pathless = redirect_pathless(reason)
+    if where.startswith("to http"):
+        host = where.removeprefix("to ").split("/")[2]
+        assert pathless == (
+            f"HTTP 301 Moved Permanently: the URL redirects to "
+            f"{where.removeprefix('to ').split('://')[0]}://{host}/…; {fix}"
+        )
+    else:
+        assert pathless == reason
 
 
 @contextmanager
@@ -665,6 +713,24 @@ def test_a_garbled_reply_is_named_by_its_kind_only(
     settings.COSTBOARD_WEBHOOK_ALLOW_HOSTS = ["127.0.0.1"]
     delivery = send(project, f"http://127.0.0.1:{garbler}/hook")
     assert (delivery.status, delivery.error) == ("pending", "bad HTTP reply (BadStatusLine)")
+
+
+def test_a_receiver_closing_the_connection_unanswered_is_retried_saying_so(
+    project: Project, settings: Any
+) -> None:
+    """A receiver (or a proxy before it) that reads the request and hangs up without a
+    word: retried, the error saying what happened rather than naming an exception."""
+    settings.COSTBOARD_WEBHOOK_ALLOW_HOSTS = ["127.0.0.1"]
+    closed: list[bytes] = []
+
+    def answer(conn: socket.socket, stop: threading.Event) -> None:
+        closed.append(conn.recv(65536))  # the request's head at least; then no reply
+
+    with tcp_server(answer) as port:
+        delivery = send(project, f"http://127.0.0.1:{port}/hook")
+    assert closed and closed[0].startswith(b"POST /hook HTTP/1.1")
+    assert (delivery.status, delivery.response_code, delivery.attempts) == ("pending", None, 1)
+    assert delivery.error == "no reply: the receiver closed the connection without answering"
 
 
 @dataclass

@@ -126,3 +126,35 @@ def test_a_target_changed_since_is_not_shown_and_the_read_is_five_queries(
     agent.project.slack_webhook_url = f"{hook.url}/services/T000/B000/new-one"
     agent.project.save()
     assert alert_channels_failing(project_ids=[agent.project.pk], now=timezone.now()) == []
+
+
+def test_a_webhook_that_redirects_is_shown_given_up_without_the_path_it_names(
+    agent: Agent, hook: Hook, clock: time_machine.Traveller, staff: Client
+) -> None:
+    """A redirect fails at once, naming where the URL redirects: in full (scheme, host and
+    path) in the admin's delivery log, and to the project's members without the path, which
+    may hold a token, as their notice shows a webhook's own URL."""
+    set_up(agent.project, hook, channels=["webhook"])
+    WebhookEndpoint.objects.create(
+        project=agent.project, url=f"{hook.url}/hooks/old-token", secret="whsec-moved"
+    )
+    hook.location = f"{hook.url}/hooks/new-token-in-path"
+    hook.answer_first("/hooks/old-token", 308, 308)
+    add_price("test-sonnet")
+    budget(agent.project, cost_limit_usd="1.00")
+    spend(agent, "s", 1_000_000)  # soft_warned and exhausted
+    outbox_dispatch()
+    deliveries = list(AlertDelivery.objects.order_by("pk"))
+    assert [(d.status, d.attempts) for d in deliveries] == [("failed", 1)] * 2
+    fix = "redirects are not followed: use the final URL"
+    logged = f"HTTP 308 Permanent Redirect: the URL redirects to {hook.location}; {fix}"
+    assert {d.error for d in deliveries} == {logged}
+    page = staff.get(f"/admin/costboard/alertdelivery/{deliveries[0].pk}/change/")
+    assert logged.encode() in page.content
+    members = member_of(agent)
+    for page_path in PAGES:
+        assert notices(members, page_path) == [
+            f"Alerts to webhook {hook.url}/… (Acme) have been failing since Nov 10, 12:00 UTC: "
+            f"HTTP 308 Permanent Redirect: the URL redirects to {hook.url}/…; {fix} (given up)."
+        ]
+        assert "-token" not in members.get(page_path).content.decode()

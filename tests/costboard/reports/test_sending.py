@@ -212,6 +212,7 @@ class SlackInbox:
     def __init__(self) -> None:
         self.messages: list[dict[str, Any]] = []
         self.answers: list[int] = []  # statuses to answer, in order; 200 after
+        self.location = ""  # the Location a 3xx answer names
 
     def handler(self) -> type[BaseHTTPRequestHandler]:
         inbox = self
@@ -223,6 +224,8 @@ class SlackInbox:
                 if status == 200:
                     inbox.messages.append(json.loads(body))
                 self.send_response(status)
+                if 300 <= status < 400:
+                    self.send_header("Location", inbox.location)
                 self.send_header("Content-Length", "2")
                 self.end_headers()
                 self.wfile.write(b"ok")
@@ -313,6 +316,35 @@ def test_slack_to_a_refused_address_fails_at_once(
     assert row.status == "failed" and row.error.startswith("refused: ")
     assert slack.messages == []
     assert len(mail.outbox) == 2  # the emails go out all the same
+
+
+def test_a_project_name_with_slack_formatting_shows_literally(
+    showback: Showback, slack: SlackInbox
+) -> None:
+    """A project named with Slack's formatting characters is shown as named — as look-alikes
+    that format nothing (costboard/slack_text.py) — and its `<…|…>` as text, not a link."""
+    project = showback.agent.project
+    project.name = "*Acme* _ops_ ~x~ `y` <https://evil.example|click>"
+    project.save()
+    run("--period", "week", "--send")
+    [message] = slack.messages
+    assert message["text"].split("\n")[0] == (
+        "*Costboard spend, week 2026-W47: ∗Acme∗ ˍopsˍ ∼x∼ ˋyˋ "
+        "&lt;https://evil.example|click&gt; $6.45 (+43.3 % vs previous)*"
+    )
+
+
+def test_a_slack_url_that_redirects_is_not_retried(showback: Showback, slack: SlackInbox) -> None:
+    slack.answers = [308]
+    slack.location = "https://hooks.slack.com/services/T0/B0/moved"
+    run("--period", "week", "--send")
+    row = SpendReportDelivery.objects.get(channel="slack")
+    assert (row.status, row.attempts, row.response_code) == ("failed", 1, 308)
+    assert row.error == (
+        "HTTP 308 Permanent Redirect: the URL redirects to https://hooks.slack.com/…; "
+        "redirects are not followed: use the final URL"
+    )
+    assert not OutboxItem.objects.filter(kind="reports.deliver").exists()
 
 
 # --- the schedule -------------------------------------------------------------------------------
