@@ -25,11 +25,13 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from email.utils import parseaddr
 from typing import Any
 
 from django.conf import settings
-from django.core.mail import send_mail
+from django.core.mail import EmailMessage
 from django.utils import timezone
+from django.utils.crypto import salted_hmac
 
 from costboard.budgets.alert_messages import (
     alert_email,
@@ -226,9 +228,26 @@ def webhook_send(delivery: AlertDelivery) -> Attempt:
     return post_json(delivery.target, body, headers)
 
 
-def _mail(subject: str, body: str, address: str) -> Attempt:
+def message_id(kind: str, pk: int) -> str:
+    """A delivery's Message-ID, the same at every attempt. Delivery is at least once: a
+    dispatcher that dies between the SMTP server's yes and recording it sends the mail again,
+    and the second carries the first's id, by which mail systems that drop a duplicate
+    (Gmail, …) show it once. Unique to this installation by an HMAC of the delivery under
+    SECRET_KEY; the domain is DEFAULT_FROM_EMAIL's."""
+    token = salted_hmac("costboard.message-id", f"{kind}:{pk}").hexdigest()[:20]
+    domain = parseaddr(settings.DEFAULT_FROM_EMAIL)[1].rpartition("@")[2].strip() or "localhost"
     try:
-        send_mail(subject, body, None, [address], fail_silently=False)
+        domain = domain.encode("idna").decode("ascii")
+    except UnicodeError:
+        domain = "localhost"
+    return f"<costboard.{kind}.{pk}.{token}@{domain}>"
+
+
+def _mail(subject: str, body: str, address: str, *, message: str | None = None) -> Attempt:
+    """One mail; `message`: its Message-ID (`message_id`), else one of Django's own."""
+    headers = {"Message-ID": message} if message else {}
+    try:
+        EmailMessage(subject, body, None, [address], headers=headers).send()
     except Exception as exc:  # SMTP errors come in many types; each is retried
         return Attempt(ok=False, error=describe(exc))
     return Attempt(ok=True)
@@ -236,7 +255,7 @@ def _mail(subject: str, body: str, address: str) -> Attempt:
 
 def email_send(delivery: AlertDelivery) -> Attempt:
     subject, body = alert_email(alert_payload(delivery))
-    return _mail(subject, body, delivery.target)
+    return _mail(subject, body, delivery.target, message=message_id("alert", delivery.pk))
 
 
 def slack_send(delivery: AlertDelivery) -> Attempt:

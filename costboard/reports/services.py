@@ -23,7 +23,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from costboard.budgets.alert_senders import alert_addresses, describe, post_json
+from costboard.budgets.alert_senders import alert_addresses, describe, message_id, post_json
 from costboard.models import Project, SpendReportDelivery
 from costboard.outbox import Attempt, Item, outbox_add_many, outbox_handler
 from costboard.reports.messages import (
@@ -159,7 +159,11 @@ def _email_send(
     """(None, error, False): every mail backend error is retried."""
     report = spend_report(project=delivery.project, period=period, tag_key=delivery.tag_key)
     message = EmailMultiAlternatives(
-        report_subject(report), report_text(report), None, [delivery.target]
+        report_subject(report),
+        report_text(report),
+        None,
+        [delivery.target],
+        headers={"Message-ID": message_id("report", delivery.pk)},
     )
     message.attach_alternative(report_html(report), "text/html")
     message.attach(report_csv_name(report), report_csv(report), "text/csv")

@@ -26,6 +26,7 @@ from django.core.exceptions import ValidationError
 from django.test import Client
 from django.utils import timezone
 
+from costboard.budgets.alert_senders import email_send, message_id
 from costboard.budgets.alerts import alerts_dispatch, incidents_resolve
 from costboard.budgets.period_services import (
     BudgetInputError,
@@ -939,3 +940,31 @@ def test_an_alert_email_subject_stays_within_the_mail_line_limit(
         raw = message.message().as_bytes()
         assert max(len(line) for line in raw.split(b"\n")) <= 998
         assert "\\U000e0001" * 100 in message.body
+
+
+def test_an_alert_email_sent_again_carries_the_same_message_id(
+    agent: Agent,
+    hook: Hook,
+    mailoutbox: list[mail.EmailMessage],
+    settings: Any,
+) -> None:
+    """Delivery is at least once: a dispatcher that dies between the mail server's yes and
+    recording it sends the mail again at the next claim. Both carry one Message-ID (the
+    delivery's), by which mail systems that drop duplicates show it once; each delivery has
+    its own, in the sender's domain, and another installation (SECRET_KEY) another."""
+    settings.DEFAULT_FROM_EMAIL = "Costboard <alerts@Costs.Example.COM>"
+    set_up(agent.project, hook, channels=["email"])
+    Project.objects.filter(pk=agent.project.pk).update(alert_emails="ops@example.com")
+    add_price("test-sonnet")
+    spend(agent, "s", 2_000, token_cap=1_000)  # soft_warned and exhausted
+    outbox_dispatch()
+    first, second = AlertDelivery.objects.filter(channel="email").order_by("pk")
+    email_send(first)  # the attempt a re-claim makes after the dispatcher died
+    ids = [message.message()["Message-ID"] for message in mailoutbox]
+    assert len(ids) == 3 and ids[0] != ids[1] and ids[2] == ids[0] == message_id("alert", first.pk)
+    assert ids[1] == message_id("alert", second.pk)
+    assert ids[0].startswith(f"<costboard.alert.{first.pk}.") and ids[0].endswith(
+        "@Costs.Example.COM>"
+    )
+    settings.SECRET_KEY = "another installation's secret key, as long as Django wants it"
+    assert message_id("alert", first.pk) != ids[0]

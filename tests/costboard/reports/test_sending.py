@@ -21,6 +21,7 @@ from django.core.mail.backends.locmem import EmailBackend
 from django.core.management import CommandError, call_command
 from django.test import Client
 
+from costboard.budgets.alert_senders import message_id
 from costboard.models import OutboxItem, SpendReportDelivery
 from costboard.outbox import outbox_dispatch
 from costboard.reports.periods import period_of
@@ -72,6 +73,17 @@ def test_send_twice_emails_each_recipient_once(showback: Showback) -> None:
     assert {m.subject for m in mail.outbox} == {SUBJECT}
     assert set(SpendReportDelivery.objects.values_list("status", "attempts")) == {("delivered", 1)}
     assert not OutboxItem.objects.filter(kind="reports.deliver").exists()
+
+
+def test_each_report_mail_carries_its_deliverys_message_id(showback: Showback) -> None:
+    """The id is the delivery's, the same at every attempt: a mail sent again after a
+    dispatcher died before recording it is shown once where duplicates are dropped by it."""
+    run("--period", "week", "--send")
+    by_address = {m.to[0]: m.message()["Message-ID"] for m in mail.outbox}
+    assert by_address == {
+        d.target: message_id("report", d.pk) for d in SpendReportDelivery.objects.all()
+    }
+    assert len(set(by_address.values())) == 2
 
 
 def test_the_emailed_tables_equal_the_api_for_the_same_days(showback: Showback) -> None:
