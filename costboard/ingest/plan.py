@@ -390,6 +390,22 @@ def touches_retime(
     return set(timed_turns)
 
 
+def touches_widen(
+    sessions: dict[str, SessionTouch],
+    turns: dict[tuple[str, int], TurnTouch],
+    steps: Sequence[PricedStep],
+) -> None:
+    """Widen the timed touches of these steps' sessions and turns to their times (steps
+    moved into them from `system`, writes/moves.py)."""
+    for step in steps:
+        touch = sessions.get(step.session_key)
+        if touch is not None and touch.timed:
+            touch.first, touch.last = min(touch.first, step.ts), max(touch.last, step.ts)
+        turn = turns.get((step.session_key, step.turn_no or 0))
+        if turn is not None and turn.timed:
+            turn.first, turn.last = min(turn.first, step.ts), max(turn.last, step.ts)
+
+
 def _retimed(touch: SessionTouch | TurnTouch, timed: SessionTouch | TurnTouch | None) -> None:
     if timed is None:
         touch.timed = False

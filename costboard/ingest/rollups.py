@@ -7,14 +7,17 @@ and run last, back to back, to hold their locks briefly (costboard/ingest/servic
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from datetime import date
 from functools import lru_cache
-from typing import Any
+from itertools import chain
+from typing import TYPE_CHECKING, Any
 
 from costboard.ingest.latency import latency_bucket
-from costboard.ingest.plan import PricedStep, Totals, step_tags
+from costboard.ingest.plan import PricedStep, Totals, step_tags, steps_sum
 from costboard.ingest.sql import USAGE, Statement
 from costboard.models import (
+    SYSTEM_SESSION_ID,
     DailyRollup,
     LatencyRollup,
     Project,
@@ -23,6 +26,9 @@ from costboard.models import (
     UserDailyRollup,
 )
 from costboard.sql_arrays import USD_PICO, Column, Dialect
+
+if TYPE_CHECKING:
+    from costboard.ingest.writes.moves import MovedStep
 
 ROLLUP_TABLE = DailyRollup._meta.db_table
 
@@ -97,36 +103,48 @@ def attribution_statements(
     steps: list[PricedStep],
     users: dict[str, str],
     session_tags: dict[str, dict[str, str]],
+    moved: Sequence[MovedStep] = (),
 ) -> list[Statement]:
     """The per-user and per-tag daily rollup upserts of these steps (run with the other hot
-    statements, last): each step under its session's user and under each of its tags."""
+    statements, last): each step under its session's user and under each of its tags. The
+    `moved` steps (writes/moves.py) are added likewise and taken out of the user and tags
+    they were rolled up under, in the same statement (one per table: its rows locked in key
+    order, as every batch locks them); a row left with no calls is then deleted."""
     by_user: dict[tuple[date, str], list[PricedStep]] = defaultdict(list)
     by_tag: dict[tuple[date, str, str], list[PricedStep]] = defaultdict(list)
-    for step in steps:
+    for step in chain(steps, (m.step for m in moved)):
         by_user[(step.day, users.get(step.session_key) or "")].append(step)
         tags = step_tags(step, session_tags)
         if tags:
             for key, value in tags.items():
                 by_tag[(step.day, key, value)].append(step)
+    user_out: dict[tuple[date, str], list[PricedStep]] = defaultdict(list)
+    tag_out: dict[tuple[date, str, str], list[PricedStep]] = defaultdict(list)
+    for m in moved:
+        user_out[(m.step.day, m.old_user)].append(m.step)
+        for key, value in (m.old_tags or {}).items():
+            tag_out[(m.step.day, key, value)].append(m.step)
     statements = []
-    for table, columns, conflict, groups in (
-        (USER_ROLLUP_TABLE, _USER_ROLLUP_COLUMNS, "project_id, day, user_id", by_user),
-        (TAG_ROLLUP_TABLE, _TAG_ROLLUP_COLUMNS, "project_id, day, key, value", by_tag),
+    for table, columns, conflict, groups, out in (
+        (USER_ROLLUP_TABLE, _USER_ROLLUP_COLUMNS, "project_id, day, user_id", by_user, user_out),
+        (TAG_ROLLUP_TABLE, _TAG_ROLLUP_COLUMNS, "project_id, day, key, value", by_tag, tag_out),
     ):
-        if not groups:
+        deltas = {
+            key: _signed(groups.get(key, []), out.get(key, [])) for key in sorted({*groups, *out})
+        }
+        deltas = {key: delta for key, delta in deltas.items() if any(delta)}
+        if not deltas:
             continue
         keys = len(columns) - len(USAGE) - 1
-        with_v, params = sql.rows(
-            columns,
+        rows = [
             [
-                [
-                    *(sql.day(part) if isinstance(part, date) else part for part in key),
-                    *(totals := Totals.of(group)).usage_values(sql),
-                    totals.steps,
-                ]
-                for key, group in sorted(groups.items())
-            ],
-        )
+                *(sql.day(part) if isinstance(part, date) else part for part in key),
+                *sql.usage(delta[:10]),
+                delta[10],
+            ]
+            for key, delta in deltas.items()
+        ]
+        with_v, params = sql.rows(columns, rows)
         names = ", ".join(name for name, _ in columns)
         updates = ",\n".join(f"{c} = {table}.{c} + excluded.{c}" for c, _ in columns[keys:])
         statements.append(
@@ -141,7 +159,29 @@ def attribution_statements(
                 [*params, project.pk],
             )
         )
+        emptied = [
+            row[:keys] for row, delta in zip(rows, deltas.values(), strict=True) if delta[10] < 0
+        ]
+        if emptied:
+            with_v, params = sql.rows(columns[:keys], emptied)
+            match = " AND ".join(f"{table}.{c} = v.{c}" for c, _ in columns[:keys])
+            statements.append(
+                (
+                    f"""
+                    {with_v}
+                    DELETE FROM {table} WHERE project_id = %s AND calls = 0
+                        AND EXISTS (SELECT 1 FROM v WHERE {match})
+                    """,
+                    [*params, project.pk],
+                )
+            )
     return statements
+
+
+def _signed(added: list[PricedStep], taken: list[PricedStep]) -> tuple[int, ...]:
+    """The usage sums (steps_sum's first ten) and the calls of `added` less those of `taken`."""
+    plus, minus = steps_sum(added), steps_sum(taken)
+    return (*(a - b for a, b in zip(plus[:10], minus[:10], strict=True)), len(added) - len(taken))
 
 
 def _rollups_statement(sql: Dialect, project: Project, steps: list[PricedStep]) -> Statement | None:
@@ -189,19 +229,27 @@ def model_usage_upsert(
     project: Project,
     session_ids: dict[str, int],
     inserted: list[PricedStep],
+    moved: Sequence[MovedStep] = (),
 ) -> None:
-    """Add the inserted steps to their session's row per family and model (its sessions are
-    locked)."""
+    """Add the inserted and `moved` steps to their session's row per family and model (its
+    sessions are locked), the moved ones taken out of `system`'s rows; a row left with no
+    calls is deleted."""
     groups: dict[tuple[int, str, str], list[int]] = {}
-    for step in inserted:
-        key = (session_ids[step.session_key], step.family, step.model)
+    system_id = session_ids.get(SYSTEM_SESSION_ID)
+    signed = [(step, session_ids[step.session_key], 1) for step in inserted]
+    for m in moved:
+        signed.append((m.step, session_ids[m.step.session_key], 1))
+        if system_id is not None:
+            signed.append((m.step, system_id, -1))
+    for step, session_id, sign in signed:
+        key = (session_id, step.family, step.model)
         group = groups.get(key)
         if group is None:
-            groups[key] = [1, step.tokens, step.cost_pico]
+            groups[key] = [sign, sign * step.tokens, sign * step.cost_pico]
         else:
-            group[0] += 1
-            group[1] += step.tokens
-            group[2] += step.cost_pico
+            group[0] += sign
+            group[1] += sign * step.tokens
+            group[2] += sign * step.cost_pico
     if not groups:
         return
     with_v, params = sql.rows(
@@ -231,6 +279,11 @@ def model_usage_upsert(
         """,
         [*params, project.pk],
     )
+    if moved and system_id is not None:
+        cursor.execute(
+            f"DELETE FROM {MODEL_USAGE_TABLE} WHERE session_id = %s AND calls = 0",
+            [system_id],
+        )
 
 
 @lru_cache(maxsize=65_536)

@@ -11,7 +11,12 @@ One transaction, a fixed number of statements whatever the batch size:
 4. record the steps' event_ids as receipts (one table keyed (project, event_id), beside the
    month partitions: a replay is skipped whatever month its timestamp is in, and a
    concurrent replay waits on the key and is counted once) and insert the fresh steps (on
-   PostgreSQL into their month partitions, made before the transaction if missing); then write each
+   PostgreSQL into their month partitions, made before the transaction if missing), and move
+   the stored `system` steps of the OTLP traces this batch names a session for into their
+   session and turn (`trace_moves`, writes/moves.py: from here on read beside the inserted
+   steps, and taken out of `system`'s sums, model mix and user and tag rollups; never
+   counted again in the daily rollups, the latency histograms, the tally or the period
+   budgets, which counted them once already); then write each
    touched turn once — an update of those found, an insert of the new ones with their final
    values: the inserted steps' sums, its messages, and its retry-loop streaks advanced over
    those steps, checking the per-turn runaway rules (turn_rules);
@@ -63,6 +68,7 @@ from costboard.ingest.plan import (
     other_events_apply,
     step_tags,
     touches_retime,
+    touches_widen,
     utc_at,
 )
 from costboard.ingest.rollups import (
@@ -73,11 +79,12 @@ from costboard.ingest.rollups import (
 )
 from costboard.ingest.schemas import Event, SessionEvent, StepEvent, TurnEvent
 from costboard.ingest.sql import ingest_settings, sums_in_range
+from costboard.ingest.writes.moves import TraceMove, steps_move
 from costboard.ingest.writes.receipts import receipts_insert
 from costboard.ingest.writes.sessions import session_spends, sessions_lock, sessions_update
 from costboard.ingest.writes.steps import steps_insert
 from costboard.ingest.writes.turns import turns_ensure, turns_replayed_drop, turns_update
-from costboard.models import BudgetEvent, Project
+from costboard.models import SYSTEM_SESSION_ID, BudgetEvent, Project
 from costboard.partitions import step_default_hold, step_partitions_cover
 from costboard.projects import ingest_tally_statement
 from costboard.sql_arrays import Dialect
@@ -117,13 +124,19 @@ def events_ingest(
     now: datetime | None = None,
     key_prefix: str = "",
     flagged_only: bool = False,
+    trace_moves: Sequence[TraceMove] = (),
 ) -> IngestResult:
     """Store a validated batch all or nothing; see the module docstring for the statements.
     `key_prefix`: the API key that sent it (its api_key budgets count it). `flagged_only`:
     answer only for the touched sessions that are not ok (`Prefer: return=minimal`), the
-    others counted in `sessions_ok`."""
+    others counted in `sessions_ok`. `trace_moves` (OTLP's): stored steps of `system` to
+    move into the turns of this batch's traces, with their sums (writes/moves.py)."""
     now = now or timezone.now()
     sessions, turns, steps, others, duplicates = batch_plan(events, now, project)
+    moves = [move for move in trace_moves if (move.session_id, move.turn) in turns]
+    if moves and SYSTEM_SESSION_ID not in sessions:
+        # locked with the batch's sessions, in key order; its times left as they are
+        sessions[SYSTEM_SESSION_ID] = SessionTouch(SYSTEM_SESSION_ID, now, now, timed=False)
     sql = Dialect()
     hot = hot_statements(sql, project, steps)
     if steps and sql.postgres:
@@ -148,14 +161,20 @@ def events_ingest(
         if len(inserted) < len(steps):
             duplicates += len(steps) - len(inserted)
             hot = hot_statements(sql, project, inserted)
+        moved = steps_move(cursor, sql, project, moves, session_ids, turn_ids, session_tags, users)
+        moved_steps = [m.step for m in moved]
         if len(inserted) < len(steps) or dup_others:
             made = {key for key, turn in turns_now.items() if turn.new}
-            named = touches_retime(sessions, turns, accepted_others, inserted, now, made=made)
+            timed = [*inserted, *moved_steps]
+            named = touches_retime(sessions, turns, accepted_others, timed, now, made=made)
             turns_replayed_drop(turns_now, turns, named)
-        runaways = turns_update(cursor, sql, project, session_ids, turns_now, turns, inserted)
-        model_usage_upsert(cursor, sql, project, session_ids, inserted)
-        hot += attribution_statements(sql, project, inserted, users, session_tags)
-        adds = session_spends(rows, sessions, inserted, runaways, now)
+        touches_widen(sessions, turns, moved_steps)
+        runaways = turns_update(
+            cursor, sql, project, session_ids, turns_now, turns, [*inserted, *moved_steps]
+        )
+        model_usage_upsert(cursor, sql, project, session_ids, inserted, moved)
+        hot += attribution_statements(sql, project, inserted, users, session_tags, moved)
+        adds = session_spends(rows, sessions, inserted, runaways, now, moved_steps)
         verdict = batch_budgets(
             BatchSpend(
                 project=project,

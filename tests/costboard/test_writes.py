@@ -39,6 +39,7 @@ WRITERS = frozenset(
         "ingest/writes/sessions",
         "ingest/writes/turns",
         "ingest/writes/steps",
+        "ingest/writes/moves",
         "ingest/rollups",
         "ingest/idempotency",
         "pricing/services",

@@ -21,6 +21,7 @@ from costboard.ingest.otlp.turns import with_turns
 from costboard.ingest.schemas import Event, SessionEvent, StepEvent, SumsOutOfRange
 from costboard.ingest.service import events_ingest, step_months_ready
 from costboard.ingest.sql import database_outage, ingest_settings
+from costboard.ingest.writes.moves import TraceMove
 from costboard.models import Project
 
 
@@ -42,21 +43,27 @@ def otlp_store(project: Project, mapping: OtlpMapping, key_prefix: str) -> None:
     with transaction.atomic(), connection.cursor() as cursor:
         ingest_settings(cursor)  # the numbering's reads under the ingest's statement timeout
         try:
-            steps = with_turns(project, mapping)
+            steps, moves = with_turns(project, mapping)
         except OperationalError as exc:
             if not database_outage(exc):
                 raise
             raise OtlpUnavailable(f"{_unavailable(exc)}: nothing stored; retry the export") from exc
     if not steps:
         return
-    chunks = _chunks(mapping, steps, settings.COSTBOARD_OTLP_CHUNK_SPANS)
+    chunks = _chunks(mapping, steps, moves, settings.COSTBOARD_OTLP_CHUNK_SPANS)
     # their months' partitions made first, each in a transaction of its own (step_months_ready)
     now = timezone.now()
     step_months_ready(steps, now)
     done = 0
     for number, chunk in enumerate(chunks, start=1):
         try:
-            events_ingest(project=project, events=chunk.events, now=now, key_prefix=key_prefix)
+            events_ingest(
+                project=project,
+                events=chunk.events,
+                now=now,
+                key_prefix=key_prefix,
+                trace_moves=chunk.moves,
+            )
         except SumsOutOfRange as exc:
             # the chunk's fault, not the database's: its spans are rejected (partialSuccess
             # says so, and why), the others stored; a retry would be refused the same way
@@ -86,13 +93,18 @@ def _unavailable(exc: OperationalError) -> str:
 class _Chunk:
     events: list[Event]
     spans: int
+    moves: list[TraceMove]
 
 
-def _chunks(mapping: OtlpMapping, steps: list[StepEvent], size: int) -> list[_Chunk]:
+def _chunks(
+    mapping: OtlpMapping, steps: list[StepEvent], moves: list[TraceMove], size: int
+) -> list[_Chunk]:
     """The steps (in with_turns's order) in chunks of at most `size`, each starting with a
     session event naming the end user (_session_users) of each session whose first step it
-    holds."""
+    holds, and carrying the moves (from `system`) of the turns whose first step it holds:
+    they are moved in the transaction that stores their turn's span."""
     users = _session_users(mapping, steps)
+    move_of = {(move.session_id, move.turn): move for move in moves}
     chunks = []
     seen: set[str] = set()
     for start in range(0, len(steps), size):
@@ -100,7 +112,13 @@ def _chunks(mapping: OtlpMapping, steps: list[StepEvent], size: int) -> list[_Ch
         sessions = {step.session_id for step in part if step.session_id is not None} - seen
         seen |= sessions
         named: list[Event] = [user for user in users if user.session_id in sessions]
-        chunks.append(_Chunk(events=[*named, *part], spans=len(part)))
+        turns = {
+            (step.session_id, step.turn)
+            for step in part
+            if step.session_id is not None and step.turn is not None
+        }
+        here = [move_of.pop(turn) for turn in sorted(turns & move_of.keys())]
+        chunks.append(_Chunk(events=[*named, *part], spans=len(part), moves=here))
     return chunks
 
 

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Context, Decimal
+from itertools import chain
 from typing import Any
 
 from django.db import connection
@@ -20,7 +22,7 @@ from costboard.budgets.batch import SessionSpend
 from costboard.budgets.engine import Flag, Ledger
 from costboard.ingest.plan import PricedStep, SessionTouch, steps_sum
 from costboard.ingest.sql import USAGE, USAGE_COLUMNS, json_text
-from costboard.models import Project, Session
+from costboard.models import SYSTEM_SESSION_ID, Project, Session
 from costboard.money import pico_usd
 from costboard.sql_arrays import Column, Dialect
 
@@ -194,18 +196,25 @@ def session_spends(
     inserted: list[PricedStep],
     runaways: dict[str, Flag],
     now: datetime,
+    moved: Sequence[PricedStep] = (),
 ) -> dict[str, SessionAdd]:
     """What the batch adds to each touched session (in key order): its inserted steps and
-    their sums, and what the budgets read of it (its ledger as locked, its caps before and
-    after the batch's session events, the runaway flag its turns raised)."""
+    the steps `moved` into it (writes/moves.py), their sums, and what the budgets read of it
+    (its ledger as locked, its caps before and after the batch's session events, the runaway
+    flag its turns raised). The moved steps are taken out of `system`: its sums go down."""
     by_session: dict[str, list[PricedStep]] = defaultdict(list)
-    for step in inserted:
+    for step in chain(inserted, moved):
         by_session[step.session_key].append(step)
     adds = {}
     for key in sorted(sessions):
         touch, row = sessions[key], rows[key]
         steps = by_session.get(key, [])
         counted = steps_sum(steps)
+        step_delta = len(steps)
+        if key == SYSTEM_SESSION_ID and moved:
+            out = steps_sum(moved)
+            counted = tuple(a - b for a, b in zip(counted, out, strict=True))
+            step_delta -= len(moved)
         token_cap = touch.token_cap if touch.token_cap is not None else row["token_cap"]
         cost_cap = touch.cost_cap_usd if touch.cost_cap_usd is not None else row["cost_cap_usd"]
         spend = SessionSpend(
@@ -220,18 +229,20 @@ def session_spends(
             # a crossing no step caused (a cap given in this batch): the session event's time
             at=touch.event_at or now,
         )
-        adds[key] = SessionAdd(spend, steps, counted)
+        adds[key] = SessionAdd(spend, steps, counted, step_delta)
     return adds
 
 
 @dataclass(slots=True)
 class SessionAdd:
     """A touched session's share of the batch: what the budgets read (`spend`), its inserted
-    steps and their column sums (`counted`, steps_sum's order)."""
+    and moved-in steps, the column sums (`counted`, steps_sum's order) and the step count
+    they add (`system`'s less those moved out)."""
 
     spend: SessionSpend
     steps: list[PricedStep]
     counted: tuple[int, ...]
+    step_delta: int
 
 
 def sessions_update(
@@ -280,7 +291,7 @@ def sessions_update(
                 sql.dt(touch.first if touch.timed else None),
                 sql.dt(touch.last if touch.timed else None),
                 *sql.usage(counted),
-                len(new_steps),
+                add.step_delta,
                 counted[10],
                 new_turns.get(key, 0),
                 token_cap,
