@@ -7,7 +7,6 @@ boundary (costboard/api/boundary.py) answers them."""
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, cast
 
 from django.http import HttpRequest, HttpResponse
@@ -26,8 +25,7 @@ from costboard.api.boundary import (
 from costboard.models import Project, Session
 from memory_ui import cleaners, ranking, schemas
 from memory_ui.memory_file import memory_md as scope_memory_md
-from memory_ui.models import MAX_CONTENT, Memory
-from memory_ui.redaction import redact
+from memory_ui.models import Memory
 from memory_ui.schemas import (
     FeedbackStored,
     MemoryCandidate,
@@ -82,26 +80,6 @@ CANDIDATES = Operation(
 )
 
 
-def _redacted(fields: cleaners.MemoryFields) -> tuple[cleaners.MemoryFields, list[str]]:
-    """The candidate's content and tags with their secrets and personal data redacted, as the
-    detector redacts turns' text (docs/memory.md, "Redaction"), and the kinds found; 422 on
-    content when the markers make it longer than a memory holds."""
-    content, kinds = redact(fields.content)
-    if len(content) > MAX_CONTENT:
-        raise ApiError(
-            422,
-            "content",
-            f"is {len(content)} characters once its secrets are redacted ({', '.join(kinds)}); "
-            f"at most {MAX_CONTENT}: say it shorter",
-        )
-    tags = []
-    for tag in fields.tags:
-        redacted = redact(tag)
-        tags.append(redacted.text[: cleaners.MAX_TAG])
-        kinds += redacted.kinds
-    return dataclasses.replace(fields, content=content, tags=tuple(tags)), sorted(set(kinds))
-
-
 @endpoint(CANDIDATES)
 def candidates(request: HttpRequest) -> HttpResponse:
     """POST /api/v1/memory/candidates: a pending candidate (201), or the memory it repeats
@@ -109,11 +87,13 @@ def candidates(request: HttpRequest) -> HttpResponse:
     project = cast(ApiRequest, request).project
     body = json_object(request, limit=MAX_BODY_BYTES, example=MemoryCandidate.example())
     candidate = parse(MemoryCandidate, body)
-    fields, redactions = _redacted(candidate.fields())
+    try:
+        fields = candidate.fields()  # its secrets redacted (docs/memory.md, "Redaction")
+    except cleaners.MemoryInputError as exc:
+        raise ApiError(422, exc.field, exc.message) from None
     memory = proposals.candidate_propose(
         project=project,
         fields=fields,
-        redactions=redactions,
         session=_session(project, candidate.session_id),
         source=Memory.Source.AGENT_INFERRED,
         proposed_by=PROPOSED_BY,

@@ -11,12 +11,13 @@ not the project's: NotFound; a memory decided meanwhile).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
 
 from costboard.input_limits import amount_fault, digit_count, text_fault
 from memory_ui.models import MAX_CONTENT, Memory
+from memory_ui.redaction import redact
 
 DEFAULT_IMPORTANCE = Decimal("0.5")
 # `user:` and any user_id events take (1 to 128 characters) but a control character: an
@@ -159,10 +160,30 @@ def clean_k(value: object) -> int:
 # --- the typed values the services take -----------------------------------------------------
 
 
+def redacted_text(content: str, tags: tuple[str, ...]) -> tuple[str, tuple[str, ...], list[str]]:
+    """Content and tags with their secrets and personal data redacted (docs/memory.md,
+    "Redaction"), and the kinds found; MemoryInputError on content when the markers make it
+    longer than a memory holds. A marker already there stays as it is."""
+    text, kinds = redact(content)
+    if len(text) > MAX_CONTENT:
+        raise MemoryInputError(
+            "content",
+            f"is {len(text)} characters once its secrets are redacted ({', '.join(kinds)}); "
+            f"at most {MAX_CONTENT}: say it shorter",
+        )
+    cut_tags = []
+    for tag in tags:
+        redacted = redact(tag)
+        cut_tags.append(redacted.text[:MAX_TAG])
+        kinds += redacted.kinds
+    return text, tuple(cut_tags), sorted(set(kinds))
+
+
 @dataclass(frozen=True, slots=True)
 class MemoryFields:
     """A memory's own fields, each checked by its rule above: what a proposal, an edit and an
-    import write as they are."""
+    import write as they are. However they are made, their content and tags are redacted
+    here, and `redactions` says what was taken out: no path writes a secret."""
 
     content: str
     type: str
@@ -170,6 +191,13 @@ class MemoryFields:
     importance: Decimal = DEFAULT_IMPORTANCE
     tags: tuple[str, ...] = ()
     ttl_days: int | None = None
+    redactions: tuple[str, ...] = field(default=(), init=False)
+
+    def __post_init__(self) -> None:
+        content, tags, kinds = redacted_text(self.content, tuple(self.tags))
+        object.__setattr__(self, "content", content)
+        object.__setattr__(self, "tags", tags)
+        object.__setattr__(self, "redactions", tuple(kinds))
 
     @classmethod
     def of(

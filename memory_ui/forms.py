@@ -59,6 +59,7 @@ class MemoryEditForm(forms.Form):
 
     max_content = MAX_CONTENT
     types = Memory.Type.values
+    _fields: cleaners.MemoryFields
 
     @classmethod
     def for_memory(cls, memory: Memory) -> MemoryEditForm:
@@ -84,19 +85,17 @@ class MemoryEditForm(forms.Form):
             except cleaners.MemoryInputError as error:
                 self.add_error(name, f"{LABELS[name]}: {error.message}.")
         self.cleaned_data = cleaned
+        if not self.errors:
+            try:  # redacted as they are made: content may come out too long
+                self._fields = cleaners.MemoryFields(**cleaned)
+            except cleaners.MemoryInputError as error:
+                self.add_error(error.field, f"{LABELS[error.field]}: {error.message}.")
         return cleaned
 
     def memory_fields(self) -> cleaners.MemoryFields:
-        """The checked fields of a valid form."""
-        data = self.cleaned_data
-        return cleaners.MemoryFields(
-            content=data["content"],
-            type=data["type"],
-            scope=data["scope"],
-            importance=data["importance"],
-            tags=data["tags"],
-            ttl_days=data["ttl_days"],
-        )
+        """The checked fields of a valid form, their secrets redacted (`redactions` says
+        which kinds, for the reviewer to be told)."""
+        return self._fields
 
     @property
     def focus(self) -> str:

@@ -4,6 +4,7 @@ too."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -47,8 +48,39 @@ class MemoryMd:
     cut_count: int
 
 
+_BACKTICKS = re.compile(r"`+")
+
+
+def _own_line(content: str) -> str:
+    """`content` with what Markdown would carry onto the next lines escaped: a backtick run
+    no run of its length closes on this line (a code span would swallow the entries after
+    it), and a `<` no `>` follows (raw HTML, a comment). What closes on its line stays."""
+    runs = list(_BACKTICKS.finditer(content))
+    open_runs = []
+    index = 0
+    while index < len(runs):
+        run = runs[index]
+        closing = next(
+            (j for j in range(index + 1, len(runs)) if len(runs[j].group()) == len(run.group())),
+            None,
+        )
+        if closing is None:
+            open_runs.append(run)
+            index += 1
+        else:
+            index = closing + 1
+    for run in reversed(open_runs):
+        content = content[: run.start()] + "\\`" * len(run.group()) + content[run.end() :]
+    return "".join(
+        "\\<" if char == "<" and ">" not in content[at:] else char
+        for at, char in enumerate(content)
+    )
+
+
 def memory_line(memory: Memory) -> str:
-    return f"[{memory.type}] {memory.content}"
+    """One entry: `[type] content` on one line (content has no newline: cleaners.clean_content),
+    its Markdown kept from reaching into the next entries."""
+    return f"[{memory.type}] {_own_line(memory.content)}"
 
 
 def memory_md(

@@ -46,6 +46,8 @@ class Memory(models.Model):
         EVICT = "evict", "evict (MEMORY.md is over its cap)"
         MERGE = "merge", "merge duplicates"
         COMPRESS = "compress", "compress similar entries into one"
+        # a reviewed memory proposed again with another type or more tags: a person decides
+        UPDATE = "update", "update a reviewed memory's type and tags"
 
     project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="memories")
     type = models.CharField(max_length=10, choices=Type.choices)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser, PermissionsMixin
 from django.core.exceptions import PermissionDenied
@@ -153,13 +154,33 @@ def _counts_context(request: HttpRequest, scope: Scope) -> dict[str, Any]:
     }
 
 
+def _lost(action: str, memory: Memory) -> str:
+    """What a reviewer is told whose decision came second: theirs was not applied, and who
+    decided first."""
+    who = memory.decided_by.get_username() if memory.decided_by else "someone"
+    return f"Your {action} was not applied: {who} {memory.status} it first."
+
+
 def _decided(
-    request: HtmxHttpRequest, scope: Scope, memory: Memory, *, error: str = ""
+    request: HtmxHttpRequest,
+    scope: Scope,
+    memory: Memory,
+    *,
+    error: str = "",
+    lost: str = "",
+    redacted: str = "",
 ) -> HttpResponse:
     """A decided candidate's row: a one-line notice, and the counts brought up to date."""
     if not request.htmx:
         return _back(request, "memory-review")
-    context = {"scope": scope, "memory": memory, "error": error, **_counts_context(request, scope)}
+    context = {
+        "scope": scope,
+        "memory": memory,
+        "error": error,
+        "lost": lost,
+        "redacted": redacted,
+        **_counts_context(request, scope),
+    }
     return render(request, "memory_ui/_candidate_done.html", context)
 
 
@@ -173,7 +194,9 @@ def memory_approve_view(request: HtmxHttpRequest, pk: int) -> HttpResponse:
         memory = decisions.memory_approve(memory, by=request.user, keep_both=keep_both)
     except decisions.DecisionError:
         memory.refresh_from_db()
-        return _decided(request, scope, memory, error=f"already {memory.status}")
+        return _decided(
+            request, scope, memory, error=f"already {memory.status}", lost=_lost("approve", memory)
+        )
     return _decided(request, scope, memory)
 
 
@@ -185,7 +208,9 @@ def memory_reject_view(request: HtmxHttpRequest, pk: int) -> HttpResponse:
         memory = decisions.memory_reject(memory, by=request.user)
     except decisions.DecisionError:
         memory.refresh_from_db()
-        return _decided(request, scope, memory, error=f"already {memory.status}")
+        return _decided(
+            request, scope, memory, error=f"already {memory.status}", lost=_lost("reject", memory)
+        )
     return _decided(request, scope, memory)
 
 
@@ -257,11 +282,26 @@ def memory_edit_view(request: HtmxHttpRequest, pk: int) -> HttpResponse:
             form.add_error(None, f"This memory is {memory.status} now: it was decided meanwhile.")
     if form.errors:
         return _edit_response(request, scope, memory, form, 422)
+    # what was typed is stored redacted, as a proposal is: the reviewer is told, not left unaware
+    redacted = redacted_notice(form.memory_fields().redactions)
     if memory.status == Memory.Status.APPROVED and approve:
-        return _decided(request, scope, memory)
+        if not request.htmx and redacted:
+            messages.warning(request, redacted)
+        return _decided(request, scope, memory, redacted=redacted)
     if not request.htmx:
+        if redacted:
+            messages.warning(request, redacted)
         return _back(request, "memory-review" if memory.status == "pending" else "memory-browser")
-    return _row(request, scope, memory, saved=True)
+    return _row(request, scope, memory, saved=True, redacted=redacted)
+
+
+def redacted_notice(kinds: tuple[str, ...]) -> str:
+    if not kinds:
+        return ""
+    return (
+        f"Redacted before saving: {', '.join(kinds)}. "
+        "A secret does not belong in a memory: every agent reads it."
+    )
 
 
 def _row(request: HtmxHttpRequest, scope: Scope, memory: Memory, **extra: Any) -> HttpResponse:

@@ -53,8 +53,11 @@ def memory_edit(
     memory.content, memory.type, memory.scope = fields.content, fields.type, fields.scope
     memory.importance, memory.tags = fields.importance, list(fields.tags)
     memory.ttl_days = fields.ttl_days
-    memory.fingerprint = fingerprint(memory.content)
-    memory.frame_key = frame_key(memory.content)
+    # what this edit's redaction took out (cleaners.MemoryFields), beside what was before
+    memory.redactions = sorted({*memory.redactions, *fields.redactions})
+    if memory.proposal not in (Memory.Proposal.EVICT, Memory.Proposal.UPDATE):  # no sentences
+        memory.fingerprint = fingerprint(memory.content)
+        memory.frame_key = frame_key(memory.content)
     if memory.status == Memory.Status.APPROVED:
         memory.expires_at = expiry(memory, memory.decided_at or now)
     after = snapshot(memory)
@@ -73,6 +76,7 @@ def memory_edit(
             user=by,
             before={k: before[k] for k in sorted(changed)},
             after={k: after[k] for k in sorted(changed)},
+            note=f"redacted: {', '.join(fields.redactions)}" if fields.redactions else "",
             at=now,
         )
     if approve:
@@ -151,6 +155,29 @@ def _replaced(
     )
 
 
+def _updated(target: Memory, update: Memory, *, user: User, actor_name: str, now: datetime) -> None:
+    """An update proposal approved: `target` takes its type and tags, with the edit's event;
+    its caller holds both locks."""
+    before = snapshot(target)
+    target.type, target.tags = update.type, list(update.tags)
+    after = snapshot(target)
+    changed = sorted(k for k in after if after[k] != before[k])
+    if not changed:
+        return
+    target.updated_at = now
+    target.save(update_fields=["type", "tags", "updated_at"])
+    event_record(
+        target,
+        MemoryEvent.Action.EDITED,
+        user=user,
+        name=actor_name,
+        before={k: before[k] for k in changed},
+        after={k: after[k] for k in changed},
+        note=f"update proposal #{update.pk}",
+        at=now,
+    )
+
+
 def _approve_locked(
     memory: Memory, *, by: User, now: datetime, actor_name: str = "", keep_both: bool = False
 ) -> Memory:
@@ -173,6 +200,10 @@ def _approve_locked(
                     note=memory.content,
                     at=now,
                 )
+    elif memory.proposal == Memory.Proposal.UPDATE:
+        for target in targets:
+            if target.status in LIVE:
+                _updated(target, memory, user=by, actor_name=actor_name, now=now)
     elif memory.proposal in (Memory.Proposal.MERGE, Memory.Proposal.COMPRESS):
         for target in targets:
             if target.status in LIVE:

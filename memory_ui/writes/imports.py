@@ -51,6 +51,7 @@ def memories_import(
             ttl_days=fields.ttl_days,
             fingerprint=fingerprint(content),
             frame_key=frame_key(content),
+            redactions=list(fields.redactions),
             proposed_by=actor_name[:150],
             created_at=entry.proposed_at or decided,
             updated_at=decided,
@@ -70,7 +71,8 @@ def memories_import(
                     MemoryEvent.Action.PROPOSED,
                     name=actor_name,
                     after=proposed,
-                    note="imported",
+                    note="imported"
+                    + (f"; redacted: {', '.join(memory.redactions)}" if memory.redactions else ""),
                     at=memory.created_at,
                 )
             )

@@ -12,7 +12,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from costboard.models import Project, Session, Turn
-from memory_ui.cleaners import MemoryFields, MemoryInputError
+from memory_ui.cleaners import MAX_TAGS, MemoryFields, MemoryInputError
 from memory_ui.conflicts import frame_key
 from memory_ui.memory_file import unexpired
 from memory_ui.models import Memory, MemoryEvent
@@ -21,6 +21,13 @@ from memory_ui.text import fingerprint
 from memory_ui.writes.history import event_record, snapshot
 
 REPETITION_BONUS = Decimal("0.05")  # importance added each time a memory is proposed again
+NOT_NEW = (
+    Memory.Proposal.EVICT,
+    Memory.Proposal.MERGE,
+    Memory.Proposal.COMPRESS,
+    Memory.Proposal.UPDATE,
+)
+NOT_A_SENTENCE = (Memory.Proposal.EVICT, Memory.Proposal.UPDATE)
 
 
 @transaction.atomic
@@ -76,19 +83,7 @@ def candidate_propose(
         if same is not None and same.status not in LIVE:
             same = None  # decided meanwhile: this sentence is new again
     if same is not None:
-        same.times_proposed += 1
-        same.importance = min(Decimal(1), max(same.importance, weight) + REPETITION_BONUS)
-        same.updated_at = now
-        same.save(update_fields=["times_proposed", "importance", "updated_at"])
-        event_record(
-            same,
-            MemoryEvent.Action.REPROPOSED,
-            name=proposed_by,
-            after={"times_proposed": same.times_proposed, "importance": str(same.importance)},
-            note=note,
-            at=now,
-        )
-        return same
+        return _proposed_again(same, fields=fields, note=note, proposed_by=proposed_by, now=now)
     memory = Memory.objects.create(
         project=project,
         type=fields.type,
@@ -103,7 +98,7 @@ def candidate_propose(
         fingerprint=fp,
         frame_key=frame_key(content),
         evidence=evidence[:2000],
-        redactions=sorted(set(redactions)),
+        redactions=sorted({*redactions, *fields.redactions}),
         proposed_by=proposed_by[:150],
         created_at=now,
         updated_at=now,
@@ -121,6 +116,112 @@ def candidate_propose(
         at=now,
     )
     return memory
+
+
+def _proposed_again(
+    same: Memory, *, fields: MemoryFields, note: str, proposed_by: str, now: datetime
+) -> Memory:
+    """`same` (locked, live) proposed once more: its importance raised. The newer proposal's
+    type and its tags (added to those it has) are what the agent says now: a candidate nobody
+    has reviewed takes them; one a person approved or edited keeps its reviewed fields, and
+    the change waits for a person as an update proposal (docs/memory.md, "Write policy")."""
+    tags = list(dict.fromkeys([*same.tags, *fields.tags]))[:MAX_TAGS]
+    changed = {"type": fields.type, "tags": tags}
+    changed = {k: v for k, v in changed.items() if getattr(same, k) != v}
+    reviewed = (
+        same.status != Memory.Status.PENDING
+        or same.events.filter(action=MemoryEvent.Action.EDITED).exists()
+    )
+    before = {"times_proposed": same.times_proposed, "importance": str(same.importance)}
+    same.times_proposed += 1
+    same.importance = min(Decimal(1), max(same.importance, fields.importance) + REPETITION_BONUS)
+    same.updated_at = now
+    after = {"times_proposed": same.times_proposed, "importance": str(same.importance)}
+    if changed and not reviewed:
+        before |= {k: getattr(same, k) for k in changed}
+        after |= changed
+        for name, value in changed.items():
+            setattr(same, name, value)
+    same.save(update_fields=["times_proposed", "importance", "updated_at", "type", "tags"])
+    event_record(
+        same,
+        MemoryEvent.Action.REPROPOSED,
+        name=proposed_by,
+        before=before if len(before) > 2 else None,
+        after=after,
+        note=note,
+        at=now,
+    )
+    if changed and reviewed:
+        _update_propose(
+            same,
+            type=fields.type,
+            tags=tags,
+            proposed_by=proposed_by,
+            now=now,
+        )
+    return same
+
+
+def _update_propose(
+    target: Memory,
+    *,
+    type: str,
+    tags: list[str],
+    proposed_by: str,
+    now: datetime,
+) -> Memory | None:
+    """A pending update proposal giving `target` this type and these tags (the one already
+    waiting for it brought up to date); None when a reviewer rejected this very update."""
+    existing = list(
+        Memory.objects.select_for_update()
+        .filter(
+            project_id=target.project_id,
+            proposal=Memory.Proposal.UPDATE,
+            targets=target,
+            status__in=[Memory.Status.PENDING, Memory.Status.REJECTED],
+        )
+        .order_by("pk")
+    )
+    if any(
+        m.status == Memory.Status.REJECTED and (m.type, m.tags) == (type, tags) for m in existing
+    ):
+        return None
+    waiting = next((m for m in existing if m.status == Memory.Status.PENDING), None)
+    if waiting is not None:
+        before = {"type": waiting.type, "tags": list(waiting.tags)}
+        waiting.type, waiting.tags = type, tags
+        waiting.times_proposed += 1
+        waiting.updated_at = now
+        waiting.save(update_fields=["type", "tags", "times_proposed", "updated_at"])
+        event_record(
+            waiting,
+            MemoryEvent.Action.REPROPOSED,
+            name=proposed_by,
+            before=before,
+            after={"type": type, "tags": tags, "times_proposed": waiting.times_proposed},
+            at=now,
+        )
+        return waiting
+    fields = MemoryFields(
+        content=target.content,
+        type=type,
+        scope=target.scope,
+        importance=target.importance,
+        tags=tuple(tags),
+        ttl_days=target.ttl_days,
+    )
+    return proposal_create(
+        project=target.project,
+        kind=Memory.Proposal.UPDATE,
+        fields=fields,
+        target_ids=[target.pk],
+        note=f"#{target.pk} ({target.status}) proposed again as {type}"
+        + (f" with tags {', '.join(tags)}" if tags else "")
+        + ": a person decides",
+        proposed_by=proposed_by,
+        now=now,
+    )
 
 
 # --- lifecycle proposals (memory_ui.lifecycle decides what to propose) -------------------------
@@ -142,8 +243,8 @@ def proposal_create(
     """A pending evict, merge or compress proposal acting on `target_ids`, for a person to
     decide (memory_approve applies it). Unlike candidate_propose it is never merged into a
     memory with the same text: a merge proposal carries one of its targets' text."""
-    if kind not in (Memory.Proposal.EVICT, Memory.Proposal.MERGE, Memory.Proposal.COMPRESS):
-        raise MemoryInputError("proposal", "must be evict, merge or compress")
+    if kind not in NOT_NEW:
+        raise MemoryInputError("proposal", "must be evict, merge, compress or update")
     if not target_ids:
         raise MemoryInputError("targets", "a proposal acts on at least one memory")
     now = now or timezone.now()
@@ -159,9 +260,9 @@ def proposal_create(
         source=source,
         tags=list(fields.tags),
         ttl_days=fields.ttl_days,
-        # an eviction is not a sentence to remember; a merge or compression becomes one
-        fingerprint="" if kind == Memory.Proposal.EVICT else fingerprint(content),
-        frame_key="" if kind == Memory.Proposal.EVICT else frame_key(content),
+        # an eviction or update is not a sentence to remember; a merge or compression becomes one
+        fingerprint="" if kind in NOT_A_SENTENCE else fingerprint(content),
+        frame_key="" if kind in NOT_A_SENTENCE else frame_key(content),
         evidence=evidence[:2000],
         proposal=kind,
         proposed_by=proposed_by[:150],

@@ -274,3 +274,61 @@ def test_a_contradiction_side_by_side_and_superseded_in_chromium(
     expect(page.locator("[data-superseded-by]")).to_have_text(f"memory {new.pk}")
     expect(page.locator("tr[data-event=superseded] [data-actor]")).to_have_text("viewer")
     assert page.errors == []
+
+
+def test_a_pasted_secret_is_redacted_and_a_second_reviewer_is_told(
+    live_server: Any, page: Any, browser: Any
+) -> None:
+    """docs/memory.md, "Redaction" and "Review and permissions": a key pasted into an edit is
+    stored redacted and the reviewer sees so in the row; two reviewers on one candidate, the
+    second is told who decided first, in place, without a reload."""
+    agent = make_agent("acme")
+    reviewer(agent.project)
+    other = get_user_model().objects.create_user("second", "", "pw-second-123")
+    other.groups.add(Group.objects.get(name="Reviewers"))
+    Membership.objects.create(user=other, project=agent.project)
+    key = "sk-ant-api03-AbCdEfGhIjKlMnOpQrStUvWxYz0123456789abcdEFGH"
+    made = [
+        proposals.candidate_propose(
+            project=agent.project, fields=MemoryFields.of(type="project", content=sentence)
+        )
+        for sentence in ("Deploys use the staging key", "Releases are tagged with versions")
+    ]
+    secret, contested = (m.pk for m in made if m is not None)
+    base = live_server.url
+    log_in(page, base)
+    page.goto(f"{base}/memory/review/")
+    row = page.locator(f"#candidate-{secret}")
+    row.locator("button", has_text="Edit").click()
+    row.locator("textarea[name=content]").fill(f"Deploys use the key {key}")
+    row.locator("button", has_text="Save without approving").click()
+    notice = page.locator(f"#candidate-{secret} [data-redacted-now]")
+    expect(notice).to_have_text(
+        "Redacted before saving: api_key. A secret does not belong in a memory: every agent "
+        "reads it."
+    )
+    expect(page.locator(f"#candidate-{secret} [data-content]")).to_have_text(
+        "Deploys use the key [redacted:api_key]"
+    )
+    assert key not in page.content()
+    assert Memory.objects.get(pk=secret).content == "Deploys use the key [redacted:api_key]"
+
+    # the second reviewer has the queue open too; the first approves, then the second rejects
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    second = context.new_page()
+    second.set_default_timeout(15_000)
+    second.goto(f"{base}/accounts/login/")
+    second.fill("input[name=username]", "second")
+    second.fill("input[name=password]", "pw-second-123")
+    second.click("button[type=submit]")
+    second.goto(f"{base}/memory/review/")
+    second.locator(f"#candidate-{contested}").wait_for()
+    page.locator(f"#candidate-{contested} button", has_text="Approve").click()
+    page.wait_for_selector(f"#candidate-{contested}[data-decided=approved]")
+    second.locator(f"#candidate-{contested} button", has_text="Reject").click()
+    expect(second.locator(f"#candidate-{contested} [data-lost]")).to_have_text(
+        "Your reject was not applied: viewer approved it first."
+    )
+    context.close()
+    assert Memory.objects.get(pk=contested).status == "approved"
+    assert page.errors == []

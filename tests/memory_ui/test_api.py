@@ -502,3 +502,27 @@ def test_an_expired_memory_is_not_served(agent: Agent) -> None:
     approved(agent, "Old news about ruff", expires_at=timezone.now() - timedelta(seconds=1))
     assert get(agent, "MEMORY.md").content == b""
     assert get(agent, "search", q="ruff").json()["results"] == []
+
+
+def test_markdown_in_a_memory_cannot_reach_past_its_own_line(agent: Agent) -> None:
+    """docs/memory.md, "MEMORY.md": a code span or HTML left open in one entry would swallow
+    the entries after it where MEMORY.md is rendered; what closes on its own line stays."""
+    contents = [
+        "Wrap code in ``` fences",
+        "Close them with ``` too",
+        "# Not a heading: a memory",
+        "Run `make test` first",
+        "Notes start with <!-- and run on",
+        "Use <b>bold</b> sparingly",
+    ]
+    for rank, content in enumerate(contents):
+        approved(agent, content, importance=Decimal("0.9") - Decimal(rank) / 10)
+    text = get(agent, "MEMORY.md").content.decode()
+    assert text.splitlines() == [
+        r"[project] Wrap code in \`\`\` fences",
+        r"[project] Close them with \`\`\` too",
+        "[project] # Not a heading: a memory",
+        "[project] Run `make test` first",
+        r"[project] Notes start with \<!-- and run on",
+        "[project] Use <b>bold</b> sparingly",
+    ]

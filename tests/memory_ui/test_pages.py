@@ -1172,3 +1172,102 @@ def test_select_all_on_a_page_runs_a_bounded_number_of_queries_per_candidate(
         response = post(staff, "/memory/review/bulk/", {"action": "approve", "ids": ids})
     assert "Approved 10 candidates." in response.content.decode()
     assert Session.objects.count() == 0  # none were needed
+
+
+KEY = "sk-ant-api03-AbCdEfGhIjKlMnOpQrStUvWxYz0123456789abcdEFGH"
+
+
+@pytest.mark.parametrize("save", ["approve", "save_only"])
+def test_an_edit_with_a_secret_is_stored_redacted_and_the_reviewer_is_told(
+    staff: Client, agent: Agent, save: str
+) -> None:
+    """A reviewer pasting a key or a customer's card into an edit: stored redacted, as a
+    proposal is, and said so on the row (docs/memory.md, "Redaction")."""
+    memory = propose(agent, "Deploys use the staging key")
+    data = edit_fields(
+        memory, content=f"Deploys use the key {KEY}", tags="deploy, card 4111 1111 1111 1111"
+    )
+    if save == "save_only":
+        data["save_only"] = "1"
+    response = post(staff, f"/memory/{memory.pk}/edit/", data)
+    assert response.status_code == 200
+    body = response.content.decode()
+    assert KEY not in body and "4111" not in body
+    assert (
+        '<p class="notice" role="status" data-redacted-now>Redacted before saving: api_key, '
+        "card_number. A secret does not belong in a memory: every agent reads it.</p>"
+    ) in body
+    memory.refresh_from_db()
+    assert (memory.content, memory.tags) == (
+        "Deploys use the key [redacted:api_key]",
+        ["deploy", "card [redacted:card_number]"],
+    )
+    assert memory.redactions == ["api_key", "card_number"]
+    assert memory.status == ("approved" if save == "approve" else "pending")
+    stored = str(list(memory.events.values_list("before", "after", "note")))
+    assert KEY not in stored and "4111" not in stored
+    if save == "approve":
+        assert memory_md(agent.project).text == "[project] Deploys use the key [redacted:api_key]\n"
+
+
+def test_an_edit_in_the_browser_is_redacted_and_said_without_htmx_too(
+    staff: Client, agent: Agent
+) -> None:
+    memory = approved(agent, "Support answers within a day")
+    data = edit_fields(memory, content="Support answers at ann@example.com")
+    response = post(staff, f"/memory/{memory.pk}/edit/", data)
+    body = response.content.decode()
+    assert response.status_code == 200 and "ann@example.com" not in body
+    assert "Redacted before saving: email." in body
+    assert "Support answers at [redacted:email]" in body
+    # a plain form: the next page says it
+    data = edit_fields(memory, content="Support answers at +44 20 7946 0958")
+    response = staff.post(f"/memory/{memory.pk}/edit/", data, follow=True)
+    body = response.content.decode()
+    assert "Redacted before saving: phone." in body and "7946" not in body
+    memory.refresh_from_db()
+    assert memory.content == "Support answers at [redacted:phone]"
+    assert memory.redactions == ["email", "phone"]
+
+
+def test_an_approved_memory_proposed_again_differently_shows_in_the_queue(
+    staff: Client, agent: Agent
+) -> None:
+    memory = approved(agent, "Deploys go through the release train", tags=["ci"])
+    propose(agent, "Deploys go through the release train", type="feedback", tags=["rel"])
+    memory.refresh_from_db()
+    assert (memory.type, memory.tags) == ("project", ["ci"])
+    update = Memory.objects.get(proposal="update")
+    row = candidate(staff.get("/memory/review/").content.decode(), update.pk)
+    assert 'data-proposal="update"' in row
+    assert '<span class="chip" data-tag>ci</span><span class="chip" data-tag>rel</span>' in row
+    assert (
+        "proposed again as feedback with tags ci, rel; takes that type and those tags, when "
+        "approved:"
+    ) in row
+    assert f'data-target="{memory.pk}"' in row and "approved · tags: ci</span>" in row
+    response = post(staff, f"/memory/{update.pk}/approve/")
+    assert 'data-decided="approved"' in response.content.decode()
+    memory.refresh_from_db()
+    assert (memory.type, memory.tags) == ("feedback", ["ci", "rel"])
+    assert memory_md(agent.project).text == "[feedback] Deploys go through the release train\n"
+
+
+def test_two_reviewers_on_one_candidate_the_second_is_told_who_decided_first(
+    agent: Agent,
+) -> None:
+    memory = propose(agent, "Releases are tagged vX.Y.Z")
+    first, first_client = person(agent, reviewer=True)
+    _, second_client = person(agent, reviewer=True)
+    assert (
+        'data-decided="approved"'
+        in post(first_client, f"/memory/{memory.pk}/approve/").content.decode()
+    )
+    lost = post(second_client, f"/memory/{memory.pk}/reject/").content.decode()
+    assert (
+        f'<p class="notice" role="alert" data-lost>Your reject was not applied: '
+        f"{first.username} approved it first.</p>"
+    ) in lost
+    memory.refresh_from_db()
+    assert (memory.status, memory.decided_by) == ("approved", first)
+    assert [a for a, _ in events(memory)] == ["proposed", "approved"]

@@ -612,3 +612,146 @@ def test_an_import_with_a_bad_entry_stores_none(project: Project) -> None:
         )
     assert error.value.field == "content"
     assert not Memory.objects.exists() and not MemoryEvent.objects.exists()
+
+
+KEY = "sk-ant-api03-AbCdEfGhIjKlMnOpQrStUvWxYz0123456789abcdEFGH"
+
+
+def test_every_memory_text_is_redacted_however_its_fields_are_made(project: Project) -> None:
+    """docs/memory.md, "Redaction": the fields a proposal, an edit and an import write are
+    redacted where they are made, whichever way, with the kinds found."""
+    built = MemoryFields(content=f"Deploy key {KEY}", type="project", tags=("ann@example.com",))
+    assert (built.content, built.tags, built.redactions) == (
+        "Deploy key [redacted:api_key]",
+        ("[redacted:email]",),
+        ("api_key", "email"),
+    )
+    again = MemoryFields.of(content=built.content, type="project", tags=list(built.tags))
+    assert (again.content, again.redactions) == (built.content, ())  # a marker stays as it is
+    with pytest.raises(MemoryInputError) as refused:
+        MemoryFields.of(content="a" * 135 + " password: x", type="user")
+    assert (refused.value.field, refused.value.message) == (
+        "content",
+        "is 165 characters once its secrets are redacted (password); at most 150: say it shorter",
+    )
+
+
+def test_an_edit_and_an_import_store_a_secret_redacted(project: Project, reviewer: Any) -> None:
+    memory = propose(project, "Deploys use the staging key")
+    assert memory is not None
+    memory = memory_edit(
+        memory, fields=edited(memory, content=f"Deploys use the key {KEY}"), by=reviewer, now=NOW
+    )
+    memory.refresh_from_db()
+    assert memory.content == "Deploys use the key [redacted:api_key]"
+    assert memory.redactions == ["api_key"]
+    edit = memory.events.get(action="edited")
+    assert edit.note == "redacted: api_key"
+    [imported] = memories_import(
+        project=project,
+        memories=[MemoryImport.of(content="Card on file 4111 1111 1111 1111", type="user")],
+        now=NOW,
+    )
+    imported.refresh_from_db()
+    assert (imported.content, imported.redactions) == (
+        "Card on file [redacted:card_number]",
+        ["card_number"],
+    )
+    stored = str(list(MemoryEvent.objects.values_list("before", "after", "note")))
+    assert KEY not in stored and "4111" not in stored
+    assert KEY not in memory_md(project).text
+
+
+def test_a_pending_candidate_proposed_again_takes_the_newer_type_and_adds_its_tags(
+    project: Project,
+) -> None:
+    """docs/memory.md, "Write policy": nobody has reviewed it yet, so it says what the agent
+    says now: the newer type, and the tags of both proposals."""
+    first = propose(project, "Deploys go through the release train", type="project", tags=["ci"])
+    again = propose(
+        project, "deploys go through the release train", type="feedback", tags=["release", "ci"]
+    )
+    assert first is not None and again is not None and again.pk == first.pk
+    again.refresh_from_db()
+    assert (again.type, again.tags, again.times_proposed) == ("feedback", ["ci", "release"], 2)
+    event = again.events.get(action="reproposed")
+    assert event.before == {
+        "importance": "0.500",
+        "tags": ["ci"],
+        "times_proposed": 1,
+        "type": "project",
+    }
+    assert event.after == {
+        "importance": "0.550",
+        "tags": ["ci", "release"],
+        "times_proposed": 2,
+        "type": "feedback",
+    }
+
+
+def test_an_approved_memory_proposed_again_differently_asks_a_reviewer(
+    project: Project, reviewer: Any
+) -> None:
+    """A person's decision stands: the memory keeps its reviewed type and tags, and the newer
+    ones wait in the queue as an update proposal; approved, it applies them."""
+    memory = propose(project, "Deploys go through the release train", type="project", tags=["ci"])
+    assert memory is not None
+    memory = memory_approve(memory, by=reviewer, now=NOW)
+    again = propose(project, "Deploys go through the release train", type="feedback", tags=["rel"])
+    assert again is not None and again.pk == memory.pk
+    memory.refresh_from_db()
+    assert (memory.type, memory.tags, memory.times_proposed) == ("project", ["ci"], 2)
+    update = Memory.objects.get(proposal="update")
+    assert (update.status, update.type, update.tags, update.content, update.fingerprint) == (
+        "pending",
+        "feedback",
+        ["ci", "rel"],
+        "Deploys go through the release train",
+        "",
+    )
+    assert list(update.targets.all()) == [memory]
+    # proposed a third time alike: the same update proposal, once more
+    propose(project, "Deploys go through the release train", type="feedback", tags=["rel"])
+    update.refresh_from_db()
+    assert (Memory.objects.filter(proposal="update").count(), update.times_proposed) == (1, 2)
+    # as the memory is now: nothing to ask
+    propose(project, "Deploys go through the release train", type="project", tags=["ci"])
+    assert Memory.objects.filter(proposal="update").count() == 1
+    memory_approve(update, by=reviewer, now=NOW)
+    memory.refresh_from_db()
+    assert (memory.type, memory.tags, memory.status) == ("feedback", ["ci", "rel"], "approved")
+    edit = memory.events.get(action="edited")
+    assert (edit.before, edit.after, edit.actor) == (
+        {"tags": ["ci"], "type": "project"},
+        {"tags": ["ci", "rel"], "type": "feedback"},
+        reviewer,
+    )
+    assert memory_md(project, now=NOW).text == "[feedback] Deploys go through the release train\n"
+
+
+def test_an_update_a_reviewer_rejected_is_not_asked_again(project: Project, reviewer: Any) -> None:
+    memory = propose(project, "Deploys go through the release train", type="project")
+    assert memory is not None
+    memory_approve(memory, by=reviewer, now=NOW)
+    propose(project, "Deploys go through the release train", type="feedback")
+    memory_reject(Memory.objects.get(proposal="update"), by=reviewer, now=NOW)
+    propose(project, "Deploys go through the release train", type="feedback")
+    assert list(Memory.objects.filter(proposal="update").values_list("status", flat=True)) == [
+        "rejected"
+    ]
+    # a different update is asked
+    propose(project, "Deploys go through the release train", type="reference")
+    assert Memory.objects.filter(proposal="update", status="pending").count() == 1
+
+
+def test_a_candidate_a_reviewer_edited_keeps_the_reviewers_fields(
+    project: Project, reviewer: Any
+) -> None:
+    memory = propose(project, "Deploys go through the release train", type="project")
+    assert memory is not None
+    memory_edit(memory, fields=edited(memory, type="reference"), by=reviewer, now=NOW)
+    propose(project, "Deploys go through the release train", type="feedback")
+    memory.refresh_from_db()
+    assert (memory.type, memory.status) == ("reference", "pending")
+    update = Memory.objects.get(proposal="update")
+    assert (update.type, list(update.targets.all())) == ("feedback", [memory])
