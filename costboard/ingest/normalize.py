@@ -21,6 +21,14 @@ to its output. xAI's are not either: its completion_tokens leaves them out, whic
 total_tokens shows (prompt + completion + reasoning), and then they are added to the output, as
 genai-prices and xAI bill them. Gemini's toolUsePromptTokenCount (the prompts of its tools, beside
 promptTokenCount) is added to its input, as genai-prices and Google bill it.
+
+Audio tokens are read where genai-prices reads them: OpenAI Chat's
+prompt_tokens_details.audio_tokens and completion_tokens_details.audio_tokens, the Realtime
+API's input_token_details.audio_tokens (the cached audio in its cached_tokens_details) and
+output_token_details.audio_tokens, Gemini's AUDIO entries of promptTokensDetails (and
+toolUsePromptTokensDetails), cacheTokensDetails and candidatesTokensDetails. Each provider
+counts them inside its totals; Costboard keeps each as a part of the count it is in: the
+uncached input, the cache reads, the output (docs/api.md, "Audio tokens").
 """
 
 from __future__ import annotations
@@ -46,6 +54,11 @@ class Tokens:
     cache_creation_input_tokens: int = 0
     cache_creation_1h_input_tokens: int = 0
     reasoning_tokens: int = 0
+    # each part of the count before it in its name: of input_tokens (uncached), of
+    # cache_read_input_tokens, of output_tokens (docs/api.md, "Audio tokens")
+    input_audio_tokens: int = 0
+    cache_audio_read_tokens: int = 0
+    output_audio_tokens: int = 0
 
 
 def _count(usage: Mapping[str, Any], key: str, path: str = "usage") -> int:
@@ -69,12 +82,12 @@ def _count(usage: Mapping[str, Any], key: str, path: str = "usage") -> int:
     return value
 
 
-def _details(usage: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+def _details(usage: Mapping[str, Any], key: str, path: str = "usage") -> Mapping[str, Any]:
     details = usage.get(key)
     if details is None:
         return {}
     if not isinstance(details, Mapping):
-        raise UsageError(f"usage.{key} must be an object", field=f"usage.{key}")
+        raise UsageError(f"{path}.{key} must be an object", field=f"{path}.{key}")
     return details
 
 
@@ -86,6 +99,58 @@ def _subtract(total: int, part: int, total_name: str, part_name: str) -> int:
             field=f"usage.{part_name}",
         )
     return total - part
+
+
+def audio_split(
+    audio: int, cached_audio: int, uncached: int, cached: int, audio_field: str, total_field: str
+) -> tuple[int, int]:
+    """A provider's audio input tokens (cache reads included, as its prompt total counts
+    them) as Costboard's (uncached audio, cached audio): `cached_audio` is what it says was
+    read from the cache; audio past the uncached input was read from it too (a usage that
+    does not say which audio was cached)."""
+    if audio > uncached + cached:
+        raise UsageError(
+            f"{audio_field} ({audio}) exceeds {total_field} ({uncached + cached}); the audio "
+            f"tokens are part of {total_field}, so they cannot be more",
+            field=audio_field,
+        )
+    if cached_audio > min(audio, cached):
+        raise UsageError(
+            f"the cached audio tokens ({cached_audio}) exceed the audio tokens ({audio}) or "
+            f"the cached tokens ({cached}); they are part of both, so they cannot be more",
+            field=audio_field,
+        )
+    uncached_audio = audio - cached_audio
+    if uncached_audio > uncached:
+        cached_audio += uncached_audio - uncached
+        uncached_audio = uncached
+    return uncached_audio, cached_audio
+
+
+def _modality(usage: Mapping[str, Any], key: str, modality: str) -> int:
+    """Gemini's tokens of one modality in a `…TokensDetails` list: the first entry of it, as
+    genai-prices reads it."""
+    details = usage.get(key)
+    if details is None:
+        return 0
+    if not isinstance(details, list):
+        raise UsageError(f"usage.{key} must be an array", field=f"usage.{key}")
+    for index, detail in enumerate(details):
+        if not isinstance(detail, Mapping):
+            raise UsageError(f"usage.{key}.{index} must be an object", field=f"usage.{key}.{index}")
+        if detail.get("modality") == modality:
+            return _count(detail, "tokenCount", f"usage.{key}.{index}")
+    return 0
+
+
+def _part(part: int, total: int, part_field: str, total_field: str) -> int:
+    if part > total:
+        raise UsageError(
+            f"{part_field} ({part}) exceeds {total_field} ({total}); the audio tokens are "
+            f"part of {total_field}, so they cannot be more",
+            field=part_field,
+        )
+    return part
 
 
 def _cache_parts(details: str, written: int) -> str:
@@ -120,18 +185,36 @@ def normalize_usage(usage: Mapping[str, Any]) -> Tokens:
         if reasoning and total == prompt + completion + reasoning:
             # xAI: the reasoning is billed as output but left out of completion_tokens
             completion += reasoning
+        uncached = _subtract(
+            prompt,
+            cached + written,
+            "prompt_tokens",
+            _cache_parts("prompt_tokens_details", written),
+        )
+        # the audio of the prompt and of the completion, each inside its total
+        audio_in, audio_read = audio_split(
+            _count(prompt_details, "audio_tokens", "usage.prompt_tokens_details"),
+            0,
+            uncached,
+            cached,
+            "usage.prompt_tokens_details.audio_tokens",
+            "usage.prompt_tokens less its cache writes",
+        )
         return Tokens(
-            input_tokens=_subtract(
-                prompt,
-                cached + written,
-                "prompt_tokens",
-                _cache_parts("prompt_tokens_details", written),
-            ),
+            input_tokens=uncached,
             output_tokens=completion,
             cache_read_input_tokens=cached,
             cache_creation_input_tokens=written,
             cache_creation_1h_input_tokens=min(one_hour, written),
             reasoning_tokens=reasoning,
+            input_audio_tokens=audio_in,
+            cache_audio_read_tokens=audio_read,
+            output_audio_tokens=_part(
+                _count(completion_details, "audio_tokens", "usage.completion_tokens_details"),
+                completion,
+                "usage.completion_tokens_details.audio_tokens",
+                "usage.completion_tokens",
+            ),
         )
 
     if "promptTokenCount" in usage or "candidatesTokenCount" in usage:  # Gemini
@@ -140,13 +223,35 @@ def normalize_usage(usage: Mapping[str, Any]) -> Tokens:
         thoughts = _count(usage, "thoughtsTokenCount")
         # the prompts of its tools (a search's results) are billed as input, reported apart
         tool_prompt = _count(usage, "toolUsePromptTokenCount")
+        uncached = (
+            _subtract(prompt, cached, "promptTokenCount", "cachedContentTokenCount") + tool_prompt
+        )
+        # thinking is billed as output but reported beside the candidates
+        output = _count(usage, "candidatesTokenCount") + thoughts
+        # the AUDIO entries of the modality breakdowns: the prompt's and its tools' (the
+        # cached audio among them), and the candidates'
+        audio_in, audio_read = audio_split(
+            _modality(usage, "promptTokensDetails", "AUDIO")
+            + _modality(usage, "toolUsePromptTokensDetails", "AUDIO"),
+            _modality(usage, "cacheTokensDetails", "AUDIO"),
+            uncached,
+            cached,
+            "usage.promptTokensDetails",
+            "usage.promptTokenCount + toolUsePromptTokenCount",
+        )
         return Tokens(
-            input_tokens=_subtract(prompt, cached, "promptTokenCount", "cachedContentTokenCount")
-            + tool_prompt,
-            # thinking is billed as output but reported beside the candidates
-            output_tokens=_count(usage, "candidatesTokenCount") + thoughts,
+            input_tokens=uncached,
+            output_tokens=output,
             cache_read_input_tokens=cached,
             reasoning_tokens=thoughts,
+            input_audio_tokens=audio_in,
+            cache_audio_read_tokens=audio_read,
+            output_audio_tokens=_part(
+                _modality(usage, "candidatesTokensDetails", "AUDIO"),
+                output,
+                "usage.candidatesTokensDetails",
+                "usage.candidatesTokenCount + thoughtsTokenCount",
+            ),
         )
 
     if "inputTokens" in usage or "outputTokens" in usage:  # Bedrock Converse
@@ -173,20 +278,41 @@ def normalize_usage(usage: Mapping[str, Any]) -> Tokens:
             input_details = _details(usage, key)
             cached = _count(input_details, "cached_tokens", f"usage.{key}")
             written = _count(input_details, "cache_write_tokens", f"usage.{key}")
+            uncached = _subtract(
+                input_total, cached + written, "input_tokens", _cache_parts(key, written)
+            )
+            output = _count(usage, "output_tokens")
+            # Realtime: the audio of the input (the cached audio among it, in
+            # cached_tokens_details) and of the output
+            cached_details = _details(input_details, "cached_tokens_details", f"usage.{key}")
+            audio_in, audio_read = audio_split(
+                _count(input_details, "audio_tokens", f"usage.{key}"),
+                _count(cached_details, "audio_tokens", f"usage.{key}.cached_tokens_details"),
+                uncached,
+                cached,
+                f"usage.{key}.audio_tokens",
+                "usage.input_tokens less its cache writes",
+            )
+            output_key = "output_token_details" if "output_token_details" in usage else ""
             return Tokens(
-                input_tokens=_subtract(
-                    input_total,
-                    cached + written,
-                    "input_tokens",
-                    _cache_parts(key, written),
-                ),
-                output_tokens=_count(usage, "output_tokens"),
+                input_tokens=uncached,
+                output_tokens=output,
                 cache_read_input_tokens=cached,
                 cache_creation_input_tokens=written,
                 reasoning_tokens=_count(
                     _details(usage, "output_tokens_details"),
                     "reasoning_tokens",
                     "usage.output_tokens_details",
+                ),
+                input_audio_tokens=audio_in,
+                cache_audio_read_tokens=audio_read,
+                output_audio_tokens=_part(
+                    _count(_details(usage, output_key), "audio_tokens", f"usage.{output_key}")
+                    if output_key
+                    else 0,
+                    output,
+                    f"usage.{output_key}.audio_tokens",
+                    "usage.output_tokens",
                 ),
             )
         # Anthropic Messages: input_tokens already excludes the cache.

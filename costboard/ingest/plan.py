@@ -17,7 +17,7 @@ from costboard.ingest.turn_rules import step_signature
 from costboard.models import STANDARD_TIER, SYSTEM_SESSION_ID, Project, service_tier_word
 from costboard.money import pico_usd
 from costboard.pricing.families import price_families, step_classify
-from costboard.pricing.rates import RateTable, rate_table
+from costboard.pricing.rates import Audio, RateTable, audio_of, rate_table
 from costboard.sql_arrays import Dialect
 
 
@@ -40,6 +40,7 @@ class PricedStep:
     tags: dict[str, str] | None  # its own; its session's are merged under them at insert
     price_id: int | None
     cache_creation_1h_input_tokens: int
+    audio: Audio  # its audio tokens (`rates.audio_of`): NO_AUDIO for nearly every step
     # What the step adds to its turn, session and rollups, in Totals' field order: tokens,
     # then USD in pico-dollars (exact ints: sums are int additions), errors, unpriced, ms.
     counts: tuple[int, ...]
@@ -245,11 +246,17 @@ def _step(
         write = event.cache_creation_input_tokens or 0
         write_1h = 0
         reasoning = event.reasoning_tokens or 0
+        audio = audio_of(
+            event.input_audio_tokens or 0,
+            event.cache_audio_read_tokens or 0,
+            event.output_audio_tokens or 0,
+        )
     else:
         t = event.tokens()
         inp, out, read = t.input_tokens, t.output_tokens, t.cache_read_input_tokens
         write, write_1h = t.cache_creation_input_tokens, t.cache_creation_1h_input_tokens
         reasoning = t.reasoning_tokens
+        audio = audio_of(t.input_audio_tokens, t.cache_audio_read_tokens, t.output_audio_tokens)
     tier = event.service_tier
     if tier is not None:
         tier = service_tier_word(tier)
@@ -272,6 +279,7 @@ def _step(
         write_1h,
         tier,
         project_id,
+        audio,
     )
     duration = None if event.duration_ms is None else round(event.duration_ms)
     window = sig = None
@@ -311,6 +319,7 @@ def _step(
         event.tags,
         price_id,
         write_1h,
+        audio,
         counts,
         window,
         sig or 0,

@@ -231,6 +231,15 @@ class StepEvent(_Event):
     cache_read_input_tokens: TokenCount | None = None
     cache_creation_input_tokens: TokenCount | None = None
     reasoning_tokens: TokenCount | None = None
+    input_audio_tokens: TokenCount | None = Field(
+        default=None, description="of input_tokens, those of audio (priced at the audio rate)"
+    )
+    cache_audio_read_tokens: TokenCount | None = Field(
+        default=None, description="of cache_read_input_tokens, those of audio"
+    )
+    output_audio_tokens: TokenCount | None = Field(
+        default=None, description="of output_tokens, those of audio"
+    )
     duration_ms: Milliseconds | None = None
     success: StrictBool = True
     error: Annotated[str, Field(max_length=20_000)] | None = None
@@ -253,6 +262,9 @@ class StepEvent(_Event):
                 cache_read_input_tokens=self.cache_read_input_tokens or 0,
                 cache_creation_input_tokens=self.cache_creation_input_tokens or 0,
                 reasoning_tokens=self.reasoning_tokens or 0,
+                input_audio_tokens=self.input_audio_tokens or 0,
+                cache_audio_read_tokens=self.cache_audio_read_tokens or 0,
+                output_audio_tokens=self.output_audio_tokens or 0,
             )
         base = normalize_usage(self.usage)
         creation = _pick(self.cache_creation_input_tokens, base.cache_creation_input_tokens)
@@ -265,7 +277,41 @@ class StepEvent(_Event):
             cache_creation_input_tokens=creation,
             cache_creation_1h_input_tokens=min(base.cache_creation_1h_input_tokens, creation),
             reasoning_tokens=_pick(self.reasoning_tokens, base.reasoning_tokens),
+            input_audio_tokens=_pick(self.input_audio_tokens, base.input_audio_tokens),
+            cache_audio_read_tokens=_pick(
+                self.cache_audio_read_tokens, base.cache_audio_read_tokens
+            ),
+            output_audio_tokens=_pick(self.output_audio_tokens, base.output_audio_tokens),
         )
+
+    def has_audio(self) -> bool:
+        """Whether any audio count is sent as a field (the usage object's are read with it)."""
+        return (
+            self.input_audio_tokens is not None
+            or self.cache_audio_read_tokens is not None
+            or self.output_audio_tokens is not None
+        )
+
+
+# Each audio count and the count it is part of (docs/api.md, "Audio tokens").
+AUDIO_PARTS = (
+    ("input_audio_tokens", "input_tokens", "the uncached input"),
+    ("cache_audio_read_tokens", "cache_read_input_tokens", "the cache reads"),
+    ("output_audio_tokens", "output_tokens", "the output"),
+)
+
+
+def audio_fault(tokens: Tokens) -> tuple[str, str] | None:
+    """The first audio count larger than the count it is part of, as (field, message)."""
+    for part, whole, what in AUDIO_PARTS:
+        audio = getattr(tokens, part)
+        total = getattr(tokens, whole)
+        if audio > total:
+            return part, (
+                f"{part} ({audio}) exceeds {whole} ({total}): the audio tokens are part of "
+                f"{what}, not in addition to it; send {whole} with the audio included"
+            )
+    return None
 
 
 def _pick(explicit: int | None, derived: int) -> int:
@@ -471,6 +517,9 @@ def validate_event(index: int, raw: Any) -> tuple[Event | None, list[dict[str, A
             return None, [_error(index, exc.field, str(exc))]
         if max(_counts(tokens)) > MAX_TOKENS:
             return None, [_error(index, "usage", "token counts must be at most 10^12")]
+        fault = audio_fault(tokens)
+        if fault is not None:
+            return None, [_error(index, *fault)]
         tier = event.usage.get("service_tier")
         if tier is not None and not (
             isinstance(tier, str)
@@ -478,6 +527,10 @@ def validate_event(index: int, raw: Any) -> tuple[Event | None, list[dict[str, A
             and _TIER_RE.match(tier.strip())
         ):
             return None, [_error(index, "usage.service_tier", f"{TIER_FAULT}, got {tier!r}")]
+    elif isinstance(event, StepEvent) and event.has_audio():
+        fault = audio_fault(event.tokens())
+        if fault is not None:
+            return None, [_error(index, *fault)]
     return event, []
 
 

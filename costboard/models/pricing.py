@@ -78,6 +78,18 @@ class ModelPrice(models.Model):
         blank=True,
         help_text="1-hour cache writes (Anthropic); blank: the cache write rate.",
     )
+    input_audio_mtok = rate_field(
+        null=True, blank=True, help_text="Audio input tokens; blank: the input rate."
+    )
+    cache_audio_read_mtok = rate_field(
+        null=True,
+        blank=True,
+        help_text="Audio tokens read from the cache; blank: as genai-prices charges them, the "
+        "audio input rate plus the cache read rate less the input rate.",
+    )
+    output_audio_mtok = rate_field(
+        null=True, blank=True, help_text="Audio output tokens; blank: the output rate."
+    )
     tiers = models.JSONField(
         default=list,
         blank=True,

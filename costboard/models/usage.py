@@ -287,6 +287,13 @@ class Step(models.Model):
     # Of cache_creation_input_tokens, those written to Anthropic's 1-hour cache (dearer).
     cache_creation_1h_input_tokens = models.BigIntegerField(default=0, db_default=0)
     reasoning_tokens = models.BigIntegerField(default=0, db_default=0)
+    # Audio tokens, each part of the count named after it (docs/api.md, "Audio tokens"):
+    # of input_tokens, of cache_read_input_tokens, of output_tokens; priced at the row's
+    # audio rates (docs/pricing.md, "Audio tokens"). NULL: none. A step without audio (nearly
+    # every one) is stored with NULLs, which take no room in its row (0s would take 24 bytes).
+    input_audio_tokens = models.BigIntegerField(null=True, blank=True)
+    cache_audio_read_tokens = models.BigIntegerField(null=True, blank=True)
+    output_audio_tokens = models.BigIntegerField(null=True, blank=True)
     duration_ms = models.IntegerField(null=True, blank=True)
     success = models.BooleanField(default=True, db_default=True)
     error = models.TextField(blank=True, db_default="")
@@ -338,6 +345,15 @@ class Step(models.Model):
     @property
     def tokens_used(self) -> int:
         return self.input_tokens + self.output_tokens
+
+    @property
+    def audio(self) -> tuple[int, int, int]:
+        """Its audio tokens: (of its input, of its cache reads, of its output), 0 for none."""
+        return (
+            self.input_audio_tokens or 0,
+            self.cache_audio_read_tokens or 0,
+            self.output_audio_tokens or 0,
+        )
 
     @property
     def is_tool(self) -> bool:

@@ -14,6 +14,7 @@ from costboard.pricing.names import billing_provider
 from costboard.pricing.rates import Rate, RateTable, rate_table
 
 PER_MILLION = ("in", "out", "cache read", "cache write")
+AUDIO_NAMES = ("audio in", "cached audio", "audio out")
 
 
 def usd_text(amount: Decimal) -> str:
@@ -25,10 +26,12 @@ def _rate_text(amount: Decimal) -> str:
     return f"${amount.normalize():f}"
 
 
-def _row_text(rate: Rate, prompt: int = 0, one_hour: int = 0) -> str:
+def _row_text(
+    rate: Rate, prompt: int = 0, one_hour: int = 0, audio: tuple[int, int, int] = (0, 0, 0)
+) -> str:
     """The row, and the rates it priced this call at: a long-context tier's once the call's
-    `prompt` input tokens (cache reads and writes included) are past its start, and the
-    1-hour cache write rate when the call wrote any."""
+    `prompt` input tokens (cache reads and writes included) are past its start, the 1-hour
+    cache write rate when the call wrote any, and each audio rate of the audio it had."""
     used = rate.rates_for(prompt)
     rates = (used.input, used.output, used.cache_read, used.cache_write)
     listed = " / ".join(
@@ -36,6 +39,10 @@ def _row_text(rate: Rate, prompt: int = 0, one_hour: int = 0) -> str:
     )
     if one_hour:
         listed += f" / {_rate_text(used.cache_write_1h)} 1-hour cache write"
+    audio_rates = (used.input_audio, used.cache_audio_read, used.output_audio)
+    for count, audio_rate, name in zip(audio, audio_rates, AUDIO_NAMES, strict=True):
+        if count:
+            listed += f" / {_rate_text(audio_rate)} {name}"
     who = f"{rate.provider}/" if rate.provider else ""
     tier = "" if rate.service_tier == STANDARD_TIER else f", {rate.service_tier} tier"
     past = [start for start, _ in rate.tiers if prompt > start]
@@ -64,7 +71,7 @@ def price_explanation(step: Step, table: RateTable | None = None) -> str:
         return f"Priced by price row #{step.price_id}, since removed; a repricing follows."
     prompt = step.input_tokens + step.cache_read_input_tokens + step.cache_creation_input_tokens
     one_hour = min(step.cache_creation_1h_input_tokens, step.cache_creation_input_tokens)
-    parts = [_row_text(rate, prompt, one_hour) + "."]
+    parts = [_row_text(rate, prompt, one_hour, step.audio) + "."]
     if step.service_tier != rate.service_tier:
         parts.append(
             f"No {step.service_tier} price for this model then: priced at its standard price."
@@ -79,6 +86,9 @@ def price_explanation(step: Step, table: RateTable | None = None) -> str:
         cache_creation_input_tokens=step.cache_creation_input_tokens,
         cache_creation_1h_input_tokens=step.cache_creation_1h_input_tokens,
         service_tier=step.service_tier,
+        input_audio_tokens=step.audio[0],
+        cache_audio_read_tokens=step.audio[1],
+        output_audio_tokens=step.audio[2],
     )
     adjustment = None
     if table.adjustments:

@@ -23,7 +23,7 @@ from functools import lru_cache
 
 from costboard.models import STANDARD_TIER, TOOL_MODEL
 from costboard.pricing.names import canonical_provider
-from costboard.pricing.rates import UNPRICED_PICO, PicoCost, Rate, RateTable
+from costboard.pricing.rates import NO_AUDIO, UNPRICED_PICO, Audio, PicoCost, Rate, RateTable
 
 _SLASH_PREFIX = re.compile(r"^(?:[a-z0-9_.-]+/)+")
 _COLON_PREFIX = re.compile(r"^([a-z0-9_.-]+):(?=[a-z])")
@@ -91,6 +91,7 @@ def step_classify(
     cache_creation_1h_input_tokens: int,
     service_tier: str = STANDARD_TIER,
     project_id: int | None = None,
+    audio: Audio = NO_AUDIO,
 ) -> tuple[PicoCost, str, bool]:
     """A step's price (pico-dollars, `RateTable.price_pico`), family and whether it is
     unpriced: the one rule ingest (plan._step) and repricing both follow. A tool step (no
@@ -111,6 +112,7 @@ def step_classify(
         cache_creation_input_tokens,
         cache_creation_1h_input_tokens,
         service_tier,
+        audio,
     )
     price_id = cost[0]
     if price_id is None:

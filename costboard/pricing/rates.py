@@ -9,6 +9,8 @@ whose UTC time of day is inside it, and there it beats a row of the same `effect
 without one; a window that does not hold the step's time leaves the row out. On a remaining
 tie a manual row wins, then the newer row. No match means unpriced: cost 0 and listed for
 admins. Ingest, `RateTable.price()` and repricing all choose the row with `rate_at`.
+A step's audio tokens, each part of a text count, are priced at the row's audio rates
+(docs/pricing.md, "Audio tokens"), the cost in the column of the count they are part of.
 
 Each row prices one service tier (standard, batch, flex, priority, …): a step is priced by
 its tier's series, and by the standard series when its model has no row of that tier then.
@@ -54,13 +56,17 @@ _CTX = Context(prec=60, rounding=ROUND_HALF_EVEN)
 
 @dataclass(frozen=True, slots=True)
 class Rates:
-    """USD per million tokens for each token kind."""
+    """USD per million tokens for each token kind (the audio ones resolved: a blank one is
+    already what genai-prices charges in its place, `_rates`)."""
 
     input: Decimal
     output: Decimal
     cache_read: Decimal
     cache_write: Decimal
     cache_write_1h: Decimal
+    input_audio: Decimal
+    cache_audio_read: Decimal
+    output_audio: Decimal
     # The same per token, so a cost is one multiply (exact: dividing by 10**6 only moves the
     # decimal point).
     per_token: tuple[Decimal, ...] = field(init=False, repr=False, compare=False)
@@ -69,7 +75,16 @@ class Rates:
     pico_per_token: tuple[int, ...] | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        rates = (self.input, self.output, self.cache_read, self.cache_write, self.cache_write_1h)
+        rates = (
+            self.input,
+            self.output,
+            self.cache_read,
+            self.cache_write,
+            self.cache_write_1h,
+            self.input_audio,
+            self.cache_audio_read,
+            self.output_audio,
+        )
         object.__setattr__(self, "per_token", tuple(_CTX.divide(r, MILLION) for r in rates))
         picos = [_CTX.multiply(r, MILLION) for r in rates]
         exact = all(p == p.to_integral_value() for p in picos)
@@ -167,6 +182,19 @@ def _usd(tokens: int, rate_per_token: Decimal) -> Decimal:
 
 
 PicoCost = tuple[int | None, int, int, int, int]  # price id; input, output, cache read, write
+# A step's audio tokens: of its input, of its cache reads, of its output (docs/pricing.md).
+Audio = tuple[int, int, int]
+NO_AUDIO: Audio = (0, 0, 0)
+
+
+def audio_of(input_audio: int, cache_audio_read: int, output_audio: int) -> Audio:
+    """A step's audio counts as `RateTable.price_pico` takes them: NO_AUDIO itself when all
+    are 0 (the common case, priced without the audio arithmetic)."""
+    if input_audio or cache_audio_read or output_audio:
+        return (input_audio, cache_audio_read, output_audio)
+    return NO_AUDIO
+
+
 UNPRICED_PICO: PicoCost = (None, 0, 0, 0, 0)
 
 
@@ -184,20 +212,31 @@ def pico(amount: Decimal) -> int:
 
 
 def _cost_pico(
-    rate: Rate, input_: int, output: int, cache_read: int, cache_write: int, cache_write_1h: int
+    rate: Rate,
+    input_: int,
+    output: int,
+    cache_read: int,
+    cache_write: int,
+    cache_write_1h: int,
+    audio: Audio = NO_AUDIO,
 ) -> PicoCost:
     """`_cost` in pico-dollars; the same numbers, in ints (the ingest loop)."""
     per = rate.rates_for(input_ + cache_read + cache_write).pico_per_token
     if per is None:  # a rate with more than 6 decimals per million: the Decimal way, rounded
-        c = _cost(rate, input_, output, cache_read, cache_write, cache_write_1h)
+        c = _cost(rate, input_, output, cache_read, cache_write, cache_write_1h, audio)
         return (rate.id, pico(c.input), pico(c.output), pico(c.cache_read), pico(c.cache_write))
     one_hour = min(cache_write_1h, cache_write)
+    write = (cache_write - one_hour) * per[3] + one_hour * per[4]
+    if audio is NO_AUDIO:  # nearly every step: one identity test
+        return (rate.id, input_ * per[0], output * per[1], cache_read * per[2], write)
+    # each audio count is part of its text count: the rest of that count at the text rate
+    audio_in, audio_read, audio_out = audio
     return (
         rate.id,
-        input_ * per[0],
-        output * per[1],
-        cache_read * per[2],
-        (cache_write - one_hour) * per[3] + one_hour * per[4],
+        (input_ - audio_in) * per[0] + audio_in * per[5],
+        (output - audio_out) * per[1] + audio_out * per[7],
+        (cache_read - audio_read) * per[2] + audio_read * per[6],
+        write,
     )
 
 
@@ -209,6 +248,9 @@ def cost_of(
     cache_read_input_tokens: int,
     cache_creation_input_tokens: int,
     cache_creation_1h_input_tokens: int = 0,
+    input_audio_tokens: int = 0,
+    cache_audio_read_tokens: int = 0,
+    output_audio_tokens: int = 0,
 ) -> StepCost:
     return _cost(
         rate,
@@ -217,34 +259,59 @@ def cost_of(
         cache_read_input_tokens,
         cache_creation_input_tokens,
         cache_creation_1h_input_tokens,
+        audio_of(input_audio_tokens, cache_audio_read_tokens, output_audio_tokens),
     )
 
 
 def _cost(
-    rate: Rate, input_: int, output: int, cache_read: int, cache_write: int, cache_write_1h: int
+    rate: Rate,
+    input_: int,
+    output: int,
+    cache_read: int,
+    cache_write: int,
+    cache_write_1h: int,
+    audio: Audio = NO_AUDIO,
 ) -> StepCost:
     prompt = input_ + cache_read + cache_write
-    per_input, per_output, per_read, per_write, per_write_1h = rate.rates_for(prompt).per_token
+    per = rate.rates_for(prompt).per_token
+    audio_in, audio_read, audio_out = audio
     one_hour = min(cache_write_1h, cache_write)
-    write_usd = _usd(cache_write - one_hour, per_write)
+    write_usd = _usd(cache_write - one_hour, per[3])
     if one_hour:
-        write_usd += _usd(one_hour, per_write_1h)
+        write_usd += _usd(one_hour, per[4])
     return StepCost(
         rate.id,
-        _usd(input_, per_input),
-        _usd(output, per_output),
-        _usd(cache_read, per_read),
+        _usd(input_ - audio_in, per[0]) + _usd(audio_in, per[5]),
+        _usd(output - audio_out, per[1]) + _usd(audio_out, per[7]),
+        _usd(cache_read - audio_read, per[2]) + _usd(audio_read, per[6]),
         write_usd,
     )
 
 
-def _rates(input_: Any, output: Any, cache_read: Any, cache_write: Any, cw1h: Any) -> Rates:
+def _rates(
+    input_: Any,
+    output: Any,
+    cache_read: Any,
+    cache_write: Any,
+    cw1h: Any,
+    input_audio: Any = None,
+    cache_audio_read: Any = None,
+    output_audio: Any = None,
+) -> Rates:
     inp = Decimal(input_ or 0)
     out = Decimal(output or 0)
     cr = inp if cache_read is None else Decimal(cache_read)
     cw = inp if cache_write is None else Decimal(cache_write)
     cw_1h = cw if cw1h is None else Decimal(cw1h)
-    return Rates(inp, out, cr, cw, cw_1h)
+    # A blank audio rate is what genai-prices charges in its place: audio without an input
+    # (output) audio rate is input (output) at the text rate; cached audio without its own
+    # rate is counted both as audio input and as a cache read (its calculator subtracts each
+    # priced part from the input once), which is the audio rate plus the cache read rate less
+    # the input rate, and simply the audio rate for a row without a cache read rate.
+    ia = inp if input_audio is None else Decimal(input_audio)
+    car = max(ia + cr - inp, ZERO) if cache_audio_read is None else Decimal(cache_audio_read)
+    oa = out if output_audio is None else Decimal(output_audio)
+    return Rates(inp, out, cr, cw, cw_1h, ia, car, oa)
 
 
 def rate_from_row(row: ModelPrice) -> Rate:
@@ -254,6 +321,9 @@ def rate_from_row(row: ModelPrice) -> Rate:
         row.cache_read_mtok,
         row.cache_write_mtok,
         row.cache_write_1h_mtok,
+        row.input_audio_mtok,
+        row.cache_audio_read_mtok,
+        row.output_audio_mtok,
     )
     tiers = []
     for tier in sorted(row.tiers or [], key=lambda t: int(t["start"])):
@@ -267,6 +337,9 @@ def rate_from_row(row: ModelPrice) -> Rate:
                     tier.get("cache_read_mtok", row.cache_read_mtok),
                     tier.get("cache_write_mtok", row.cache_write_mtok),
                     tier.get("cache_write_1h_mtok", row.cache_write_1h_mtok),
+                    tier.get("input_audio_mtok", row.input_audio_mtok),
+                    tier.get("cache_audio_read_mtok", row.cache_audio_read_mtok),
+                    tier.get("output_audio_mtok", row.output_audio_mtok),
                 ),
             )
         )
@@ -419,6 +492,9 @@ class RateTable:
         cache_creation_input_tokens: int,
         cache_creation_1h_input_tokens: int = 0,
         service_tier: str = STANDARD_TIER,
+        input_audio_tokens: int = 0,
+        cache_audio_read_tokens: int = 0,
+        output_audio_tokens: int = 0,
     ) -> StepCost:
         """A step's list cost in USD: ingest's pico-dollar arithmetic, as Decimals (a step's
         price explanation and the benchmarks' checks use this, so they price as ingest did;
@@ -435,6 +511,7 @@ class RateTable:
                 cache_creation_input_tokens,
                 cache_creation_1h_input_tokens,
                 service_tier,
+                audio_of(input_audio_tokens, cache_audio_read_tokens, output_audio_tokens),
             )
         )
 
@@ -449,9 +526,10 @@ class RateTable:
         cache_creation_input_tokens: int,
         cache_creation_1h_input_tokens: int,
         service_tier: str = STANDARD_TIER,
+        audio: Audio = NO_AUDIO,
     ) -> PicoCost:
         """`price` in pico-dollars, positional, at list (the ingest loop; `adjust` then
-        applies a negotiated adjustment)."""
+        applies a negotiated adjustment). `audio`: `audio_of` the step's audio counts."""
         rate = self.rate_at(model, provider, when, service_tier)
         if rate is None:
             return UNPRICED_PICO
@@ -462,6 +540,7 @@ class RateTable:
             cache_read_input_tokens,
             cache_creation_input_tokens,
             cache_creation_1h_input_tokens,
+            audio,
         )
 
     def adjust(

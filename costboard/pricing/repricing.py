@@ -44,6 +44,7 @@ from costboard.models import (
 from costboard.pricing.families import is_tool_model, price_families, step_classify
 from costboard.pricing.names import model_aliases
 from costboard.pricing.rates import (
+    audio_of,
     compiled_pattern,
     forget_rate_table,
     rate_table,
@@ -243,6 +244,7 @@ def _reprice_chunk(steps: list[Step], table: Any, result: RepriceResult) -> None
             step.cache_creation_1h_input_tokens,
             step.service_tier,
             step.project_id,
+            audio_of(*step.audio),
         )
         cost = step_cost(picos)
         before = _costs(step)

@@ -79,6 +79,9 @@ RATE_FIELDS = (
     "cache_read_mtok",
     "cache_write_mtok",
     "cache_write_1h_mtok",
+    "input_audio_mtok",
+    "cache_audio_read_mtok",
+    "output_audio_mtok",
 )
 
 

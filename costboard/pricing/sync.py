@@ -4,8 +4,9 @@ Each model's match clauses become one regex; each dated price becomes a row effe
 start date (a price without one applies since PRICE_EPOCH); long-context tiers are kept; a
 time-of-day price becomes a row with a daily UTC window. A model's service-tier variants
 (genai-prices' `price_variants`: batch, flex, priority, fast) become rows of that tier
-(`tier_rows`). Other request variants (a route, a search type) and non-token units (requests,
-searches, audio seconds, images) are not modelled. A row an admin edited, or a manual row, is
+(`tier_rows`). The audio token rates are kept beside the text ones. Other request variants
+(a route, a search type), non-token units (requests, searches, audio seconds, images) and the
+image and video token rates are not modelled. A row an admin edited, or a manual row, is
 never overwritten; a built-in row the data no longer lists for a model it still has is
 removed (its steps are repriced).
 """
@@ -31,6 +32,9 @@ RATE_KEYS = (
     "cache_read_mtok",
     "cache_write_mtok",
     "cache_write_1h_mtok",
+    "input_audio_mtok",
+    "cache_audio_read_mtok",
+    "output_audio_mtok",
 )
 RATE_QUANTUM = Decimal("1e-10")
 

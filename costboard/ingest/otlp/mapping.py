@@ -23,6 +23,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 from pydantic import ValidationError
 
 from costboard.ingest.json_body import bad_text
+from costboard.ingest.normalize import UsageError, audio_split
 from costboard.ingest.schemas import MAX_TOKENS, StepEvent
 from costboard.input_limits import digit_count
 from costboard.models import TOOL_MODEL, TOOL_STEP_TYPE
@@ -52,6 +53,15 @@ CACHE_WRITE_KEYS = (
 REASONING_KEYS = (
     "gen_ai.usage.reasoning.output_tokens",
     "llm.token_count.completion_details.reasoning",
+)
+# Audio tokens, part of the input (cache included) and of the output totals: OpenTelemetry's
+# GenAI conventions have no attribute for them; OpenInference's prompt_details.audio and
+# completion_details.audio, and the gen_ai.usage.input_audio_tokens / output_audio_tokens of
+# LiveKit Agents' spans (which Langfuse reads), say them (docs/integrations.md).
+INPUT_AUDIO_KEYS = ("gen_ai.usage.input_audio_tokens", "llm.token_count.prompt_details.audio")
+OUTPUT_AUDIO_KEYS = (
+    "gen_ai.usage.output_audio_tokens",
+    "llm.token_count.completion_details.audio",
 )
 MODEL_KEYS = ("gen_ai.response.model", "gen_ai.request.model", "llm.model_name")
 PROVIDER_KEYS = ("gen_ai.provider.name", "gen_ai.system", "llm.provider", "llm.system")
@@ -271,6 +281,8 @@ def _span_step(
                 f"({cache_read or 0}) and cache writes ({cache_write or 0}) it is charged for"
             )
 
+    audio = _audio(attrs, input_tokens, cache_read, output)
+
     if not span.start_time_unix_nano:
         raise _SpanError("start_time_unix_nano is required")
     duration_ms: Decimal | None = None
@@ -316,6 +328,12 @@ def _span_step(
             cache_creation_input_tokens=cache_write or 0,
             reasoning_tokens=reasoning or 0,
         )
+        if audio is not None:
+            fields.update(
+                input_audio_tokens=audio[0],
+                cache_audio_read_tokens=audio[1],
+                output_audio_tokens=audio[2],
+            )
     try:
         step = StepEvent.model_validate(fields)
     except ValidationError as exc:
@@ -328,6 +346,38 @@ def _span_step(
         step=step,
         user_id=user[:128] if user else None,
     )
+
+
+def _audio(
+    attrs: dict[str, Any], uncached: int | None, cache_read: int | None, output: int | None
+) -> tuple[int, int, int] | None:
+    """A span's audio tokens as the step's (audio input, cached audio, audio output); None
+    when it names none. Audio past the uncached input was read from the cache."""
+    audio_in = _tokens(attrs, INPUT_AUDIO_KEYS)
+    audio_out = _tokens(attrs, OUTPUT_AUDIO_KEYS)
+    if audio_in is None and audio_out is None:
+        return None
+    try:
+        uncached_audio, cached_audio = audio_split(
+            audio_in or 0,
+            0,
+            uncached or 0,
+            cache_read or 0,
+            _first_key(attrs, INPUT_AUDIO_KEYS),
+            "gen_ai.usage.input_tokens less its cache writes",
+        )
+    except UsageError as exc:
+        raise _SpanError(str(exc)) from None
+    if (audio_out or 0) > (output or 0):
+        raise _SpanError(
+            f"{_first_key(attrs, OUTPUT_AUDIO_KEYS)} ({audio_out}) exceeds "
+            f"gen_ai.usage.output_tokens ({output or 0}); the audio tokens are part of it"
+        )
+    return uncached_audio, cached_audio, audio_out or 0
+
+
+def _first_key(attrs: dict[str, Any], keys: tuple[str, ...]) -> str:
+    return next((key for key in keys if key in attrs), keys[0])
 
 
 def _time(unix_nano: int) -> datetime:

@@ -18,7 +18,7 @@ from costboard.ingest.turn_rules import step_signature
 from costboard.models import SYSTEM_SESSION_ID, Project, Step
 from costboard.money import PICO
 from costboard.pricing.families import is_tool_model
-from costboard.pricing.rates import rate_table
+from costboard.pricing.rates import audio_of, rate_table
 from costboard.sql_arrays import Dialect
 
 STEP_TABLE = Step._meta.db_table
@@ -59,6 +59,9 @@ _READ = (
     "cache_creation_input_tokens",
     "cache_creation_1h_input_tokens",
     "reasoning_tokens",
+    "input_audio_tokens",
+    "cache_audio_read_tokens",
+    "output_audio_tokens",
     "cost_input_usd",
     "cost_output_usd",
     "cost_cache_read_usd",
@@ -199,6 +202,11 @@ def _priced(
         tags,
         price_id,
         row["cache_creation_1h_input_tokens"],
+        audio_of(
+            row["input_audio_tokens"] or 0,
+            row["cache_audio_read_tokens"] or 0,
+            row["output_audio_tokens"] or 0,
+        ),
         counts,
         windows.get(price_id) if price_id is not None else None,
         step_signature(row["step_type"], model, inp + read + write),

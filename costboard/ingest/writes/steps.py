@@ -31,6 +31,9 @@ _STEP_COLUMNS: list[Column] = [
     ("cache_creation_input_tokens", "bigint"),
     ("cache_creation_1h_input_tokens", "bigint"),
     ("reasoning_tokens", "bigint"),
+    ("input_audio_tokens", "bigint"),
+    ("cache_audio_read_tokens", "bigint"),
+    ("output_audio_tokens", "bigint"),
     ("duration_ms", "integer"),
     ("success", "boolean"),
     ("error", "text"),
@@ -59,6 +62,9 @@ def _step_values(
 ) -> list[Any]:
     inp, out, read, write, reasoning, c_in, c_out, c_read, c_write, c_total = step.counts[:10]
     money = sql.money
+    # none is NULL (Step.input_audio_tokens): a batch without audio, nearly every one, sends
+    # each audio column as an empty array (Dialect.cte) and its rows hold no bytes for them
+    audio_in, audio_read, audio_out = step.audio
     return [
         session_ids[step.session_key],
         None if step.turn_no is None else turn_ids[(step.session_key, step.turn_no)],
@@ -75,6 +81,9 @@ def _step_values(
         write,
         step.cache_creation_1h_input_tokens,
         reasoning,
+        audio_in or None,
+        audio_read or None,
+        audio_out or None,
         step.duration_ms,
         step.success,
         step.error,

@@ -196,3 +196,154 @@ def test_gemini_tool_use_prompt_tokens_are_billed_as_input() -> None:
         cache_read_input_tokens=20_000,
         reasoning_tokens=300,
     )
+
+
+def test_openai_chat_audio_is_kept_as_part_of_the_input_and_output() -> None:
+    tokens = normalize_usage(
+        {
+            "prompt_tokens": 1000,
+            "completion_tokens": 500,
+            "prompt_tokens_details": {"cached_tokens": 100, "audio_tokens": 600},
+            "completion_tokens_details": {"audio_tokens": 400},
+        }
+    )
+    assert tokens == Tokens(
+        input_tokens=900,
+        output_tokens=500,
+        cache_read_input_tokens=100,
+        input_audio_tokens=600,
+        output_audio_tokens=400,
+    )
+
+
+def test_chat_audio_past_the_uncached_prompt_was_read_from_the_cache() -> None:
+    # 700 audio tokens in a prompt of 1000 with 600 cached: at least 300 of them were cached
+    tokens = normalize_usage(
+        {
+            "prompt_tokens": 1000,
+            "completion_tokens": 5,
+            "prompt_tokens_details": {"cached_tokens": 600, "audio_tokens": 700},
+        }
+    )
+    assert (tokens.input_tokens, tokens.input_audio_tokens) == (400, 400)
+    assert (tokens.cache_read_input_tokens, tokens.cache_audio_read_tokens) == (600, 300)
+
+
+def test_realtime_cached_audio_is_read_from_its_cached_tokens_details() -> None:
+    tokens = normalize_usage(
+        {
+            "input_tokens": 9000,
+            "output_tokens": 800,
+            "input_token_details": {
+                "text_tokens": 3000,
+                "audio_tokens": 6000,
+                "cached_tokens": 5000,
+                "cached_tokens_details": {"text_tokens": 1500, "audio_tokens": 3500},
+            },
+            "output_token_details": {"text_tokens": 200, "audio_tokens": 600},
+        }
+    )
+    assert tokens == Tokens(
+        input_tokens=4000,
+        output_tokens=800,
+        cache_read_input_tokens=5000,
+        input_audio_tokens=2500,
+        cache_audio_read_tokens=3500,
+        output_audio_tokens=600,
+    )
+
+
+def test_gemini_audio_is_read_from_its_modality_details() -> None:
+    tokens = normalize_usage(
+        {
+            "promptTokenCount": 9000,
+            "cachedContentTokenCount": 4000,
+            "candidatesTokenCount": 800,
+            "toolUsePromptTokenCount": 100,
+            "promptTokensDetails": [
+                {"modality": "TEXT", "tokenCount": 3000},
+                {"modality": "AUDIO", "tokenCount": 6000},
+            ],
+            "toolUsePromptTokensDetails": [{"modality": "AUDIO", "tokenCount": 100}],
+            "cacheTokensDetails": [{"modality": "AUDIO", "tokenCount": 3000}],
+            "candidatesTokensDetails": [{"modality": "AUDIO", "tokenCount": 600}],
+        }
+    )
+    assert tokens == Tokens(
+        input_tokens=5100,
+        output_tokens=800,
+        cache_read_input_tokens=4000,
+        input_audio_tokens=3100,
+        cache_audio_read_tokens=3000,
+        output_audio_tokens=600,
+    )
+
+
+@pytest.mark.parametrize(
+    ("usage", "field", "message"),
+    [
+        (
+            {
+                "prompt_tokens": 100,
+                "completion_tokens": 1,
+                "prompt_tokens_details": {"audio_tokens": 101},
+            },
+            "usage.prompt_tokens_details.audio_tokens",
+            "usage.prompt_tokens_details.audio_tokens (101) exceeds usage.prompt_tokens less "
+            "its cache writes (100); the audio tokens are part of usage.prompt_tokens less its "
+            "cache writes, so they cannot be more",
+        ),
+        (
+            {
+                "prompt_tokens": 100,
+                "completion_tokens": 1,
+                "completion_tokens_details": {"audio_tokens": 2},
+            },
+            "usage.completion_tokens_details.audio_tokens",
+            "usage.completion_tokens_details.audio_tokens (2) exceeds usage.completion_tokens "
+            "(1); the audio tokens are part of usage.completion_tokens, so they cannot be more",
+        ),
+        (
+            {
+                "input_tokens": 100,
+                "output_tokens": 1,
+                "input_token_details": {
+                    "audio_tokens": 50,
+                    "cached_tokens": 40,
+                    "cached_tokens_details": {"audio_tokens": 41},
+                },
+            },
+            "usage.input_token_details.audio_tokens",
+            "the cached audio tokens (41) exceed the audio tokens (50) or the cached tokens "
+            "(40); they are part of both, so they cannot be more",
+        ),
+        (
+            {"promptTokenCount": 1, "promptTokensDetails": [5, {"modality": "AUDIO"}]},
+            "usage.promptTokensDetails.0",
+            "usage.promptTokensDetails.0 must be an object",
+        ),
+        (
+            {
+                "promptTokenCount": 1,
+                "promptTokensDetails": [{"modality": "AUDIO", "tokenCount": -1}],
+            },
+            "usage.promptTokensDetails.0.tokenCount",
+            "usage.promptTokensDetails.0.tokenCount must be >= 0, got -1",
+        ),
+        (
+            {
+                "input_tokens": 1,
+                "output_tokens": 1,
+                "input_token_details": {"cached_tokens_details": 3},
+            },
+            "usage.input_token_details.cached_tokens_details",
+            "usage.input_token_details.cached_tokens_details must be an object",
+        ),
+    ],
+)
+def test_unreadable_or_impossible_audio_names_the_field(
+    usage: dict[str, object], field: str, message: str
+) -> None:
+    with pytest.raises(UsageError) as caught:
+        normalize_usage(usage)
+    assert (caught.value.field, str(caught.value)) == (field, message)

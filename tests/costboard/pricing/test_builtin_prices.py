@@ -3,8 +3,9 @@
 For every model of every provider in genai-prices' bundled data (all of which sync_prices
 imports), at four UTC hours of a recent day (and, for models with dated prices, of each
 start date and the day before it), for every token kind — input, output, cache read, cache
-write, 1-hour cache write — and, for long-context tiers, just past each tier's start: our
-cost (`RateTable.price`, ingest's own arithmetic) equals genai-prices' to 1e-8 USD.
+write, 1-hour cache write, audio input, cached audio, audio output, and a call mixing them —
+and, for long-context tiers, just past each tier's start: our cost (`RateTable.price`,
+ingest's own arithmetic) equals genai-prices' to 1e-8 USD.
 
 genai-prices is called on the ModelInfo it lists (`ModelInfo.calc_price`), not by name: a
 few dozen model ids are not matched by their own match clauses (`regional.amazon.nova-2-lite-
@@ -14,9 +15,8 @@ v1:0`), and the name lookups are tested in test_rates.py. What is left out, and 
   subtracted from its cost before comparing;
 - price variants (batch, flex, priority) need a request context the events do not carry:
   genai-prices applies none without one, and neither do we;
-- other units (searches, audio seconds, images, pages, characters) and modality token rates
-  (audio, image, video tokens): the usages here have none, so they cost nothing on either
-  side.
+- other units (searches, audio seconds, images, pages, characters) and the image and video
+  token rates: the usages here have none, so they cost nothing on either side.
 """
 
 from __future__ import annotations
@@ -57,10 +57,55 @@ class Case:
     cache_read: int = 0
     cache_write: int = 0
     cache_write_1h: int = 0
+    # each part of the count above it, as the step event's audio fields are
+    input_audio: int = 0
+    cache_audio_read: int = 0
+    output_audio: int = 0
 
 
 def cases(tokens: int) -> list[Case]:
+    third = tokens // 3
     return [
+        Case(
+            "audio input",
+            {"input_tokens": tokens, "input_audio_tokens": tokens},
+            input=tokens,
+            input_audio=tokens,
+        ),
+        Case(
+            "cached audio",
+            {
+                "input_tokens": tokens,
+                "cache_read_tokens": tokens,
+                "input_audio_tokens": tokens,
+                "cache_audio_read_tokens": tokens,
+            },
+            cache_read=tokens,
+            cache_audio_read=tokens,
+        ),
+        Case(
+            "audio output",
+            {"output_tokens": tokens, "output_audio_tokens": tokens},
+            output=tokens,
+            output_audio=tokens,
+        ),
+        Case(  # text and audio of every kind, in and out, some of it cached
+            "mixed audio",
+            {
+                "input_tokens": 3 * tokens,
+                "cache_read_tokens": tokens,
+                "input_audio_tokens": tokens,
+                "cache_audio_read_tokens": third,
+                "output_tokens": tokens,
+                "output_audio_tokens": third,
+            },
+            input=2 * tokens,
+            cache_read=tokens,
+            input_audio=tokens - third,
+            cache_audio_read=third,
+            output=tokens,
+            output_audio=third,
+        ),
         Case("input", {"input_tokens": tokens}, input=tokens),
         Case("output", {"output_tokens": tokens}, output=tokens),
         Case(
@@ -115,7 +160,16 @@ class Checked:
     calls: int = 0
     models: int = 0
     window_rows_used: set[int] = field(default_factory=set)
+    # models priced with an audio rate of their own (`audio_rates`) in an audio case
+    audio_models: set[tuple[str, str]] = field(default_factory=set)
     largest_difference: Decimal = Decimal(0)
+
+
+AUDIO_RATES = ("input_audio_mtok", "cache_audio_read_mtok", "output_audio_mtok")
+
+
+def audio_rates(prices: gp.ModelPrice) -> set[str]:
+    return {key for key in AUDIO_RATES if getattr(prices, key, None) is not None}
 
 
 def every_builtin_call() -> Iterator[tuple[gp.Provider, gp.ModelInfo, datetime]]:
@@ -149,6 +203,9 @@ def compare(table: RateTable, windowed: dict[int, str], checked: Checked) -> lis
                 cache_read_input_tokens=case.cache_read,
                 cache_creation_input_tokens=case.cache_write,
                 cache_creation_1h_input_tokens=case.cache_write_1h,
+                input_audio_tokens=case.input_audio,
+                cache_audio_read_tokens=case.cache_audio_read,
+                output_audio_tokens=case.output_audio,
             )
             checked.calls += 1
             difference = abs(ours.total - expected)
@@ -160,6 +217,8 @@ def compare(table: RateTable, windowed: dict[int, str], checked: Checked) -> lis
                 )
                 continue
             checked.largest_difference = max(checked.largest_difference, difference)
+            if "audio" in case.kind and audio_rates(model.get_prices(when)):
+                checked.audio_models.add((provider.id, model.id))
             if ours.price_id in windowed:
                 checked.window_rows_used.add(ours.price_id)
     checked.models = len(seen_models)
@@ -180,6 +239,15 @@ def test_every_builtin_price_agrees_with_genai_prices_at_four_hours_of_the_day()
     # the windows were exercised: each model with peak hours was priced by a window row
     assert len(windowed) >= 10  # 14 in genai-prices 0.2.3
     assert {windowed[pk] for pk in checked.window_rows_used} == set(windowed.values())
+    # every model with an audio token rate was priced in audio: 21 in genai-prices 0.2.3
+    audio_models = {
+        (provider.id, model.id)
+        for provider, model, when in every_builtin_call()
+        if audio_rates(model.get_prices(when))
+    }
+    assert checked.audio_models == audio_models
+    assert len(audio_models) >= 20
+    assert ModelPrice.objects.filter(input_audio_mtok__isnull=False).count() >= 25  # 27
     assert checked.largest_difference <= Decimal("1e-12")  # in fact: kept to 12 places
 
 

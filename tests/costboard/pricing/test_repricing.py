@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import re
 from decimal import Decimal
 
 import pytest
@@ -145,6 +146,103 @@ def test_editing_a_price_in_the_admin_reprices_its_steps(staff: Client, agent: A
     s2 = Session.objects.get(external_id="s2")
     assert s2.cost_usd == usd(3000, Decimal(4)) + usd(300, Decimal(15))
     assert_rollups_match_steps()
+
+
+@pytest.mark.django_db
+def test_editing_an_audio_rate_in_the_admin_reprices_the_audio_of_its_steps(
+    staff: Client, agent: Agent
+) -> None:
+    """A voice step priced with blank audio rates (its audio at the text rates) is repriced
+    at the audio rates an admin sets; every total stays the sum of its steps."""
+    price = add_price("test-voice")
+    agent.events(
+        {
+            "session_id": "v1",
+            "turn": 1,
+            "step_type": "voice",
+            "model": "test-voice",
+            "input_tokens": 1000,
+            "input_audio_tokens": 600,
+            "cache_read_input_tokens": 10_000,
+            "cache_audio_read_tokens": 4000,
+            "output_tokens": 100,
+            "output_audio_tokens": 80,
+        }
+    )
+    # blank audio rates: audio in at $3, audio out at $15, cached audio at $3 + $0.30 − $3
+    step = Step.objects.get()
+    assert step.cost_usd == usd(1000, Decimal(3)) + usd(10_000, Decimal("0.3")) + usd(
+        100, Decimal(15)
+    )
+    response = staff.post(
+        f"/admin/costboard/modelprice/{price.pk}/change/",
+        {
+            "provider": "testco",
+            "model": "test-voice",
+            "model_regex": "",
+            "input_mtok": "3",
+            "output_mtok": "15",
+            "cache_read_mtok": "0.3",
+            "cache_write_mtok": "3.75",
+            "cache_write_1h_mtok": "6",
+            "input_audio_mtok": "32",
+            "cache_audio_read_mtok": "0.4",
+            "output_audio_mtok": "64",
+            "tiers": "[]",
+            "context_window": "",
+            "effective_from_0": "2000-01-01",
+            "effective_from_1": "00:00:00",
+            "source": "manual",
+            "external_id": "",
+        },
+    )
+    assert response.status_code == 302, response.content.decode()[:3000]
+    assert outbox_dispatch().kinds == {"prices.reprice": 1}
+    step.refresh_from_db()
+    assert step.cost_input_usd == usd(400, Decimal(3)) + usd(600, Decimal(32))
+    assert step.cost_cache_read_usd == usd(6000, Decimal("0.3")) + usd(4000, Decimal("0.4"))
+    assert step.cost_output_usd == usd(20, Decimal(15)) + usd(80, Decimal(64))
+    assert step.cost_usd == Decimal("0.02922")
+    assert Session.objects.get(external_id="v1").cost_usd == step.cost_usd
+    assert_rollups_match_steps()
+    # the session page shows the step's audio counts, and its price explanation the rates
+    page = staff.get(f"/sessions/{step.session_id}/").content.decode()
+    shown = [
+        " ".join(cell.split()) for cell in re.findall(r'class="muted audio"[^>]*>([^<]*)<', page)
+    ]
+    assert shown == ["600 audio", "80 audio", "4,000 audio"]
+    explained = re.search(r'data-price-explanation="([^"]*)"', page)
+    assert explained is not None
+    assert (
+        "$3 in / $15 out / $0.3 cache read / $3.75 cache write / $32 audio in / "
+        "$0.4 cached audio / $64 audio out per million tokens"
+    ) in explained[1]
+    assert "List cost $0.02922." in explained[1]
+
+
+@pytest.mark.django_db
+def test_a_negative_audio_rate_is_refused_naming_the_field(staff: Client) -> None:
+    price = add_price("test-voice")
+    response = staff.post(
+        f"/admin/costboard/modelprice/{price.pk}/change/",
+        {
+            "provider": "testco",
+            "model": "test-voice",
+            "input_mtok": "3",
+            "output_mtok": "15",
+            "input_audio_mtok": "-1",
+            "tiers": "[]",
+            "effective_from_0": "2000-01-01",
+            "effective_from_1": "00:00:00",
+            "source": "manual",
+        },
+    )
+    assert response.status_code == 200
+    errors = response.context["adminform"].form.errors
+    assert list(errors) == ["input_audio_mtok"]
+    assert errors["input_audio_mtok"][0].startswith("must be 0 or more USD per million tokens")
+    price.refresh_from_db()
+    assert price.input_audio_mtok is None
 
 
 @pytest.mark.django_db

@@ -261,6 +261,9 @@ def test_every_tier_variant_agrees_with_genai_prices() -> None:
                             cache_read_input_tokens=ours["cache_read_input_tokens"],
                             cache_creation_input_tokens=ours["cache_creation_input_tokens"],
                             cache_creation_1h_input_tokens=ours["cache_creation_1h_input_tokens"],
+                            input_audio_tokens=ours["input_audio_tokens"],
+                            cache_audio_read_tokens=ours["cache_audio_read_tokens"],
+                            output_audio_tokens=ours["output_audio_tokens"],
                         )
                         checked += 1
                         if cost.price_id is None or cost.total != expected:
@@ -281,8 +284,29 @@ def _kinds() -> list[tuple[dict[str, int], dict[str, int]]]:
         "cache_read_input_tokens": 0,
         "cache_creation_input_tokens": 0,
         "cache_creation_1h_input_tokens": 0,
+        "input_audio_tokens": 0,
+        "cache_audio_read_tokens": 0,
+        "output_audio_tokens": 0,
     }
     return [
+        # audio: part of its text count here, of genai-prices' input (cache included) there
+        (
+            {"input_tokens": n, "input_audio_tokens": n},
+            {**zero, "input_tokens": n, "input_audio_tokens": n},
+        ),
+        (
+            {
+                "input_tokens": n,
+                "cache_read_tokens": n,
+                "input_audio_tokens": n,
+                "cache_audio_read_tokens": n,
+            },
+            {**zero, "cache_read_input_tokens": n, "cache_audio_read_tokens": n},
+        ),
+        (
+            {"output_tokens": n, "output_audio_tokens": n},
+            {**zero, "output_tokens": n, "output_audio_tokens": n},
+        ),
         ({"input_tokens": n}, {**zero, "input_tokens": n}),
         ({"output_tokens": n}, {**zero, "output_tokens": n}),
         ({"input_tokens": n, "cache_read_tokens": n}, {**zero, "cache_read_input_tokens": n}),
