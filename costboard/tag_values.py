@@ -18,6 +18,11 @@ from django.db.models.fields.json import KeyTextTransform
 # asked for elsewhere (a spend grouping, a tag budget, a report) that does not match is a typo
 TAG_KEY = re.compile(r"[a-z0-9_.-]{1,64}")
 
+# How pages, reports and CSVs name the spend of the steps without a key, and a value sent
+# empty (`"team": ""`, a value like any other): never alike, never a blank (docs/pages.md).
+UNTAGGED_LABEL = "(untagged)"
+EMPTY_VALUE_LABEL = "(empty)"
+
 
 class TagValue(KeyTextTransform):
     """The text value of tag `key` in a `tags` column (null when it has no such key)."""

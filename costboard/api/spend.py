@@ -27,7 +27,7 @@ from costboard.api.boundary import (
     parse_query,
 )
 from costboard.api.schemas import Answer
-from costboard.exports import csv_cell
+from costboard.exports import csv_cell, tag_csv_cell
 from costboard.input_limits import FIRST_YEAR, LAST_YEAR
 from costboard.json_types import Count as CountField
 from costboard.json_types import Money
@@ -220,7 +220,12 @@ def _csv(names: list[str], rows: list[dict[str, Any]], since: date, until: date)
     header = [*names, *SUMS, "steps"]
     writer.writerow(header)
     for row in rows:
-        writer.writerow([csv_cell(row[name]) for name in header])
+        writer.writerow(
+            [
+                tag_csv_cell(row[name]) if name.startswith("tag:") else csv_cell(row[name])
+                for name in header
+            ]
+        )
     response = HttpResponse(out.getvalue(), content_type="text/csv; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="spend-{since}-{until}.csv"'
     return response

@@ -22,7 +22,7 @@ from django.http import QueryDict
 from costboard.ingest.schemas import MAX_TAG_VALUE
 
 # `?tag=key=value`, as `tags` allows them (costboard/ingest/schemas.py)
-TAG = re.compile(rf"[a-z0-9_.-]{{1,64}}=.{{1,{MAX_TAG_VALUE}}}")
+TAG = re.compile(rf"[a-z0-9_.-]{{1,64}}=.{{0,{MAX_TAG_VALUE}}}")  # "key=": the value sent empty
 _T = TypeVar("_T")  # a page's rows, whatever the paginator pages
 MAX_PAGE_DIGITS = 9  # past any list's last page; int() of thousands of digits is refused
 

@@ -14,7 +14,7 @@ from django.conf import settings
 from django.template.loader import render_to_string
 from django.urls import reverse
 
-from costboard.exports import csv_cell
+from costboard.exports import csv_cell, tag_csv_cell
 from costboard.models import usd
 from costboard.numbers import usd_text
 from costboard.reports.selectors import COUNTS, Line, SpendReport
@@ -97,7 +97,10 @@ def _csv_row(grouping: str, line: Line) -> list[Any]:
     pct = line.change_pct
     return [
         grouping,
-        csv_cell("" if line.name is None else line.name),
+        # a tag's untagged row is named as the API's CSV names it; no user, no model: empty
+        tag_csv_cell(line.name)
+        if grouping.startswith("tag:")
+        else csv_cell("" if line.name is None else line.name),
         usd(line.cost_usd),
         *(line.current[name] for name in COUNTS),
         usd(line.previous_cost_usd),

@@ -15,6 +15,7 @@ from typing import Any
 from costboard.models import Project, TagDailyRollup
 from costboard.reports.periods import ReportPeriod
 from costboard.reports.spend import SUMS, spend_rows, spend_total
+from costboard.tag_values import EMPTY_VALUE_LABEL, UNTAGGED_LABEL
 
 MOVERS = 5  # the top movers shown per table
 COUNTS = (*SUMS[1:], "steps")
@@ -37,9 +38,11 @@ def name_label(grouping: str, name: str | None) -> str:
     """A group's name as the report shows it: the steps without the tag, the sessions
     without a user and the steps without a model family named as such."""
     if name is None:
-        return "(untagged)"
+        return UNTAGGED_LABEL
     if not name:
-        return "(no user)" if grouping == "user" else "(none)"
+        if grouping == "user":
+            return "(no user)"
+        return EMPTY_VALUE_LABEL if grouping.startswith("tag:") else "(none)"
     return name
 
 

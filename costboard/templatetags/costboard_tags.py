@@ -15,6 +15,7 @@ from costboard.dashboards.selectors.flagged import CapUse
 from costboard.models import TOOL_MODEL, BudgetEvent
 from costboard.numbers import count_text, tokens_short, usd_text
 from costboard.reports.messages import pct_change, usd_change
+from costboard.tag_values import EMPTY_VALUE_LABEL, UNTAGGED_LABEL
 
 register = template.Library()
 
@@ -53,6 +54,43 @@ def switcher_action(context: template.Context) -> str:
     if name in _SWITCH_TO:
         return reverse(_SWITCH_TO[name])
     return str(request.path)
+
+
+# what the switcher drops: the project it replaces, and the page number of that project's list
+_SWITCH_DROPS = frozenset({"project", "page"})
+
+
+@register.simple_tag(takes_context=True)
+def switcher_kept(context: template.Context) -> list[tuple[str, str]] | None:
+    """The page's filters the project switcher sends with the project it chose (period,
+    state, sort, search, a model or a tag value too: the other project's page shows what
+    matches), as (name, value) pairs; none from a page the switcher leaves for a list.
+    static/costboard/app.js sends those of the URL at the time instead, which htmx may have
+    changed since the page loaded."""
+    request = context.get("request")
+    match = getattr(request, "resolver_match", None)
+    if request is None or (match is not None and match.url_name in _SWITCH_TO):
+        return None
+    return [
+        (name, value)
+        for name, values in request.GET.lists()
+        if name not in _SWITCH_DROPS
+        for value in values
+    ]
+
+
+@register.filter
+def tag_value_label(value: str | None) -> str:
+    """A tag breakdown's first cell: the value as sent, or a label set apart from the values
+    (emphasised) for the untagged row (None) and a value sent empty ("")."""
+    if value is None:
+        return format_html("<em>{}</em>", UNTAGGED_LABEL)
+    if value == "":
+        return format_html(
+            '<em class="muted" title="the tag sent with an empty value">{}</em>',
+            EMPTY_VALUE_LABEL,
+        )
+    return value
 
 
 TOOL_LABEL = "— (tool)"
@@ -115,26 +153,41 @@ def dictget(mapping: dict[str, object], key: str) -> object:
 
 
 @register.simple_tag(takes_context=True)
-def sort_header(context: template.Context, key: str, label: str, numeric: bool = False) -> str:
-    """A column header that sorts by `key`, descending first, toggling when already sorted."""
-    filters = context["filters"]
-    active = filters.sort_key == key
-    new_sort = key if active and filters.descending else f"-{key}"
+def sort_header(
+    context: template.Context,
+    key: str,
+    label: str,
+    numeric: bool = False,
+    ascending_first: bool = False,
+    swap: bool = True,
+) -> str:
+    """A column header that sorts by `key`: descending first (a name, `ascending_first`, A to
+    Z first), and the other way when clicked again, with an arrow and aria-sort on the
+    column sorted. The order now is the context's `filters.sort` (/sessions/) or `sort`
+    (/users/); `swap` makes the link swap only #table with htmx."""
+    filters = context.get("filters")
+    current = str(filters.sort if filters is not None else context.get("sort", ""))
+    active = current.lstrip("-") == key
+    descending = current.startswith("-")
+    if active:
+        new_sort = key if descending else f"-{key}"
+    else:
+        new_sort = key if ascending_first else f"-{key}"
     href = qs(context, sort=new_sort, page=None)
-    arrow = (" ▼" if filters.descending else " ▲") if active else ""
+    arrow = (" ▼" if descending else " ▲") if active else ""
     css = ' class="num"' if numeric else ""
-    aria = (
-        (' aria-sort="descending"' if filters.descending else ' aria-sort="ascending"')
-        if active
+    aria = (' aria-sort="descending"' if descending else ' aria-sort="ascending"') if active else ""
+    hx = (
+        format_html(' hx-get="{}" hx-target="#table" hx-swap="outerHTML" hx-push-url="true"', href)
+        if swap
         else ""
     )
     return format_html(
-        '<th{}{}><a href="{}" hx-get="{}" hx-target="#table" hx-swap="outerHTML" '
-        'hx-push-url="true">{}{}</a></th>',
+        '<th{}{}><a href="{}"{}>{}{}</a></th>',
         mark_safe(css),  # noqa: S308 — one of two literal attributes above
         mark_safe(aria),  # noqa: S308 — likewise
         href,
-        href,
+        hx,
         label,
         arrow,
     )

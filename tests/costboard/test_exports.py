@@ -27,6 +27,9 @@ from tests.conftest import make_agent, streamed
         ("@sum", "'@sum"),
         ("\t=1", "'\t=1"),
         ("search", "search"),
+        ("'=1", "''=1"),  # sent with its apostrophe: not the quoted =1
+        ("'", "''"),
+        ("it's", "it's"),
         (-3, -3),
     ],
 )

@@ -106,10 +106,10 @@ def test_the_pages_still_work_under_their_policy(live_server: Any, demo: None, p
     assert "fill-" in (meter.get_attribute("class") or "")
     assert meter.evaluate("el => getComputedStyle(el).getPropertyValue('--fill')").endswith("%")
 
-    # the project switcher submits from app.js (no onchange attribute)
+    # the project switcher submits from app.js (no onchange attribute), keeping the filters
     other = Project.objects.order_by("slug")[0]
     page.select_option("#project-switcher", other.slug)
-    page.wait_for_url(f"**/sessions/?project={other.slug}")
+    page.wait_for_url(f"**/sessions/?*state=ok*&project={other.slug}")
 
     # the steps page's charts are drawn again after its htmx swap
     page.goto(f"{base}/steps/")

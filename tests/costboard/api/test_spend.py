@@ -123,7 +123,7 @@ def test_csv_has_a_header_and_quotes_formulas(reader: str) -> None:
         "cache_creation_input_tokens",
         "steps",
     ]
-    assert sorted(r[0] for r in rows[1:]) == ["", "'=HYPERLINK(1)", "search"]  # "": untagged
+    assert sorted(r[0] for r in rows[1:]) == ["'=HYPERLINK(1)", "(untagged)", "search"]
 
 
 def test_only_read_and_admin_keys(agent: Agent, reader: str) -> None:
@@ -296,7 +296,13 @@ def test_grouped_by_a_tag_the_untagged_spend_is_a_row_with_the_tag_null(mixed: s
     assert (by_value["tools"]["cost_usd"], by_value["free"]["cost_usd"]) == ("0.00", "0.00")
     assert by_value["free"]["input_tokens"] == 7
     rows = csv_rows(mixed, "tag:feature")
-    assert [row["tag:feature"] for row in rows] == ["'=HYPERLINK(1)", "free", "search", "tools", ""]
+    assert [row["tag:feature"] for row in rows] == [
+        "'=HYPERLINK(1)",
+        "free",
+        "search",
+        "tools",
+        "(untagged)",
+    ]
     assert rows[-1]["cost_usd"] == by_value[None]["cost_usd"]
 
 

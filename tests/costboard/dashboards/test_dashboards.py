@@ -297,6 +297,30 @@ def test_the_project_switcher_scopes_pages_and_links(
     assert f'href="/sessions/{session.pk}/?project=other"' in page
 
 
+def test_the_switcher_sends_the_pages_filters_without_javascript(
+    staff: Client, agent: Agent, priced: None
+) -> None:
+    # it sent only `project`: another project opened on its whole unfiltered list
+    make_agent("other")
+    page = staff.get(
+        "/sessions/?project=acme&state=exhausted&since=&tag=team%3D%22a%22&page=1"
+    ).content.decode()
+    switcher = page[page.index('<form class="switcher"') :]
+    switcher = switcher[: switcher.index("</form>")]
+    assert re.findall(r'<input type="hidden" name="([^"]*)" value="([^"]*)">', switcher) == [
+        ("state", "exhausted"),
+        ("since", ""),  # all time, kept
+        ("tag", "team=&quot;a&quot;"),
+    ]
+    assert 'action="/sessions/" data-keeps-filters' in switcher
+    # a session's own page switches to the other project's list, with none of its filters
+    session = Session.objects.create(project=agent.project, external_id="x")
+    page = staff.get(f"/sessions/{session.pk}/?project=acme").content.decode()
+    switcher = page[page.index('<form class="switcher"') :]
+    switcher = switcher[: switcher.index("</form>")]
+    assert '<input type="hidden"' not in switcher and "data-keeps-filters" not in switcher
+
+
 def test_session_page_shows_totals_turns_steps_and_events(
     staff: Client, agent: Agent, priced: None
 ) -> None:

@@ -143,3 +143,29 @@ def test_admin_raising_a_session_cap_recomputes_its_state(staff: Client, agent: 
     assert last is not None
     assert last.kind == "cap_changed"
     assert last.detail["token_cap"] == [100, 1000]
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/",
+        "/sessions/",
+        "/flagged/",
+        "/budgets/",
+        "/steps/",
+        "/users/",
+        "/reconciliation/",
+        "/reports/",
+        "/memory/review/",
+        "/memory/",
+        "/memory/metrics/",
+    ],
+)
+def test_no_page_shows_its_templates_comments(staff: Client, agent: Agent, path: str) -> None:
+    # a {# #} comment is one line only: /sessions/ showed one written over two, braces and all
+    agent.events({"session_id": "s", "step_type": "x", "model": "test-sonnet", "turn": 1})
+    response = staff.get(path)
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert "{#" not in html and "#}" not in html
+    assert "{%" not in html and "{{" not in html

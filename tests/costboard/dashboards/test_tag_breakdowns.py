@@ -137,7 +137,8 @@ def test_the_tag_filter_lists_and_exports_the_sessions_with_that_tag(
 
 def untagged_cost(html: str) -> str:
     found = re.search(
-        r"<tr data-tag-untagged><td[^>]*>untagged</td>.*?data-tag-cost>([^<]+)<", html
+        r"<tr data-tag-untagged><td[^>]*><em>\(untagged\)</em></td>.*?data-tag-cost>([^<]+)<",
+        html,
     )
     assert found is not None, "no untagged row"
     return found.group(1)

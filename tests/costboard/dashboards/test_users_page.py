@@ -208,3 +208,55 @@ def test_the_users_come_fifty_a_page_counted_and_summed_over_all(
     beyond = staff.get("/users/?page=4")
     assert beyond.status_code == 422
     assert "is not a page of this list: it has pages 1–3" in unescape(beyond.content.decode())
+
+
+def headers(html: str) -> dict[str, tuple[str, str | None, str]]:
+    """Each sortable header: its label -> (the sort its link asks for, aria-sort, arrow)."""
+    found = {}
+    for th in re.findall(r"<th[^>]*>.*?</th>", html[html.index('id="user-table"') :], re.S):
+        link = re.search(r'href="([^"]*)"[^>]*>([^<]*?)( [▲▼])?</a>', th)
+        if link is None:
+            continue
+        aria = re.search(r'aria-sort="([a-z]+)"', th)
+        sort = parse_qs(unescape(link.group(1)).lstrip("?"))["sort"][0]
+        arrow = (link.group(3) or "").strip()
+        found[link.group(2)] = (sort, aria.group(1) if aria else None, arrow)
+    return found
+
+
+def test_a_header_clicked_again_reverses_its_order_with_the_arrow_shown(
+    staff: Client, agent: Agent
+) -> None:
+    # Only Cost toggled; Tokens, Sessions and Steps always asked for descending, and no
+    # header showed which order the table was in.
+    add_price("test-sonnet")
+    traffic(agent)
+    page = staff.get("/users/").content.decode()  # the costliest first
+    assert headers(page) == {
+        "User": ("user", None, ""),
+        "Cost": ("cost", "descending", "▼"),
+        "Tokens": ("-tokens", None, ""),
+        "Sessions started": ("-sessions", None, ""),
+        "Steps": ("-steps", None, ""),
+    }
+    fewest = staff.get("/users/?sort=tokens").content.decode()
+    assert rows(fewest) == ["", "user-0", "user-1", "user-2"]
+    assert headers(fewest)["Tokens"] == ("-tokens", "ascending", "▲")
+    assert headers(fewest)["Cost"] == ("-cost", None, "")
+    most = staff.get("/users/?sort=-tokens").content.decode()
+    assert rows(most) == ["user-2", "user-1", "user-0", ""]
+    assert headers(most)["Tokens"] == ("tokens", "descending", "▼")
+    by_user = staff.get("/users/?sort=user").content.decode()
+    assert headers(by_user)["User"] == ("-user", "ascending", "▲")
+    assert rows(staff.get("/users/?sort=-user").content.decode()) == [
+        "user-2",
+        "user-1",
+        "user-0",
+        "",
+    ]
+    # the CSV link carries the order, and the CSV has it
+    assert 'href="/users/export.csv?sort=tokens"' in fewest
+    exported = list(
+        csv.reader(io.StringIO(staff.get("/users/export.csv?sort=tokens").content.decode()))
+    )
+    assert [r[0] for r in exported[1:]] == ["", "user-0", "user-1", "user-2"]

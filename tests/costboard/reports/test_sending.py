@@ -105,12 +105,15 @@ def test_the_emailed_tables_equal_the_api_for_the_same_days(showback: Showback) 
         before = api_spend(showback.read_key, grouping, *W46)["rows"]
         current = {r["name"]: {n: r[n] for n in SUMS} for r in mine if r["steps"] != "0"}
         assert current == {
-            "" if row[grouping] is None else row[grouping]: {n: str(row[n]) for n in SUMS}
+            "(untagged)" if row[grouping] is None else row[grouping]: {n: str(row[n]) for n in SUMS}
             for row in api
         }
         assert {
             r["name"]: r["previous_cost_usd"] for r in mine if r["previous_cost_usd"] != "0.00"
-        } == {"" if row[grouping] is None else row[grouping]: row["cost_usd"] for row in before}
+        } == {
+            "(untagged)" if row[grouping] is None else row[grouping]: row["cost_usd"]
+            for row in before
+        }
         for row in mine:
             change = Decimal(row["cost_usd"]) - Decimal(row["previous_cost_usd"])
             assert Decimal(row["change_usd"]) == change
