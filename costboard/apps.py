@@ -23,8 +23,9 @@ class CostboardConfig(AppConfig):
         # Bind @shared_task to our configured app (broker from settings, eager without one),
         # and register our tasks in every process: services enqueue some by name, which
         # finds them only once registered (autodiscovery runs in workers, not in web
-        # processes).
-        from costboard import celery, tasks  # noqa: F401
+        # processes). And bound every replica connection's waits (replicas' receiver of
+        # connection_created) from the first connection on, whichever module is imported first.
+        from costboard import celery, replicas, tasks  # noqa: F401
 
 
 def _email_backend_checked(path: str) -> None:

@@ -7,6 +7,11 @@ few seconds per process) and lets the router send that view's reads there. Never
 inside a transaction the view opened, after the view wrote, on a browser's requests for a few
 seconds after it wrote (a cookie, set by `ReadYourWritesMiddleware`), or to a replica that does
 not answer: those read the primary, and the page says so (`read_source`).
+
+A replica that stops answering (its machine frozen, or cut off) keeps this process's
+connection open and sends nothing: each statement's answer is waited for a bounded time
+(`ReplicaConnection`), the page is read again from the primary, and no page tries that replica
+again for COSTBOARD_REPLICA_RETRY_S.
 """
 
 from __future__ import annotations
@@ -22,9 +27,13 @@ from decimal import Decimal
 from functools import wraps
 from typing import Any, TypeVar, cast
 
+import psycopg
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.backends.signals import connection_created
 from django.db.models import Model
+from django.dispatch import receiver
 from django.http import HttpRequest, StreamingHttpResponse
 from django.http.response import HttpResponseBase
 
@@ -43,6 +52,35 @@ _WRITE_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
 def replica_aliases() -> list[str]:
     """The replicas' database aliases (settings: DATABASE_REPLICA_URLS), in order."""
     return [alias for alias in connections if alias.startswith("replica_")]
+
+
+class ReplicaConnection(psycopg.Connection[Any]):
+    """A replica's connection, whose every wait for the server (a statement's answer, a
+    cursor's next rows, Django's health check) ends after COSTBOARD_REPLICA_TIMEOUT_S and a
+    second: a live server has cancelled the statement by then (its statement_timeout), so
+    only one that does not answer at all gets here. Without it a stopped server holds the
+    request, and its worker, until the operating system gives up on the connection (minutes:
+    a frozen machine's kernel may even go on acknowledging)."""
+
+    def wait(self, gen: Any, interval: float = 0.1, timeout: float | None = None) -> Any:
+        bound = float(settings.COSTBOARD_REPLICA_TIMEOUT_S) + 1
+        try:
+            return super().wait(gen, interval, timeout=bound if timeout is None else timeout)
+        except psycopg.errors._WaitTimeout:
+            # half-way through the protocol: the connection is of no further use
+            self.pgconn.finish()
+            raise psycopg.OperationalError(
+                f"the replica did not answer within {bound:g} s (COSTBOARD_REPLICA_TIMEOUT_S "
+                "and a second); it is not read for COSTBOARD_REPLICA_RETRY_S"
+            ) from None
+
+
+@receiver(connection_created)
+def _replica_connection_bounded(connection: BaseDatabaseWrapper, **kwargs: Any) -> None:
+    if connection.alias.startswith("replica_") and isinstance(
+        connection.connection, psycopg.Connection
+    ):
+        connection.connection.__class__ = ReplicaConnection
 
 
 # Caught up when it has replayed all the WAL it received: an idle primary sends no
@@ -83,9 +121,14 @@ def lag_of(row: tuple[bool, bool, Any]) -> Decimal:
     return max(Decimal(str(behind)), Decimal(0))
 
 
+def _retry_seconds() -> float:
+    return float(settings.COSTBOARD_REPLICA_RETRY_S)
+
+
 class LagGauge:
-    """Each replica's lag, measured at most once per `keep_seconds` of `clock` per process (a
-    replica that did not answer is not asked again for as long, counted from its answer)."""
+    """Each replica's lag, measured at most once per `keep_seconds` of `clock` per process; a
+    replica that did not answer is not asked again for `retry_seconds()`, counted from its
+    answer (or from its failure in a page)."""
 
     def __init__(
         self,
@@ -93,20 +136,34 @@ class LagGauge:
         measure: Callable[[str], Decimal | None] = lag_measured,
         clock: Callable[[], float] = time.monotonic,
         keep_seconds: float = LAG_CHECK_SECONDS,
+        retry_seconds: Callable[[], float] = _retry_seconds,
     ) -> None:
         self.measure = measure
         self.clock = clock
         self.keep_seconds = keep_seconds
+        self.retry_seconds = retry_seconds
         self._readings: dict[str, tuple[float, Decimal | None]] = {}
+        self._measuring: set[str] = set()
         self._lock = threading.Lock()
 
     def lag(self, alias: str) -> Decimal | None:
         now = self.clock()
         with self._lock:
             reading = self._readings.get(alias)
-        if reading is not None and now - reading[0] < self.keep_seconds:
-            return reading[1]
-        lag = self.measure(alias)
+            if reading is not None:
+                kept = self.keep_seconds if reading[1] is not None else self.retry_seconds()
+                if now - reading[0] < kept:
+                    return reading[1]
+            if alias in self._measuring:
+                # another thread of this process is measuring it: the primary meanwhile, so a
+                # replica that does not answer costs one request its timeout, not each thread's
+                return None
+            self._measuring.add(alias)
+        try:
+            lag = self.measure(alias)
+        finally:
+            with self._lock:
+                self._measuring.discard(alias)
         with self._lock:
             # kept from when the reading came: a replica that took its connect timeout (longer
             # than the keep time) to fail is not asked again by the very next page
@@ -114,7 +171,7 @@ class LagGauge:
         return lag
 
     def unreachable(self, alias: str) -> None:
-        """`alias` failed in the middle of a request: not read until measured again."""
+        """`alias` failed in the middle of a request: not read for `retry_seconds()`."""
         with self._lock:
             self._readings[alias] = (self.clock(), None)
 

@@ -314,6 +314,18 @@ DATABASES = {"default": _db}
 # reconciliation APIs, the exports), and only while the replica is within
 # COSTBOARD_REPLICA_MAX_LAG_S seconds of the primary; everything else reads the primary.
 _replica_urls = env_list("DATABASE_REPLICA_URLS", "")
+# A replica's answer to one statement is waited for this long (its server cancels the
+# statement then; this process gives up a second later, when the server itself does not
+# answer: frozen, or cut off). The page is then read from the primary.
+COSTBOARD_REPLICA_TIMEOUT_S = env_decimal(
+    "COSTBOARD_REPLICA_TIMEOUT_S", "5", minimum=Decimal("0.001")
+)
+# After a replica did not answer (or failed in a page), no page tries it for this long.
+COSTBOARD_REPLICA_RETRY_S = env_decimal("COSTBOARD_REPLICA_RETRY_S", "30")
+# as the primary's planner cost (above), and the statement timeout on the server
+_REPLICA_OPTIONS = (
+    f"-c random_page_cost=1.1 -c statement_timeout={int(COSTBOARD_REPLICA_TIMEOUT_S * 1000)}"
+)
 if _replica_urls and _db["ENGINE"] != "django.db.backends.postgresql":
     raise ImproperlyConfigured(
         "DATABASE_REPLICA_URLS is set but DATABASE_URL is not PostgreSQL: replicas stream from "
@@ -342,7 +354,7 @@ for _number, _replica_url in enumerate(_replica_urls, start=1):
             "as in DATABASE_URL, e.g. postgres://user@replica-1:5432/costboard."
         )
     _replica_options = _replica.setdefault("OPTIONS", {})
-    _replica_options.setdefault("options", "-c random_page_cost=1.1")  # as the primary's
+    _replica_options.setdefault("options", _REPLICA_OPTIONS)
     _replica_options.setdefault("prepare_threshold", PREPARE_THRESHOLD)
     # A replica that does not answer costs a page at most this long once per lag check (it
     # then reads the primary), not libpq's default of waiting for ever.
@@ -384,7 +396,9 @@ if COSTBOARD_DB_POOLER == "pgbouncer":
         _pooled_options["prepare_threshold"] = None
         # A startup `options` packet is refused by PgBouncer ("unsupported startup parameter"):
         # the planner's random_page_cost goes on the database instead (ALTER DATABASE … SET).
-        if _pooled_options.get("options") == "-c random_page_cost=1.1":
+        # A replica's statement timeout goes too; its connection's own bound stays
+        # (costboard/replicas.py, `ReplicaConnection`).
+        if _pooled_options.get("options") in ("-c random_page_cost=1.1", _REPLICA_OPTIONS):
             del _pooled_options["options"]
         # `.iterator()` would DECLARE a cursor WITH HOLD in one session and FETCH in another.
         _pooled["DISABLE_SERVER_SIDE_CURSORS"] = True

@@ -22,8 +22,10 @@ from typing import Any
 
 import psycopg
 import pytest
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import connections
+from django.db.backends.postgresql.base import DatabaseWrapper
 from django.test import Client
 
 from costboard import replicas
@@ -90,8 +92,9 @@ class Clock:
         return self.now
 
     def tick(self) -> None:
-        """Past the gauge's keep time: the next page measures the lag again."""
-        self.now += replicas.LAG_CHECK_SECONDS + 1
+        """Past the gauge's keep time, and past the wait after a replica did not answer: the
+        next page measures the lag again."""
+        self.now += max(replicas.LAG_CHECK_SECONDS, float(settings.COSTBOARD_REPLICA_RETRY_S)) + 1
 
 
 @pytest.fixture
@@ -342,3 +345,95 @@ def test_a_replica_that_stops_answering_on_an_open_connection_does_not_hang_the_
     assert PRIMARY_NOTE in response.content.decode()
     clock.tick()
     assert read_by(primary, replica, browser, "/")[1] == "replica"
+
+
+class Attempts:
+    """Connections this process tried to open to the replica: the lag checks' and the pages'."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.count = 0
+        connect = DatabaseWrapper.get_new_connection
+
+        def counted(wrapper: DatabaseWrapper, params: dict[str, Any]) -> Any:
+            if wrapper.alias == "replica_1":
+                self.count += 1
+            return connect(wrapper, params)
+
+        monkeypatch.setattr(DatabaseWrapper, "get_new_connection", counted)
+
+
+@contextlib.contextmanager
+def frozen_replica() -> Iterator[None]:
+    """The replica's server stopped (SIGSTOP) as a frozen machine is: its connections stay
+    open and its kernel still accepts bytes, but nothing answers. Thawed on leaving, or after
+    20 s whatever happens: a page that waits on it for ever then reads it (and fails the test)."""
+    postmaster = int((PAIR.root / "replica" / "postmaster.pid").read_text().split()[0])
+    frozen = [postmaster, *_children(postmaster)]
+
+    def send(sent: signal.Signals) -> None:
+        for pid in frozen:
+            with contextlib.suppress(ProcessLookupError):  # a backend that was ending
+                os.kill(pid, sent)
+
+    def thaw() -> None:
+        send(signal.SIGCONT)
+
+    send(signal.SIGSTOP)
+    thaw_later = threading.Timer(20, thaw)
+    thaw_later.start()
+    try:
+        yield
+    finally:
+        thaw_later.cancel()
+        thaw()
+
+
+def test_a_replica_that_freezes_in_the_middle_of_a_page_costs_that_page_its_timeout_once(
+    world: tuple[Agent, Client, Session],
+    primary: Server,
+    replica: Server,
+    clock: Clock,
+    settings: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The lag was measured a moment ago, so the page reads the replica on its open
+    connection: the replica's answer is waited for COSTBOARD_REPLICA_TIMEOUT_S (and a second),
+    then the page is read again from the primary; later pages read the primary without
+    trying the replica for COSTBOARD_REPLICA_RETRY_S."""
+    _, browser, _ = world
+    settings.COSTBOARD_REPLICA_TIMEOUT_S = Decimal("0.5")
+    settings.COSTBOARD_REPLICA_RETRY_S = Decimal(30)
+    assert read_by(primary, replica, browser, "/")[1] == "replica"  # its connection is open
+    attempts = Attempts(monkeypatch)
+    with frozen_replica():
+        response = browser.get("/sessions/")
+        assert response.status_code == 200
+        assert PRIMARY_NOTE in response.content.decode()
+        assert "s1" in response.content.decode()
+        tried = attempts.count  # Django's reconnect after its health check timed out
+        assert tried <= 1
+        # within the wait: the primary, without a try at the replica
+        clock.now += 29
+        for path in ["/", "/users/", "/sessions/export.csv"]:
+            response = browser.get(path)
+            assert response.status_code == 200, path
+            body = streamed(response) if response.streaming else response.content
+            if not response.streaming:
+                assert PRIMARY_NOTE in body.decode(), path
+        assert attempts.count == tried
+        assert replicas.GAUGE.lag("replica_1") is None
+        # past it, one try, which the frozen replica does not answer: the primary again
+        clock.now += 2
+        response = browser.get("/")
+        assert response.status_code == 200
+        assert PRIMARY_NOTE in response.content.decode()
+        assert attempts.count == tried + 1
+        response = browser.get("/")
+        assert attempts.count == tried + 1
+    clock.tick()
+    assert read_by(primary, replica, browser, "/")[1] == "replica"
+    assert attempts.count == tried + 3  # the lag check's connection and the page's own
+    # set when the connection opened again, from the environment the test's pytest was given
+    with connections["replica_1"].cursor() as cursor:
+        cursor.execute("SHOW statement_timeout")
+        assert cursor.fetchone() == ("2s",)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import uuid
 from collections.abc import Iterator
 from decimal import Decimal
@@ -62,8 +63,11 @@ class Lags:
         return self.lags[alias]
 
 
+RETRY_SECONDS = 30.0
+
+
 def gauge(lags: Lags, clock: Clock | None = None) -> LagGauge:
-    return LagGauge(measure=lags, clock=clock or Clock())
+    return LagGauge(measure=lags, clock=clock or Clock(), retry_seconds=lambda: RETRY_SECONDS)
 
 
 # --- choosing where to read ---------------------------------------------------------------
@@ -128,30 +132,71 @@ def test_the_lag_is_measured_once_per_keep_time_per_replica() -> None:
     clock.now += 0.5
     assert lag_gauge.lag("replica_1") == Decimal(30)
     assert lags.asked == ["replica_1", "replica_2", "replica_1"]
-    lag_gauge.unreachable("replica_1")  # failed in a request: down until measured again
+    lag_gauge.unreachable("replica_1")  # failed in a request: down for the retry time
     assert lag_gauge.lag("replica_1") is None
-    clock.now += replicas.LAG_CHECK_SECONDS
+    clock.now += RETRY_SECONDS
     assert lag_gauge.lag("replica_1") == Decimal(30)
 
 
-def test_a_replica_that_took_its_connect_timeout_to_fail_is_not_asked_on_the_next_page() -> None:
-    """A frozen replica fails only when connecting times out (3 s, longer than the keep time):
-    the reading counts from when it was made, or every page would wait those 3 s again."""
+def test_a_replica_that_did_not_answer_is_not_asked_again_for_the_retry_time(
+    settings: Any,
+) -> None:
+    """Each try at a replica that does not answer costs a page its timeout: once per
+    COSTBOARD_REPLICA_RETRY_S, counted from when the try gave up, not once per lag check."""
+    settings.COSTBOARD_REPLICA_RETRY_S = Decimal(30)
     clock = Clock()
+    lags = Lags(replica_1=None)
 
     def timing_out(alias: str) -> Decimal | None:
-        asked.append(alias)
         clock.now += 3  # the replica's connect_timeout
-        return None
+        return lags(alias)
 
-    asked: list[str] = []
     lag_gauge = LagGauge(measure=timing_out, clock=clock)
     assert lag_gauge.lag("replica_1") is None
+    for _ in range(14):  # two lag checks' time each, 28 s in all
+        clock.now += replicas.LAG_CHECK_SECONDS
+        assert lag_gauge.lag("replica_1") is None
+    assert lags.asked == ["replica_1"]
+    clock.now += 2
+    lags.lags["replica_1"] = Decimal("0.1")  # back
+    assert lag_gauge.lag("replica_1") == Decimal("0.1")
+    assert lags.asked == ["replica_1", "replica_1"]
+    # failed in a page: as long again, from then
+    lag_gauge.unreachable("replica_1")
+    clock.now += 29
     assert lag_gauge.lag("replica_1") is None
-    assert asked == ["replica_1"]
-    clock.now += replicas.LAG_CHECK_SECONDS
-    assert lag_gauge.lag("replica_1") is None
-    assert asked == ["replica_1", "replica_1"]
+    assert lags.asked == ["replica_1", "replica_1"]
+    clock.now += 1
+    assert lag_gauge.lag("replica_1") == Decimal("0.1")
+    assert lags.asked == ["replica_1", "replica_1", "replica_1"]
+
+
+def test_while_one_thread_measures_a_replica_the_others_read_the_primary() -> None:
+    """gunicorn's threads share a process's gauge: when a reading expires, one of them
+    measures (and pays the connect timeout of a replica that does not answer); the requests
+    meanwhile read the primary instead of each trying the replica too."""
+    entered, release = threading.Event(), threading.Event()
+    lags = Lags(replica_1=Decimal("0.2"))
+
+    def slow(alias: str) -> Decimal | None:
+        entered.set()
+        release.wait(timeout=60)
+        return lags(alias)
+
+    lag_gauge = LagGauge(measure=slow, clock=Clock())
+    found: list[Decimal | None] = []
+    measuring = threading.Thread(target=lambda: found.append(lag_gauge.lag("replica_1")))
+    measuring.start()
+    entered.wait(timeout=60)
+    try:
+        assert lag_gauge.lag("replica_1") is None  # not measured a second time
+        assert lags.asked == []
+    finally:
+        release.set()
+        measuring.join(timeout=60)
+    assert found == [Decimal("0.2")]
+    assert lag_gauge.lag("replica_1") == Decimal("0.2")  # kept
+    assert lags.asked == ["replica_1"]
 
 
 # --- the router ------------------------------------------------------------------------
@@ -394,7 +439,9 @@ def test_pages_read_a_real_streaming_replica_and_fall_back_to_the_primary(pair: 
     }
     env.update(
         DATABASE_URL=pair.primary_url,
-        DATABASE_REPLICA_URLS=pair.replica_url,
+        # a replica that does not answer is given up on sooner than by default
+        DATABASE_REPLICA_URLS=f"{pair.replica_url}?connect_timeout=2",
+        COSTBOARD_REPLICA_TIMEOUT_S="2",
         COSTBOARD_TEST_PAIR=pair.to_json(),
     )
     result = subprocess.run(
@@ -406,7 +453,7 @@ def test_pages_read_a_real_streaming_replica_and_fall_back_to_the_primary(pair: 
         timeout=600,
     )
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
-    assert "7 passed" in result.stdout, result.stdout[-2000:]
+    assert "8 passed" in result.stdout, result.stdout[-2000:]
 
 
 @pytest.mark.slow

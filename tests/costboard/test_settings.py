@@ -51,6 +51,9 @@ def started(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess
         ("DATABASE_REPLICA_URLS", "postgres://u@replica:port/costboard"),
         ("COSTBOARD_REPLICA_MAX_LAG_S", "soon"),
         ("COSTBOARD_REPLICA_MAX_LAG_S", "-1"),
+        ("COSTBOARD_REPLICA_TIMEOUT_S", "soon"),
+        ("COSTBOARD_REPLICA_TIMEOUT_S", "0"),
+        ("COSTBOARD_REPLICA_RETRY_S", "-1"),
         ("DJANGO_EMAIL_BACKEND", "no.such.Backend"),
         ("DJANGO_EMAIL_BACKEND", "django.core.mail.backends.smtp.SMTPBackend"),
         ("DJANGO_HTTPS", "maybe"),
@@ -232,7 +235,7 @@ def _replica_settings(**env: str) -> subprocess.CompletedProcess[str]:
     code = (
         "import json, django; django.setup(); from django.conf import settings; "
         "print(json.dumps({a: [d['HOST'], d['PORT'], d['NAME'], d['TEST'].get('MIRROR'), "
-        "d['OPTIONS'].get('connect_timeout'), d['CONN_MAX_AGE']] "
+        "d['OPTIONS'].get('connect_timeout'), d['CONN_MAX_AGE'], d['OPTIONS'].get('options')] "
         "for a, d in settings.DATABASES.items() if a != 'default'}))"
     )
     return started(["-c", code], env)
@@ -247,10 +250,29 @@ def test_each_replica_url_is_a_database_mirroring_the_primary_in_tests() -> None
         ),
     )
     assert result.returncode == 0, result.stderr
+    # the replica's statement_timeout: COSTBOARD_REPLICA_TIMEOUT_S (5 s), in milliseconds
+    options = "-c random_page_cost=1.1 -c statement_timeout=5000"
     assert json.loads(result.stdout) == {
-        "replica_1": ["replica-a", 5433, "costboard", "default", 3, None],
-        "replica_2": ["replica-b", "", "costboard", "default", 1, None],
+        "replica_1": ["replica-a", 5433, "costboard", "default", 3, None, options],
+        "replica_2": ["replica-b", "", "costboard", "default", 1, None, options],
     }
+
+
+def test_a_replicas_statement_timeout_follows_the_setting_and_not_behind_pgbouncer() -> None:
+    env = {
+        "DATABASE_URL": "postgres://costboard@primary:5432/costboard",
+        "DATABASE_REPLICA_URLS": "postgres://costboard@replica-a:5433/costboard",
+        "COSTBOARD_REPLICA_TIMEOUT_S": "0.25",
+    }
+    result = _replica_settings(**env)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["replica_1"][-1] == (
+        "-c random_page_cost=1.1 -c statement_timeout=250"
+    )
+    # PgBouncer refuses a startup `options` packet: the process's own bound is left
+    pooled = _replica_settings(**env, COSTBOARD_DB_POOLER="pgbouncer")
+    assert pooled.returncode == 0, pooled.stderr
+    assert json.loads(pooled.stdout)["replica_1"][-1] is None
 
 
 @pytest.mark.parametrize(
