@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
+from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
@@ -143,6 +144,11 @@ class PriceRatesForm(forms.ModelForm[ModelPrice]):
             fault = pricing_services.stored_window_fault(self.instance)
             if fault is not None:
                 self.add_error(None, f"{fault.field}: {fault.message}")
+        if "effective_from" not in self.fields and self.instance.pk is not None:
+            # a row stored with a day out of range before price_day_fault: edit it in its form
+            fault = pricing_services.price_day_fault(self.instance.effective_from)
+            if fault is not None:
+                self.add_error(None, f"{fault.field}: {fault.message}")
         return cleaned
 
 
@@ -215,6 +221,13 @@ class ModelPriceForm(PriceRatesForm):
                 if fault is not None:
                     raise forms.ValidationError(f"tier {name}: {fault}")
         return tiers
+
+    def clean_effective_from(self) -> datetime | None:
+        effective_from: datetime | None = self.cleaned_data.get("effective_from")
+        fault = pricing_services.price_day_fault(effective_from)  # the rule price_save holds
+        if fault is not None:
+            raise forms.ValidationError(fault.message)
+        return effective_from
 
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean() or {}

@@ -22,6 +22,7 @@ from django.db.models import Q
 
 from costboard.input_limits import FIRST_DAY, FIRST_YEAR, LAST_DAY, LAST_YEAR, text_fault
 from costboard.models import (
+    PRICE_EPOCH,
     STANDARD_TIER,
     TIER_WORD,
     DailyRollup,
@@ -96,6 +97,42 @@ def price_rate_fault(rates: Mapping[str, Decimal | None]) -> PriceError | None:
                 f"must be 0 or more USD per million tokens, got {Decimal(rate).normalize():f}: "
                 'a price is what a token costs, e.g. "3" (a discount is a price adjustment)',
             )
+    return None
+
+
+# A price row's start day: from PRICE_EPOCH (the day a price that has always applied starts:
+# genai-prices' rows, and a row given no date), to this many years from today, as far as a
+# published price change is announced; 0001-01-01 or 9999-12-31 is a typing slip.
+PRICE_YEARS_AHEAD = 2
+PRICE_RANGE_SAYS = (
+    "a price starts on a day from {first} (a price that has always applied) to {last} "
+    "(two years from today), e.g. {today}"
+)
+
+
+def _years_on(day: date, years: int) -> date:
+    try:
+        return day.replace(year=day.year + years)
+    except ValueError:  # 29 February, into a year without one
+        return day.replace(year=day.year + years, day=28)
+
+
+def price_day_fault(
+    effective_from: datetime | None, *, today: date | None = None
+) -> PriceError | None:
+    """What is wrong with a price row's start (a moment; its UTC day counts), None if
+    nothing: before PRICE_EPOCH's day, or more than PRICE_YEARS_AHEAD years after `today`
+    (UTC, by default now's)."""
+    if effective_from is None:
+        return None  # that field's own error is shown
+    today = today or datetime.now(UTC).date()
+    first, last = PRICE_EPOCH.date(), _years_on(today, PRICE_YEARS_AHEAD)
+    day = effective_from.astimezone(UTC).date() if effective_from.tzinfo else effective_from.date()
+    says = PRICE_RANGE_SAYS.format(first=first, last=last, today=today)
+    if day < first:
+        return PriceError("effective_from", f"{day} is before {first}: {says}")
+    if day > last:
+        return PriceError("effective_from", f"{day} is more than two years from today: {says}")
     return None
 
 
@@ -178,7 +215,8 @@ def stored_window_fault(price: ModelPrice) -> PriceError | None:
 def price_save(*, price: ModelPrice, by_admin: bool = True) -> None:
     """Save an added or edited price row (an edit is marked so sync_prices keeps it) and
     reprice what its old and new model patterns cover. PriceError, nothing saved, for a
-    window `price_window_fault` refuses or a rate below 0 (`price_rate_fault`)."""
+    window `price_window_fault` refuses, a rate below 0 (`price_rate_fault`) or a start day out
+    of range (`price_day_fault`)."""
     with transaction.atomic():
         tier = price.service_tier or ""
         if not TIER_WORD.fullmatch(tier.strip()):
@@ -188,6 +226,9 @@ def price_save(*, price: ModelPrice, by_admin: bool = True) -> None:
                 "(letters, digits, _ . - :)",
             )
         price.service_tier = service_tier_word(tier)
+        fault = price_day_fault(price.effective_from)
+        if fault is not None:
+            raise fault
         fault = stored_window_fault(price)
         if fault is not None:
             raise fault
