@@ -131,6 +131,19 @@ def test_a_database_outage_is_a_503_page_for_pages(database_down: None) -> None:
     assert b"database" in response.content
 
 
+def test_a_database_outage_is_a_503_for_the_metrics_scrape(
+    database_down: None, settings: Any
+) -> None:
+    """A scrape fails (Prometheus' `up` is 0) and says to retry, rather than a 500 that reads
+    as Costboard's bug (docs/operations.md, "Commands when the database is down")."""
+    settings.COSTBOARD_METRICS_TOKEN = "scrape-token-123"
+    client = Client(raise_request_exception=False)
+    response = client.get("/metrics", headers={"Authorization": "Bearer scrape-token-123"})
+    assert response.status_code == 503
+    assert response["Retry-After"] == "5"
+    assert b"cannot reach its database" in response.content
+
+
 # A statement each database refuses with an OperationalError that is no outage
 REFUSED = {
     "sqlite": "SELECT json_extract('not json', '$')",  # malformed JSON
