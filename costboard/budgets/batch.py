@@ -33,6 +33,7 @@ from costboard.budgets.alerts import announce
 from costboard.budgets.caps import BudgetFields, CapsMemo, SessionBudget, session_budget
 from costboard.budgets.engine import Flag, Ledger, SpendLike, budget_decide
 from costboard.budgets.period_ledgers import (
+    MovedSpend,
     SpendBatch,
     SpendStep,
     period_budgets_apply,
@@ -72,12 +73,36 @@ class SessionSpend:
     at: datetime
 
 
+@dataclass(frozen=True, slots=True)
+class StepMoved:
+    """A stored step the batch moved out of `system` (ingest's writes/moves.py): its id, the
+    step in its new session, and the end user and tags it had there and has now."""
+
+    step_id: int
+    step: SpendStep
+    user_before: str
+    tags_before: dict[str, str] | None
+    user_after: str
+    tags_after: dict[str, str] | None
+
+    def spend(self) -> MovedSpend:
+        """The step as period budgets match it where it was and where it is."""
+        return MovedSpend(
+            step=self.step,
+            step_id=self.step_id,
+            before=StepScope(user_id=self.user_before, key_prefix="", tags=self.tags_before),
+            after=StepScope(user_id=self.user_after, key_prefix="", tags=self.tags_after),
+        )
+
+
 @dataclass(frozen=True)
 class BatchSpend:
     """Everything of a batch a budget reads: its project, its touched sessions (each once),
     its stored steps and what period budgets match them by — the key that sent them, each
     session's end user as it stands after the batch, each step's tags (`step_tags`) and each
-    session's (a session given no steps is matched by them) — and the batch's time."""
+    session's (a session given no steps is matched by them) — the batch's time, and the
+    stored steps it moved out of `system` (`moved`: their user and tags there and now, for
+    the user and tag budgets they leave and join; period_ledgers.py)."""
 
     project: Project
     sessions: Sequence[SessionSpend]
@@ -87,6 +112,7 @@ class BatchSpend:
     step_tags: Callable[[Any], dict[str, str] | None]
     session_tags: Mapping[str, dict[str, str]]
     now: datetime
+    moved: Sequence[StepMoved] = ()
 
 
 @dataclass
@@ -174,6 +200,7 @@ def batch_budgets(batch: BatchSpend) -> BatchBudgets:
         key_prefix=batch.key_prefix,
         user_of=batch.user_of,
         tags_of=batch.step_tags,
+        moved=[moved.spend() for moved in batch.moved],
     )
     periods = period_budgets_apply(project=project, budgets=above, batch=spent, now=now)
     decided.stopped = _stopped(batch, above, periods.stopped)

@@ -20,6 +20,18 @@ summed again from the buckets when the window has moved to another hour, so the 
 decides from the window's totals at the batch's time, never from a sum of steps. When those
 fell back under the first warn fraction since a crossing, the ledger begins a new episode:
 its state back to ok, its crossings recordable again.
+
+Steps a batch moves out of the `system` session into their OTLP trace's session (docs/api.md,
+"OTLP traces"; `SpendBatch.moved`) were counted when they arrived, under the user and tags
+they had in `system`. Each user or tag budget that counted one (`budget_counted`) and whose
+member for it is not the same there and now (another member, none before, or none now) gets
+it taken out of the old member's ledger (and day, or hour) and added to the new one's, in
+the same upsert as the batch's steps (so under the same locks, in the same order); project
+and key budgets are unchanged (the step's project and key are). Every ledger touched is then
+decided like any other: the additions' crossings recorded once; a ledger the subtraction
+takes back under a limit or a warn fraction is decided from its new totals (its state ok or
+warning again, as a repricing does), its crossings already recorded kept, and not recorded
+again in that period.
 """
 
 from __future__ import annotations
@@ -96,15 +108,64 @@ class SpendStep(Protocol):
     def cost_usd(self) -> Decimal: ...
 
 
+@dataclass(frozen=True, slots=True)
+class MovedSpend:
+    """A stored step the batch moved into another session (module docstring): its id, and
+    what budgets matched it by (user and tags) where it was and where it now is."""
+
+    step: SpendStep  # in its new session
+    step_id: int
+    before: StepScope
+    after: StepScope
+
+
+@dataclass(frozen=True, slots=True)
+class TakenBack:
+    """A moved step as the budgets it leaves get it: its tokens and cost taken out."""
+
+    moved: SpendStep
+
+    @property
+    def session_key(self) -> str:
+        return self.moved.session_key
+
+    @property
+    def at(self) -> datetime:
+        return self.moved.at
+
+    @property
+    def tokens(self) -> int:
+        return -self.moved.tokens
+
+    @property
+    def cost_pico(self) -> int:
+        return -self.moved.cost_pico
+
+    @property
+    def cost_usd(self) -> Decimal:
+        return -self.moved.cost_usd
+
+
+def budget_counted(budget: PeriodBudget, step_id: int, at: datetime) -> bool:
+    """Did `budget` count the stored step of this id and time when it arrived: from the first
+    step id the budget could count (`counts_from_step`); for a budget made before that was
+    kept, by the step's time from its creation on."""
+    if budget.counts_from_step is not None:
+        return step_id >= budget.counts_from_step
+    return at >= budget.created_at
+
+
 @dataclass(frozen=True)
 class SpendBatch:
     """A batch's stored steps, with what budgets match them by: the key that sent them, each
-    session's end user (as it stands after the batch) and each step's tags."""
+    session's end user (as it stands after the batch) and each step's tags; and the stored
+    steps it moved between sessions (`moved`, module docstring)."""
 
     steps: Sequence[SpendStep]
     key_prefix: str = ""
     user_of: Mapping[str, str] = field(default_factory=dict)
     tags_of: Callable[[Any], dict[str, str] | None] = lambda step: None
+    moved: Sequence[MovedSpend] = ()
 
     def members(self, budget: PeriodBudget) -> dict[str, Sequence[SpendStep]]:
         """The steps that count toward `budget` (its period aside), by the member they count
@@ -122,18 +183,29 @@ class SpendBatch:
                 found = budget_member(budget, StepScope(user_id=user_id, key_prefix="", tags=None))
                 if found is not None:
                     member_of[key] = found
-            if not member_of:
-                return {}
-            for step in self.steps:
+            for step in self.steps if member_of else ():
                 found = member_of.get(step.session_key)
                 if found is not None:
                     groups.setdefault(found, []).append(step)
-            return dict(groups)
-        for step in self.steps:
-            scope = StepScope(user_id="", key_prefix="", tags=self.tags_of(step))
-            found = budget_member(budget, scope)
-            if found is not None:
-                groups.setdefault(found, []).append(step)
+        else:
+            for step in self.steps:
+                scope = StepScope(user_id="", key_prefix="", tags=self.tags_of(step))
+                found = budget_member(budget, scope)
+                if found is not None:
+                    groups.setdefault(found, []).append(step)
+        for moved in self.moved:
+            spend = moved.step
+            if not (spend.tokens or spend.cost_pico):
+                continue
+            if not budget_counted(budget, moved.step_id, spend.at):
+                continue  # made after it arrived: it counts toward none of its members
+            was, now = budget_member(budget, moved.before), budget_member(budget, moved.after)
+            if was == now:
+                continue
+            if was is not None:
+                groups.setdefault(was, []).append(TakenBack(spend))
+            if now is not None:
+                groups.setdefault(now, []).append(spend)
         return dict(groups)
 
 
@@ -189,7 +261,7 @@ def period_budgets_apply(
     """Count the batch's steps toward the budgets that cover them and decide each (module
     docstring)."""
     outcome = PeriodOutcome()
-    if not budgets or not batch.steps:
+    if not budgets or not (batch.steps or batch.moved):
         return outcome
     groups: dict[LedgerKey, Sequence[SpendStep]] = {}
     ends: dict[LedgerKey, datetime | None] = {}
@@ -270,7 +342,8 @@ def period_budgets_apply(
             key in windows or row.period_end is None or row.period_start <= now < row.period_end
         )
         if budget.action == PeriodBudget.Action.STOP and row.state == EXHAUSTED and current:
-            for session_key in {step.session_key for step in windows.get(key, spends)}:
+            counted = windows.get(key, spends)
+            for session_key in {s.session_key for s in counted if not isinstance(s, TakenBack)}:
                 outcome.stopped.setdefault(session_key, budget.pk)
     windows_set(written)
     outcome.events = events

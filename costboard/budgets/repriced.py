@@ -30,6 +30,7 @@ from django.db.models import F, Q
 from costboard.budgets.alerts import announce, incidents_resolve
 from costboard.budgets.period_ledgers import (
     LEDGER_ORDER,
+    budget_counted,
     period_budget_recheck,
     project_budgets,
 )
@@ -118,12 +119,8 @@ def period_ledgers_reprice(steps: Sequence[StepRepriced]) -> set[int]:
 
 
 def _counted(budget: PeriodBudget, step: StepRepriced) -> bool:
-    """Did `budget` count this step, by when it arrived: from the first step id the budget
-    could count (`counts_from_step`); for a budget made before that was kept, by the step's
-    time from its creation on."""
-    if budget.counts_from_step is not None:
-        return step.step_id >= budget.counts_from_step
-    return step.at >= budget.created_at
+    """Did `budget` count this step, by when it arrived (`budget_counted`)."""
+    return budget_counted(budget, step.step_id, step.at)
 
 
 def repriced_budgets_decide(budget_ids: set[int], *, now: datetime) -> None:

@@ -14,12 +14,13 @@ One transaction, a fixed number of statements whatever the batch size:
    PostgreSQL into their month partitions, made before the transaction if missing), and move
    the stored `system` steps of the OTLP traces this batch names a session for into their
    session and turn (`trace_moves`, writes/moves.py: from here on read beside the inserted
-   steps, and taken out of `system`'s sums, model mix and user and tag rollups; never
-   counted again in the daily rollups, the latency histograms, the tally or the period
-   budgets, which counted them once already); then write each
-   touched turn once — an update of those found, an insert of the new ones with their final
-   values: the inserted steps' sums, its messages, and its retry-loop streaks advanced over
-   those steps, checking the per-turn runaway rules (turn_rules);
+   steps, and taken out of `system`'s sums, model mix and user and tag rollups, and out of
+   the user and tag period budgets they counted toward there (into those they count toward
+   now, step 6); never counted again in the daily rollups, the latency histograms, the
+   tally or the project's and keys' period budgets, which counted them once already); then
+   write each touched turn once — an update of those found, an insert of the new ones with
+   their final values: the inserted steps' sums, its messages, and its retry-loop streaks
+   advanced over those steps, checking the per-turn runaway rules (turn_rules);
 5. add the inserted steps to their sessions' per-model usage (the model mix: rows of
    sessions this batch holds locked, so no other batch waits on them);
 6. ask the budgets, once (costboard/budgets/batch.py, `batch_budgets`): every session's
@@ -59,7 +60,7 @@ from typing import Any
 from django.db import connection, transaction
 from django.utils import timezone
 
-from costboard.budgets.batch import BatchSpend, batch_budgets
+from costboard.budgets.batch import BatchSpend, StepMoved, batch_budgets
 from costboard.budgets.caps import SessionBudget
 from costboard.hooks import Ingested, after_ingest_run
 from costboard.ingest.plan import (
@@ -79,7 +80,7 @@ from costboard.ingest.rollups import (
 )
 from costboard.ingest.schemas import Event, SessionEvent, StepEvent, TurnEvent
 from costboard.ingest.sql import ingest_settings, sums_in_range
-from costboard.ingest.writes.moves import TraceMove, steps_move
+from costboard.ingest.writes.moves import MovedStep, TraceMove, steps_move
 from costboard.ingest.writes.receipts import receipts_insert
 from costboard.ingest.writes.sessions import session_spends, sessions_lock, sessions_update
 from costboard.ingest.writes.steps import steps_insert
@@ -185,6 +186,7 @@ def events_ingest(
                 step_tags=lambda step: step_tags(step, session_tags),
                 session_tags=session_tags,
                 now=now,
+                moved=[_moved_spend(m, users, session_tags) for m in moved],
             )
         )
         new_turns = Counter(turn.session_key for turn in turns_now.values() if turn.new)
@@ -210,6 +212,22 @@ def events_ingest(
         budget_events=verdict.events,
         budgets=answer.budgets,
         sessions_ok=answer.sessions_ok,
+    )
+
+
+def _moved_spend(
+    moved: MovedStep, users: dict[str, str], session_tags: dict[str, dict[str, str]]
+) -> StepMoved:
+    """A moved step as the period budgets match it: by the user and tags it had in `system`,
+    and by those it has now (its session's user; its tags as steps_move stored them)."""
+    step = moved.step
+    return StepMoved(
+        step_id=moved.step_id,
+        step=step,
+        user_before=moved.old_user,
+        tags_before=moved.old_tags,
+        user_after=users[step.session_key],
+        tags_after=step_tags(step, session_tags),
     )
 
 

@@ -4,7 +4,9 @@ calls often arrive before the span that names their session and are stored in `s
 without a turn; the batch that brings that span moves them (`steps_move`). Two statements
 whatever their number: a locking read, then one update. What they added to `system` is then
 taken out of it and added to their session, turn and rollups by the batch's own writes, which
-read the moved steps beside the inserted ones (costboard/ingest/service.py)."""
+read the moved steps beside the inserted ones (costboard/ingest/service.py), and out of the
+user and tag period budgets they counted toward there into those they count toward now
+(costboard/budgets/period_ledgers.py)."""
 
 from __future__ import annotations
 
@@ -36,9 +38,10 @@ class TraceMove:
 
 @dataclass(slots=True)
 class MovedStep:
-    """A step moved: as it now is (`step`: its new session and turn, its own tags), and the
-    user and tags it was rolled up under in `system`."""
+    """A step moved: its id, as it now is (`step`: its new session and turn, its own tags),
+    and the user and tags it was rolled up and counted under in `system`."""
 
+    step_id: int
     step: PricedStep
     old_user: str
     old_tags: dict[str, str] | None
@@ -118,7 +121,8 @@ def steps_move(
         # its own tags: those its `system` session did not give it
         own = {k: v for k, v in (stored_tags or {}).items() if system_tags.get(k) != v} or None
         step = _priced(values_of, move, own, windows)
-        moved.append(MovedStep(step, values_of["user_id"] or system_user, stored_tags))
+        old_user = values_of["user_id"] or system_user
+        moved.append(MovedStep(values_of["id"], step, old_user, stored_tags))
         values.append(
             [
                 values_of["id"],

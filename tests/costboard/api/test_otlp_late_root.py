@@ -16,10 +16,13 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.trace import Tracer
 
+from costboard.budgets.period_services import period_budget_create
 from costboard.models import (
     SYSTEM_SESSION_ID,
+    BudgetDay,
     BudgetEvent,
     DailyRollup,
+    PeriodLedger,
     Session,
     SessionModelUsage,
     Step,
@@ -175,7 +178,44 @@ def figures(agent: Agent) -> dict[str, Any]:
         "daily": daily,
         "steps": steps,
         "budget_events": events,
+        **period_figures(agent),
     }
+
+
+def period_figures(agent: Agent) -> dict[str, Any]:
+    """The period budgets' ledgers, days and crossings, by budget name (those at zero left
+    out: a member the moved steps left), each crossing with its ledger's member."""
+    project = agent.project
+    ledgers = {
+        (row.budget.name, row.period_start, row.member): (
+            row.tokens_used,
+            row.cost_usd,
+            row.state,
+            row.warned_at,
+            row.exhausted_at,
+            row.threshold_crossed,
+        )
+        for row in PeriodLedger.objects.filter(project=project).select_related("budget")
+        if row.tokens_used or row.cost_usd
+    }
+    days = {
+        (d.budget.name, d.day, d.member): (d.tokens_used, d.cost_usd)
+        for d in BudgetDay.objects.filter(project=project).select_related("budget")
+        if d.tokens_used or d.cost_usd
+    }
+    recorded = BudgetEvent.objects.filter(project=project, ledger__isnull=False)
+    crossings = sorted(
+        recorded.values_list(
+            "ledger__budget__name",
+            "ledger__member",
+            "kind",
+            "threshold",
+            "at",
+            "tokens_used",
+            "cost_usd",
+        )
+    )
+    return {"ledgers": ledgers, "budget_days": days, "period_crossings": crossings}
 
 
 def assert_sums_of_steps(agent: Agent) -> None:
@@ -384,3 +424,106 @@ def test_roots_racing_move_the_children_once_beside_other_traffic() -> None:
         assert session.cost_usd == sum(s.cost_usd for s in mine) == COST
         assert (session.step_count, session.turn_count) == (4, 1)
     assert not Step.objects.filter(session__external_id=SYSTEM_SESSION_ID).exists()
+
+
+BUDGETS = [  # each capped below the trace's cost, above the sonnet call's
+    {"name": "alice", "scope": "user", "scope_value": "alice"},
+    {"name": "per user", "scope": "user", "scope_value": "*"},
+    {"name": "team a", "scope": "tag", "scope_value": "team=a"},
+    {"name": "per team", "scope": "tag", "scope_value": "team=*"},
+    {"name": "project", "scope": "project"},
+]
+
+
+def budgeted_agent(slug: str) -> Agent:
+    """priced_agent with a monthly period budget of each scope, each capped at CAP."""
+    agent = priced_agent(slug)
+    for fields in BUDGETS:
+        period_budget_create(
+            project=agent.project, fields={**fields, "cost_limit_usd": str(CAP), "period": "month"}
+        )
+    return agent
+
+
+def ledger_of(agent: Agent, name: str, member: str = "") -> PeriodLedger:
+    (ledger,) = PeriodLedger.objects.filter(project=agent.project, budget__name=name, member=member)
+    return ledger
+
+
+def test_the_users_and_tags_period_budgets_count_the_moved_children(prices: None) -> None:
+    """The children counted toward nobody's user or tag budget in `system` (no user, no
+    tags); moved into alice's session tagged team=a, they count toward hers and the tag's,
+    exactly as the trace exported whole, each crossing recorded once."""
+    split, together = budgeted_agent("split"), budgeted_agent("together")
+    children, root = children_and_root()
+    parsed(post_spans(split, children))
+    assert not PeriodLedger.objects.filter(project=split.project, budget__name="alice").exists()
+    assert ledger_of(split, "project").cost_usd == COST
+    parsed(post_spans(split, root))
+    parsed(post_spans(together, [*children, *root]))
+
+    steps = list(Step.objects.filter(project=split.project))
+    assert {s.user_id for s in steps} == {"alice"}
+    for name, member in [
+        ("alice", ""),
+        ("per user", "alice"),
+        ("team a", ""),
+        ("per team", "a"),
+        ("project", ""),
+    ]:
+        ledger = ledger_of(split, name, member)
+        assert ledger.cost_usd == sum(s.cost_usd for s in steps) == COST, name
+        assert ledger.tokens_used == 880, name
+        assert (ledger.state, ledger.threshold_crossed) == ("exhausted", Decimal("0.8")), name
+        kinds = BudgetEvent.objects.filter(ledger=ledger).values_list("kind", "threshold")
+        assert sorted(kinds) == [
+            ("exhausted", Decimal(0)),
+            ("soft_warned", Decimal("0.8")),
+            ("threshold", Decimal("0.8")),
+        ], name
+    assert figures(split) == figures(together)
+    before = figures(split)
+    for export in (root, children, [*root, *children]):
+        parsed(post_spans(split, export))
+        assert figures(split) == before
+
+
+def test_the_moved_children_leave_the_budgets_of_the_user_and_tags_they_had(
+    prices: None,
+) -> None:
+    """`system` of user ops tagged team=ops: the children counted toward ops's and
+    team=ops's budgets, exhausting them; moved, they leave those (back to ok, their crossings
+    kept: recorded once, never taken back) and count toward alice's and team=a's."""
+    split, together = budgeted_agent("split"), budgeted_agent("together")
+    Session.objects.create(
+        project=split.project, external_id=SYSTEM_SESSION_ID, user_id="ops", tags={"team": "ops"}
+    )
+    children, root = children_and_root()
+    parsed(post_spans(split, children))
+    ops = ledger_of(split, "per user", "ops")
+    team_ops = ledger_of(split, "per team", "ops")
+    for ledger in (ops, team_ops):
+        assert (ledger.cost_usd, ledger.tokens_used, ledger.state) == (COST, 880, "exhausted")
+    parsed(post_spans(split, root))
+    parsed(post_spans(together, [*children, *root]))
+
+    for ledger in (ops, team_ops):
+        ledger.refresh_from_db()
+        assert (ledger.cost_usd, ledger.tokens_used) == (Decimal(0), 0)
+        assert (ledger.state, ledger.exhausted_at, ledger.warned_at) == ("ok", None, None)
+        kinds = BudgetEvent.objects.filter(ledger=ledger).values_list("kind", flat=True)
+        assert sorted(kinds) == ["exhausted", "soft_warned", "threshold"]
+    days = BudgetDay.objects.filter(project=split.project, member="ops")
+    assert [(d.tokens_used, d.cost_usd) for d in days] == [(0, Decimal(0))] * 2
+    for name, member in [("per user", "alice"), ("per team", "a")]:
+        ledger = ledger_of(split, name, member)
+        assert (ledger.cost_usd, ledger.tokens_used, ledger.state) == (COST, 880, "exhausted")
+    ops_crossings = [c for c in period_figures(split)["period_crossings"] if c[1] == "ops"]
+    assert len(ops_crossings) == 6
+    mine = period_figures(split)
+    mine["period_crossings"] = [c for c in mine["period_crossings"] if c[1] != "ops"]
+    assert mine == period_figures(together)
+    before = figures(split)
+    for export in (root, children, [*root, *children]):
+        parsed(post_spans(split, export))
+        assert figures(split) == before
