@@ -4,7 +4,8 @@ path, a request Django refuses itself, an unhandled exception, a database outage
 Under the API's paths (/api/, OTLP's /v1/) every one of them is the API's JSON error body
 `{"errors": [{"index", "field", "message"}]}` (docs/api.md, "Errors"); pages keep Django's
 HTML pages. A database that cannot be reached is not the server's bug: 503 with Retry-After,
-for the API and the pages alike, so clients and load balancers retry rather than give up. A
+for the API and the pages alike, so clients and load balancers retry rather than give up (the
+Prometheus scrape, /metrics, gets it as a one-line text comment, not a page's HTML). A
 statement the database refuses is a bug, a 500, though the driver may call it an
 OperationalError too (SQLite's "malformed JSON", PostgreSQL's program limits): the driver's
 error code tells which.
@@ -17,6 +18,7 @@ import sys
 from django.contrib.auth.models import AnonymousUser
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
+from django.urls import reverse
 from django.views import defaults
 
 from costboard.dashboards.scope import Scope, projects_visible
@@ -38,10 +40,17 @@ def _errors(status: int, field: str | None, message: str) -> JsonResponse:
 
 
 def database_unavailable(request: HttpRequest) -> HttpResponse:
-    """503 with Retry-After: JSON naming the database under the API, a short page elsewhere."""
+    """503 with Retry-After: JSON naming the database under the API, a comment line in the
+    exposition format for the scraper of /metrics, a short page elsewhere."""
     response: HttpResponse
     if is_api(request):
         response = _errors(503, "database", DATABASE_DOWN)
+    elif request.path_info == reverse("metrics"):
+        response = HttpResponse(
+            f"# costboard: {DATABASE_DOWN}\n",
+            status=503,
+            content_type="text/plain; version=0.0.4; charset=utf-8",
+        )
     else:
         response = HttpResponse(
             "<!doctype html><title>Costboard is unavailable</title><h1>Service unavailable</h1>"

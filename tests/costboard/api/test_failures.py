@@ -135,13 +135,15 @@ def test_a_database_outage_is_a_503_for_the_metrics_scrape(
     database_down: None, settings: Any
 ) -> None:
     """A scrape fails (Prometheus' `up` is 0) and says to retry, rather than a 500 that reads
-    as Costboard's bug (docs/operations.md, "Commands when the database is down")."""
+    as Costboard's bug (docs/operations.md, "Commands when the database is down"); the body
+    is the scraper's text, not the pages' HTML."""
     settings.COSTBOARD_METRICS_TOKEN = "scrape-token-123"
     client = Client(raise_request_exception=False)
     response = client.get("/metrics", headers={"Authorization": "Bearer scrape-token-123"})
     assert response.status_code == 503
     assert response["Retry-After"] == "5"
-    assert b"cannot reach its database" in response.content
+    assert response["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+    assert response.content == (b"# costboard: the database is unavailable: retry in 5 seconds\n")
 
 
 # A statement each database refuses with an OperationalError that is no outage
