@@ -89,8 +89,10 @@ class Checks:
         return False
 
     def tag(self, name: str = "tag") -> str:
-        """`key=value`, a tag as steps and sessions carry it; "" when absent."""
-        value = self.get(name).strip()
+        """`key=value`, a tag as steps and sessions carry it; "" when absent. The key and the
+        value are each trimmed, as ingest trims what an event sends: `env= prod` is `env=prod`."""
+        key, equals, tag_value = self.get(name).partition("=")
+        value = f"{key.strip()}{equals}{tag_value.strip()}"
         if not value or TAG.fullmatch(value):
             return value
         self.errors[name] = (
