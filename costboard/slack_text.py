@@ -15,6 +15,8 @@ docs/budgets.md, "Channels", says what a reader sees.
 - `slack_cut`: text cut to a Block Kit limit (3,000 characters for a section's text, 2,000
   for a field) with a visible "…", never inside an entity (`&am`) or a character's
   sequence (an accent and its letter, an emoji and its modifiers, a flag's two halves).
+- `text_cut`: plain text (no entities: PagerDuty's summary) cut the same way to a limit in
+  characters.
 """
 
 from __future__ import annotations
@@ -78,10 +80,16 @@ def _regional(char: str) -> bool:
 
 def _boundary(text: str, end: int) -> int:
     """The nearest place at or before `end` that splits no entity and no character's
-    sequence (a grapheme, as far as Slack's reader would draw it as one)."""
+    sequence."""
     amp = text.rfind("&", 0, end)
     if amp != -1 and ";" not in text[amp:end] and text[amp:].startswith(("&amp;", "&lt;", "&gt;")):
         end = amp
+    return _sequence_boundary(text, end)
+
+
+def _sequence_boundary(text: str, end: int) -> int:
+    """The nearest place at or before `end` that splits no character's sequence (a grapheme,
+    as far as a reader would draw it as one)."""
     while 0 < end < len(text) and (_joins_previous(text[end]) or text[end - 1] == _ZWJ):
         end -= 1
     if 0 < end < len(text) and _regional(text[end]):
@@ -105,3 +113,11 @@ def slack_cut(text: str, limit: int) -> str:
             break
         end += 1
     return text[: _boundary(text, end)] + ELLIPSIS
+
+
+def text_cut(text: str, limit: int) -> str:
+    """Plain `text` whole if it fits `limit` (in characters), else its longest start that
+    splits no character's sequence (`_sequence_boundary`) followed by "…", within `limit`."""
+    if len(text) <= limit:
+        return text
+    return text[: _sequence_boundary(text, limit - len(ELLIPSIS))] + ELLIPSIS

@@ -80,7 +80,7 @@ from costboard.models import (
     SpendAnomaly,
     usd,
 )
-from costboard.slack_text import slack_cut, slack_escaped, slack_literal
+from costboard.slack_text import slack_cut, slack_escaped, slack_literal, text_cut
 
 SIGNATURE_TOLERANCE_SECONDS = 300
 
@@ -557,6 +557,7 @@ def slack_message(payload: dict[str, Any]) -> dict[str, Any]:
 # --- PagerDuty --------------------------------------------------------------------------------
 
 DEDUP_KEY_CHARS = 255  # the Events API v2's limit
+SUMMARY_CHARS = 1024  # the Events API v2's limit on `payload.summary`
 
 
 def dedup_key(parts: list[str]) -> str:
@@ -580,7 +581,7 @@ def pagerduty_trigger(
         "event_action": "trigger",
         "dedup_key": dedup,
         "payload": {
-            "summary": alert_summary(payload)[:1024],
+            "summary": text_cut(alert_summary(payload), SUMMARY_CHARS),
             "source": urlsplit(base).hostname or "costboard",
             "severity": severity,
             "timestamp": payload["at"],

@@ -1,6 +1,8 @@
 """Text in Slack's mrkdwn (costboard/slack_text.py): escaped as Slack asks, users' names shown
 literally, and cut to Block Kit's limits with a visible "…" and never inside an entity or a
 character's sequence — here through the alert's message (`slack_message`) and the helpers.
+The plain-text cut (`text_cut`, for PagerDuty's summary) keeps the characters' sequences
+whole the same way, counting characters.
 
 No field a user can fill makes an alert's headline reach 3,000 characters today (the longest
 names escape to about 1,300), so the long ones are payloads as `alert_payload` makes them,
@@ -12,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from costboard.budgets.alert_messages import slack_message
-from costboard.slack_text import slack_cut, slack_escaped, slack_literal
+from costboard.budgets.alert_messages import pagerduty_trigger, slack_message
+from costboard.slack_text import slack_cut, slack_escaped, slack_literal, text_cut
 
 
 def session_payload(session_id: str) -> dict[str, Any]:
@@ -84,6 +86,39 @@ def test_a_field_is_cut_to_2000_keeping_its_label() -> None:
 def test_slack_cut_never_splits_an_entity_or_a_character(text: str, limit: int, cut: str) -> None:
     assert slack_cut(text, limit) == cut
     assert utf16(slack_cut(text, limit)) <= limit
+
+
+@pytest.mark.parametrize(
+    ("text", "limit", "cut"),
+    [
+        ("abcdef", 6, "abcdef"),  # fits: untouched, no ellipsis
+        ("abcdefg", 6, "abcde…"),
+        ("ab&amp;cd", 6, "ab&am…"),  # plain text: no entities to keep whole
+        ("e\u0301e\u0301e\u0301", 4, "e\u0301…"),  # é as e and its accent: kept together
+        ("🇫🇷🇩🇪", 4, "🇫🇷🇩🇪"),  # four characters: fits
+        ("🇫🇷🇩🇪", 3, "🇫🇷…"),  # room for a half: not taken
+        ("👍🏽👍🏽", 3, "👍🏽…"),  # a hand and its skin tone: two characters
+        ("👍🏽👍🏽", 2, "…"),
+        ("👩\u200d👩\u200d👧x", 5, "…"),  # one family of three: whole or not at all
+        ("x👩\u200d👩\u200d👧", 5, "x…"),
+    ],
+)
+def test_text_cut_never_splits_a_character_and_counts_characters(
+    text: str, limit: int, cut: str
+) -> None:
+    assert text_cut(text, limit) == cut
+    assert len(text_cut(text, limit)) <= limit
+
+
+def test_a_pagerduty_summary_past_1024_characters_is_cut_whole_with_an_ellipsis() -> None:
+    """Cut with [:1024] as sent before, the summary ended with a hand parted from its skin
+    tone and no sign that it was cut."""
+    event = pagerduty_trigger(
+        session_payload("x" + "👍🏽" * 600), routing_key="r" * 32, dedup="d", severity="error"
+    )
+    summary = event["payload"]["summary"]
+    assert summary == "acme: session x" + "👍🏽" * 504 + "…"
+    assert len(summary) == 1024
 
 
 def test_slack_escaped_is_slacks_three_entities_only() -> None:
