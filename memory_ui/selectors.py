@@ -470,6 +470,21 @@ class Near:
     conflicts: list[tuple[Memory, str]]
 
 
+def same_sentence_live(
+    project_id: int, scope: str, sentence: str, *, exclude: int, now: datetime
+) -> Memory | None:
+    """Another pending or approved memory of the scope with the same sentence (the
+    fingerprint a proposal is matched by, writes.proposals), the approved one first."""
+    return (
+        Memory.objects.filter(project_id=project_id, scope=scope, fingerprint=sentence)
+        .filter(proposal=Memory.Proposal.NEW, status__in=LIVE)
+        .filter(unexpired(now))
+        .exclude(pk=exclude)
+        .order_by("status", "pk")
+        .first()
+    )
+
+
 def near_memories(
     project: Project,
     scope: str,

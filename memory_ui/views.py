@@ -26,7 +26,7 @@ from costboard.dashboards.scope import Scope, scope_for
 from costboard.dashboards.views.shared import HtmxHttpRequest
 from costboard.models import Project
 from memory_ui import cleaners, memory_file, selectors
-from memory_ui.forms import MemoryEditForm
+from memory_ui.forms import LABELS, MemoryEditForm
 from memory_ui.models import Memory, MemoryEvent
 from memory_ui.writes import decisions
 
@@ -280,6 +280,8 @@ def memory_edit_view(request: HtmxHttpRequest, pk: int) -> HttpResponse:
         except decisions.DecisionError:
             memory.refresh_from_db()
             form.add_error(None, f"This memory is {memory.status} now: it was decided meanwhile.")
+        except cleaners.MemoryInputError as error:  # another memory says it (memory_edit)
+            form.add_error(error.field, f"{LABELS[error.field]}: {error.message}.")
     if form.errors:
         return _edit_response(request, scope, memory, form, 422)
     # what was typed is stored redacted, as a proposal is: the reviewer is told, not left unaware

@@ -12,10 +12,11 @@ from datetime import datetime, timedelta
 from django.db import transaction
 from django.utils import timezone
 
+from costboard.models import Project
 from memory_ui.cleaners import MemoryFields, MemoryInputError
 from memory_ui.conflicts import frame_key
 from memory_ui.models import Memory, MemoryEvent
-from memory_ui.selectors import LIVE, near_memories
+from memory_ui.selectors import LIVE, near_memories, same_sentence_live
 from memory_ui.text import fingerprint
 from memory_ui.writes.history import User, event_record, snapshot
 
@@ -42,14 +43,20 @@ def memory_edit(
     Only a pending or approved memory is edited: a rejected sentence keeps its text (which
     keeps it from coming back), and one expired, merged or superseded keeps its history's.
     A pending candidate's `conflicts_with` is read again for its new text and scope, so
-    approving it supersedes what it contradicts as edited, and nothing else."""
+    approving it supersedes what it contradicts as edited, and nothing else. A new text or
+    scope that another live memory of that scope already says is refused (MemoryInputError
+    naming it), nothing saved."""
     now = now or timezone.now()
+    # one editor or proposer at a time per project, as proposals lock it: two edits into one
+    # sentence see each other (_refuse_a_twin)
+    Project.objects.select_for_update(no_key=True).filter(pk=memory.project_id).first()
     memory = _locked(memory)
     if approve and memory.status != Memory.Status.PENDING:
         raise DecisionError(f"memory {memory.pk} is {memory.status}, not pending")
     if memory.status not in LIVE:
         raise DecisionError(f"memory {memory.pk} is {memory.status}: it is not edited")
     before = snapshot(memory)
+    sentence_before, scope_before = memory.fingerprint, memory.scope
     memory.content, memory.type, memory.scope = fields.content, fields.type, fields.scope
     memory.importance, memory.tags = fields.importance, list(fields.tags)
     memory.ttl_days = fields.ttl_days
@@ -58,6 +65,10 @@ def memory_edit(
     if memory.proposal not in (Memory.Proposal.EVICT, Memory.Proposal.UPDATE):  # no sentences
         memory.fingerprint = fingerprint(memory.content)
         memory.frame_key = frame_key(memory.content)
+    if memory.proposal == Memory.Proposal.NEW and (
+        memory.fingerprint != sentence_before or memory.scope != scope_before
+    ):
+        _refuse_a_twin(memory, content_changed=memory.fingerprint != sentence_before, now=now)
     if memory.status == Memory.Status.APPROVED:
         memory.expires_at = expiry(memory, memory.decided_at or now)
     after = snapshot(memory)
@@ -82,6 +93,20 @@ def memory_edit(
     if approve:
         memory = _approve_locked(memory, by=by, now=now)
     return memory
+
+
+def _refuse_a_twin(memory: Memory, *, content_changed: bool, now: datetime) -> None:
+    """An edit may not make a memory the same sentence as another live one of its scope:
+    approved (or once approved), the two would be the same line twice in MEMORY.md."""
+    twin = same_sentence_live(
+        memory.project_id, memory.scope, memory.fingerprint, exclude=memory.pk, now=now
+    )
+    if twin is not None:
+        raise MemoryInputError(
+            "content" if content_changed else "scope",
+            f"memory #{twin.pk} of scope {twin.scope} already says this (“{twin.content}”): "
+            "reject or expire one of them, or merge them, rather than make them the same",
+        )
 
 
 def expiry(memory: Memory, since: datetime) -> datetime | None:

@@ -948,6 +948,88 @@ def test_expire_and_edit_in_the_browser(staff: Client, agent: Agent) -> None:
     assert 'data-error="importance"' in refused.content.decode()
 
 
+def test_an_edit_into_another_live_memorys_sentence_is_refused_naming_it(
+    staff: Client, agent: Agent
+) -> None:
+    """Saved, the two made the same line twice in MEMORY.md.
+    (docs/memory.md, "Review and permissions")"""
+    ruff = approved(agent, "Format with ruff")
+    python = approved(agent, "Use Python 3.11")
+    before = memory_md(agent.project).text
+    refused = post(
+        staff, f"/memory/{python.pk}/edit/", edit_fields(python, content="format with Ruff!")
+    )
+    assert refused.status_code == 422
+    body = refused.content.decode()
+    assert body.lstrip().startswith(f'<li class="memory-item" id="memory-{python.pk}"')
+    message = (
+        f"Content: memory #{ruff.pk} of scope project already says this (“Format with ruff”): "
+        "reject or expire one of them, or merge them, rather than make them the same."
+    )
+    assert f'<p class="error" role="alert" data-error="content">{message}</p>' in body
+    python.refresh_from_db()
+    assert python.content == "Use Python 3.11"
+    assert [a for a, _ in events(python)] == ["proposed", "approved"]
+    assert memory_md(agent.project).text == before
+    assert sorted(before.splitlines()) == [
+        "[project] Format with ruff",
+        "[project] Use Python 3.11",
+    ]
+
+
+def test_moving_a_memory_to_a_scope_that_says_the_same_is_refused(
+    staff: Client, agent: Agent
+) -> None:
+    anns = approved(agent, "Use tabs", scope="user:ann")
+    pending = propose(agent, "Deploy on Mondays", scope="user:ann")
+    ours = approved(agent, "Use tabs")
+    refused = post(staff, f"/memory/{ours.pk}/edit/", edit_fields(ours, scope="user:ann"))
+    assert refused.status_code == 422
+    message = (
+        f"Scope: memory #{anns.pk} of scope user:ann already says this (“Use tabs”): "
+        "reject or expire one of them, or merge them, rather than make them the same."
+    )
+    assert f'data-error="scope">{message}</p>' in refused.content.decode()
+    # a candidate pending in that scope counts too: approving both made the line twice
+    candidate = propose(agent, "Lint before pushing")
+    refused = post(
+        staff,
+        f"/memory/{candidate.pk}/edit/",
+        edit_fields(candidate, content="Deploy on mondays", scope="user:ann"),
+    )
+    assert refused.status_code == 422
+    assert f"memory #{pending.pk} of scope user:ann already says this" in refused.content.decode()
+    ours.refresh_from_db()
+    candidate.refresh_from_db()
+    assert (ours.scope, ours.status) == ("project", "approved")
+    assert (candidate.content, candidate.scope, candidate.status) == (
+        "Lint before pushing",
+        "project",
+        "pending",
+    )
+
+
+def test_an_edit_beside_a_rejected_or_expired_sentence_or_of_other_fields_is_saved(
+    staff: Client, agent: Agent
+) -> None:
+    stored(agent, "Use tabs", status="expired")
+    stored(agent, "Use spaces", status="rejected")
+    memory = approved(agent, "Indent somehow")
+    for content in ("Use spaces", "Use tabs"):
+        saved = post(staff, f"/memory/{memory.pk}/edit/", edit_fields(memory, content=content))
+        assert saved.status_code == 200
+    memory.refresh_from_db()
+    assert memory.content == "Use tabs"
+    # two that were the same before this check: other fields still edited
+    twin = stored(agent, "Use tabs")
+    assert (
+        post(staff, f"/memory/{twin.pk}/edit/", edit_fields(twin, importance="0.9")).status_code
+        == 200
+    )
+    twin.refresh_from_db()
+    assert twin.importance == Decimal("0.9")
+
+
 def test_the_history_shows_who_did_what_with_before_and_after(staff: Client, agent: Agent) -> None:
     memory = propose(agent, "Deploys on fridays", proposed_by="detector", importance="0.4")
     propose(agent, "deploys on Fridays!")  # the same, once more
