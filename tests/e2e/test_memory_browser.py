@@ -300,6 +300,9 @@ def test_a_pasted_secret_is_redacted_and_a_second_reviewer_is_told(
     page.goto(f"{base}/memory/review/")
     row = page.locator(f"#candidate-{secret}")
     row.locator("button", has_text="Edit").click()
+    # review.js puts the caret at the end once htmx settles the swap: a fill before that
+    # would have its text appended to the old (wait for it, as the queue's test does)
+    expect(row.locator("textarea[name=content]")).to_be_focused()
     row.locator("textarea[name=content]").fill(f"Deploys use the key {key}")
     row.locator("button", has_text="Save without approving").click()
     notice = page.locator(f"#candidate-{secret} [data-redacted-now]")
