@@ -321,26 +321,9 @@ def test_a_replica_that_stops_answering_on_an_open_connection_does_not_hang_the_
     (Should it wait, the replica is thawed after a minute and the page reads it.)"""
     _, browser, _ = world
     assert read_by(primary, replica, browser, "/")[1] == "replica"  # its connection is open
-    postmaster = int((PAIR.root / "replica" / "postmaster.pid").read_text().split()[0])
-    frozen = [postmaster, *_children(postmaster)]
-
-    def send(sent: signal.Signals) -> None:
-        for pid in frozen:
-            with contextlib.suppress(ProcessLookupError):  # a backend that was ending
-                os.kill(pid, sent)
-
-    def thaw() -> None:
-        send(signal.SIGCONT)
-
-    send(signal.SIGSTOP)
-    thaw_later = threading.Timer(60, thaw)
-    thaw_later.start()
-    try:
+    with frozen_replica(thaw_after=60):
         clock.tick()  # the lag is measured again
         response = browser.get("/sessions/")
-    finally:
-        thaw_later.cancel()
-        thaw()
     assert response.status_code == 200
     assert PRIMARY_NOTE in response.content.decode()
     clock.tick()
@@ -363,10 +346,11 @@ class Attempts:
 
 
 @contextlib.contextmanager
-def frozen_replica() -> Iterator[None]:
+def frozen_replica(thaw_after: float = 20) -> Iterator[None]:
     """The replica's server stopped (SIGSTOP) as a frozen machine is: its connections stay
     open and its kernel still accepts bytes, but nothing answers. Thawed on leaving, or after
-    20 s whatever happens: a page that waits on it for ever then reads it (and fails the test)."""
+    `thaw_after` seconds whatever happens: a page that waits on it for ever then reads it (and
+    fails the test)."""
     postmaster = int((PAIR.root / "replica" / "postmaster.pid").read_text().split()[0])
     frozen = [postmaster, *_children(postmaster)]
 
@@ -379,7 +363,7 @@ def frozen_replica() -> Iterator[None]:
         send(signal.SIGCONT)
 
     send(signal.SIGSTOP)
-    thaw_later = threading.Timer(20, thaw)
+    thaw_later = threading.Timer(thaw_after, thaw)
     thaw_later.start()
     try:
         yield

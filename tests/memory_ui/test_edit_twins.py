@@ -14,7 +14,7 @@ from memory_ui.cleaners import MemoryFields, MemoryInputError
 from memory_ui.memory_file import memory_md
 from memory_ui.models import Memory
 from memory_ui.writes import decisions, proposals
-from tests.conftest import make_agent
+from tests.conftest import make_agent, run_in_threads
 from tests.waiting import blocked_on_a_lock, wait_until
 
 pytestmark = pytest.mark.skipif(
@@ -36,41 +36,29 @@ def test_two_edits_into_one_sentence_at_once_save_one_and_refuse_the_other() -> 
     agent = make_agent("twins")
     first, second = approved(agent.project, "Use tabs"), approved(agent.project, "Use spaces")
     into = MemoryFields.of(content="Indent with four spaces", type="project")
-    errors: list[BaseException] = []
     refused: list[str] = []
     first_held = threading.Event()
 
-    def edit_first() -> None:
-        try:
-            with transaction.atomic():
-                decisions.memory_edit(first, fields=into, by=None)
+    def edit(index: int) -> None:
+        if index == 0:  # the first reviewer: holds its edit open until the second waits on it
+            try:
+                with transaction.atomic():
+                    decisions.memory_edit(first, fields=into, by=None)
+                    first_held.set()
+                    wait_until(
+                        lambda: blocked_on_a_lock(PROJECT_LOCK) == 1,
+                        what="the second edit behind the first",
+                    )
+            finally:
                 first_held.set()
-                wait_until(
-                    lambda: blocked_on_a_lock(PROJECT_LOCK) == 1,
-                    what="the second edit behind the first",
-                )
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            first_held.set()
-            connection.close()
-
-    def edit_second() -> None:
+            return
+        first_held.wait(timeout=30)
         try:
-            first_held.wait(timeout=30)
             decisions.memory_edit(second, fields=into, by=None)
         except MemoryInputError as exc:
             refused.append(exc.message)
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            connection.close()
 
-    threads = [threading.Thread(target=edit_first), threading.Thread(target=edit_second)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
+    errors = run_in_threads(2, edit)
     assert errors == []
     assert refused == [
         f"memory #{first.pk} of scope project already says this (“Indent with four spaces”): "

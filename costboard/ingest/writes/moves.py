@@ -15,12 +15,11 @@ from datetime import UTC
 from typing import Any
 
 from costboard.ingest.plan import PricedStep, step_tags
-from costboard.ingest.sql import json_text
+from costboard.ingest.sql import USAGE_COLUMNS, json_text
 from costboard.ingest.turn_rules import step_signature
 from costboard.models import SYSTEM_SESSION_ID, Project, Step
-from costboard.money import PICO
 from costboard.pricing.families import is_tool_model
-from costboard.pricing.rates import audio_of, rate_table
+from costboard.pricing.rates import audio_of, pico, rate_table
 from costboard.sql_arrays import Dialect
 
 STEP_TABLE = Step._meta.db_table
@@ -56,20 +55,11 @@ _READ = (
     "family",
     "provider",
     "service_tier",
-    "input_tokens",
-    "output_tokens",
-    "cache_read_input_tokens",
-    "cache_creation_input_tokens",
+    *USAGE_COLUMNS,  # its five token counts, then its five costs, in Totals' order
     "cache_creation_1h_input_tokens",
-    "reasoning_tokens",
     "input_audio_tokens",
     "cache_audio_read_tokens",
     "output_audio_tokens",
-    "cost_input_usd",
-    "cost_output_usd",
-    "cost_cache_read_usd",
-    "cost_cache_write_usd",
-    "cost_usd",
     "success",
     "error",
     "duration_ms",
@@ -163,31 +153,16 @@ def _priced(
     row: dict[str, Any], move: TraceMove, tags: dict[str, str] | None, windows: dict[int, int]
 ) -> PricedStep:
     """A stored step as ingest prices one (plan._step), in its new session and turn."""
-    costs = [
-        int(row[name] * PICO) if row[name] else 0  # 12 decimal places: exact
-        for name in (
-            "cost_input_usd",
-            "cost_output_usd",
-            "cost_cache_read_usd",
-            "cost_cache_write_usd",
-            "cost_usd",
-        )
-    ]
-    inp, out = row["input_tokens"], row["output_tokens"]
-    read, write = row["cache_read_input_tokens"], row["cache_creation_input_tokens"]
     price_id, model = row["price_id"], row["model"]
     ts = row["timestamp"].astimezone(UTC)
     counts = (
-        inp,
-        out,
-        read,
-        write,
-        row["reasoning_tokens"],
-        *costs,
+        *(row[name] for name in USAGE_COLUMNS[:5]),
+        *(pico(row[name]) for name in USAGE_COLUMNS[5:]),  # 12 decimal places: exact
         0 if row["success"] else 1,
         1 if price_id is None and not is_tool_model(model) else 0,
         row["duration_ms"] or 0,
     )
+    inp, read, write = counts[0], counts[2], counts[3]
     return PricedStep(
         move.session_id,
         move.turn,

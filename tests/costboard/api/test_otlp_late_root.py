@@ -17,6 +17,7 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.trace import Tracer
 
 from costboard.budgets.period_services import period_budget_create
+from costboard.ingest.sql import USAGE_COLUMNS
 from costboard.models import (
     SYSTEM_SESSION_ID,
     BudgetDay,
@@ -33,18 +34,7 @@ from costboard.models import (
 from tests.conftest import Agent, add_price, make_agent, run_in_threads, usd
 from tests.otlp_spans import CHAT, CHAT_COST, MS, T0, parsed, post_spans, span, spans_of
 
-USAGE = (
-    "input_tokens",
-    "output_tokens",
-    "cache_read_input_tokens",
-    "cache_creation_input_tokens",
-    "reasoning_tokens",
-    "cost_input_usd",
-    "cost_output_usd",
-    "cost_cache_read_usd",
-    "cost_cache_write_usd",
-    "cost_usd",
-)
+USAGE = USAGE_COLUMNS  # each figure compared: its token counts and costs
 HAIKU_RATES = {"input_mtok": Decimal("0.8"), "output_mtok": Decimal("4")}
 HAIKU = {
     "gen_ai.operation.name": "chat",
